@@ -1,0 +1,164 @@
+"""EngineConfig: every serving knob the tuner searches is one validated field here.
+
+Loaded once from YAML (or a dict) at the boundary; unknown keys are errors so a typo in a
+config never silently falls back to a default. The engine reads these fields and nothing
+else, which is what makes a tuned `best.yaml` reproducible in `tune bench` and `tune serve`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class DecodeAttentionTiles(_Strict):
+    """Tile config for the paged decode-attention Triton kernel (kernels/decode_attention.py)."""
+
+    block_n: Literal[16, 32, 64, 128] = 64
+    num_splits: int = Field(1, ge=1, le=64, description="flash-decoding split count over the context")
+    num_warps: Literal[1, 2, 4, 8] = 4
+    num_stages: Literal[1, 2, 3, 4] = 2
+
+
+class MatmulTiles(_Strict):
+    """Tile config for the weight-only quantized matmul Triton kernel (kernels/quant_matmul.py)."""
+
+    block_m: Literal[16, 32, 64, 128] = 16
+    block_n: Literal[32, 64, 128, 256] = 64
+    block_k: Literal[32, 64, 128, 256] = 64
+    num_warps: Literal[1, 2, 4, 8] = 4
+    num_stages: Literal[1, 2, 3, 4, 5] = 3
+
+
+class KernelConfig(_Strict):
+    """Which operator implementation runs, and the tile sizes of our Triton kernels."""
+
+    backend: Literal["auto", "torch", "triton"] = Field(
+        "auto", description="auto = Triton on CUDA, torch elsewhere"
+    )
+    decode_attention: DecodeAttentionTiles = DecodeAttentionTiles()
+    matmul: MatmulTiles = MatmulTiles()
+
+
+class SpeculativeConfig(_Strict):
+    """Speculative decoding: a cheap draft proposes tokens, the target verifies them in one pass."""
+
+    method: Literal["none", "ngram", "early_exit", "quantized", "model"] = "none"
+    num_speculative_tokens: int = Field(4, ge=1, le=16)
+    ngram_max: int = Field(3, ge=1, le=8, description="longest n-gram matched for prompt lookup")
+    ngram_min: int = Field(1, ge=1, le=8)
+    early_exit_layers: int = Field(8, ge=1, description="layers the early-exit self-draft runs")
+    draft_quantization: Literal["int8", "int4"] = "int4"
+    draft_model: str | None = Field(None, description="local path of a draft model (method=model)")
+
+    @model_validator(mode="after")
+    def _check(self) -> "SpeculativeConfig":
+        if self.method == "model" and not self.draft_model:
+            raise ValueError("speculative.draft_model is required when speculative.method is 'model'")
+        if self.ngram_min > self.ngram_max:
+            raise ValueError(f"speculative.ngram_min ({self.ngram_min}) must be <= ngram_max ({self.ngram_max})")
+        return self
+
+
+class AdmissionConfig(_Strict):
+    """Bounds that turn overload into fast, explicit rejections instead of unbounded queues."""
+
+    max_prompt_tokens: int | None = Field(None, ge=1)
+    max_output_tokens: int | None = Field(None, ge=1)
+    max_queued_requests: int | None = Field(None, ge=0)
+    max_tokens_in_flight: int | None = Field(None, ge=1)
+
+
+class EngineConfig(_Strict):
+    """The full serving configuration of one engine instance."""
+
+    model: str = Field(DEFAULT_MODEL, description="'smollm2-135m' (bundled GGUF), a .gguf file or an HF checkpoint dir")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="activation/compute dtype; auto = bfloat16 on CUDA, float32 on CPU"
+    )
+    seed: int = 0
+
+    # Weight quantization (weight-only unless fp8).
+    quantization: Literal["none", "int8", "int4", "fp8"] = "none"
+    quant_group_size: Literal[32, 64, 128, 256] = 64
+
+    # KV cache.
+    kv_dtype: Literal["auto", "int8", "fp8"] = "auto"
+    block_size: Literal[8, 16, 32, 64] = 16
+    num_kv_blocks: int | None = Field(None, ge=2, description="fixed block count; None = size from kv_cache_memory_gb")
+    kv_cache_memory_gb: float = Field(0.25, gt=0, description="memory budget for the KV cache when num_kv_blocks is None")
+    enable_prefix_caching: bool = False
+
+    # Batching.
+    scheduling: Literal["continuous", "static"] = "continuous"
+    max_num_seqs: int = Field(16, ge=1, le=1024)
+    max_num_batched_tokens: int = Field(2048, ge=16)
+    max_model_len: int = Field(2048, ge=16)
+    enable_chunked_prefill: bool = True
+
+    speculative: SpeculativeConfig = SpeculativeConfig()
+    admission: AdmissionConfig = AdmissionConfig()
+    kernels: KernelConfig = KernelConfig()
+    use_cuda_graph: bool = Field(True, description="capture decode steps as CUDA graphs (CUDA only)")
+
+    @model_validator(mode="after")
+    def _check(self) -> "EngineConfig":
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_model_len "
+                f"({self.max_model_len}) when enable_chunked_prefill is false, or a long prompt never fits"
+            )
+        if self.speculative.method == "early_exit" and self.speculative.early_exit_layers < 1:
+            raise ValueError("speculative.early_exit_layers must be >= 1")
+        return self
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> "EngineConfig":
+        return cls.from_dict(load_yaml(path))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> "EngineConfig":
+        data = dict(data or {})
+        # best.yaml files written by the tuner nest the config under `engine:`.
+        if set(data) == {"engine"} or ("engine" in data and "metrics" in data):
+            data = data["engine"]
+        return cls.model_validate(data)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+    def with_updates(self, updates: dict[str, Any]) -> "EngineConfig":
+        """Copy with dotted-path overrides ("speculative.method": "ngram"), validated once."""
+        data = self.model_dump(mode="json")
+        for key, value in updates.items():
+            node = data
+            *parents, leaf = key.split(".")
+            for p in parents:
+                if not isinstance(node.get(p), dict):
+                    raise ValueError(f"unknown config field '{key}'")
+                node = node[p]
+            node[leaf] = value
+        return EngineConfig.model_validate(data)
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"config file not found: {path}")
+    with path.open() as f:
+        data = yaml.safe_load(f)
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    return data
