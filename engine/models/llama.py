@@ -1,0 +1,103 @@
+"""Llama-family decoder over a paged KV cache (GQA, RoPE, RMSNorm, SwiGLU).
+
+QKV and gate/up projections are fused into one matmul each: fewer launches (GPU) and
+fewer Python ops per layer (CPU), same math.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from slotune.engine.layers.attention import AttentionMetadata, KVCache, TorchAttentionBackend
+from slotune.engine.layers.linear import Linear
+from slotune.engine.layers.ops import apply_rotary, rms_norm, rope_cos_sin, silu_and_mul
+from slotune.engine.loader import ModelConfig
+
+
+class LlamaLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, sd: dict[str, torch.Tensor], prefix: str, dtype: torch.dtype) -> None:
+        super().__init__()
+        g = lambda n: sd.pop(prefix + n).to(dtype)  # noqa: E731 - pop: free float32 copies as we go
+        self.input_norm = nn.Parameter(g("input_layernorm.weight"), requires_grad=False)
+        self.post_norm = nn.Parameter(g("post_attention_layernorm.weight"), requires_grad=False)
+        self.qkv_proj = Linear(torch.cat([g("self_attn.q_proj.weight"), g("self_attn.k_proj.weight"), g("self_attn.v_proj.weight")]))
+        self.o_proj = Linear(g("self_attn.o_proj.weight"))
+        self.gate_up_proj = Linear(torch.cat([g("mlp.gate_proj.weight"), g("mlp.up_proj.weight")]))
+        self.down_proj = Linear(g("mlp.down_proj.weight"))
+        self.num_heads = cfg.num_heads
+        self.num_kv_heads = cfg.num_kv_heads
+        self.head_dim = cfg.head_dim
+        self.eps = cfg.rms_norm_eps
+        self.scale = cfg.head_dim ** -0.5
+        self.q_size = cfg.num_heads * cfg.head_dim
+        self.kv_size = cfg.num_kv_heads * cfg.head_dim
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg: ModelConfig, sd: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.dtype = dtype
+        self.embed = nn.Parameter(sd.pop("model.embed_tokens.weight").to(dtype), requires_grad=False)
+        self.layers = nn.ModuleList(LlamaLayer(cfg, sd, f"model.layers.{i}.", dtype) for i in range(cfg.num_layers))
+        self.norm = nn.Parameter(sd.pop("model.norm.weight").to(dtype), requires_grad=False)
+        lm_head = sd.pop("lm_head.weight", None)
+        self.lm_head = Linear(self.embed.data if lm_head is None else lm_head.to(dtype))
+        self.to(device)
+        if lm_head is None:  # tied: share storage after the move
+            self.lm_head.weight = self.embed
+        self.register_buffer("cos_sin", rope_cos_sin(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, device), persistent=False)
+        self.attn = TorchAttentionBackend()
+        self.ops = _TorchOps()
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, meta: AttentionMetadata,
+                num_layers: int | None = None) -> torch.Tensor:
+        """input_ids, positions: [T] -> final-normed hidden states [T, D].
+
+        num_layers < all runs only the first layers (early-exit self-drafting).
+        """
+        ops = self.ops
+        x = self.embed[input_ids]
+        cos_sin = self.cos_sin[positions]
+        residual = None
+        layers = self.layers if num_layers is None else self.layers[:num_layers]
+        for i, layer in enumerate(layers):
+            h, residual = ops.rms_norm(x, layer.input_norm, layer.eps, residual)
+            qkv = layer.qkv_proj(h)
+            q, k, v = qkv.split([layer.q_size, layer.kv_size, layer.kv_size], dim=-1)
+            q = ops.rotary(q.view(-1, layer.num_heads, layer.head_dim), cos_sin)
+            k = ops.rotary(k.view(-1, layer.num_kv_heads, layer.head_dim), cos_sin)
+            v = v.view(-1, layer.num_kv_heads, layer.head_dim)
+            o = self.attn.forward(cache, i, q, k, v, meta, layer.scale)
+            x = layer.o_proj(o.view(-1, layer.q_size))
+            h, residual = ops.rms_norm(x, layer.post_norm, layer.eps, residual)
+            x = layer.down_proj(ops.silu_and_mul(layer.gate_up_proj(h)))
+        x, _ = ops.rms_norm(x, self.norm, self.cfg.rms_norm_eps, residual)
+        return x
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()
+
+    def linears(self) -> list[tuple[str, Linear]]:
+        return [(n, m) for n, m in self.named_modules() if isinstance(m, Linear)]
+
+    def weight_bytes(self) -> int:
+        """Bytes a decode step reads: every layer's weights + LM head (the embedding row gather is negligible)."""
+        seen, total = set(), 0
+        for _, m in self.named_modules():
+            if hasattr(m, "weight_bytes") and m is not self and id(m) not in seen:
+                seen.add(id(m))
+                total += m.weight_bytes()
+        for p in self.parameters(recurse=True):
+            if p.dim() == 1:
+                total += p.numel() * p.element_size()
+        return total
+
+
+class _TorchOps:
+    """Pointwise ops; the Triton backend swaps this object for fused kernels."""
+
+    rms_norm = staticmethod(rms_norm)
+    silu_and_mul = staticmethod(silu_and_mul)
+    rotary = staticmethod(apply_rotary)
