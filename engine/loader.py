@@ -6,9 +6,11 @@ and layout, so one model implementation serves every source.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
-from dataclasses import dataclass
+import os
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -70,8 +72,38 @@ def load_model(model: str) -> tuple[ModelConfig, dict[str, torch.Tensor], Path]:
     if path.is_dir():
         cfg, sd = _load_hf_dir(path)
     else:
-        cfg, sd = _load_gguf(path)
+        cfg, sd = _load_gguf_cached(path)
     return cfg, sd, path
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SLOTUNE_CACHE_DIR", Path.home() / ".cache" / "slotune"))
+
+
+def _load_gguf_cached(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """GGUF dequantization costs seconds; every trial process loads the model, so keep the
+    float32 result as safetensors keyed by the file's identity (path, size, mtime)."""
+    from safetensors.torch import load_file, save_file
+
+    st = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}:v1".encode()).hexdigest()[:16]
+    d = cache_dir() / "weights"
+    weights, meta = d / f"{path.stem}-{key}.safetensors", d / f"{path.stem}-{key}.json"
+    if weights.exists() and meta.exists():
+        try:
+            return ModelConfig(**json.loads(meta.read_text())), load_file(str(weights))
+        except Exception:  # a torn or stale cache entry: rebuild it below
+            pass
+    cfg, sd = _load_gguf(path)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        tmp = weights.with_suffix(f".tmp{os.getpid()}")
+        save_file(sd, str(tmp))
+        os.replace(tmp, weights)  # atomic: concurrent trial processes never see half a file
+        meta.write_text(json.dumps(asdict(cfg)))
+    except OSError:
+        pass  # read-only home: just don't cache
+    return cfg, sd
 
 
 # --- GGUF -------------------------------------------------------------------------------

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# System packages the tests use: PostgreSQL (distributed-study test). Idempotent; root only.
+set -euo pipefail
+need=()
+command -v pg_ctl >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || need+=(postgresql)
+if [ ${#need[@]} -gt 0 ]; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+fi
