@@ -96,10 +96,13 @@ class TorchAttentionBackend:
 
     def _gather(self, cache: KVCache, layer: int, block_tables: torch.Tensor, which: str) -> torch.Tensor:
         """[B, max_blocks] block ids -> [B, Hkv, max_blocks*block_size, D] in compute dtype."""
-        c = (cache.k if which == "k" else cache.v)[layer][block_tables.long()]  # [B, nb, bs, Hkv, D]
-        b, nb, bs, h, d = c.shape
+        b, nb = block_tables.shape
+        flat = block_tables.reshape(-1).long()
+        # index_select on a flat block index is several times faster than advanced indexing.
+        c = (cache.k if which == "k" else cache.v)[layer].index_select(0, flat)  # [B*nb, bs, Hkv, D]
+        _, bs, h, d = c.shape
         if cache.is_quantized:
-            s = (cache.k_scale if which == "k" else cache.v_scale)[layer][block_tables.long()]
+            s = (cache.k_scale if which == "k" else cache.v_scale)[layer].index_select(0, flat)
             c = c.to(torch.float32) * s[..., None]
         return c.view(b, nb * bs, h, d).transpose(1, 2).to(cache.compute_dtype)
 
