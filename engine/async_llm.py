@@ -127,8 +127,12 @@ class AsyncLLM:
     async def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None
                        ) -> AsyncIterator[RequestOutput]:
         rid = await self.add_request(prompt, params, request_id)
-        async for out in self.stream(rid):
-            yield out
+        stream = self.stream(rid)
+        try:
+            async for out in stream:
+                yield out
+        finally:
+            await stream.aclose()  # inner generators are not closed for us: run its abort now
 
     def _abort(self, request_id: str) -> None:
         with self._lock:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -47,6 +48,20 @@ class LLM:
                 if out.finished:
                     done[out.request_id] = out
         return [done[r] for r in ids]
+
+    def stream(self, prompt: str | list[int], params: SamplingParams | None = None) -> Iterator[RequestOutput]:
+        """Yield one delta per engine step (new_token_ids / new_text) until the request finishes."""
+        rid = f"llm-{next(self._ids)}"
+        self.engine.add_request(rid, prompt, params or SamplingParams())
+        try:
+            while True:
+                for out in self.engine.step():
+                    if out.request_id == rid:
+                        yield out
+                        if out.finished:
+                            return
+        finally:
+            self.engine.abort_request(rid)  # consumer stopped early: free its blocks
 
     def logits(self, token_ids: list[int]) -> torch.Tensor:
         """[T, V] float32 logits at every position (no KV cache used)."""
