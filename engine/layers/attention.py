@@ -114,8 +114,12 @@ class TorchAttentionBackend:
             self.store_kv(cache, layer, k, v, meta.slot_mapping)
         else:
             self.store_kv(cache, layer, k[valid], v[valid], meta.slot_mapping[valid])
-        out = torch.empty_like(q)
         ne = meta.num_extend_tokens
+        if ne == 0:
+            return self._decode(cache, layer, q, meta, scale)
+        if ne == q.shape[0]:
+            return self._extend(cache, layer, q, k, v, meta, scale)
+        out = torch.empty_like(q)
         if ne:
             out[:ne] = self._extend(cache, layer, q[:ne], k[:ne], v[:ne], meta, scale)
         if ne < q.shape[0]:

@@ -65,12 +65,12 @@ class LlamaModel(nn.Module):
         for i, layer in enumerate(layers):
             h, residual = ops.rms_norm(x, layer.input_norm, layer.eps, residual)
             qkv = layer.qkv_proj(h)
-            q, k, v = qkv.split([layer.q_size, layer.kv_size, layer.kv_size], dim=-1)
-            q = ops.rotary(q.view(-1, layer.num_heads, layer.head_dim), cos_sin)
-            k = ops.rotary(k.view(-1, layer.num_kv_heads, layer.head_dim), cos_sin)
-            v = v.view(-1, layer.num_kv_heads, layer.head_dim)
+            # q and k are adjacent in qkv: rotate all their heads in one pass.
+            qk = ops.rotary(qkv[:, : layer.q_size + layer.kv_size].view(-1, layer.num_heads + layer.num_kv_heads, layer.head_dim), cos_sin)
+            q, k = qk.split([layer.num_heads, layer.num_kv_heads], dim=1)
+            v = qkv[:, layer.q_size + layer.kv_size :].view(-1, layer.num_kv_heads, layer.head_dim)
             o = self.attn.forward(cache, i, q, k, v, meta, layer.scale)
-            x = layer.o_proj(o.view(-1, layer.q_size))
+            x = layer.o_proj(o.reshape(-1, layer.q_size))
             h, residual = ops.rms_norm(x, layer.post_norm, layer.eps, residual)
             x = layer.down_proj(ops.silu_and_mul(layer.gate_up_proj(h)))
         x, _ = ops.rms_norm(x, self.norm, self.cfg.rms_norm_eps, residual)
