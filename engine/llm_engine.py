@@ -158,13 +158,13 @@ class LLMEngine:
 
     def _postprocess(self, batch: list[ScheduledSeq], result) -> list[RequestOutput]:
         plain: list[tuple[ScheduledSeq, int]] = []  # (scheduled, logits row)
-        spec: list[ScheduledSeq] = []
+        spec: list[tuple[ScheduledSeq, torch.Tensor]] = []
         for s, (r0, r1) in zip(batch, result.row_ranges):
             if r0 == r1:  # a prefill chunk that did not reach the end
                 s.seq.num_computed_tokens += s.num_new_tokens
                 self.block_manager.cache_full_blocks(s.seq)
             elif s.num_draft_tokens:
-                spec.append(s)
+                spec.append((s, result.logits[r0:r1]))
             else:
                 plain.append((s, r0))
         new_tokens: dict[int, list[int]] = {}
@@ -178,7 +178,7 @@ class LLMEngine:
         if spec:
             from slotune.engine.speculative import verify_batch
 
-            for s, toks in zip(spec, verify_batch(self, spec, result)):
+            for (s, _), toks in zip(spec, verify_batch(self, spec)):
                 num_accepted = len(toks) - 1
                 s.seq.num_computed_tokens += s.num_new_tokens - s.num_draft_tokens + num_accepted
                 s.seq.metrics.num_draft_tokens += s.num_draft_tokens

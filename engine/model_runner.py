@@ -47,6 +47,10 @@ class ModelRunner:
         if model is None:
             model_cfg, sd, self.model_path = load_model(cfg.model)
             model = LlamaModel(model_cfg, sd, self.dtype, self.device)
+        if cfg.quantization != "none":
+            from slotune.engine.quantize import quantize_model
+
+            quantize_model(model, cfg.quantization, cfg.quant_group_size)
         self.model = model
         self.model_cfg: ModelConfig = model_cfg or model.cfg
         self.load_time_s = time.perf_counter() - t0
@@ -148,6 +152,29 @@ class ModelRunner:
         hidden = self.model(input_ids, positions, self.kv_cache, meta, num_layers=num_layers)
         logits = self.model.compute_logits(hidden[rows]) if rows.numel() else hidden.new_zeros(0, 0).float()
         return StepResult(logits=logits, row_ranges=ranges)
+
+    @torch.inference_mode()
+    def run_decode(self, seqs: list, token_ids: list[int], positions: list[int], num_layers: int | None = None) -> torch.Tensor:
+        """One token per sequence at explicit positions (draft steps). -> logits [B, V].
+
+        Each sequence's block table must already cover its position.
+        """
+        bs, dev = self.block_size, self.device
+        slots = torch.tensor([s.block_table[p // bs] * bs + p % bs for s, p in zip(seqs, positions)], dtype=torch.int64)
+        width = max(len(s.block_table) for s in seqs)
+        bt = torch.zeros(len(seqs), width, dtype=torch.int32)
+        for i, s in enumerate(seqs):
+            bt[i, : len(s.block_table)] = torch.tensor(s.block_table, dtype=torch.int32)
+        ctx = torch.tensor([p + 1 for p in positions], dtype=torch.int32)
+        mask = (torch.arange(width * bs)[None, :] < ctx[:, None])[:, None, None, :]
+        meta = AttentionMetadata(
+            slot_mapping=slots.to(dev), num_extend_tokens=0, extend_query_lens=[], extend_context_lens=[],
+            extend_block_tables=None, extend_mask=None, decode_block_tables=bt.to(dev), decode_context_lens=ctx.to(dev),
+            decode_mask=mask.to(dev), block_size=bs,
+        )
+        ids = torch.tensor(token_ids, dtype=torch.int64, device=dev)
+        pos = torch.tensor(positions, dtype=torch.int64, device=dev)
+        return self.model.compute_logits(self.model(ids, pos, self.kv_cache, meta, num_layers=num_layers))
 
     @torch.inference_mode()
     def full_logits(self, token_ids: list[int]) -> torch.Tensor:

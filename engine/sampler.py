@@ -21,6 +21,15 @@ class Sampler:
     def forget(self, seq_id: int) -> None:
         self._seeded.pop(seq_id, None)
 
+    def seq_generator(self, seq_id: int, params: SamplingParams) -> torch.Generator:
+        """The request's own generator when it has a seed (reproducible), else the shared one."""
+        if params.seed is None:
+            return self.generator
+        g = self._seeded.get(seq_id)
+        if g is None:
+            g = self._seeded[seq_id] = torch.Generator(device=self.device).manual_seed(params.seed)
+        return g
+
     def probs(self, logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
         """Filtered, temperature-scaled distributions. logits: [B, V] float32 -> [B, V]."""
         temps = torch.tensor([max(p.temperature, 1e-5) for p in params], device=logits.device)
@@ -43,10 +52,7 @@ class Sampler:
         q.exponential_(generator=self.generator)
         for row, (p, sid) in enumerate(zip(params, seq_ids)):
             if p.seed is not None:
-                g = self._seeded.get(sid)
-                if g is None:
-                    g = self._seeded[sid] = torch.Generator(device=self.device).manual_seed(p.seed)
-                q[row].exponential_(generator=g)
+                q[row].exponential_(generator=self.seq_generator(sid, p))
         return q
 
     def sample(self, logits: torch.Tensor, params: list[SamplingParams], seq_ids: list[int]) -> torch.Tensor:

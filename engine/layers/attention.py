@@ -86,6 +86,8 @@ class TorchAttentionBackend:
         if cache.is_quantized:
             kq, ks = quantize_kv(k, cache.kv_dtype)
             vq, vs = quantize_kv(v, cache.kv_dtype)
+            if kq.dtype == torch.float8_e4m3fn:  # CPU index ops lack fp8: move the raw bytes
+                kc, vc, kq, vq = kc.view(torch.uint8), vc.view(torch.uint8), kq.view(torch.uint8), vq.view(torch.uint8)
             kc.index_copy_(0, slots, kq)
             vc.index_copy_(0, slots, vq)
             cache.k_scale[layer].view(-1, ks.shape[-1]).index_copy_(0, slots, ks)
@@ -99,7 +101,11 @@ class TorchAttentionBackend:
         b, nb = block_tables.shape
         flat = block_tables.reshape(-1).long()
         # index_select on a flat block index is several times faster than advanced indexing.
-        c = (cache.k if which == "k" else cache.v)[layer].index_select(0, flat)  # [B*nb, bs, Hkv, D]
+        src = (cache.k if which == "k" else cache.v)[layer]
+        if src.dtype == torch.float8_e4m3fn:
+            c = src.view(torch.uint8).index_select(0, flat).view(torch.float8_e4m3fn)
+        else:
+            c = src.index_select(0, flat)  # [B*nb, bs, Hkv, D]
         _, bs, h, d = c.shape
         if cache.is_quantized:
             s = (cache.k_scale if which == "k" else cache.v_scale)[layer].index_select(0, flat)

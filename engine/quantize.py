@@ -1,0 +1,143 @@
+"""Weight-only quantization (int8 per-channel, int4 group-wise) and FP8 (e4m3, per-channel).
+
+gpt-fast's two steps: quantize each dense `Linear` once at load into a compact state, then
+swap in a module with the same `forward(x)`. Quantized weights stay quantized in memory —
+the point is fewer bytes moved per decode step.
+
+CPU: int8/int4 use torch's packed CPU kernels (`_weight_int8pack_mm`,
+`_weight_int4pack_mm_for_cpu`), which are fast with bfloat16 activations, so activations are
+cast to bf16 around the call. FP8 on CPU is emulated (dequantize per call): correct, for
+quality studies, not faster. CUDA: int8/int4 dequantize in the matmul path (the Triton
+kernel in kernels/quant_matmul.py when kernels.backend is triton); FP8 uses
+`torch._scaled_mm` on compute capability >= 8.9.
+
+Int4 math: q in [0, 15], w = q * scale + min per group of `group_size` input channels. On
+CPU the codes live in torch's packed CPU layout; on CUDA in ours (see Int4Linear), which
+kernels/quant_matmul.py reads.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from slotune.engine.layers.linear import Linear
+
+FP8_MAX = 448.0
+
+
+class Int8Linear(nn.Module):
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        w = weight.float()
+        scale = (w.abs().amax(dim=1) / 127.0).clamp_min(1e-10)
+        self.register_buffer("qweight", torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8))  # [N, K]
+        self.register_buffer("scales", scale.to(torch.bfloat16))  # [N]
+        self.out_dtype = weight.dtype
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type == "cpu":
+            return torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), self.qweight, self.scales).to(x.dtype)
+        w = self.qweight.to(x.dtype) * self.scales.to(x.dtype)[:, None]
+        return F.linear(x, w)
+
+    def dequantize(self) -> torch.Tensor:
+        return self.qweight.float() * self.scales.float()[:, None]
+
+    def weight_bytes(self) -> int:
+        return self.qweight.numel() + self.scales.numel() * 2
+
+
+class Int4Linear(nn.Module):
+    def __init__(self, weight: torch.Tensor, group_size: int) -> None:
+        super().__init__()
+        n, k = weight.shape
+        if k % group_size:
+            raise ValueError(f"int4: in_features {k} is not a multiple of quant_group_size {group_size}")
+        w = weight.float().view(n, k // group_size, group_size)
+        lo, hi = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)
+        scale = ((hi - lo) / 15.0).clamp_min(1e-10)
+        q = torch.round((w - lo) / scale).clamp_(0, 15).to(torch.uint8).view(n, k)
+        self.group_size, self.n, self.k = group_size, n, k
+        self.on_cpu = weight.device.type == "cpu"
+        if self.on_cpu:
+            # torch's CPU kernel layout; [K/g, N, 2] = (scale, min + 8 * scale)
+            self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1))
+            sz = torch.cat([scale, lo + 8 * scale], dim=-1)
+            self.register_buffer("scales_and_zeros", sz.transpose(0, 1).contiguous().to(torch.bfloat16))
+        else:
+            # our layout (kernels/quant_matmul.py): [N, K/2] uint8, low nibble = even k
+            self.register_buffer("packed", (q[:, 0::2] | (q[:, 1::2] << 4)).contiguous())
+            self.register_buffer("scales", scale.view(n, -1).to(weight.dtype).contiguous())  # [N, K/g]
+            self.register_buffer("mins", lo.view(n, -1).to(weight.dtype).contiguous())  # [N, K/g]
+
+    def dequantize(self) -> torch.Tensor:
+        """[N, K] float32 weights the kernel computes with."""
+        if self.on_cpu:  # layout-agnostic: multiply by the identity through the kernel itself
+            eye = torch.eye(self.k, dtype=torch.bfloat16)
+            return torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.packed, self.group_size,
+                                                              self.scales_and_zeros).float().t().contiguous()
+        q = torch.stack([self.packed & 0xF, self.packed >> 4], dim=-1).view(self.n, -1, self.group_size).float()
+        return (q * self.scales.float()[..., None] + self.mins.float()[..., None]).view(self.n, self.k)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.on_cpu:
+            return torch.ops.aten._weight_int4pack_mm_for_cpu(
+                x.to(torch.bfloat16), self.packed, self.group_size, self.scales_and_zeros).to(x.dtype)
+        return F.linear(x, self.dequantize().to(x.dtype))
+
+    def weight_bytes(self) -> int:
+        if self.on_cpu:
+            return self.packed.numel() + self.scales_and_zeros.numel() * 2
+        return self.packed.numel() + (self.scales.numel() + self.mins.numel()) * self.scales.element_size()
+
+
+class FP8Linear(nn.Module):
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        w = weight.float()
+        scale = (w.abs().amax(dim=1) / FP8_MAX).clamp_min(1e-12)
+        self.register_buffer("qweight", (w / scale[:, None]).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn))
+        self.register_buffer("scales", scale)  # [N] float32
+
+    def _use_scaled_mm(self, x: torch.Tensor) -> bool:
+        return x.device.type == "cuda" and torch.cuda.get_device_capability(x.device) >= (8, 9)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._use_scaled_mm(x):
+            # Per-token activation scales, per-channel weight scales; both fp8 e4m3.
+            x2 = x.reshape(-1, x.shape[-1])
+            xs = (x2.abs().amax(dim=1, keepdim=True).float() / FP8_MAX).clamp_min(1e-12)
+            xq = (x2.float() / xs).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+            out = torch._scaled_mm(xq, self.qweight.t(), scale_a=xs, scale_b=self.scales[None, :], out_dtype=x.dtype)
+            return out.view(*x.shape[:-1], -1)
+        return F.linear(x, (self.qweight.to(torch.float32) * self.scales[:, None]).to(x.dtype))
+
+    def dequantize(self) -> torch.Tensor:
+        return self.qweight.float() * self.scales[:, None]
+
+    def weight_bytes(self) -> int:
+        return self.qweight.numel() + self.scales.numel() * 4
+
+
+def quantize_linear(lin: Linear, method: str, group_size: int) -> nn.Module:
+    w = lin.weight.data
+    if method == "int8":
+        return Int8Linear(w)
+    if method == "int4":
+        return Int4Linear(w, group_size)
+    if method == "fp8":
+        return FP8Linear(w)
+    raise ValueError(f"unknown quantization '{method}' (none|int8|int4|fp8)")
+
+
+def quantize_model(model: nn.Module, method: str, group_size: int = 64) -> nn.Module:
+    """Replace every Linear (projections and the LM head) in place. Returns the model."""
+    if method == "none":
+        return model
+    for name, mod in list(model.named_modules()):
+        for child_name, child in list(mod.named_children()):
+            if isinstance(child, Linear):
+                setattr(mod, child_name, quantize_linear(child, method, group_size))
+    return model
