@@ -67,7 +67,7 @@ def validate(spec: Annotated[Path, typer.Argument(help="tuning spec YAML")]) -> 
 
 @app.command()
 def run(
-    spec: Annotated[Path, typer.Argument(help="tuning spec YAML")] = Path("examples/01-chat-latency/spec.yaml"),
+    spec: Annotated[Optional[Path], typer.Argument(help="tuning spec YAML; default: the built-in quickstart spec")] = None,
     n_trials: Annotated[Optional[int], typer.Option("--n-trials", help="override budget.n_trials")] = None,
     storage: Annotated[Optional[str], typer.Option(envvar="SLOTUNE_STORAGE", help="Optuna storage URL override")] = None,
     output_dir: Annotated[Optional[Path], typer.Option("--output-dir", "-o", help="override output_dir")] = None,

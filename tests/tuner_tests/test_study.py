@@ -1,0 +1,115 @@
+"""The study loop: outputs, MLflow, faults recorded as failed trials, resume after SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import optuna
+import pytest
+import yaml
+
+from slotune.engine.config import EngineConfig
+from slotune.tuner.study import run_command
+from slotune.tuner.tracking import tracking_summary
+from tests.tuner_tests.conftest import write_spec
+
+
+def _study(out):
+    return optuna.load_study(study_name="t", storage=f"sqlite:///{out / 'study.db'}")
+
+
+def test_study_writes_best_report_and_mlflow_runs(tmp_path, fake_trials):
+    summary = run_command(write_spec(tmp_path, budget={"n_trials": 4}), progress=False)
+    out = tmp_path / "out"
+    best = EngineConfig.from_yaml(out / "best.yaml")  # loadable as-is by bench/serve
+    assert best.max_num_seqs == summary["params"]["max_num_seqs"]
+    study = _study(out)
+    assert study.trials[0].user_attrs.get("tag") == "default"
+    values = [t.values[0] for t in study.trials if t.state.name == "COMPLETE"]
+    assert summary["value"] == min(values)
+    assert "remeasured" in summary and "metrics" in summary["remeasured"]
+    report = (out / "report.md").read_text()
+    assert "improvement over default" in report and "| # |" in report
+    assert "<table" in (out / "report.html").read_text()
+    runs = tracking_summary(f"sqlite:///{out / 'mlflow.db'}", "t")
+    trials = [r for r in runs if r["tags"].get("mlflow.parentRunId")]
+    assert len(trials) == 4 and all("tpot_p95" in r["metrics"] for r in trials)
+    parent = [r for r in runs if r["tags"].get("slotune.role") == "study"][0]
+    assert parent["tags"]["slotune.best_trial"] == str(summary["trial"])
+
+
+@pytest.mark.parametrize(("fault", "budget", "reason"), [
+    ("crash", {}, "exited with code 3"),
+    ("hang", {"trial_timeout_s": 3}, "timeout"),
+    ("oom", {"trial_memory_gb": 0.6}, "out of memory"),
+])
+def test_faulty_trials_are_recorded_and_the_study_goes_on(tmp_path, fake_trials, monkeypatch, fault, budget, reason):
+    monkeypatch.setenv("SLOTUNE_TEST_TRIAL_FAULT", fault)
+    summary = run_command(write_spec(tmp_path, budget={"n_trials": 2, **budget}), progress=False)
+    assert summary is None  # nothing feasible
+    study = _study(tmp_path / "out")
+    assert len(study.trials) == 2
+    assert all(t.state.name == "FAIL" and reason in t.user_attrs["fail_reason"] for t in study.trials)
+    assert "No feasible trial" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_sigkill_then_resume_keeps_completed_trials(tmp_path, fake_trials, monkeypatch):
+    monkeypatch.setenv("SLOTUNE_FAKE_TRIAL_SLEEP", "1.5")
+    spec = write_spec(tmp_path, budget={"n_trials": 5})
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "slotune.tuner.cli_main", "run", str(spec), "--no-progress"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 120
+    done = []
+    while time.time() < deadline:
+        if (out / "study.db").exists():
+            try:
+                done = [t for t in _study(out).trials if t.state.name == "COMPLETE"]
+            except Exception:
+                done = []
+            if len(done) >= 2:
+                break
+        time.sleep(0.3)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert len(done) >= 2
+    before = {t.number: (t.params, t.values) for t in done}
+    monkeypatch.setenv("SLOTUNE_FAKE_TRIAL_SLEEP", "0")
+    run_command(spec, progress=False)
+    study = _study(out)
+    after = {t.number: (t.params, t.values) for t in study.trials if t.state.name == "COMPLETE"}
+    assert all(after[n] == v for n, v in before.items())  # completed trials intact
+    finished = [t for t in study.trials if t.state.name in ("COMPLETE", "FAIL")]
+    states = [(t.number, t.state.name, t.user_attrs.get("fail_reason")) for t in study.trials]
+    assert len(finished) == 5 and not [t for t in study.trials if t.state.name == "RUNNING"], states
+    assert all("orphaned" in t.user_attrs["fail_reason"] for t in study.trials if t.state.name == "FAIL")
+
+
+def test_grid_and_nsga2_samplers_run(tmp_path, fake_trials):
+    spec = write_spec(tmp_path, sampler="grid", budget={"n_trials": 3},
+                      search_space={"name": "g", "knobs": [{"name": "max_num_seqs", "type": "categorical", "choices": [1, 2, 4]}]})
+    run_command(spec, progress=False)
+    assert sorted(t.params["max_num_seqs"] for t in _study(tmp_path / "out").trials) == [1, 2, 4]
+    (tmp_path / "p").mkdir()
+    spec2 = write_spec(tmp_path / "p", sampler="nsga2", objective={"pareto_with": ["output_tokens_per_s"]},
+                       output_dir=str(tmp_path / "out2"))
+    run_command(spec2, progress=False)
+    assert (tmp_path / "out2" / "pareto.png").exists()
+
+
+def test_real_trial_end_to_end(tmp_path):
+    """One real trial on the bundled model: engine, workload replay, SLO check, agreement gate."""
+    spec = write_spec(tmp_path, budget={"n_trials": 1},
+                      quality_gates=[{"name": "agree", "kind": "agreement", "min_top1": 0.9, "limit": 2}],
+                      search_space={"name": "one", "knobs": [{"name": "max_num_seqs", "type": "categorical", "choices": [2]}]})
+    summary = run_command(spec, progress=False)
+    assert summary is not None
+    m = summary["metrics"]
+    assert m["num_completed"] == 3 and m["output_tokens"] == 12 and m["tpot_p95"] > 0
+    trial = _study(tmp_path / "out").trials[0]
+    assert trial.user_attrs["gates"]["passed"] is True
+    assert yaml.safe_load((tmp_path / "out" / "best.yaml").read_text())["max_num_seqs"] == 2

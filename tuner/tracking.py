@@ -1,0 +1,117 @@
+"""MLflow tracking as an Optuna study callback: one parent run per study, one child run per trial.
+
+The parent run id is kept in the study's user attributes, so a resumed study (or a second
+worker) logs into the same parent run.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class MLflowTracker:
+    def __init__(self, spec, study) -> None:
+        import mlflow
+
+        self.mlflow = mlflow
+        self.spec = spec
+        mlflow.set_tracking_uri(spec.resolved_tracking_uri())
+        exp = mlflow.get_experiment_by_name(spec.name)
+        self.experiment_id = exp.experiment_id if exp else mlflow.create_experiment(
+            spec.name, artifact_location=str((spec.resolved_output_dir() / "mlartifacts").resolve().as_uri()))
+        self.client = mlflow.tracking.MlflowClient()
+        parent = study.user_attrs.get("mlflow_parent_run_id")
+        if parent is None:
+            run = self.client.create_run(self.experiment_id, run_name=f"study-{spec.name}",
+                                         tags={"slotune.study": spec.name, "slotune.role": "study"})
+            parent = run.info.run_id
+            study.set_user_attr("mlflow_parent_run_id", parent)
+            self.client.log_param(parent, "objective", spec.objective.metric_key())
+            self.client.log_param(parent, "sampler", spec.sampler)
+            self.client.log_param(parent, "search_space", spec.space().name)
+        self.parent_run_id = parent
+
+    def __call__(self, study, trial) -> None:
+        c = self.client
+        tags = {"mlflow.parentRunId": self.parent_run_id, "slotune.trial": str(trial.number),
+                "slotune.state": trial.state.name, "slotune.study": self.spec.name}
+        run = c.create_run(self.experiment_id, run_name=f"trial-{trial.number}", tags=tags)
+        rid = run.info.run_id
+        for k, v in trial.params.items():
+            c.log_param(rid, k, v)
+        ua = trial.user_attrs
+        for k, v in (ua.get("metrics") or {}).items():
+            if isinstance(v, (int, float)) and v == v and abs(v) != float("inf"):
+                c.log_metric(rid, k, float(v))
+        for k, v in (ua.get("violations") or {}).items():
+            c.log_metric(rid, f"violation_{k}", float(v))
+        c.set_tag(rid, "slotune.feasible", str(ua.get("feasible")))
+        c.set_tag(rid, "slotune.slo_pass", str(all(v <= 0 for k, v in (ua.get("violations") or {}).items()
+                                                    if k not in ("quality_gates",))))
+        if ua.get("tag"):
+            c.set_tag(rid, "slotune.tag", ua["tag"])
+        if ua.get("fail_reason"):
+            c.set_tag(rid, "slotune.fail_reason", ua["fail_reason"][:5000])
+        gates = ua.get("gates")
+        if gates:
+            c.set_tag(rid, "slotune.gates_pass", str(gates.get("passed")))
+            for g in gates.get("gates", []):
+                if g.get("candidate") is not None:
+                    c.log_metric(rid, f"gate_{g['name']}", float(g["candidate"]))
+        with tempfile.TemporaryDirectory() as d:
+            if ua.get("config"):
+                (Path(d) / "config.yaml").write_text(yaml.safe_dump(ua["config"], sort_keys=False))
+            if gates:
+                (Path(d) / "gates.json").write_text(json.dumps(gates, indent=1))
+            lat = ua.get("latencies")
+            if lat:
+                _histogram(lat, Path(d) / "latency_histogram.png")
+            if any(Path(d).iterdir()):
+                c.log_artifacts(rid, d)
+        c.set_terminated(rid, status="FINISHED" if trial.state.name == "COMPLETE" else "FAILED")
+
+    def log_winner(self, best, config, report_paths: dict[str, Path], out: Path) -> None:
+        c, rid = self.client, self.parent_run_id
+        c.set_tag(rid, "slotune.best_trial", str(best.number))
+        for k, v in best.user_attrs.get("metrics", {}).items():
+            if isinstance(v, (int, float)) and v == v and abs(v) != float("inf"):
+                c.log_metric(rid, f"best_{k}", float(v))
+        c.log_artifact(rid, str(out / "best.yaml"))
+        for p in report_paths.values():
+            if Path(p).exists():
+                c.log_artifact(rid, str(p))
+
+
+def _histogram(lat: dict[str, list[float]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(8, 3))
+    for ax, key in zip(axes, ("ttft", "tpot")):
+        vals = [v * 1e3 for v in lat.get(key, [])]
+        if vals:
+            ax.hist(vals, bins=20)
+        ax.set_title(f"{key} (ms)")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def tracking_summary(tracking_uri: str, experiment: str) -> list[dict[str, Any]]:
+    """Runs of an experiment as plain dicts (used by tests and scripts)."""
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking_uri)
+    exp = mlflow.get_experiment_by_name(experiment)
+    if exp is None:
+        return []
+    runs = mlflow.tracking.MlflowClient().search_runs([exp.experiment_id], max_results=1000)
+    return [{"run_id": r.info.run_id, "name": r.info.run_name, "tags": r.data.tags, "metrics": r.data.metrics,
+             "params": r.data.params} for r in runs]
