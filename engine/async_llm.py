@@ -122,7 +122,9 @@ class AsyncLLM:
         finally:
             self._queues.pop(request_id, None)
             if not finished:
-                await self.abort(request_id)
+                # No await here: under cancellation (client disconnect) an await would raise
+                # before the abort ran. The loop thread picks it up between steps.
+                self.abort_nowait(request_id)
 
     async def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None
                        ) -> AsyncIterator[RequestOutput]:
@@ -137,6 +139,10 @@ class AsyncLLM:
     def _abort(self, request_id: str) -> None:
         with self._lock:
             self._llm.engine.abort_request(request_id)
+
+    def abort_nowait(self, request_id: str) -> None:
+        self._queues.pop(request_id, None)
+        threading.Thread(target=self._abort, args=(request_id,), daemon=True).start()
 
     async def abort(self, request_id: str) -> None:
         self._queues.pop(request_id, None)
