@@ -23,9 +23,10 @@ class _Strict(BaseModel):
 class DecodeAttentionTiles(_Strict):
     """Tile config for the paged decode-attention Triton kernel (kernels/decode_attention.py)."""
 
-    block_n: Literal[16, 32, 64, 128] = 64
-    num_splits: int = Field(1, ge=1, le=64, description="flash-decoding split count over the context")
-    num_warps: Literal[1, 2, 4, 8] = 4
+    # Defaults: the best measured at batch 64 on an H100 (bench/gpu/results-2026-11-22-h100.md).
+    block_n: Literal[16, 32, 64, 128] = 16
+    num_splits: int = Field(8, ge=1, le=64, description="flash-decoding split count over the context")
+    num_warps: Literal[1, 2, 4, 8] = 1
     num_stages: Literal[1, 2, 3, 4] = 2
 
 

@@ -51,6 +51,12 @@ class ModelRunner:
             from slotune.engine.quantize import quantize_model
 
             quantize_model(model, cfg.quantization, cfg.quant_group_size)
+        self.backend = "triton" if cfg.kernels.backend == "triton" or (
+            cfg.kernels.backend == "auto" and self.device.type == "cuda") else "torch"
+        if self.backend == "triton":
+            from slotune.engine.layers.triton_backend import use_triton
+
+            use_triton(model, cfg)
         self.model = model
         self.model_cfg: ModelConfig = model_cfg or model.cfg
         self.load_time_s = time.perf_counter() - t0
@@ -71,6 +77,11 @@ class ModelRunner:
         self.kv_cache = KVCache(mc.num_layers, num_blocks, cfg.block_size, mc.num_kv_heads, mc.head_dim,
                                 self.dtype, cfg.kv_dtype, self.device)
         self.block_size = cfg.block_size
+        self.graphs = None
+        if cfg.use_cuda_graph and self.device.type == "cuda" and self.backend == "triton":
+            from slotune.engine.cuda_graph import DecodeGraphs
+
+            self.graphs = DecodeGraphs(self, cfg.max_num_seqs)
 
     # --- input preparation ---------------------------------------------------------------
     def _prepare(self, batch: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[tuple[int, int]], torch.Tensor]:
@@ -148,6 +159,8 @@ class ModelRunner:
     # --- execution -------------------------------------------------------------------------
     @torch.inference_mode()
     def execute(self, batch: list[ScheduledSeq], num_layers: int | None = None) -> StepResult:
+        if self.graphs is not None and num_layers is None and self.graphs.can_run(batch):
+            return StepResult(logits=self.graphs.run(batch), row_ranges=[(i, i + 1) for i in range(len(batch))])
         input_ids, positions, meta, ranges, rows = self._prepare(batch)
         hidden = self.model(input_ids, positions, self.kv_cache, meta, num_layers=num_layers)
         logits = self.model.compute_logits(hidden[rows]) if rows.numel() else hidden.new_zeros(0, 0).float()

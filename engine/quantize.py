@@ -34,9 +34,13 @@ class Int8Linear(nn.Module):
         scale = (w.abs().amax(dim=1) / 127.0).clamp_min(1e-10)
         self.register_buffer("qweight", torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8))  # [N, K]
         self.register_buffer("scales", scale.to(torch.bfloat16))  # [N]
-        self.out_dtype = weight.dtype
+        self.triton_tiles = None  # set by the Triton backend: use kernels/quant_matmul.py
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.triton_tiles is not None:
+            from slotune.kernels.quant_matmul import int8_matmul
+
+            return int8_matmul(x, self.qweight, self.scales, self.triton_tiles)
         if x.device.type == "cpu":
             return torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), self.qweight, self.scales).to(x.dtype)
         w = self.qweight.to(x.dtype) * self.scales.to(x.dtype)[:, None]
@@ -60,6 +64,7 @@ class Int4Linear(nn.Module):
         scale = ((hi - lo) / 15.0).clamp_min(1e-10)
         q = torch.round((w - lo) / scale).clamp_(0, 15).to(torch.uint8).view(n, k)
         self.group_size, self.n, self.k = group_size, n, k
+        self.triton_tiles = None
         self.on_cpu = weight.device.type == "cpu"
         if self.on_cpu:
             # torch's CPU kernel layout; [K/g, N, 2] = (scale, min + 8 * scale)
@@ -82,6 +87,10 @@ class Int4Linear(nn.Module):
         return (q * self.scales.float()[..., None] + self.mins.float()[..., None]).view(self.n, self.k)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.triton_tiles is not None and not self.on_cpu:
+            from slotune.kernels.quant_matmul import int4_matmul
+
+            return int4_matmul(x, self.packed, self.scales, self.mins, self.group_size, self.triton_tiles)
         if self.on_cpu:
             return torch.ops.aten._weight_int4pack_mm_for_cpu(
                 x.to(torch.bfloat16), self.packed, self.group_size, self.scales_and_zeros).to(x.dtype)

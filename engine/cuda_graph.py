@@ -1,0 +1,82 @@
+"""Decode steps captured as CUDA graphs at bucketed batch sizes (Triton backend on CUDA).
+
+A 135M-parameter decode step is ~600 small kernels; launched from Python that is mostly
+launch overhead. Capturing the whole step once per batch-size bucket turns it into one
+graph replay. Inputs go through static buffers (one host->device copy of a staging tensor
+per step); padded rows write to slot -1 (skipped) and attend over one token.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from slotune.engine.layers.attention import AttentionMetadata
+
+BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+
+
+class DecodeGraphs:
+    def __init__(self, runner, max_batch: int) -> None:
+        self.runner = runner
+        model, dev, bs = runner.model, runner.device, runner.block_size
+        self.buckets = [b for b in BUCKETS if b <= max_batch] or [1]
+        if self.buckets[-1] < max_batch:
+            self.buckets.append(max_batch)
+        n = self.buckets[-1]
+        self.max_blocks = -(-runner.cfg.max_model_len // bs)
+        model.attn.max_context = self.max_blocks * bs  # a static bound: no host sync, same launch every replay
+        self.ids = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.pos = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.slots = torch.full((n,), -1, dtype=torch.int64, device=dev)
+        self.ctx = torch.ones(n, dtype=torch.int32, device=dev)
+        self.bt = torch.zeros(n, self.max_blocks, dtype=torch.int32, device=dev)
+        # host staging: [ids, pos, slots, ctx, block table] rows, copied in one go
+        self.staging = torch.zeros(n, 4 + self.max_blocks, dtype=torch.int64, pin_memory=True)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        pool = None
+        for b in reversed(self.buckets):  # largest first, so smaller graphs reuse its pool
+            meta = AttentionMetadata(
+                slot_mapping=self.slots[:b], num_extend_tokens=0, extend_query_lens=[], extend_context_lens=[],
+                extend_block_tables=None, extend_mask=None, decode_block_tables=self.bt[:b],
+                decode_context_lens=self.ctx[:b], decode_mask=None, block_size=bs)
+            with torch.inference_mode():
+                for _ in range(2):  # warm up: Triton autotune/compile outside capture
+                    model.compute_logits(model(self.ids[:b], self.pos[:b], runner.kv_cache, meta))
+                torch.cuda.synchronize()
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, pool=pool):
+                    self.outputs[b] = model.compute_logits(model(self.ids[:b], self.pos[:b], runner.kv_cache, meta))
+            pool = g.pool()
+            self.graphs[b] = g
+        torch.cuda.synchronize()
+
+    def can_run(self, batch) -> bool:
+        return len(batch) <= self.buckets[-1] and all(s.num_new_tokens == 1 and not s.num_draft_tokens for s in batch)
+
+    def run(self, batch) -> torch.Tensor:
+        """Decode one token for each scheduled sequence. -> logits [B, V]."""
+        B = len(batch)
+        b = next(x for x in self.buckets if x >= B)
+        bs = self.runner.block_size
+        st = self.staging
+        st[:b].zero_()
+        st[:b, 2] = -1
+        st[:b, 3] = 1
+        for i, s in enumerate(batch):
+            seq = s.seq
+            p = seq.num_computed_tokens
+            table = seq.block_table
+            st[i, 0] = seq.token_ids[p]
+            st[i, 1] = p
+            st[i, 2] = table[p // bs] * bs + p % bs
+            st[i, 3] = p + 1
+            st[i, 4 : 4 + len(table)] = torch.tensor(table, dtype=torch.int64)
+        dev = st[:b].to(self.runner.device, non_blocking=True)
+        self.ids[:b].copy_(dev[:, 0])
+        self.pos[:b].copy_(dev[:, 1])
+        self.slots[:b].copy_(dev[:, 2])
+        self.ctx[:b].copy_(dev[:, 3])
+        self.bt[:b].copy_(dev[:, 4:])
+        self.graphs[b].replay()
+        return self.outputs[b][:B]
