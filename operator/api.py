@@ -1,0 +1,173 @@
+"""Names, labels and the Kubernetes client the handlers share.
+
+One credential source for kopf's watch streams and the `kubernetes` client the handlers use:
+in-cluster service account, else the kubeconfig named by $SLOTUNE_KUBECONFIG, else the usual
+$KUBECONFIG / ~/.kube/config. Children are created idempotently (AlreadyExists is success), so
+a handler that crashes half-way converges when it runs again.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+import kubernetes
+from kubernetes.client.rest import ApiException
+
+GROUP = "slotune.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+TUNINGS = "slotunings"
+SERVINGS = "sloservings"
+
+LABEL_MANAGED = "app.kubernetes.io/managed-by"
+LABEL_SERVING = f"{GROUP}/serving"
+LABEL_TRACK = f"{GROUP}/track"  # stable | canary
+LABEL_TUNING = f"{GROUP}/tuning"
+LABEL_RUN = f"{GROUP}/run"
+ANNOTATION_CONFIG_HASH = f"{GROUP}/config-hash"
+MANAGER = "slotune-operator"
+
+_lock = threading.Lock()
+_client: kubernetes.client.ApiClient | None = None
+
+
+def load_configuration() -> kubernetes.client.Configuration:
+    """The client configuration: in-cluster, else $SLOTUNE_KUBECONFIG, else the default kubeconfig."""
+    cfg = kubernetes.client.Configuration()
+    explicit = os.environ.get("SLOTUNE_KUBECONFIG")
+    if explicit:
+        kubernetes.config.load_kube_config(config_file=explicit, client_configuration=cfg)
+        return cfg
+    try:
+        kubernetes.config.load_incluster_config(client_configuration=cfg)
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config(client_configuration=cfg)
+    return cfg
+
+
+def client() -> kubernetes.client.ApiClient:
+    global _client
+    with _lock:
+        if _client is None:
+            _client = kubernetes.client.ApiClient(load_configuration())
+        return _client
+
+
+def reset_client() -> None:
+    """Forget the cached client (a restarted operator logs in afresh)."""
+    global _client
+    with _lock:
+        _client = None
+
+
+def core() -> kubernetes.client.CoreV1Api:
+    return kubernetes.client.CoreV1Api(client())
+
+
+def apps() -> kubernetes.client.AppsV1Api:
+    return kubernetes.client.AppsV1Api(client())
+
+
+def batch() -> kubernetes.client.BatchV1Api:
+    return kubernetes.client.BatchV1Api(client())
+
+
+def custom() -> kubernetes.client.CustomObjectsApi:
+    return kubernetes.client.CustomObjectsApi(client())
+
+
+def is_status(exc: BaseException, *codes: int) -> bool:
+    return isinstance(exc, ApiException) and exc.status in codes
+
+
+def owner_reference(body: Any) -> dict[str, Any]:
+    """A controller owner reference to a slotune custom resource (kopf body or dict)."""
+    meta = body["metadata"]
+    return {"apiVersion": body.get("apiVersion", API_VERSION), "kind": body["kind"], "name": meta["name"],
+            "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}
+
+
+def create(kind: str, namespace: str, obj: dict[str, Any]) -> bool:
+    """Create a namespaced child; False when it already exists (idempotent)."""
+    try:
+        _creator(kind)(namespace, obj)
+        return True
+    except ApiException as exc:
+        if exc.status == 409:
+            return False
+        raise
+
+
+def read(kind: str, namespace: str, name: str) -> Any | None:
+    """Read a child as a plain dict, None when absent."""
+    try:
+        obj = _reader(kind)(name, namespace)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    return client().sanitize_for_serialization(obj)
+
+
+def patch(kind: str, namespace: str, name: str, body: dict[str, Any]) -> None:
+    _patcher(kind)(name, namespace, body)
+
+
+def delete(kind: str, namespace: str, name: str) -> bool:
+    """Delete a child (background propagation); False when it was already gone."""
+    try:
+        _deleter(kind)(name, namespace, propagation_policy="Background")
+        return True
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+
+
+def _creator(kind: str):
+    return {"ConfigMap": lambda ns, o: core().create_namespaced_config_map(ns, o),
+            "Service": lambda ns, o: core().create_namespaced_service(ns, o),
+            "Deployment": lambda ns, o: apps().create_namespaced_deployment(ns, o),
+            "Job": lambda ns, o: batch().create_namespaced_job(ns, o)}[kind]
+
+
+def _reader(kind: str):
+    return {"ConfigMap": lambda n, ns: core().read_namespaced_config_map(n, ns),
+            "Service": lambda n, ns: core().read_namespaced_service(n, ns),
+            "Deployment": lambda n, ns: apps().read_namespaced_deployment(n, ns),
+            "Job": lambda n, ns: batch().read_namespaced_job(n, ns)}[kind]
+
+
+MERGE_PATCH = "application/merge-patch+json"  # lists are replaced whole, `null` deletes a key
+
+
+def _patcher(kind: str):
+    kw = {"_content_type": MERGE_PATCH}
+    return {"ConfigMap": lambda n, ns, b: core().patch_namespaced_config_map(n, ns, b, **kw),
+            "Service": lambda n, ns, b: core().patch_namespaced_service(n, ns, b, **kw),
+            "Deployment": lambda n, ns, b: apps().patch_namespaced_deployment(n, ns, b, **kw),
+            "Job": lambda n, ns, b: batch().patch_namespaced_job(n, ns, b, **kw)}[kind]
+
+
+def patch_serving(namespace: str, name: str, body: dict[str, Any]) -> None:
+    """Merge-patch a SLOServing (the tuning controller sets and clears its canary this way)."""
+    custom().patch_namespaced_custom_object(GROUP, VERSION, namespace, SERVINGS, name, body,
+                                            _content_type=MERGE_PATCH)
+
+
+def read_serving(namespace: str, name: str) -> dict[str, Any] | None:
+    try:
+        return custom().get_namespaced_custom_object(GROUP, VERSION, namespace, SERVINGS, name)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def _deleter(kind: str):
+    return {"ConfigMap": lambda n, ns, **kw: core().delete_namespaced_config_map(n, ns, **kw),
+            "Service": lambda n, ns, **kw: core().delete_namespaced_service(n, ns, **kw),
+            "Deployment": lambda n, ns, **kw: apps().delete_namespaced_deployment(n, ns, **kw),
+            "Job": lambda n, ns, **kw: batch().delete_namespaced_job(n, ns, **kw)}[kind]

@@ -1,0 +1,154 @@
+"""The objects the operator owns, rendered as plain dicts (pure functions, no API calls).
+
+SLOServing -> ConfigMap `<name>-config` (config.yaml), Deployment `<name>` running
+`tune serve`, Service `<name>`; with `spec.canary`, also `<name>-canary-config` and the
+Deployment `<name>-canary`. SLOTuning -> ConfigMap `<name>-spec` (the tuning spec), per run a
+result ConfigMap and the Job `<name>-run-<n>` (plus `<name>-run-<n>-workers` for parallel
+workers). Every child carries a controller owner reference, so deleting the resource
+garbage-collects its children.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import yaml
+
+from slotune.operator import api
+
+DEFAULT_IMAGE = "ghcr.io/slotune/slotune:0.1.0"
+CONFIG_DIR = "/etc/slotune"
+SPEC_PATH = f"{CONFIG_DIR}/spec.yaml"
+RESULT_DIR = "/work/out"
+
+
+def config_hash(config: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def serving_config(spec: dict[str, Any], config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The EngineConfig mapping a serving track runs: its config, with the model from the spec."""
+    out = dict(config if config is not None else spec.get("config") or {})
+    if spec.get("model"):
+        out["model"] = spec["model"]
+    return out
+
+
+def _meta(name: str, owner: dict[str, Any], labels: dict[str, str], annotations: dict[str, str] | None = None):
+    meta = {"name": name, "labels": {api.LABEL_MANAGED: api.MANAGER, **labels}, "ownerReferences": [owner]}
+    if annotations:
+        meta["annotations"] = annotations
+    return meta
+
+
+def config_map(name: str, owner: dict[str, Any], labels: dict[str, str], data: dict[str, str]) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(name, owner, labels), "data": data}
+
+
+def serving_config_map(serving: str, track: str, owner, config: dict[str, Any]) -> dict[str, Any]:
+    name = serving if track == "stable" else f"{serving}-canary"
+    return config_map(f"{name}-config", owner, {api.LABEL_SERVING: serving, api.LABEL_TRACK: track},
+                      {"config.yaml": yaml.safe_dump(config, sort_keys=True)})
+
+
+def deployment(serving: str, track: str, spec: dict[str, Any], owner, config: dict[str, Any],
+               replicas: int) -> dict[str, Any]:
+    """The Deployment of one track (stable or canary) of a SLOServing."""
+    name = serving if track == "stable" else f"{serving}-canary"
+    port = int(spec.get("port", 8000))
+    labels = {api.LABEL_SERVING: serving, api.LABEL_TRACK: track}
+    digest = config_hash(config)
+    env = []
+    if spec.get("apiKeySecret"):  # the key goes pod-side only; the operator never reads it
+        env.append({"name": "SLOTUNE_API_KEY", "valueFrom": {"secretKeyRef": {
+            "name": spec["apiKeySecret"]["name"], "key": spec["apiKeySecret"].get("key", "api-key")}}})
+    container = {
+        "name": "serve",
+        "image": spec.get("image", DEFAULT_IMAGE),
+        "command": ["tune", "serve", f"{CONFIG_DIR}/config.yaml", "--host", "0.0.0.0", "--port", str(port),
+                    "--served-model-name", spec.get("model") or config.get("model") or serving],
+        "ports": [{"name": "http", "containerPort": port}],
+        "env": env,
+        "readinessProbe": {"httpGet": {"path": "/ready", "port": "http"}, "periodSeconds": 5},
+        "livenessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10,
+                          "failureThreshold": 3},
+        # model load can take minutes: liveness starts only after /health first answers
+        "startupProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5,
+                         "failureThreshold": 120},
+        "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}],
+        "resources": spec.get("resources") or {},
+    }
+    pod_annotations = {"prometheus.io/scrape": "true", "prometheus.io/port": str(port),
+                       "prometheus.io/path": "/metrics", api.ANNOTATION_CONFIG_HASH: digest}
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": _meta(name, owner, labels, {api.ANNOTATION_CONFIG_HASH: digest}),
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels, "annotations": pod_annotations},
+                "spec": {"containers": [container],
+                         "volumes": [{"name": "config", "configMap": {"name": f"{name}-config"}}]},
+            },
+        },
+    }
+
+
+def service(serving: str, spec: dict[str, Any], owner) -> dict[str, Any]:
+    """One Service over both tracks: the canary gets its share of traffic by pod count."""
+    port = int(spec.get("port", 8000))
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": _meta(serving, owner, {api.LABEL_SERVING: serving},
+                              {"prometheus.io/scrape": "true", "prometheus.io/port": str(port)}),
+            "spec": {"selector": {api.LABEL_SERVING: serving},
+                     "ports": [{"name": "http", "port": port, "targetPort": "http"}]}}
+
+
+def job_name(tuning: str, run: int) -> str:
+    return f"{tuning}-run-{run}"
+
+
+def result_name(tuning: str, run: int) -> str:
+    return f"{tuning}-run-{run}-result"
+
+
+def tuning_jobs(tuning: str, spec: dict[str, Any], owner, run: int, namespace: str) -> list[dict[str, Any]]:
+    """The Job running `tune run` for one run, and a workers Job when spec.workers > 1.
+
+    The main container runs `python -m slotune.operator.publish ... -- tune run SPEC`, which
+    runs the study and then writes best.yaml and its metrics into the result ConfigMap through
+    the API: results never travel through pod logs.
+    """
+    labels = {api.LABEL_TUNING: tuning, api.LABEL_RUN: str(run)}
+    env = [{"name": "SLOTUNE_RUN", "value": str(run)}]
+    if spec.get("storageSecret"):
+        env.append({"name": "SLOTUNE_STORAGE", "valueFrom": {"secretKeyRef": {
+            "name": spec["storageSecret"]["name"], "key": spec["storageSecret"].get("key", "url")}}})
+    tune = ["tune", "run", SPEC_PATH, "--no-progress", "--output-dir", RESULT_DIR]
+    main = ["python", "-m", "slotune.operator.publish", "--configmap", result_name(tuning, run),
+            "--namespace", namespace, "--result-dir", RESULT_DIR, "--", *tune]
+    workers = int(spec.get("workers", 1))
+    jobs = [_job(job_name(tuning, run), spec, owner, labels, env, main, parallelism=1)]
+    if workers > 1:
+        jobs.append(_job(f"{job_name(tuning, run)}-workers", spec, owner, labels, env,
+                         [*tune, "--worker"], parallelism=workers - 1))
+    return jobs
+
+
+def _job(name, spec, owner, labels, env, command, parallelism: int) -> dict[str, Any]:
+    container = {"name": "tune", "image": spec.get("image", DEFAULT_IMAGE), "command": command, "env": env,
+                 "volumeMounts": [{"name": "spec", "mountPath": CONFIG_DIR, "readOnly": True},
+                                  {"name": "work", "mountPath": "/work"}],
+                 "resources": spec.get("resources") or {}}
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": _meta(name, owner, labels),
+            "spec": {"parallelism": parallelism, "completions": parallelism,
+                     "backoffLimit": int(spec.get("backoffLimit", 1)),
+                     "template": {"metadata": {"labels": labels},
+                                  "spec": {"restartPolicy": "Never",
+                                           "serviceAccountName": spec.get("serviceAccountName", "slotune-tuner"),
+                                           "containers": [container],
+                                           "volumes": [{"name": "spec", "configMap": {"name": f"{owner['name']}-spec"}},
+                                                       {"name": "work", "emptyDir": {}}]}}}}

@@ -1,0 +1,100 @@
+"""kopf handlers: tiny, each hands off to serving.reconcile or tuning.advance.
+
+Errors: API hiccups (5xx, 409 conflicts, timeouts) are temporary and retried after a delay;
+an invalid spec is permanent (reported in status and an Event, not retried until the spec
+changes). The operator never reads Secrets: credentials reach pods through secretKeyRef.
+
+Timing knobs: $SLOTUNE_OPERATOR_POLL_SECONDS (timer interval, default 10); rollout durations
+come from each SLOTuning's spec.rollout.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import kopf
+from kubernetes.client.rest import ApiException
+
+from slotune.operator import api, serving, tuning
+
+POLL_S = float(os.environ.get("SLOTUNE_OPERATOR_POLL_SECONDS", "10"))
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    settings.posting.level = logging.WARNING  # our own Events are posted explicitly
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=api.GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=api.GROUP)
+    settings.watching.server_timeout = 300
+    settings.networking.request_timeout = 30
+
+
+@kopf.on.login()
+def login(**_: Any) -> kopf.ConnectionInfo:
+    """The same credentials for kopf and for the kubernetes client the handlers use."""
+    api.reset_client()
+    cfg = api.load_configuration()
+    header = cfg.get_api_key_with_prefix("BearerToken") or cfg.get_api_key_with_prefix("authorization") or ""
+    scheme, _, token = header.rpartition(" ")
+    return kopf.ConnectionInfo(server=cfg.host, ca_path=cfg.ssl_ca_cert, insecure=not cfg.verify_ssl,
+                               scheme=scheme or None, token=token or None,
+                               certificate_path=cfg.cert_file, private_key_path=cfg.key_file)
+
+
+def _api_call(fn, *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except ApiException as exc:
+        if exc.status in (400, 422):
+            raise kopf.PermanentError(f"the API server rejected a child: {exc.reason}") from None
+        raise kopf.TemporaryError(f"API {exc.status} {exc.reason}", delay=max(POLL_S, 1)) from None
+    except OSError as exc:  # connection trouble
+        raise kopf.TemporaryError(f"API unreachable: {exc}", delay=max(POLL_S, 1)) from None
+
+
+# --- SLOServing ----------------------------------------------------------------------------
+
+def _reconcile_serving(name: str, namespace: str, spec: Any, body: Any, status: Any, patch: Any) -> None:
+    try:
+        observed = _api_call(serving.reconcile, name, namespace, dict(spec), body)
+    except ValueError as exc:
+        if (status or {}).get("phase") != "Invalid" or (status or {}).get("message") != str(exc):
+            patch.status.update({"phase": "Invalid", "message": str(exc)})
+            kopf.warn(body, reason="InvalidConfig", message=str(exc))
+        return
+    observed["message"] = None
+    if any((status or {}).get(k) != v for k, v in observed.items()):
+        patch.status.update(observed)
+
+
+@kopf.on.create(api.GROUP, api.VERSION, api.SERVINGS)
+@kopf.on.update(api.GROUP, api.VERSION, api.SERVINGS, field="spec")
+@kopf.on.resume(api.GROUP, api.VERSION, api.SERVINGS)
+def serving_changed(name, namespace, spec, body, status, patch, **_: Any) -> None:
+    _reconcile_serving(name, namespace, spec, body, status, patch)
+
+
+@kopf.timer(api.GROUP, api.VERSION, api.SERVINGS, interval=POLL_S)
+def serving_tick(name, namespace, spec, body, status, patch, **_: Any) -> None:
+    _reconcile_serving(name, namespace, spec, body, status, patch)
+
+
+# --- SLOTuning -----------------------------------------------------------------------------
+
+@kopf.timer(api.GROUP, api.VERSION, api.TUNINGS, interval=POLL_S)
+def tuning_tick(name, namespace, spec, body, status, patch, **_: Any) -> None:
+    step = tuning.Step(name=name, namespace=namespace, spec=dict(spec), status=dict(status or {}), body=body)
+    _api_call(tuning.advance, step)
+    if step.patch:
+        patch.status.update(step.patch)
+    for type_, reason, message in step.events:
+        kopf.event(body, type=type_, reason=reason, message=message)
+
+
+@kopf.on.update(api.GROUP, api.VERSION, api.TUNINGS, field="spec.tuning")
+def tuning_spec_changed(status, patch, **_: Any) -> None:
+    """A fixed spec gets a fresh run (a failed one would otherwise wait for its schedule)."""
+    if (status or {}).get("phase") == "Failed":
+        patch.status["phase"] = "Pending"

@@ -1,0 +1,79 @@
+"""Re-tuning schedules: standard 5-field cron ("0 3 * * 1") or "@every 6h" / "@every 30s".
+
+Scheduling is done by the operator's timer instead of a batch/v1 CronJob: the CronJob would
+only start `tune run`, while every later step (result -> canary -> promote) is the operator's
+anyway, and Kubernetes 1.20 (the API server the tests build) serves CronJob only as
+batch/v1beta1. Times are UTC.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timedelta, timezone
+
+_EVERY = re.compile(r"^@every\s+(\d+)(s|m|h|d)$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_ALIASES = {"@hourly": "0 * * * *", "@daily": "0 0 * * *", "@weekly": "0 0 * * 0", "@monthly": "0 0 1 * *"}
+_RANGES = [(0, 59), (0, 23), (1, 31), (1, 12), (0, 6)]  # minute hour day-of-month month day-of-week
+
+
+def _field(text: str, lo: int, hi: int) -> set[int]:
+    values: set[int] = set()
+    for part in text.split(","):
+        base, _, step_s = part.partition("/")
+        step = int(step_s) if step_s else 1
+        if base == "*":
+            a, b = lo, hi
+        elif "-" in base:
+            a, b = (int(x) for x in base.split("-", 1))
+        else:
+            a = int(base)
+            b = hi if step_s else a
+        if not (lo <= a <= b <= hi) or step < 1:
+            raise ValueError(f"cron field '{text}' is outside {lo}-{hi}")
+        values.update(range(a, b + 1, step))
+    return values
+
+
+def parse(expr: str) -> tuple[timedelta | None, list[set[int]] | None]:
+    """(interval, None) for @every, (None, fields) for cron; ValueError names a bad expression."""
+    expr = _ALIASES.get(expr.strip(), expr.strip())
+    m = _EVERY.match(expr)
+    if m:
+        seconds = int(m.group(1)) * _UNITS[m.group(2)]
+        if seconds <= 0:
+            raise ValueError(f"schedule '{expr}': the interval must be positive")
+        return timedelta(seconds=seconds), None
+    parts = expr.split()
+    if len(parts) != 5:
+        raise ValueError(f"schedule '{expr}': expected 5 cron fields or '@every <N>s|m|h|d'")
+    try:
+        fields = [_field(p, lo, hi) for p, (lo, hi) in zip(parts, _RANGES)]
+    except ValueError as exc:
+        raise ValueError(f"schedule '{expr}': {exc}") from None
+    fields[4] = {d % 7 for d in fields[4]}
+    return None, fields
+
+
+def next_after(expr: str, after: datetime) -> datetime:
+    """The first scheduled time strictly after `after` (timezone-aware, UTC)."""
+    after = after.astimezone(timezone.utc)
+    interval, fields = parse(expr)
+    if interval is not None:
+        return after + interval
+    minute, hour, dom, month, dow = fields
+    t = after.replace(second=0, microsecond=0) + timedelta(minutes=1)
+    limit = t + timedelta(days=366 * 5)
+    while t < limit:
+        # cron: when both day fields are restricted, either may match
+        day_ok = (t.day in dom or (t.weekday() + 1) % 7 in dow) if (len(dom) < 31 and len(dow) < 7) \
+            else (t.day in dom and (t.weekday() + 1) % 7 in dow)
+        if t.month not in month or not day_ok:
+            t = t.replace(hour=0, minute=0) + timedelta(days=1)
+        elif t.hour not in hour:
+            t = t.replace(minute=0) + timedelta(hours=1)
+        elif t.minute not in minute:
+            t += timedelta(minutes=1)
+        else:
+            return t
+    raise ValueError(f"schedule '{expr}' never fires")

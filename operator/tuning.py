@@ -1,0 +1,327 @@
+"""SLOTuning: one state machine, advanced one step per timer tick.
+
+    Pending -> Tuning -> (AwaitingApproval ->) Canary -> Promoted | RolledBack
+                     \\-> Failed
+
+Every fact lives in the API (status, the run's Job and result ConfigMap, the target
+SLOServing's `spec.canary`), every child has a deterministic name and creation is
+idempotent: an operator restarted at any step recomputes the same next step, and a step that
+ran twice creates nothing twice. A schedule starts run n+1 once run n has finished (or waits
+for approval), keeping `historyLimit` runs' Jobs and result ConfigMaps and history entries.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+import yaml
+
+from slotune.operator import api, children, metrics, rollout, schedule
+
+TERMINAL = ("Promoted", "RolledBack", "Failed")
+
+
+def now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def stamp(t: datetime) -> str:
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_stamp(s: str | None) -> datetime | None:
+    return datetime.strptime(s, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc) if s else None
+
+
+@dataclass
+class Step:
+    """What one tick sees and changes: the status patch it builds and the events it posts."""
+
+    name: str
+    namespace: str
+    spec: dict[str, Any]
+    status: dict[str, Any]
+    body: Any
+    patch: dict[str, Any] = field(default_factory=dict)
+    events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
+
+    @property
+    def run(self) -> int:
+        return int(self.get("run") or 0)
+
+    def get(self, key: str) -> Any:
+        return self.patch[key] if key in self.patch else self.status.get(key)
+
+    def set(self, **values: Any) -> None:
+        self.patch.update(values)
+
+    def condition(self, type_: str, ok: bool, reason: str, message: str) -> None:
+        conditions = [dict(c) for c in (self.get("conditions") or [])]
+        old = next((c for c in conditions if c.get("type") == type_), None)
+        state = "True" if ok else "False"
+        if old is not None and (old.get("status"), old.get("reason"), old.get("message")) == (state, reason, message):
+            return
+        new = {"type": type_, "status": state, "reason": reason, "message": message,
+               "lastTransitionTime": stamp(now()) if old is None or old.get("status") != state
+               else old.get("lastTransitionTime")}
+        conditions = [c for c in conditions if c.get("type") != type_] + [new]
+        self.set(conditions=conditions)
+
+    def event(self, type_: str, reason: str, message: str) -> None:
+        self.events.append((type_, reason, message))
+
+    @property
+    def policy(self) -> rollout.Policy:
+        return rollout.Policy.from_spec(self.spec.get("rollout"))
+
+    @property
+    def serving(self) -> str:
+        return self.spec["target"]["servingName"]
+
+
+# --- the tick ------------------------------------------------------------------------------
+
+def advance(s: Step) -> None:
+    """One step of the state machine (dispatch on phase)."""
+    phase = s.status.get("phase") or "Pending"
+    STEPS.get(phase, lambda _: None)(s)
+
+
+def pending(s: Step) -> None:
+    start_run(s, s.run + 1)
+
+
+def tuning(s: Step) -> None:
+    data = ((api.read("ConfigMap", s.namespace, children.result_name(s.name, s.run)) or {}).get("data")) or {}
+    if "best.yaml" in data:
+        return take_result(s, data)
+    if "error" in data:
+        reason, _, message = data["error"].partition(": ")
+        return finish(s, "Failed", reason or "TuningFailed", message or data["error"])
+    job = api.read("Job", s.namespace, children.job_name(s.name, s.run))
+    if job is None:  # deleted under us (or lost before a restart): recreate, same name
+        return create_run_children(s, s.run)
+    for c in (job.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "Failed" and c.get("status") == "True":
+            return finish(s, "Failed", "JobFailed", c.get("message") or c.get("reason") or "the tuning Job failed")
+
+
+def awaiting_approval(s: Step) -> None:
+    if str((s.spec.get("rollout") or {}).get("approvedRun", "")) == str(s.run):
+        return start_canary(s)
+    reschedule(s)
+
+
+def canary(s: Step) -> None:
+    c = dict(s.get("canary") or {})
+    t = now()
+    dep = api.read("Deployment", s.namespace, f"{s.serving}-canary") or {}
+    wanted = int((dep.get("spec") or {}).get("replicas") or 0)
+    is_ready = bool(dep) and wanted > 0 and int((dep.get("status") or {}).get("readyReplicas") or 0) >= wanted
+    if is_ready and not c.get("readySince"):
+        c["readySince"] = stamp(t)
+        s.set(canary=c)
+    since_start = (t - parse_stamp(c["startedAt"])).total_seconds()
+    ready_since = parse_stamp(c.get("readySince"))
+    since_ready = (t - ready_since).total_seconds() if ready_since else None
+    policy = s.policy
+    histograms = None
+    if since_ready is not None and since_ready >= policy.canary_duration_s:
+        histograms, errors = metrics.scrape(canary_metric_urls(s))
+    verdict = rollout.judge(policy, since_start_s=since_start, since_ready_s=since_ready, histograms=histograms)
+    if verdict.action == "promote":
+        promote(s, verdict)
+    elif verdict.action == "rollback":
+        roll_back(s, verdict)
+    else:
+        s.condition("RolledOut", False, verdict.reason, verdict.message)
+
+
+def finished(s: Step) -> None:
+    reschedule(s)
+
+
+STEPS: dict[str, Callable[[Step], None]] = {
+    "Pending": pending, "Tuning": tuning, "AwaitingApproval": awaiting_approval, "Canary": canary,
+    "Promoted": finished, "RolledBack": finished, "Failed": finished,
+}
+
+
+# --- actions -------------------------------------------------------------------------------
+
+def validate(spec: dict[str, Any]) -> str | None:
+    """A message naming what is wrong with the SLOTuning's spec, or None."""
+    tuning_spec = spec.get("tuning") or {}
+    try:
+        from pydantic import ValidationError
+
+        from slotune.tuner.spec import TuningSpec
+    except ImportError:  # an operator image without the tuner: `tune run` validates in the Job
+        TuningSpec = None
+    if TuningSpec is not None:
+        try:
+            TuningSpec.model_validate(tuning_spec)
+        except ValidationError as exc:
+            return "; ".join(f"tuning.{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors())
+        except ValueError as exc:
+            return f"tuning: {exc}"
+    if int(spec.get("workers", 1)) > 1 and not (spec.get("storageSecret") or tuning_spec.get("storage")):
+        return "workers > 1 needs a shared study: set spec.storageSecret to a Secret holding a PostgreSQL URL"
+    if spec.get("schedule"):
+        try:
+            schedule.parse(spec["schedule"])
+        except ValueError as exc:
+            return str(exc)
+    return None
+
+
+def start_run(s: Step, run: int) -> None:
+    problem = validate(s.spec)
+    if problem is not None:
+        s.set(run=run)
+        s.condition("Valid", False, "InvalidSpec", problem)
+        return finish(s, "Failed", "InvalidSpec", problem)
+    s.condition("Valid", True, "Valid", "the spec is valid")
+    create_run_children(s, run)
+    t = now()
+    s.set(run=run, phase="Tuning", lastTuningTime=stamp(t), canary=None,
+          nextTuningTime=stamp(schedule.next_after(s.spec["schedule"], t)) if s.spec.get("schedule") else None)
+    s.condition("Tuned", False, "Tuning", f"run {run}: job {children.job_name(s.name, run)}")
+    s.event("Normal", "TuningStarted", f"run {run}: started job {children.job_name(s.name, run)}")
+    prune(s, run)
+
+
+def create_run_children(s: Step, run: int) -> None:
+    owner = api.owner_reference(s.body)
+    labels = {api.LABEL_TUNING: s.name}
+    spec_cm = children.config_map(f"{s.name}-spec", owner, labels,
+                                  {"spec.yaml": yaml.safe_dump(s.spec.get("tuning") or {}, sort_keys=False)})
+    from slotune.operator.serving import ensure
+
+    ensure("ConfigMap", s.namespace, spec_cm)
+    api.create("ConfigMap", s.namespace, children.config_map(
+        children.result_name(s.name, run), owner, {**labels, api.LABEL_RUN: str(run)}, {}))
+    for job in children.tuning_jobs(s.name, s.spec, owner, run, s.namespace):
+        api.create("Job", s.namespace, job)
+
+
+def take_result(s: Step, data: dict[str, str]) -> None:
+    config = yaml.safe_load(data["best.yaml"]) or {}
+    summary = json.loads(data.get("best_metrics.json") or "{}")
+    best = {"run": s.run, "config": config, "configHash": children.config_hash(config),
+            "objective": summary.get("objective"), "value": summary.get("value"),
+            "metrics": {k: v for k, v in (summary.get("metrics") or {}).items() if isinstance(v, (int, float))},
+            "summary": _summary(summary)}
+    s.set(best=best, mlflowRunId=data.get("mlflow_run_id"))
+    s.condition("Tuned", True, "ResultReady", f"run {s.run}: {best['summary']}")
+    s.event("Normal", "ResultReady", f"run {s.run}: {best['summary']}")
+    if s.policy.mode == "manual":
+        s.set(phase="AwaitingApproval")
+        s.condition("RolledOut", False, "AwaitingApproval", f"set spec.rollout.approvedRun={s.run} to roll it out")
+    else:
+        start_canary(s)
+
+
+def _summary(summary: dict[str, Any]) -> str:
+    if summary.get("objective") and isinstance(summary.get("value"), (int, float)):
+        return f"{summary['objective']}={summary['value']:.4g}"
+    return "config ready"
+
+
+def start_canary(s: Step) -> None:
+    serving = api.read_serving(s.namespace, s.serving)
+    if serving is None:
+        s.condition("RolledOut", False, "TargetNotFound", f"SLOServing '{s.serving}' does not exist")
+        return
+    replicas = s.policy.canary_replicas(int(serving["spec"].get("replicas", 1)))
+    api.patch_serving(s.namespace, s.serving, {"spec": {"canary": {
+        "config": s.get("best")["config"], "replicas": replicas, "run": s.run}}})
+    s.set(phase="Canary", canary={"run": s.run, "startedAt": stamp(now()), "readySince": None})
+    s.condition("RolledOut", False, "CanaryStarting", f"run {s.run}: canary {s.serving}-canary x{replicas}")
+    s.event("Normal", "CanaryStarted", f"run {s.run}: canary {s.serving}-canary with {replicas} replica(s)")
+
+
+def canary_metric_urls(s: Step) -> list[str]:
+    selector = f"{api.LABEL_SERVING}={s.serving},{api.LABEL_TRACK}=canary"
+    urls = []
+    for pod in api.core().list_namespaced_pod(s.namespace, label_selector=selector).items:
+        is_ready = any(c.type == "Ready" and c.status == "True" for c in (pod.status.conditions or []))
+        if not (pod.status.pod_ip and is_ready):
+            continue
+        ann = pod.metadata.annotations or {}
+        port = ann.get("prometheus.io/port") or "8000"
+        urls.append(f"http://{pod.status.pod_ip}:{port}{ann.get('prometheus.io/path', '/metrics')}")
+    return urls
+
+
+def promote(s: Step, verdict: rollout.Verdict) -> None:
+    config = s.get("best")["config"]
+    api.patch_serving(s.namespace, s.serving, {"spec": {"config": config, "canary": None}})
+    s.set(applied={"run": s.run, "configHash": children.config_hash(config), "at": stamp(now())})
+    s.condition("RolledOut", True, "Promoted", f"run {s.run}: {verdict.message}")
+    s.event("Normal", "Promoted", f"run {s.run}: {verdict.message}")
+    finish(s, "Promoted", verdict.reason, verdict.message, verdict.measured, config)
+
+
+def roll_back(s: Step, verdict: rollout.Verdict) -> None:
+    api.patch_serving(s.namespace, s.serving, {"spec": {"canary": None}})
+    s.condition("RolledOut", False, verdict.reason, f"run {s.run} rolled back: {verdict.message}")
+    s.event("Warning", "RolledBack", f"run {s.run}: {verdict.reason}: {verdict.message}")
+    finish(s, "RolledBack", verdict.reason, verdict.message, verdict.measured)
+
+
+def finish(s: Step, phase: str, reason: str, message: str, measured: dict | None = None,
+           config: dict | None = None) -> None:
+    entry = {"run": s.run, "outcome": phase, "reason": reason, "message": message[:500], "at": stamp(now())}
+    best = s.get("best") or {}
+    if best.get("run") == s.run:
+        entry["configHash"] = best.get("configHash")
+    if measured:
+        entry["measured"] = measured
+    if config is not None:
+        entry["config"] = config
+    record(s, entry)
+    s.set(phase=phase, canary=None)
+    if phase == "Failed":
+        s.condition("Tuned", False, reason, message[:500])
+        s.event("Warning", reason, message[:500])
+
+
+def record(s: Step, entry: dict[str, Any]) -> None:
+    limit = int(s.spec.get("historyLimit", 10))
+    history = [h for h in (s.get("history") or []) if h.get("run") != entry["run"]] + [entry]
+    s.set(history=history[-limit:])
+
+
+def reschedule(s: Step) -> None:
+    expr = s.spec.get("schedule")
+    if not expr:
+        if s.get("nextTuningTime"):
+            s.set(nextTuningTime=None)
+        return
+    last = parse_stamp(s.get("lastTuningTime")) or now()
+    due = schedule.next_after(expr, last)
+    if stamp(due) != s.get("nextTuningTime"):
+        s.set(nextTuningTime=stamp(due))
+    if now() < due:
+        return
+    if s.status.get("phase") == "AwaitingApproval":
+        record(s, {"run": s.run, "outcome": "Superseded", "reason": "Scheduled",
+                   "message": "a scheduled run started before approval", "at": stamp(now()),
+                   "configHash": (s.get("best") or {}).get("configHash")})
+    start_run(s, s.run + 1)
+
+
+def prune(s: Step, run: int) -> None:
+    """Keep the Jobs and result ConfigMaps of the last `historyLimit` runs."""
+    keep = max(1, int(s.spec.get("historyLimit", 10)))
+    selector = f"{api.LABEL_TUNING}={s.name},{api.LABEL_RUN}"
+    for job in api.batch().list_namespaced_job(s.namespace, label_selector=selector).items:
+        if int(job.metadata.labels[api.LABEL_RUN]) <= run - keep:
+            api.delete("Job", s.namespace, job.metadata.name)
+    for cm in api.core().list_namespaced_config_map(s.namespace, label_selector=selector).items:
+        if int(cm.metadata.labels[api.LABEL_RUN]) <= run - keep:
+            api.delete("ConfigMap", s.namespace, cm.metadata.name)
