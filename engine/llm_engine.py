@@ -41,6 +41,13 @@ class EngineStats:
     num_preemptions: int
     num_steps: int
     num_rejected: dict[str, int] = field(default_factory=dict)
+    num_spec_verifications: int = 0  # (sequence, step) pairs that verified drafts
+
+    @property
+    def spec_mean_accepted_length(self) -> float:
+        """Tokens emitted per verification: accepted drafts + the bonus/correction token."""
+        v = self.num_spec_verifications
+        return (self.num_accepted_tokens + v) / v if v else 0.0
 
     @property
     def prefix_cache_hit_rate(self) -> float:
@@ -69,6 +76,7 @@ class LLMEngine:
         self.num_steps = 0
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
+        self.num_spec_verifications = 0
         self.num_rejected: dict[str, int] = {}
         self.proposer = None
         if cfg.speculative.method != "none":
@@ -185,6 +193,7 @@ class LLMEngine:
                 s.seq.metrics.num_accepted_tokens += num_accepted
                 self.num_draft_tokens += s.num_draft_tokens
                 self.num_accepted_tokens += num_accepted
+                self.num_spec_verifications += 1
                 new_tokens[s.seq.seq_id] = toks
         for s in batch:
             s.seq.spec_token_ids = []
@@ -268,4 +277,5 @@ class LLMEngine:
             num_preemptions=self.scheduler.num_preemptions,
             num_steps=self.num_steps,
             num_rejected=dict(self.num_rejected),
+            num_spec_verifications=self.num_spec_verifications,
         )

@@ -13,7 +13,14 @@ kernel in kernels/quant_matmul.py when kernels.backend is triton); FP8 uses
 
 Int4 math: q in [0, 15], w = q * scale + min per group of `group_size` input channels. On
 CPU the codes live in torch's packed CPU layout; on CUDA in ours (see Int4Linear), which
-kernels/quant_matmul.py reads.
+kernels/quant_matmul.py reads. When in_features is not a multiple of the group size (576 =
+4.5 x 128 in SmolLM2), K is zero-padded to the next multiple and activations are padded per
+call, so every `quant_group_size` works on every model.
+
+LM head: always int8 per-channel, whatever the method. Measured on SmolLM2-135M
+(bench/levers/results-*.md): an int4 head costs ~18 points of top-1 agreement for ~14 MB less
+than int8, and an fp8 head is worse than int8 at the same bytes; a dense head would keep
+~60% of the batch-1 bytes at int4.
 """
 
 from __future__ import annotations
@@ -31,9 +38,10 @@ class Int8Linear(nn.Module):
     def __init__(self, weight: torch.Tensor) -> None:
         super().__init__()
         w = weight.float()
-        scale = (w.abs().amax(dim=1) / 127.0).clamp_min(1e-10)
-        self.register_buffer("qweight", torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8))  # [N, K]
-        self.register_buffer("scales", scale.to(torch.bfloat16))  # [N]
+        # Round the scale to its stored bf16 first, then the codes against it: |error| <= half a step.
+        scale = (w.abs().amax(dim=1) / 127.0).clamp_min(1e-10).to(torch.bfloat16)
+        self.register_buffer("qweight", torch.round(w / scale.float()[:, None]).clamp_(-127, 127).to(torch.int8))  # [N, K]
+        self.register_buffer("scales", scale)  # [N]
         self.triton_tiles = None  # set by the Triton backend: use kernels/quant_matmul.py
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -57,36 +65,47 @@ class Int4Linear(nn.Module):
     def __init__(self, weight: torch.Tensor, group_size: int) -> None:
         super().__init__()
         n, k = weight.shape
-        if k % group_size:
-            raise ValueError(f"int4: in_features {k} is not a multiple of quant_group_size {group_size}")
-        w = weight.float().view(n, k // group_size, group_size)
+        self.pad = -k % group_size  # zero columns appended to K (and to x in forward)
+        k += self.pad
+        w = F.pad(weight.float(), (0, self.pad)).view(n, k // group_size, group_size)
         lo, hi = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)
-        scale = ((hi - lo) / 15.0).clamp_min(1e-10)
-        q = torch.round((w - lo) / scale).clamp_(0, 15).to(torch.uint8).view(n, k)
         self.group_size, self.n, self.k = group_size, n, k
         self.triton_tiles = None
         self.on_cpu = weight.device.type == "cpu"
+        # Codes are computed against the stored (rounded) scale and min, as the kernel will read them.
+        sdt = torch.bfloat16 if self.on_cpu else weight.dtype
+        scale = ((hi - lo) / 15.0).clamp_min(1e-10).to(sdt).float()
+        if self.on_cpu:
+            zero = (lo + 8 * scale).to(sdt).float()  # the CPU kernel computes (q - 8) * scale + zero
+            lo = zero - 8 * scale
+        else:
+            lo = lo.to(sdt).float()
+        q = torch.round((w - lo) / scale).clamp_(0, 15).to(torch.uint8).view(n, k)
         if self.on_cpu:
             # torch's CPU kernel layout; [K/g, N, 2] = (scale, min + 8 * scale)
             self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1))
-            sz = torch.cat([scale, lo + 8 * scale], dim=-1)
-            self.register_buffer("scales_and_zeros", sz.transpose(0, 1).contiguous().to(torch.bfloat16))
+            sz = torch.cat([scale, zero], dim=-1)
+            self.register_buffer("scales_and_zeros", sz.transpose(0, 1).contiguous().to(sdt))
         else:
             # our layout (kernels/quant_matmul.py): [N, K/2] uint8, low nibble = even k
             self.register_buffer("packed", (q[:, 0::2] | (q[:, 1::2] << 4)).contiguous())
-            self.register_buffer("scales", scale.view(n, -1).to(weight.dtype).contiguous())  # [N, K/g]
-            self.register_buffer("mins", lo.view(n, -1).to(weight.dtype).contiguous())  # [N, K/g]
+            self.register_buffer("scales", scale.view(n, -1).to(sdt).contiguous())  # [N, K/g]
+            self.register_buffer("mins", lo.view(n, -1).to(sdt).contiguous())  # [N, K/g]
 
     def dequantize(self) -> torch.Tensor:
-        """[N, K] float32 weights the kernel computes with."""
+        """[N, K] float32 weights the kernel computes with (padding dropped)."""
         if self.on_cpu:  # layout-agnostic: multiply by the identity through the kernel itself
             eye = torch.eye(self.k, dtype=torch.bfloat16)
-            return torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.packed, self.group_size,
-                                                              self.scales_and_zeros).float().t().contiguous()
-        q = torch.stack([self.packed & 0xF, self.packed >> 4], dim=-1).view(self.n, -1, self.group_size).float()
-        return (q * self.scales.float()[..., None] + self.mins.float()[..., None]).view(self.n, self.k)
+            w = torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.packed, self.group_size,
+                                                           self.scales_and_zeros).float().t()
+        else:
+            q = torch.stack([self.packed & 0xF, self.packed >> 4], dim=-1).view(self.n, -1, self.group_size).float()
+            w = (q * self.scales.float()[..., None] + self.mins.float()[..., None]).view(self.n, self.k)
+        return w[:, : self.k - self.pad].contiguous()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.pad:
+            x = F.pad(x, (0, self.pad))
         if self.triton_tiles is not None and not self.on_cpu:
             from slotune.kernels.quant_matmul import int4_matmul
 
@@ -94,7 +113,7 @@ class Int4Linear(nn.Module):
         if self.on_cpu:
             return torch.ops.aten._weight_int4pack_mm_for_cpu(
                 x.to(torch.bfloat16), self.packed, self.group_size, self.scales_and_zeros).to(x.dtype)
-        return F.linear(x, self.dequantize().to(x.dtype))
+        return F.linear(x, F.pad(self.dequantize(), (0, self.pad)).to(x.dtype))
 
     def weight_bytes(self) -> int:
         if self.on_cpu:
@@ -141,12 +160,23 @@ def quantize_linear(lin: Linear, method: str, group_size: int) -> nn.Module:
     raise ValueError(f"unknown quantization '{method}' (none|int8|int4|fp8)")
 
 
-def quantize_model(model: nn.Module, method: str, group_size: int = 64) -> nn.Module:
-    """Replace every Linear (projections and the LM head) in place. Returns the model."""
+LM_HEAD_METHOD = "int8"  # see the module docstring
+
+
+def quantize_model(model: nn.Module, method: str, group_size: int = 64, lm_head: str | None = LM_HEAD_METHOD) -> nn.Module:
+    """Replace every Linear in place: projections with `method`, the LM head with `lm_head`
+    (None = the same method, "none" = keep it dense). Returns the model.
+
+    A tied LM head is quantized from the embedding; the embedding itself stays dense (decode
+    gathers one row of it per token, so its bytes do not count toward a step).
+    """
     if method == "none":
         return model
-    for name, mod in list(model.named_modules()):
+    for _, mod in list(model.named_modules()):
         for child_name, child in list(mod.named_children()):
-            if isinstance(child, Linear):
-                setattr(mod, child_name, quantize_linear(child, method, group_size))
+            if not isinstance(child, Linear):
+                continue
+            m = (lm_head or method) if child_name == "lm_head" else method
+            if m != "none":
+                setattr(mod, child_name, quantize_linear(child, m, group_size))
     return model
