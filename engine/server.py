@@ -1,9 +1,9 @@
 """`tune serve`: OpenAI-compatible HTTP API over AsyncLLM (FastAPI + uvicorn).
 
-The engine loop runs in its own thread; handlers only enqueue and await deltas. Admission
-failures map to 400 (never fits) or 429 + Retry-After (overload). A client that disconnects
-mid-stream has its sequence aborted, freeing its KV blocks at once. Prompt text never
-reaches the logs.
+The engine loop runs in its own thread; handlers only tokenize (off the event loop),
+enqueue and await deltas. Admission failures map to 400 (never fits) or 429 + Retry-After
+(overload). A client that disconnects, streaming or not, has its sequence aborted at once,
+freeing its KV blocks. Prompt text never reaches the logs.
 """
 
 from __future__ import annotations
@@ -17,148 +17,140 @@ import signal
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from pydantic import BaseModel, ConfigDict, Field
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from slotune.engine.async_llm import AsyncLLM
+from slotune.engine.api_protocol import ChatRequest, CompletionRequest, _Request, error_response, validation_message
+from slotune.engine.async_llm import AsyncLLM, EngineDeadError
 from slotune.engine.config import EngineConfig
 from slotune.engine.llm_engine import RequestRejected
 from slotune.engine.sampling_params import SamplingParams
+from slotune.engine.serving_metrics import ServingMetrics
 
 log = logging.getLogger("slotune.server")
 OVERLOAD_REASONS = {"queue_full", "tokens_in_flight"}
-LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_UNAVAILABLE = {"Retry-After": "5"}
 
 
-# --- protocol -----------------------------------------------------------------------------
-class _Req(BaseModel):
-    model_config = ConfigDict(extra="allow")  # OpenAI clients send fields we ignore (user, logit_bias=None...)
+class _Guard:
+    """Pure-ASGI gate in front of /v1/*: API key, readiness, body size (also for chunked bodies).
 
-    model: str
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0, le=2)
-    top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(0, ge=0)
-    n: int = Field(1, ge=1)
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    stream: bool = False
-    stream_options: dict[str, Any] | None = None
-    ignore_eos: bool = False
+    The body is read here, bounded, and replayed to the app; later receive() calls go to the
+    server, so disconnect detection downstream still works.
+    """
 
+    def __init__(self, app, *, llm: AsyncLLM, metrics: ServingMetrics, api_key: str | None, max_body_bytes: int):
+        self.app, self.llm, self.metrics = app, llm, metrics
+        self.api_key = api_key.encode() if api_key is not None else None
+        self.max_body_bytes = max_body_bytes
 
-class CompletionRequest(_Req):
-    prompt: str | list[int]
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
+            return await self.app(scope, receive, send)
 
+        async def counting_send(message):
+            if message["type"] == "http.response.start":
+                self.metrics.observe_status(message["status"])
+            await send(message)
 
-class ChatMessage(BaseModel):
-    role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str
+        refusal = self._refusal(dict(scope["headers"]))
+        if refusal is not None:
+            return await refusal(scope, receive, counting_send)
+        body, more = b"", True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > self.max_body_bytes:
+                return await self._too_large()(scope, receive, counting_send)
+        replayed = False
 
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
 
-class ChatRequest(_Req):
-    messages: list[ChatMessage] = Field(min_length=1)
+        await self.app(scope, replay, counting_send)
 
+    def _too_large(self) -> JSONResponse:
+        self.metrics.rejected.labels("body_too_large").inc()
+        return error_response(413, f"request body exceeds {self.max_body_bytes} bytes", code="body_too_large")
 
-def _error(status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
-           code: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": type_, "param": param, "code": code}},
-                        status_code=status, headers=headers)
-
-
-# --- metrics ------------------------------------------------------------------------------
-class ServingMetrics:
-    """Prometheus metrics on a per-app registry (names are what the operator scrapes)."""
-
-    def __init__(self) -> None:
-        r = self.registry = CollectorRegistry()
-        self.ttft = Histogram("slotune_time_to_first_token_seconds", "Time to first token", buckets=LATENCY_BUCKETS, registry=r)
-        self.tpot = Histogram("slotune_time_per_output_token_seconds", "Mean time per output token after the first",
-                              buckets=LATENCY_BUCKETS, registry=r)
-        self.e2e = Histogram("slotune_e2e_request_latency_seconds", "End-to-end request latency", buckets=LATENCY_BUCKETS, registry=r)
-        self.prompt_tokens = Counter("slotune_prompt_tokens", "Prompt tokens processed", registry=r)
-        self.generation_tokens = Counter("slotune_generation_tokens", "Tokens generated", registry=r)
-        self.requests = Counter("slotune_requests", "Finished requests", ["finish_reason"], registry=r)
-        self.rejected = Counter("slotune_requests_rejected", "Rejected requests", ["reason"], registry=r)
-        self.running = Gauge("slotune_num_requests_running", "Requests running", registry=r)
-        self.waiting = Gauge("slotune_num_requests_waiting", "Requests waiting", registry=r)
-        self.kv_used = Gauge("slotune_kv_blocks_used", "KV blocks in use", registry=r)
-        self.kv_free = Gauge("slotune_kv_blocks_free", "KV blocks free", registry=r)
-        self.prefix_hit = Gauge("slotune_prefix_cache_hit_rate", "Prefix cache hit rate (tokens)", registry=r)
-        self.spec_accept = Gauge("slotune_spec_decode_acceptance_rate", "Speculative draft acceptance rate", registry=r)
-
-    def observe_finished(self, out) -> None:
-        m = out.metrics
-        if m.ttft is not None:
-            self.ttft.observe(m.ttft)
-        if m.tpot is not None:
-            self.tpot.observe(m.tpot)
-        if m.e2e is not None:
-            self.e2e.observe(m.e2e)
-        self.prompt_tokens.inc(len(out.prompt_token_ids))
-        self.generation_tokens.inc(len(out.output_token_ids))
-        self.requests.labels(out.finish_reason or "unknown").inc()
-
-    def refresh(self, stats) -> None:
-        self.running.set(stats.num_running)
-        self.waiting.set(stats.num_waiting)
-        self.kv_used.set(stats.num_total_blocks - stats.num_free_blocks)
-        self.kv_free.set(stats.num_free_blocks)
-        self.prefix_hit.set(stats.prefix_cache_hit_rate)
-        self.spec_accept.set(stats.spec_acceptance_rate)
+    def _refusal(self, headers: dict[bytes, bytes]) -> JSONResponse | None:
+        if self.api_key is not None:
+            auth = headers.get(b"authorization", b"")
+            token = auth[7:] if auth[:7].lower() == b"bearer " else b""
+            if not hmac.compare_digest(token, self.api_key):
+                self.metrics.rejected.labels("unauthorized").inc()
+                return error_response(401, "invalid or missing API key (send 'Authorization: Bearer KEY')",
+                                      "authentication_error", code="invalid_api_key")
+        if not self.llm.is_accepting:
+            self.metrics.rejected.labels("shutting_down").inc()
+            return error_response(503, "server is shutting down", "unavailable", code="shutting_down", headers=_UNAVAILABLE)
+        if not self.llm.is_ready:
+            self.metrics.rejected.labels("not_ready").inc()
+            return error_response(503, "model is not ready", "unavailable", code="not_ready", headers=_UNAVAILABLE)
+        size = headers.get(b"content-length")
+        if size is not None:
+            if not size.isdigit():
+                return error_response(400, "invalid Content-Length header")
+            if int(size) > self.max_body_bytes:
+                return self._too_large()
+        return None
 
 
-# --- app ----------------------------------------------------------------------------------
 def build_app(llm: AsyncLLM, *, api_key: str | None = None, served_model_name: str | None = None,
               max_body_bytes: int = 1 << 20, retry_after_s: int = 1) -> FastAPI:
-    app = FastAPI(title="slotune", docs_url=None, redoc_url=None)
+    """The FastAPI app over a (possibly not yet started) AsyncLLM; /ready is 503 until it is."""
+    app = FastAPI(title="slotune", docs_url=None, redoc_url=None, openapi_url=None)
     model_id = served_model_name or llm.config.model
     metrics = ServingMetrics()
     app.state.metrics = metrics
     app.state.llm = llm
+    app.add_middleware(_Guard, llm=llm, metrics=metrics, api_key=api_key, max_body_bytes=max_body_bytes)
 
-    @app.middleware("http")
-    async def guard(request: Request, call_next):
-        if request.url.path.startswith("/v1/"):
-            size = request.headers.get("content-length")
-            if size is not None and int(size) > max_body_bytes:
-                return _error(413, f"request body exceeds {max_body_bytes} bytes")
-            if api_key is not None:
-                auth = request.headers.get("authorization", "")
-                token = auth[7:] if auth.lower().startswith("bearer ") else ""
-                if not hmac.compare_digest(token.encode(), api_key.encode()):
-                    return _error(401, "invalid or missing API key", "authentication_error", code="invalid_api_key")
-            if not llm.is_accepting:
-                return _error(503, "server is shutting down", "unavailable", headers={"Retry-After": "5"})
-            if not llm.is_ready:
-                return _error(503, "model is not ready", "unavailable", headers={"Retry-After": "5"})
-        return await call_next(request)
+    def refuse(status: int, reason: str, message: str, param: str | None = None, **kw) -> JSONResponse:
+        metrics.rejected.labels(reason).inc()
+        return error_response(status, message, param=param, code=reason, **kw)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError):
-        errs = exc.errors()
-        first = errs[0] if errs else {"loc": (), "msg": "invalid request"}
-        param = ".".join(str(p) for p in first["loc"] if p != "body") or None
-        if first.get("type") == "json_invalid":
-            return _error(400, "request body is not valid JSON")
-        return _error(400, "; ".join(f"{'.'.join(str(p) for p in e['loc'] if p != 'body')}: {e['msg']}" for e in errs), param=param)
+        message, param = validation_message(list(exc.errors()))
+        return refuse(400, "invalid_request", message, param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        return error_response(exc.status_code, str(exc.detail), "invalid_request_error" if exc.status_code < 500 else "server_error",
+                              headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def internal(request: Request, exc: Exception):
+        log.error("unhandled %s on %s", type(exc).__name__, request.url.path)  # no message: it may quote input
+        return error_response(500, "internal server error", "server_error")
+
+    @app.exception_handler(EngineDeadError)
+    async def engine_dead(request: Request, exc: EngineDeadError):
+        return error_response(503, "the engine loop has stopped; the server needs a restart", "unavailable",
+                              code="engine_dead")
 
     @app.get("/health")
     async def health():
-        if llm.error is not None:
-            return _error(500, f"engine loop died: {llm.error!r}", "internal_error")
+        if llm.error is not None:  # liveness fails: let the orchestrator restart us
+            return error_response(500, f"engine loop died: {type(llm.error).__name__}", "server_error", code="engine_dead")
         return {"status": "ok"}
 
     @app.get("/ready")
     async def ready():
         if not llm.is_ready or not llm.is_accepting:
-            return _error(503, "not ready", "unavailable")
+            return error_response(503, "not ready", "unavailable", headers=_UNAVAILABLE)
         return {"status": "ready"}
 
     @app.get("/metrics")
@@ -171,106 +163,146 @@ def build_app(llm: AsyncLLM, *, api_key: str | None = None, served_model_name: s
     async def models():
         return {"object": "list", "data": [{"id": model_id, "object": "model", "created": 0, "owned_by": "slotune"}]}
 
-    def _params(req: _Req) -> SamplingParams | JSONResponse:
+    def sampling_params(req: _Request) -> SamplingParams | JSONResponse:
         if req.model != model_id:
-            return _error(404, f"model '{req.model}' does not exist; this server serves '{model_id}'", param="model",
-                          code="model_not_found")
+            return refuse(404, "model_not_found", f"model '{req.model}' does not exist; this server serves '{model_id}'", "model")
         if req.n != 1:
-            return _error(400, "n > 1 is not supported; send separate requests", param="n")
-        stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-        return SamplingParams(max_tokens=req.max_completion_tokens or req.max_tokens or 16, temperature=req.temperature,
-                              top_p=req.top_p, top_k=req.top_k, seed=req.seed, stop=stop, ignore_eos=req.ignore_eos)
+            return refuse(400, "unsupported_parameter", f"n={req.n} is not supported (only n=1); send separate requests", "n")
+        if (name := req.unsupported_field()) is not None:
+            return refuse(400, "unsupported_parameter", f"'{name}' is not supported by this server", name)
+        vocab_size = llm.engine.runner.model_cfg.vocab_size
+        top_k = req.top_k if 0 < req.top_k < vocab_size else 0  # k >= vocab keeps every token: same as off
+        return SamplingParams(max_tokens=req.num_max_tokens, temperature=req.temperature, top_p=req.top_p, top_k=top_k,
+                              seed=req.seed, stop=req.stop, ignore_eos=req.ignore_eos)
 
-    async def _run(prompt, params: SamplingParams, req: _Req, request: Request, chat: bool):
-        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+    async def admit(prompt: str | list[int], params: SamplingParams, rid: str) -> JSONResponse | None:
+        if isinstance(prompt, str):  # tokenize here, not under the engine lock
+            prompt = await asyncio.to_thread(llm.tokenizer.encode, prompt)
         try:
             await llm.add_request(prompt, params, rid)
         except RequestRejected as exc:
-            metrics.rejected.labels(exc.reason).inc()
             if exc.reason in OVERLOAD_REASONS:
-                return _error(429, f"server overloaded: {exc.message}", "rate_limit_error", code=exc.reason,
+                return refuse(429, exc.reason, f"server overloaded: {exc.message}; retry after {retry_after_s}s",
                               headers={"Retry-After": str(retry_after_s)})
-            return _error(400, exc.message, param="max_tokens" if "max_tokens" in exc.reason else "prompt", code=exc.reason)
-        created = int(time.time())
-        obj = "chat.completion" if chat else "text_completion"
-        if req.stream:
-            include_usage = bool((req.stream_options or {}).get("include_usage"))
-            return StreamingResponse(_sse(rid, created, obj, chat, include_usage, request), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        last = None
-        stream = llm.stream(rid)
-        try:
-            async for out in stream:
-                last = out
-                if await request.is_disconnected():
-                    break
-        finally:
-            await stream.aclose()
-        if last is None or not last.finished:
-            return _error(499, "client closed request", "aborted")
-        metrics.observe_finished(last)
-        usage = _usage(last)
-        choice = ({"index": 0, "message": {"role": "assistant", "content": last.text}, "finish_reason": last.finish_reason}
-                  if chat else {"index": 0, "text": last.text, "finish_reason": last.finish_reason, "logprobs": None})
-        return {"id": rid, "object": obj, "created": created, "model": model_id, "choices": [choice], "usage": usage}
+            return refuse(400, exc.reason, exc.message, "max_tokens" if "max_tokens" in exc.reason else "prompt")
+        except EngineDeadError:
+            raise
+        except RuntimeError:
+            if llm.is_accepting:
+                raise
+            return refuse(503, "shutting_down", "server is shutting down", headers=_UNAVAILABLE)
+        return None
 
-    def _usage(out) -> dict[str, int]:
+    def usage(out) -> dict[str, int]:
         p, c = len(out.prompt_token_ids), len(out.output_token_ids)
         return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
-    async def _sse(rid, created, obj, chat, include_usage, request: Request):
-        chunk_obj = "chat.completion.chunk" if chat else "text_completion"
+    async def respond(prompt: str | list[int], req: _Request, request: Request, chat: bool):
+        params = sampling_params(req)
+        if isinstance(params, JSONResponse):
+            return params
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        refusal = await admit(prompt, params, rid)
+        if refusal is not None:
+            return refusal
+        created = int(time.time())
+        if req.stream:
+            return StreamingResponse(sse(rid, created, chat, req.is_usage_streamed), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        last = await collect_or_abort(rid, request)
+        if last is None:
+            return error_response(499, "client closed request", "aborted")
+        metrics.observe_finished(last)
+        if last.finish_reason == "abort":
+            return error_response(503, "server shut down before the request finished", "unavailable",
+                                  code="shutting_down", headers=_UNAVAILABLE)
+        choice = ({"index": 0, "message": {"role": "assistant", "content": last.text}, "finish_reason": last.finish_reason}
+                  if chat else {"index": 0, "text": last.text, "finish_reason": last.finish_reason, "logprobs": None})
+        return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
+                "model": model_id, "choices": [choice], "usage": usage(last)}
 
-        def chunk(delta_text: str | None, finish: str | None, first: bool = False) -> str:
-            if chat:
-                delta = {"role": "assistant", "content": ""} if first else ({"content": delta_text} if delta_text else {})
-                choice = {"index": 0, "delta": delta, "finish_reason": finish}
-            else:
-                choice = {"index": 0, "text": delta_text or "", "finish_reason": finish, "logprobs": None}
-            return "data: " + json.dumps({"id": rid, "object": chunk_obj, "created": created, "model": model_id,
-                                          "choices": [choice]}) + "\n\n"
+    async def collect_or_abort(rid: str, request: Request):
+        """The final output, or None if the client left first (its sequence is then aborted)."""
+        async def collect():
+            stream, last = llm.stream(rid), None
+            try:
+                async for out in stream:
+                    last = out
+            finally:
+                await stream.aclose()  # on cancel: abort + free blocks
+            return last
 
-        stream = llm.stream(rid)
+        async def disconnected():
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+
+        result, gone = asyncio.ensure_future(collect()), asyncio.ensure_future(disconnected())
+        try:
+            await asyncio.wait({result, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not result.done():
+                result.cancel()
+                metrics.requests.labels("abort").inc()
+        with contextlib.suppress(asyncio.CancelledError):
+            return await result
+        return None
+
+    async def sse(rid: str, created: int, chat: bool, include_usage: bool):
+        obj = "chat.completion.chunk" if chat else "text_completion"
+
+        def event(choices: list, **extra) -> str:
+            return "data: " + json.dumps({"id": rid, "object": obj, "created": created, "model": model_id,
+                                          "choices": choices, **extra}) + "\n\n"
+
+        def choice(text: str | None, finish: str | None, first: bool = False) -> dict:
+            if not chat:
+                return {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+            delta = {"role": "assistant", "content": ""} if first else ({"content": text} if text else {})
+            return {"index": 0, "delta": delta, "finish_reason": finish}
+
+        stream, last = llm.stream(rid), None
         try:
             if chat:
-                yield chunk(None, None, first=True)
-            last = None
+                yield event([choice(None, None, first=True)])
             async for out in stream:
                 last = out
                 if out.new_text or out.finished:
-                    yield chunk(out.new_text, out.finish_reason if out.finished else None)
-            if last is not None:
-                metrics.observe_finished(last)
-                if include_usage:
-                    yield "data: " + json.dumps({"id": rid, "object": chunk_obj, "created": created, "model": model_id,
-                                                 "choices": [], "usage": _usage(last)}) + "\n\n"
+                    yield event([choice(out.new_text, out.finish_reason if out.finished else None)])
+            metrics.observe_finished(last)
+            if include_usage:
+                yield event([], usage=usage(last))
             yield "data: [DONE]\n\n"
+        except EngineDeadError:
+            yield "data: " + json.dumps({"error": {"message": "the engine loop has stopped", "type": "server_error",
+                                                   "param": None, "code": "engine_dead"}}) + "\n\n"
         finally:
+            if last is None or not last.finished:
+                metrics.requests.labels("abort").inc()
             await stream.aclose()  # disconnect (GeneratorExit/cancel): abort + free blocks now
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request):
-        params = _params(req)
-        if isinstance(params, JSONResponse):
-            return params
-        if isinstance(req.prompt, str) and not req.prompt:
-            return _error(400, "prompt must not be empty", param="prompt")
-        return await _run(req.prompt, params, req, request, chat=False)
+        return await respond(req.prompt, req, request, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest, request: Request):
-        params = _params(req)
-        if isinstance(params, JSONResponse):
-            return params
-        prompt = llm.tokenizer.apply_chat_template([m.model_dump() for m in req.messages], add_generation_prompt=True)
-        return await _run(prompt, params, req, request, chat=True)
+        try:
+            prompt = llm.tokenizer.apply_chat_template([m.as_template_input() for m in req.messages])
+        except Exception as exc:  # a template that raises on this conversation (e.g. role order)
+            return refuse(400, "invalid_request", f"messages: chat template rejected them ({type(exc).__name__}: {exc})",
+                          "messages")
+        return await respond(prompt, req, request, chat=True)
 
     return app
 
 
 def serve_command(config: Path | None, host: str, port: int, api_key: str | None, served_model_name: str | None,
                   grace_s: float = 20.0) -> None:
-    """Load, warm up, serve; on SIGTERM stop accepting, drain for grace_s, exit 0."""
+    """Load, warm up, serve; on SIGTERM stop accepting, drain for grace_s, exit 0.
+
+    A second SIGTERM/SIGINT skips the rest of the grace period (aborts what is left).
+    """
     import uvicorn
 
     cfg = EngineConfig.from_yaml(config) if config else EngineConfig()
@@ -283,27 +315,46 @@ def serve_command(config: Path | None, host: str, port: int, api_key: str | None
         def capture_signals(self):  # we own SIGTERM: drain first, then stop uvicorn
             yield
 
-    async def main() -> None:
+    async def main() -> int:
         server = _Server(uvicorn.Config(app, host=host, port=port, log_level="info", access_log=False,
                                         timeout_graceful_shutdown=int(grace_s) + 5))
         loop = asyncio.get_running_loop()
-        stopping = asyncio.Event()
+        stopping, forced = asyncio.Event(), asyncio.Event()
 
-        def on_term() -> None:
-            if not stopping.is_set():
-                log.info("shutdown signal: draining in-flight requests for up to %.0fs", grace_s)
-                llm.is_accepting = False  # new requests get 503 while in-flight ones finish
-                stopping.set()
+        def on_signal() -> None:
+            if stopping.is_set():
+                log.info("second signal: aborting in-flight requests now")
+                forced.set()
+                return
+            log.info("shutdown signal: draining in-flight requests for up to %.0fs", grace_s)
+            llm.is_accepting = False  # new requests get 503 while in-flight ones finish
+            stopping.set()
 
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, on_term)
+            loop.add_signal_handler(sig, on_signal)
         serve_task = asyncio.create_task(server.serve())
         log.info("loading %s", cfg.model)
-        await llm.start()
+        start_task = asyncio.create_task(llm.start())
+        await asyncio.wait({serve_task, start_task}, return_when=asyncio.FIRST_COMPLETED)
+        if serve_task.done():  # e.g. the port is taken: uvicorn logged why
+            start_task.cancel()
+            return 1
+        await start_task
         log.info("ready on http://%s:%d (model %s)", host, port, served_model_name or cfg.model)
-        await stopping.wait()
-        await llm.shutdown(grace_s=grace_s)
+        stop_wait = asyncio.create_task(stopping.wait())
+        await asyncio.wait({serve_task, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+        drain = asyncio.create_task(llm.shutdown(grace_s=grace_s))
+        force_wait = asyncio.create_task(forced.wait())
+        await asyncio.wait({drain, force_wait}, return_when=asyncio.FIRST_COMPLETED)
+        if not drain.done():
+            drain.cancel()
+            await llm.shutdown(grace_s=0)
+        force_wait.cancel()
         server.should_exit = True
-        await serve_task
+        with contextlib.suppress(SystemExit):
+            await serve_task
+        return 0
 
-    asyncio.run(main())
+    code = asyncio.run(main())
+    if code:
+        raise SystemExit(code)
