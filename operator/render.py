@@ -1,4 +1,9 @@
-"""`tune k8s render SPEC`: the SLOTuning custom resource for a tuning spec (validated first)."""
+"""`tune k8s render SPEC.yaml`: print the SLOTuning custom resource for a tuning spec.
+
+The spec is validated with TuningSpec first (the same check `tune run` makes), then embedded
+as-is under `spec.tuning`; the rollout block holds the CRD defaults, with the canary SLO taken
+from the spec's objective limits, so the printed resource is a complete starting point.
+"""
 
 from __future__ import annotations
 
@@ -8,30 +13,57 @@ from typing import Any
 
 import yaml
 
-GROUP, VERSION = "slotune.dev", "v1alpha1"
+from slotune.operator import api
 
 
-def tuning_resource(spec_path: Path, name: str | None = None, namespace: str = "default",
-                    target: str | None = None) -> dict[str, Any]:
-    from slotune.tuner.spec import TuningSpec
+def render_tuning(spec_path: Path, name: str | None = None, namespace: str = "default",
+                  serving: str | None = None) -> dict[str, Any]:
+    """The SLOTuning for the tuning spec at `spec_path`.
 
-    spec = TuningSpec.from_yaml(spec_path)  # fail here, not in the cluster
-    raw = yaml.safe_load(Path(spec_path).read_text())
-    rname = name or re.sub(r"[^a-z0-9-]+", "-", spec.name.lower()).strip("-")[:63]
+    Args:
+        name: resource name; default: the spec's `name`, made DNS-safe.
+        serving: the SLOServing to roll out to; default `<name>-serving`.
+    """
+    spec_path = Path(spec_path)
+    if not spec_path.exists():
+        raise FileNotFoundError(f"spec file not found: {spec_path}")
+    data = yaml.safe_load(spec_path.read_text())
+    if not isinstance(data, dict):
+        raise ValueError(f"{spec_path}: expected a mapping at the top level")
+    try:
+        from slotune.tuner.spec import TuningSpec
+    except ImportError:  # pragma: no cover - operator-only install
+        TuningSpec = None
+    if TuningSpec is not None:
+        TuningSpec.from_yaml(spec_path)  # pydantic ValidationError is a ValueError: the CLI prints it
+    name = name or dns_name(str(data.get("name") or spec_path.stem))
+    objective = data.get("objective") or {}
+    slo = {"percentile": int(objective.get("percentile", 95)), "minRequests": 20}
+    if objective.get("ttft_limit_s"):
+        slo["ttftSeconds"] = objective["ttft_limit_s"]
+    if objective.get("tpot_limit_s"):
+        slo["tpotSeconds"] = objective["tpot_limit_s"]
     return {
-        "apiVersion": f"{GROUP}/{VERSION}",
+        "apiVersion": api.API_VERSION,
         "kind": "SLOTuning",
-        "metadata": {"name": rname, "namespace": namespace},
+        "metadata": {"name": name, "namespace": namespace},
         "spec": {
-            "tuning": raw,
-            "target": {"servingName": target or rname},
-            "rollout": {"mode": "auto", "canaryReplicas": 1, "canaryDurationSeconds": 300,
-                        "slo": {"ttftP95Seconds": spec.objective.ttft_limit_s, "tpotP95Seconds": spec.objective.tpot_limit_s}},
-            "schedule": None,
-            "workers": 1,
+            "tuning": data,
+            "target": {"servingName": serving or f"{name}-serving"},
+            "rollout": {"mode": "auto", "canaryFraction": 0.1, "canaryDurationSeconds": 300,
+                        "readyDeadlineSeconds": 600, "slo": slo},
+            "historyLimit": 10,
         },
     }
 
 
-def render_command(spec: Path, name: str | None, namespace: str) -> None:
-    print(yaml.safe_dump(tuning_resource(spec, name, namespace), sort_keys=False), end="")
+def dns_name(text: str) -> str:
+    """A Kubernetes object name (RFC 1123 label) from free text."""
+    out = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")[:63].strip("-")
+    if not out:
+        raise ValueError(f"cannot make a resource name from '{text}'; pass --name")
+    return out
+
+
+def render_command(spec: Path, name: str | None = None, namespace: str = "default") -> None:
+    print(yaml.safe_dump(render_tuning(spec, name=name, namespace=namespace), sort_keys=False), end="")

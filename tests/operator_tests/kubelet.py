@@ -70,13 +70,13 @@ STAND_IN_TUNE = textwrap.dedent("""
 
 
 def run_job(cluster, ns: str, job: str, workdir: Path, best_config: dict | None = None,
-            real_tune: bool = False) -> subprocess.CompletedProcess:
+            real_tune: bool = False, inner: list[str] | None = None) -> subprocess.CompletedProcess:
     """Run a tuning Job's container command locally, then mark the Job succeeded.
 
     The command is the Job's own (`python -m slotune.operator.publish ... -- tune run SPEC`)
     with the pod's paths mapped to `workdir` (the spec comes from the mounted ConfigMap). With
     `best_config`, the inner `tune run` is replaced by STAND_IN_TUNE writing that config; with
-    `real_tune`, the real `tune run` runs.
+    `real_tune`, the real `tune run` runs; `inner` replaces it with any command.
     """
     client = cluster.client()
     body = get(client, "Job", ns, job)
@@ -89,7 +89,7 @@ def run_job(cluster, ns: str, job: str, workdir: Path, best_config: dict | None 
             str(workdir / "out") if a == children.RESULT_DIR else a for a in container["command"]]
     argv[0] = sys.executable if argv[0] == "python" else argv[0]
     split = argv.index("--")
-    inner = argv[split + 1:]
+    inner = inner or argv[split + 1:]
     if best_config is not None:
         inner = [sys.executable, "-c", STAND_IN_TUNE, json.dumps(best_config), *inner[2:]]
     elif real_tune:

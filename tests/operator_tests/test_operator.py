@@ -136,6 +136,35 @@ def test_invalid_tuning_spec_fails_then_recovers(cluster, operator, ns):
     wait_for("a fresh run", lambda: get(client, "Job", ns, "inv-tune-run-2"))
 
 
+def test_failed_tuning_command_fails_the_run(cluster, operator, ns, tmp_path):
+    client = cluster.client()
+    create(client, ns, serving("fail", free_port()))
+    create(client, ns, tuning("fail-tune", "fail"))
+    wait_for("the tuning Job", lambda: get(client, "Job", ns, "fail-tune-run-1"))
+    proc = run_job(cluster, ns, "fail-tune-run-1", tmp_path, inner=["sh", "-c", "exit 3"])
+    assert proc.returncode == 3
+    status = wait_for("phase Failed", lambda: phase_of(client, ns, "fail-tune", "Failed"))
+    assert status["history"][-1]["reason"] == "TuningFailed" and "status 3" in status["history"][-1]["message"]
+    assert not get_cr(client, api.SERVINGS, ns, "fail")["spec"].get("canary")
+
+
+@pytest.mark.slow
+def test_real_tune_run_in_the_job(cluster, operator, ns, tmp_path):
+    """The Job's real command end to end: a 1-trial `tune run` on the bundled model (slow)."""
+    client = cluster.client()
+    create(client, ns, serving("real", free_port()))
+    spec = {"workload": {"arrivals": "closed_loop", "concurrency": 2, "num_requests": 2, "warmup_requests": 0,
+                         "prompt_len": {"kind": "fixed", "value": 16}, "output_len": {"kind": "fixed", "value": 4}},
+            "budget": {"n_trials": 1, "trial_timeout_s": 300}}
+    create(client, ns, tuning("real-tune", "real", tuning=spec))
+    wait_for("the tuning Job", lambda: get(client, "Job", ns, "real-tune-run-1"))
+    proc = run_job(cluster, ns, "real-tune-run-1", tmp_path, real_tune=True)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    status = wait_for("the result", lambda: phase_of(client, ns, "real-tune", "Canary", "Failed"), timeout=60)
+    assert status["phase"] == "Canary" and status["best"]["config"]["model"]
+    assert get_cr(client, api.SERVINGS, ns, "real")["spec"]["canary"]["run"] == 1
+
+
 def test_deleting_the_resource_collects_its_children(cluster, operator, ns):
     if cluster.is_local and not _has_gc(cluster):
         pytest.skip("kube-controller-manager (garbage collector) not built")

@@ -65,3 +65,10 @@ def test_example_resources_are_accepted(cluster):
         d["metadata"].pop("namespace", None)
         created = _create(cluster.client(), d, dry_run="All")
         assert created["spec"]  # defaults applied by the API server
+
+
+def test_rendered_resource_is_accepted(cluster):
+    from slotune.operator.render import render_tuning
+
+    cr = render_tuning(EXAMPLE / "spec.yaml", namespace="default")
+    assert _create(cluster.client(), cr, dry_run="All")["spec"]["tuning"]["name"] == "chat-k8s"
