@@ -1,7 +1,10 @@
 """Replay a workload against the engine in-process and measure it (`tune bench`).
 
+The driver loop reads as three verbs per iteration: admit (requests whose arrival time has come,
+or enough to keep `concurrency` in flight) -> step the engine -> collect finished outputs.
 Open-loop arrivals are passed to the engine as the *scheduled* arrival time, so time spent
-queueing because the engine is busy counts in TTFT, as a user would see it.
+queueing because the engine is busy counts in TTFT, as a user would see it. Warm-up requests
+run first, to completion, and are excluded from every metric.
 """
 
 from __future__ import annotations
@@ -10,182 +13,239 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from slotune.tuner.metrics import RequestRecord, summarize
-from slotune.tuner.workload import WorkloadSpec, generate_requests
+from slotune.tuner.metrics import (LATENCY_SERIES, PERCENTILES, MemoryTracker, RequestRecord, engine_stats_delta, pkey,
+                                   summarize)
+from slotune.tuner.workload import BenchRequest, WorkloadSpec, iter_requests
+
+DEFAULT_WORKLOAD = "chat-small"
 
 
 @dataclass
 class BenchResult:
+    """One measured run: the config and workload it used, flat metrics, per-request records."""
+
     config: dict[str, Any]
     workload: dict[str, Any]
     metrics: dict[str, float]
     records: list[RequestRecord] = field(default_factory=list)
     early_stopped: bool = False
     device: str = ""
+    started_at: str = ""  # UTC ISO time
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "config": self.config, "workload": self.workload, "metrics": self.metrics,
-            "records": [r.to_dict() for r in self.records], "early_stopped": self.early_stopped,
-            "device": self.device,
-        }
+        return {"config": self.config, "workload": self.workload, "metrics": self.metrics,
+                "records": [r.to_dict() for r in self.records], "early_stopped": self.early_stopped,
+                "device": self.device, "started_at": self.started_at}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "BenchResult":
-        return cls(d["config"], d["workload"], d["metrics"], [RequestRecord(**r) for r in d.get("records", [])],
-                   d.get("early_stopped", False), d.get("device", ""))
+        return cls(d["config"], d["workload"], d["metrics"], [RequestRecord.from_dict(r) for r in d.get("records", [])],
+                   d.get("early_stopped", False), d.get("device", ""), d.get("started_at", ""))
+
+    def latency(self, name: str, p: float) -> float | None:
+        """Any percentile of ttft/tpot/itl/e2e/queue_time, from the records if not precomputed."""
+        key = pkey(name, p)
+        if key not in self.metrics:
+            self.metrics.update({k: v for k, v in summarize(self.records, self.metrics.get("duration_s", 1.0),
+                                                              percentiles=(p,)).items() if k == key})
+        return self.metrics.get(key)
 
 
-def _record(out) -> RequestRecord:
-    m = out.metrics
-    return RequestRecord(
-        request_id=out.request_id, prompt_tokens=len(out.prompt_token_ids), output_tokens=len(out.output_token_ids),
-        ttft=m.ttft, tpot=m.tpot, e2e=m.e2e, queue_time=m.queue_time, itls=m.itls,
-        finish_reason=out.finish_reason, cached_prompt_tokens=m.num_cached_prompt_tokens,
-    )
-
-
-def peak_memory_mb(device: str) -> float:
-    if device.startswith("cuda"):
-        import torch
-
-        return torch.cuda.max_memory_allocated() / 2**20
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+def _run_warmup(engine, warmup: list[BenchRequest], params_for) -> None:
+    # First-call allocations, caches and lazy compilation happen here, outside the measurement.
+    for r in warmup:
+        engine.add_request(r.request_id, r.prompt_token_ids, params_for(r))
+    while engine.has_unfinished_requests():
+        engine.step()
 
 
 def run_benchmark(cfg, workload: WorkloadSpec, *, llm=None, ttft_limit_s: float | None = None,
                   tpot_limit_s: float | None = None, seed: int | None = None,
-                  on_progress: Callable[[int, int], None] | None = None,
+                  percentiles: tuple[float, ...] = (),
+                  on_progress: Callable[[int, int | None], None] | None = None,
                   should_stop: Callable[[list[RequestRecord]], bool] | None = None) -> BenchResult:
     """Replay `workload` on an engine built from `cfg` (or the given `llm`) and measure it.
 
     Args:
-        cfg: the EngineConfig to measure.
-        workload: arrivals, lengths, seed.
-        llm: reuse a loaded engine (its config must equal cfg).
+        cfg: the EngineConfig to measure (ignored when `llm` is given: its own config is used
+            and reported).
+        workload: arrivals, lengths, stop rule, seed.
+        llm: reuse a loaded `LLM`; it must be idle. The prefix cache is not cleared between runs.
         ttft_limit_s, tpot_limit_s: per-request limits for goodput / SLO attainment.
-        seed: overrides workload.seed (robustness re-measurement).
-        on_progress: called with (completed, total) as requests finish.
-        should_stop: called with the records so far after each completion; True stops the
-            run early (a hopeless trial) and marks the result `early_stopped`.
+        seed: overrides `workload.seed` (robustness re-measurement on fresh requests).
+        percentiles: extra pXX to report besides 50/90/95/99 (e.g. the objective's 80).
+        on_progress: called with (finished, total) as measured requests finish; total is None
+            for a duration-bounded run.
+        should_stop: called with the records so far after each finish; True aborts the run
+            (a hopeless trial): in-flight requests are aborted and not recorded, pending ones
+            never sent, and the result is marked `early_stopped`.
     Returns:
-        BenchResult with flat `metrics` and per-request `records`.
+        BenchResult: `metrics` (flat floats: latency percentiles, throughput, goodput, engine
+        stats, peak memory) and per-request `records`.
     """
     from slotune.engine import LLM, SamplingParams
     from slotune.engine.llm_engine import RequestRejected
 
     llm = llm or LLM(cfg)
     engine = llm.engine
-    reqs = generate_requests(workload, llm.tokenizer, seed=seed)
-    warm = [r for r in reqs if r.request_id.startswith("warmup-")]
-    reqs = [r for r in reqs if not r.request_id.startswith("warmup-")]
-    for r in warm:  # warm-up: first-call allocations and caches, excluded from metrics
-        llm.generate(r.prompt_token_ids, SamplingParams(max_tokens=r.output_len, ignore_eos=True))
-    peak_blocks_before = engine.block_manager.peak_blocks_used
-    engine.block_manager.peak_blocks_used = engine.block_manager.num_used_blocks
-    stats0 = engine.stats()
+    if engine.has_unfinished_requests():
+        raise ValueError("run_benchmark needs an idle engine: it has unfinished requests")
 
-    closed = workload.arrivals == "closed_loop"
-    pending = list(reqs)
+    def params_for(r: BenchRequest) -> SamplingParams:
+        # Fixed output lengths: the workload, not the model's EOS, decides how long each answer is.
+        return SamplingParams(max_tokens=r.output_len, ignore_eos=True)
+
+    stream = iter_requests(workload, llm.tokenizer, seed=seed)
+    warmup = [next(stream) for _ in range(workload.warmup_requests)]
+    _run_warmup(engine, warmup, params_for)
+
+    engine.block_manager.peak_blocks_used = engine.block_manager.num_used_blocks  # peak of this run only
+    stats0 = engine.stats()
+    memory = MemoryTracker(str(engine.runner.device))
+    started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    total = workload.num_requests
     records: list[RequestRecord] = []
-    in_flight = 0
-    early = False
+    num_in_flight = 0
+    is_early = False
+    next_req: BenchRequest | None = next(stream, None)
     t0 = time.perf_counter()
-    while pending or engine.has_unfinished_requests():
-        now = time.perf_counter()
-        while pending and (in_flight < workload.concurrency if closed else t0 + pending[0].arrival_offset_s <= now):
-            r = pending.pop(0)
-            arrival = now if closed else t0 + r.arrival_offset_s
+    end = None if workload.duration_s is None else t0 + workload.duration_s
+
+    def admit(now: float) -> None:
+        nonlocal next_req, num_in_flight
+        while next_req is not None:
+            if workload.is_closed_loop:
+                if num_in_flight >= workload.concurrency or (end is not None and now >= end):
+                    return
+                arrival = now
+            else:
+                arrival = t0 + next_req.arrival_offset_s
+                if arrival > now:
+                    return
+            r, next_req = next_req, next(stream, None)
             try:
-                engine.add_request(r.request_id, r.prompt_token_ids,
-                                   SamplingParams(max_tokens=r.output_len, ignore_eos=True), arrival_time=arrival)
-                in_flight += 1
-            except RequestRejected:
-                records.append(RequestRecord(r.request_id, len(r.prompt_token_ids), 0, None, None, None, None, [], "rejected"))
-        if not engine.has_unfinished_requests():
-            if pending:  # idle until the next open-loop arrival
-                time.sleep(max(0.0, t0 + pending[0].arrival_offset_s - time.perf_counter()))
+                engine.add_request(r.request_id, r.prompt_token_ids, params_for(r), arrival_time=arrival)
+                num_in_flight += 1
+            except RequestRejected:  # the engine counts it by reason (num_rejected_<reason> metrics)
+                records.append(RequestRecord.rejected(r.request_id, len(r.prompt_token_ids)))
+                records[-1].arrival_s = arrival - t0
+
+    def drained(now: float) -> bool:
+        if workload.is_closed_loop and end is not None and now >= end:
+            return not engine.has_unfinished_requests()
+        return next_req is None and not engine.has_unfinished_requests()
+
+    while True:
+        now = time.perf_counter()
+        admit(now)
+        if drained(now):
+            break
+        if not engine.has_unfinished_requests():  # idle until the next open-loop arrival
+            time.sleep(max(0.0, t0 + next_req.arrival_offset_s - time.perf_counter()))
             continue
-        for out in engine.step():
-            if out.finished:
-                in_flight -= 1
-                records.append(_record(out))
-                if on_progress:
-                    on_progress(len(records), len(reqs))
-                if should_stop and should_stop(records):
-                    early = True
-        if early:
+        outputs = engine.step()
+        memory.sample()
+        for out in outputs:
+            if not out.finished:
+                continue
+            num_in_flight -= 1
+            records.append(RequestRecord.from_output(out, t0))
+            if on_progress:
+                on_progress(len(records), total)
+            if should_stop and not is_early and should_stop(records):
+                is_early = True
+        if is_early:
             for rid in list(engine.seqs):
                 engine.abort_request(rid)
             break
     duration = time.perf_counter() - t0
-    metrics = summarize(records, duration, ttft_limit_s=ttft_limit_s, tpot_limit_s=tpot_limit_s)
-    st = engine.stats()
-    metrics["peak_kv_blocks"] = float(engine.block_manager.peak_blocks_used)
-    metrics["num_kv_blocks"] = float(st.num_total_blocks)
-    q = st.prefix_cache_queries - stats0.prefix_cache_queries
-    metrics["prefix_cache_hit_rate"] = (st.prefix_cache_hits - stats0.prefix_cache_hits) / q if q else 0.0
-    drafts = st.num_draft_tokens - stats0.num_draft_tokens
-    acc = st.num_accepted_tokens - stats0.num_accepted_tokens
-    metrics["spec_acceptance_rate"] = acc / drafts if drafts else 0.0
-    metrics["num_preemptions"] = float(st.num_preemptions - stats0.num_preemptions)
-    metrics["num_rejected"] = float(sum(1 for r in records if r.finish_reason == "rejected"))
+
+    metrics = summarize(records, duration, ttft_limit_s=ttft_limit_s, tpot_limit_s=tpot_limit_s,
+                        percentiles=tuple(dict.fromkeys((*PERCENTILES, *percentiles))))
+    metrics.update(engine_stats_delta(stats0, engine.stats()))
+    metrics.update(memory.metrics())
     metrics["weight_bytes"] = float(engine.weight_bytes)
     metrics["kv_bytes_per_token"] = float(engine.kv_bytes_per_token)
-    device = str(engine.runner.device)
-    metrics["peak_memory_mb"] = peak_memory_mb(device)
-    engine.block_manager.peak_blocks_used = max(peak_blocks_before, engine.block_manager.peak_blocks_used)
     return BenchResult(config=llm.config.model_dump(mode="json"), workload=workload.model_dump(mode="json"),
-                       metrics=metrics, records=records, early_stopped=early, device=device)
+                       metrics=metrics, records=records, early_stopped=is_early, device=str(engine.runner.device),
+                       started_at=started_at)
 
 
-def print_result(res: BenchResult, title: str = "benchmark") -> None:
+def _fmt(v: float | None, scale: float = 1.0) -> str:
+    if v is None:
+        return "-"
+    v *= scale
+    return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}" if abs(v) < 10 else f"{v:.1f}"
+
+
+def print_result(res: BenchResult, title: str = "benchmark", percentiles: tuple[float, ...] = PERCENTILES) -> None:
+    """Rich tables: latency percentiles (ms), then throughput, goodput and engine stats."""
     from rich.console import Console
     from rich.table import Table
 
     m = res.metrics
-    t = Table(title=f"{title} ({res.device}, {int(m['num_completed'])}/{int(m['num_requests'])} requests)")
-    t.add_column("metric")
-    for p in ("p50", "p90", "p95", "p99"):
-        t.add_column(p, justify="right")
-    for name, unit, scale in (("ttft", "ms", 1e3), ("tpot", "ms", 1e3), ("itl", "ms", 1e3), ("e2e", "s", 1), ("queue_time", "ms", 1e3)):
-        t.add_row(f"{name} ({unit})", *[f"{m[f'{name}_{p}'] * scale:.1f}" if f"{name}_{p}" in m else "-" for p in ("p50", "p90", "p95", "p99")])
-    Console().print(t)
-    s = Table(show_header=False)
-    for k in ("output_tokens_per_s", "requests_per_s", "goodput_rps", "peak_kv_blocks", "prefix_cache_hit_rate",
-              "spec_acceptance_rate", "num_preemptions", "peak_memory_mb", "weight_bytes"):
-        s.add_row(k, f"{m.get(k, 0):.3f}" if isinstance(m.get(k), float) and m.get(k, 0) < 1000 else f"{m.get(k, 0):,.0f}")
-    Console().print(s)
+    flag = ", early-stopped" if res.early_stopped else ""
+    t = Table(title=f"{title} ({res.device}, {int(m['num_completed'])}/{int(m['num_requests'])} completed{flag})")
+    t.add_column("latency (ms)")
+    for p in (*percentiles, "mean"):
+        t.add_column(f"p{p:g}" if p != "mean" else "mean", justify="right")
+    for name in LATENCY_SERIES:
+        keys = [pkey(name, p) for p in percentiles] + [f"{name}_mean"]
+        t.add_row(name, *[_fmt(m.get(k), 1e3) for k in keys])
+    console = Console()
+    console.print(t)
+    s = Table(show_header=False, box=None)
+    rows = [("output tokens/s", "output_tokens_per_s", 1), ("total tokens/s", "total_tokens_per_s", 1),
+            ("requests/s", "requests_per_s", 1), ("goodput (req/s)", "goodput_rps", 1),
+            ("SLO attainment", "slo_attainment", 1), ("duration (s)", "duration_s", 1),
+            ("peak KV blocks", "peak_kv_blocks", 1), ("KV blocks total", "num_kv_blocks", 1),
+            ("prefix-cache hit rate", "prefix_cache_hit_rate", 1),
+            ("spec acceptance rate", "spec_acceptance_rate", 1), ("spec mean accepted length", "spec_mean_accepted_length", 1),
+            ("preemptions", "num_preemptions", 1), ("rejected", "num_rejected", 1),
+            ("peak memory (MB)", "peak_memory_mb", 1), ("weights (MB)", "weight_bytes", 1e-6)]
+    for label, key, scale in rows:
+        s.add_row(label, _fmt(m.get(key), scale))
+    console.print(s)
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """`key=value` items -> {dotted.key: value}, values parsed as YAML scalars (8 -> int, true -> bool)."""
     import yaml
 
-    out = {}
+    out: dict[str, Any] = {}
     for item in items:
-        if "=" not in item:
-            raise ValueError(f"--set expects key=value (e.g. max_num_seqs=8), got '{item}'")
-        k, v = item.split("=", 1)
+        k, sep, v = item.partition("=")
+        if not sep or not k.strip():
+            raise ValueError(f"--set expects key=value (e.g. max_num_seqs=8 or speculative.method=ngram), got '{item}'")
         out[k.strip()] = yaml.safe_load(v)
     return out
 
 
-def bench_command(config: Path | None, workload: Path | None, json_out: Path | None, overrides: list[str],
-                  seed: int | None) -> BenchResult:
+def bench_command(config: Path | None, workload: Path | str | None, json_out: Path | None, overrides: list[str],
+                  seed: int | None, ttft_limit_s: float | None = None, tpot_limit_s: float | None = None) -> BenchResult:
+    """`tune bench`: load config (+ overrides) and workload, replay, print tables, write JSON."""
+    from rich.console import Console
+
     from slotune.engine.config import EngineConfig
 
     cfg = EngineConfig.from_yaml(config) if config else EngineConfig()
     if overrides:
         cfg = cfg.with_updates(parse_overrides(overrides))
-    wl = WorkloadSpec.load(workload if workload else "chat-small")
-    res = run_benchmark(cfg, wl, seed=seed)
-    print_result(res, title=f"tune bench: {wl.name}")
+    wl = WorkloadSpec.load(workload if workload else DEFAULT_WORKLOAD)
+    total = wl.num_requests
+    with Console(stderr=True).status(f"replaying {wl.name}") as status:
+        def progress(done: int, n: int | None) -> None:
+            status.update(f"replaying {wl.name}: {done}/{n if n else '?'} requests")
+
+        res = run_benchmark(cfg, wl, seed=seed, ttft_limit_s=ttft_limit_s, tpot_limit_s=tpot_limit_s,
+                            on_progress=progress)
+    print_result(res, title=f"tune bench: {wl.name}" + (f" ({total} requests)" if total else ""))
     if json_out:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(res.to_dict(), indent=1))
     return res
+

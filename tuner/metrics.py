@@ -1,20 +1,33 @@
-"""Serving metrics from per-request timestamps: percentiles, throughput, goodput.
+"""Serving metrics from per-request timestamps: percentiles, throughput, goodput, engine stats.
 
-Pure Python + numpy so the tuner can score results without importing torch.
+Pure Python + numpy so the tuner can score results without importing torch (torch is only
+touched, lazily, to read CUDA peak memory). Definitions, per request:
+  ttft        first_token_time - arrival_time (arrival is the *scheduled* arrival, so queueing counts)
+  tpot        (last token time - first token time) / (output tokens - 1); None for one token
+  itl         every gap between consecutive output tokens (pooled over requests)
+  e2e         finish_time - arrival_time
+  queue_time  first scheduled - arrival_time
+Goodput counts requests whose *own* TTFT and TPOT are within the limits (per-request SLO),
+divided by the run's duration.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import os
+import resource
+from dataclasses import asdict, dataclass, fields
+from typing import Any
 
 import numpy as np
 
-PERCENTILES = (50, 90, 95, 99)
+PERCENTILES: tuple[float, ...] = (50, 90, 95, 99)
+LATENCY_SERIES = ("ttft", "tpot", "itl", "e2e", "queue_time")
+COMPLETED = ("stop", "length")
 
 
 @dataclass(slots=True)
 class RequestRecord:
-    """What we keep of one finished request (seconds, relative or absolute perf_counter)."""
+    """What we keep of one finished request (durations in seconds)."""
 
     request_id: str
     prompt_tokens: int
@@ -24,20 +37,56 @@ class RequestRecord:
     e2e: float | None
     queue_time: float | None
     itls: list[float]
-    finish_reason: str | None
+    finish_reason: str | None  # stop | length | abort | rejected
     cached_prompt_tokens: int = 0
+    num_preemptions: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    arrival_s: float | None = None  # relative to the run's start
 
-    def to_dict(self) -> dict:
+    @property
+    def is_completed(self) -> bool:
+        return self.finish_reason in COMPLETED
+
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RequestRecord":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
 
-def percentile(values: list[float], p: float) -> float | None:
+    @classmethod
+    def from_output(cls, out: Any, t0: float | None = None) -> "RequestRecord":
+        """From an engine `RequestOutput` (duck-typed: `.metrics` is a `RequestMetrics`)."""
+        m = out.metrics
+        return cls(
+            request_id=out.request_id, prompt_tokens=len(out.prompt_token_ids),
+            output_tokens=len(out.output_token_ids), ttft=m.ttft, tpot=m.tpot, e2e=m.e2e,
+            queue_time=m.queue_time, itls=list(m.itls), finish_reason=out.finish_reason,
+            cached_prompt_tokens=m.num_cached_prompt_tokens, num_preemptions=m.num_preemptions,
+            num_draft_tokens=m.num_draft_tokens, num_accepted_tokens=m.num_accepted_tokens,
+            arrival_s=None if t0 is None else m.arrival_time - t0,
+        )
+
+    @classmethod
+    def rejected(cls, request_id: str, prompt_tokens: int, reason: str = "rejected") -> "RequestRecord":
+        return cls(request_id, prompt_tokens, 0, None, None, None, None, [], reason)
+
+
+def pkey(name: str, p: float) -> str:
+    """Metric key of a percentile: pkey('ttft', 95) -> 'ttft_p95', pkey('itl', 99.9) -> 'itl_p99.9'."""
+    return f"{name}_p{p:g}"
+
+
+def percentile(values: list[float | None], p: float) -> float | None:
     v = [x for x in values if x is not None]
     return float(np.percentile(v, p)) if v else None
 
 
 def meets_slo(r: RequestRecord, ttft_limit_s: float | None, tpot_limit_s: float | None) -> bool:
-    if r.finish_reason not in ("stop", "length"):
+    """Per request: completed, its TTFT within the limit, its TPOT (if any) within the limit."""
+    if not r.is_completed:
         return False
     if ttft_limit_s is not None and (r.ttft is None or r.ttft > ttft_limit_s):
         return False
@@ -46,36 +95,128 @@ def meets_slo(r: RequestRecord, ttft_limit_s: float | None, tpot_limit_s: float 
     return True
 
 
-def summarize(records: list[RequestRecord], duration_s: float, *, ttft_limit_s: float | None = None,
-              tpot_limit_s: float | None = None, percentiles: tuple[int, ...] = PERCENTILES) -> dict[str, float]:
-    """Flat metric dict: ttft_p95, tpot_p50, itl_p99, e2e_p90, queue_time_p50, output_tokens_per_s, ..."""
-    m: dict[str, float] = {}
-    series = {
-        "ttft": [r.ttft for r in records],
-        "tpot": [r.tpot for r in records],
-        "e2e": [r.e2e for r in records],
-        "queue_time": [r.queue_time for r in records],
-        "itl": [x for r in records for x in r.itls],
+def series(records: list[RequestRecord]) -> dict[str, list[float]]:
+    """Latency samples by name (completed requests only; ITL pooled over them)."""
+    done = [r for r in records if r.is_completed]
+    return {
+        "ttft": [r.ttft for r in done if r.ttft is not None],
+        "tpot": [r.tpot for r in done if r.tpot is not None],
+        "itl": [x for r in done for x in r.itls],
+        "e2e": [r.e2e for r in done if r.e2e is not None],
+        "queue_time": [r.queue_time for r in done if r.queue_time is not None],
     }
-    for name, vals in series.items():
-        for p in percentiles:
-            v = percentile(vals, p)
-            if v is not None:
-                m[f"{name}_p{p}"] = v
-        clean = [x for x in vals if x is not None]
-        if clean:
-            m[f"{name}_mean"] = float(np.mean(clean))
-    done = [r for r in records if r.finish_reason in ("stop", "length")]
+
+
+def summarize(records: list[RequestRecord], duration_s: float, *, ttft_limit_s: float | None = None,
+              tpot_limit_s: float | None = None, percentiles: tuple[float, ...] = PERCENTILES) -> dict[str, float]:
+    """Flat metric dict over one run.
+
+    Args:
+        records: every measured request, including rejected/aborted ones.
+        duration_s: wall time of the run (first arrival to last completion).
+        ttft_limit_s, tpot_limit_s: per-request limits for goodput and SLO attainment.
+        percentiles: which pXX to report (any float, e.g. 99.9).
+    Returns:
+        {'ttft_p95': ..., 'tpot_mean': ..., 'output_tokens_per_s': ..., 'goodput_rps': ...,
+         'slo_attainment': ..., 'num_completed': ..., ...}; latency keys are absent when no
+        request produced a sample (e.g. every request was rejected).
+    """
+    m: dict[str, float] = {}
+    for name, vals in series(records).items():
+        if not vals:
+            continue
+        arr = np.asarray(vals, dtype=float)
+        for p, v in zip(percentiles, np.percentile(arr, list(percentiles))):
+            m[pkey(name, p)] = float(v)
+        m[f"{name}_mean"] = float(arr.mean())
+        m[f"{name}_max"] = float(arr.max())
+    done = [r for r in records if r.is_completed]
     out_tokens = sum(r.output_tokens for r in done)
     duration_s = max(duration_s, 1e-9)
-    m["num_requests"] = float(len(records))
-    m["num_completed"] = float(len(done))
-    m["duration_s"] = duration_s
-    m["output_tokens"] = float(out_tokens)
-    m["output_tokens_per_s"] = out_tokens / duration_s
-    m["total_tokens_per_s"] = (out_tokens + sum(r.prompt_tokens for r in done)) / duration_s
-    m["requests_per_s"] = len(done) / duration_s
     good = [r for r in records if meets_slo(r, ttft_limit_s, tpot_limit_s)]
-    m["goodput_rps"] = len(good) / duration_s
-    m["slo_attainment"] = len(good) / len(records) if records else 0.0
+    m.update(
+        num_requests=float(len(records)),
+        num_completed=float(len(done)),
+        num_rejected=float(sum(r.finish_reason == "rejected" for r in records)),
+        num_aborted=float(sum(r.finish_reason == "abort" for r in records)),
+        duration_s=duration_s,
+        prompt_tokens=float(sum(r.prompt_tokens for r in done)),
+        output_tokens=float(out_tokens),
+        output_tokens_per_s=out_tokens / duration_s,
+        total_tokens_per_s=(out_tokens + sum(r.prompt_tokens for r in done)) / duration_s,
+        requests_per_s=len(done) / duration_s,
+        goodput_rps=len(good) / duration_s,
+        slo_attainment=len(good) / len(records) if records else 0.0,
+    )
     return m
+
+
+def engine_stats_delta(before: Any, after: Any) -> dict[str, float]:
+    """Engine counters over a run, from two `EngineStats` snapshots (duck-typed).
+
+    Returns peak_kv_blocks / kv_block_usage (peak over the run, if the caller reset the peak),
+    prefix_cache_hit_rate, spec_acceptance_rate, spec_mean_accepted_length (tokens emitted per
+    verification, bonus token included), num_preemptions and rejected counts by reason.
+    """
+    def d(name: str) -> int:
+        return getattr(after, name, 0) - getattr(before, name, 0)
+
+    q, drafts, verifs = d("prefix_cache_queries"), d("num_draft_tokens"), d("num_spec_verifications")
+    acc = d("num_accepted_tokens")
+    m = {
+        "peak_kv_blocks": float(after.peak_blocks_used),
+        "num_kv_blocks": float(after.num_total_blocks),
+        "kv_block_usage": after.peak_blocks_used / after.num_total_blocks if after.num_total_blocks else 0.0,
+        "prefix_cache_hit_rate": d("prefix_cache_hits") / q if q else 0.0,
+        "spec_acceptance_rate": acc / drafts if drafts else 0.0,
+        "spec_mean_accepted_length": (acc + verifs) / verifs if verifs else 0.0,
+        "num_draft_tokens": float(drafts),
+        "num_preemptions": float(d("num_preemptions")),
+        "num_engine_steps": float(d("num_steps")),
+    }
+    rej_before, rej_after = getattr(before, "num_rejected", {}) or {}, getattr(after, "num_rejected", {}) or {}
+    for reason, n in rej_after.items():
+        if n - rej_before.get(reason, 0):
+            m[f"num_rejected_{reason}"] = float(n - rej_before.get(reason, 0))
+    return m
+
+
+def rss_mb() -> float:
+    """Current resident set size of this process (Linux /proc, psutil elsewhere)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except OSError:
+        import psutil
+
+        return psutil.Process().memory_info().rss / 2**20
+
+
+class MemoryTracker:
+    """Peak memory over a run: sampled RSS on CPU, `torch.cuda.max_memory_allocated` on CUDA.
+
+    `ru_maxrss` is a whole-process high-water mark (it includes model loading and earlier
+    runs), so on CPU we sample RSS as the run goes and report both.
+    """
+
+    def __init__(self, device: str) -> None:
+        self.is_cuda = device.startswith("cuda")
+        self.peak_rss_mb = rss_mb()
+        if self.is_cuda:
+            import torch
+
+            torch.cuda.reset_peak_memory_stats()
+
+    def sample(self) -> None:
+        self.peak_rss_mb = max(self.peak_rss_mb, rss_mb())
+
+    def metrics(self) -> dict[str, float]:
+        self.sample()
+        m = {"peak_rss_mb": self.peak_rss_mb,
+             "process_max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}  # Linux: KiB
+        if self.is_cuda:
+            import torch
+
+            m["peak_cuda_memory_mb"] = torch.cuda.max_memory_allocated() / 2**20
+        m["peak_memory_mb"] = m.get("peak_cuda_memory_mb", self.peak_rss_mb)
+        return m

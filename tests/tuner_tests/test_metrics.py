@@ -1,6 +1,10 @@
+import subprocess
+import sys
+from types import SimpleNamespace
+
 import pytest
 
-from slotune.tuner.metrics import RequestRecord, summarize
+from slotune.tuner.metrics import MemoryTracker, RequestRecord, engine_stats_delta, meets_slo, pkey, summarize
 
 
 def _r(i, ttft, tpot, n=10, reason="length"):
@@ -12,12 +16,86 @@ def test_percentiles_throughput_and_goodput():
     m = summarize(recs, duration_s=2.0, ttft_limit_s=0.55)
     assert m["ttft_p50"] == pytest.approx(0.55)
     assert m["ttft_p99"] == pytest.approx(0.991)
+    assert m["ttft_mean"] == pytest.approx(0.55) and m["ttft_max"] == pytest.approx(1.0)
+    assert m["itl_p50"] == pytest.approx(0.01) and m["tpot_p95"] == pytest.approx(0.01)
     assert m["output_tokens_per_s"] == pytest.approx(50.0)
+    assert m["total_tokens_per_s"] == pytest.approx(75.0)
+    assert m["requests_per_s"] == pytest.approx(5.0)
     assert m["goodput_rps"] == pytest.approx(2.5)  # 5 of 10 under 0.55 s, over 2 s
     assert m["slo_attainment"] == pytest.approx(0.5)
 
 
-def test_rejected_requests_count_against_goodput_not_throughput():
-    recs = [_r(0, 0.1, 0.01), RequestRecord("x", 5, 0, None, None, None, None, [], "rejected")]
+def test_any_percentile():
+    recs = [_r(i, ttft=float(i), tpot=0.01) for i in range(101)]
+    m = summarize(recs, 1.0, percentiles=(80, 99.9))
+    assert m["ttft_p80"] == pytest.approx(80.0) and m[pkey("ttft", 99.9)] == pytest.approx(99.9)
+    assert pkey("ttft", 95.0) == "ttft_p95" and "ttft_p50" not in m
+
+
+def test_goodput_is_per_request_on_both_limits():
+    fast_first_slow_decode = _r(0, ttft=0.1, tpot=0.5)
+    slow_first_fast_decode = _r(1, ttft=2.0, tpot=0.01)
+    good = _r(2, ttft=0.1, tpot=0.01)
+    one_token = RequestRecord("r3", 5, 1, 0.1, None, 0.1, 0.0, [], "length")  # no TPOT: judged on TTFT
+    m = summarize([fast_first_slow_decode, slow_first_fast_decode, good, one_token], 1.0,
+                  ttft_limit_s=1.0, tpot_limit_s=0.1)
+    assert m["goodput_rps"] == 2 and m["slo_attainment"] == 0.5
+    assert meets_slo(good, None, None) and not meets_slo(RequestRecord.rejected("x", 3), None, None)
+
+
+def test_rejected_and_aborted_count_against_goodput_not_latency():
+    aborted = RequestRecord("a", 5, 2, 9.0, 9.0, 9.0, 0.0, [9.0], "abort")
+    recs = [_r(0, 0.1, 0.01), RequestRecord.rejected("x", 5), aborted]
     m = summarize(recs, duration_s=1.0)
-    assert m["num_completed"] == 1 and m["goodput_rps"] == 1 and m["slo_attainment"] == 0.5
+    assert m["num_completed"] == 1 and m["goodput_rps"] == 1 and m["slo_attainment"] == pytest.approx(1 / 3)
+    assert m["num_rejected"] == 1 and m["num_aborted"] == 1
+    assert m["ttft_max"] == pytest.approx(0.1) and m["output_tokens"] == 10
+
+
+def test_no_completed_requests_gives_no_latency_keys():
+    m = summarize([RequestRecord.rejected("x", 5)], 1.0)
+    assert "ttft_p50" not in m and m["output_tokens_per_s"] == 0 and m["slo_attainment"] == 0
+
+
+def test_record_from_engine_output_and_round_trip():
+    met = SimpleNamespace(ttft=0.2, tpot=0.05, e2e=0.3, queue_time=0.01, itls=[0.05, 0.05], arrival_time=10.5,
+                          num_cached_prompt_tokens=16, num_preemptions=1, num_draft_tokens=4, num_accepted_tokens=3)
+    out = SimpleNamespace(request_id="q", prompt_token_ids=[1] * 20, output_token_ids=[2] * 3,
+                          finish_reason="length", metrics=met)
+    r = RequestRecord.from_output(out, t0=10.0)
+    assert (r.prompt_tokens, r.output_tokens, r.cached_prompt_tokens, r.arrival_s) == (20, 3, 16, 0.5)
+    assert RequestRecord.from_dict({**r.to_dict(), "future_field": 1}) == r
+
+
+def test_engine_stats_delta():
+    def st(**kw):
+        base = dict(peak_blocks_used=0, num_total_blocks=100, prefix_cache_queries=0, prefix_cache_hits=0,
+                    num_draft_tokens=0, num_accepted_tokens=0, num_spec_verifications=0, num_preemptions=0,
+                    num_steps=0, num_rejected={})
+        return SimpleNamespace(**{**base, **kw})
+
+    before = st(prefix_cache_queries=10, prefix_cache_hits=10, num_rejected={"queue_full": 1})
+    after = st(peak_blocks_used=40, prefix_cache_queries=20, prefix_cache_hits=15, num_draft_tokens=40,
+               num_accepted_tokens=30, num_spec_verifications=10, num_preemptions=2, num_steps=7,
+               num_rejected={"queue_full": 3, "never_fits": 1})
+    m = engine_stats_delta(before, after)
+    assert m["peak_kv_blocks"] == 40 and m["kv_block_usage"] == 0.4
+    assert m["prefix_cache_hit_rate"] == 0.5  # 5 hits of 10 queries in this run
+    assert m["spec_acceptance_rate"] == 0.75 and m["spec_mean_accepted_length"] == 4.0
+    assert m["num_preemptions"] == 2 and m["num_engine_steps"] == 7
+    assert m["num_rejected_queue_full"] == 2 and m["num_rejected_never_fits"] == 1
+
+
+def test_memory_tracker_on_cpu():
+    mt = MemoryTracker("cpu")
+    hog = bytearray(64 * 2**20)
+    hog[::4096] = b"x" * len(hog[::4096])  # touch every page
+    mt.sample()
+    del hog
+    m = mt.metrics()
+    assert m["peak_memory_mb"] == m["peak_rss_mb"] >= 64 and m["process_max_rss_mb"] >= m["peak_rss_mb"] * 0.9
+
+
+def test_metrics_module_does_not_import_torch():
+    code = "import sys, slotune.tuner.metrics, slotune.tuner.workload; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
