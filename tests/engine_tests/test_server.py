@@ -136,7 +136,7 @@ def test_client_disconnect_mid_stream_frees_blocks(server):
     assert st.num_running == 0 and st.num_free_blocks == st.num_total_blocks
 
 
-def test_sigterm_drains_in_flight_and_exits_zero(tmp_path):
+def test_sigterm_mid_stream_drains_refuses_new_and_exits_zero(tmp_path):
     port = _free_port()
     cfg = tmp_path / "c.yaml"
     cfg.write_text("num_kv_blocks: 64\nmax_model_len: 512\n")
@@ -151,21 +151,94 @@ def test_sigterm_drains_in_flight_and_exits_zero(tmp_path):
             except httpx.HTTPError:
                 pass
             time.sleep(0.1)
-        result = {}
-
-        def long_request():
-            result["r"] = httpx.post(base + "/v1/completions", timeout=60,
-                                     json={"model": MODEL, "prompt": "Hello", "max_tokens": 40, "ignore_eos": True})
-
-        t = threading.Thread(target=long_request)
-        t.start()
-        time.sleep(0.5)
+        c = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=60)
+        stream = c.completions.create(model=MODEL, prompt="Hello", max_tokens=40, stream=True,
+                                      stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+        it = iter(stream)
+        first = next(it)  # mid-stream now
         proc.send_signal(signal.SIGTERM)
-        t.join(60)
+        time.sleep(0.3)
+        late = httpx.post(base + "/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 2})
+        assert late.status_code == 503 and late.json()["error"]["code"] == "shutting_down"
+        assert httpx.get(base + "/ready").status_code == 503
+        rest = list(it)
+        assert rest[-1].usage.completion_tokens == 40  # the in-flight stream finished within the grace period
+        assert first.choices[0].text + "".join(ch.choices[0].text for ch in rest if ch.choices)
         assert proc.wait(60) == 0
-        assert result["r"].status_code == 200 and result["r"].json()["usage"]["completion_tokens"] == 40
     finally:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
     out = proc.stdout.read()
     assert "Hello" not in out  # no prompt text in logs
+
+
+def test_metrics_contract_names(server):
+    """The operator judges canaries by these names: keep them stable."""
+    base, _ = server
+    m = httpx.get(base + "/metrics").text
+    for name in ("slotune_time_to_first_token_seconds_bucket", "slotune_time_per_output_token_seconds_bucket",
+                 "slotune_e2e_request_latency_seconds_bucket", "slotune_prompt_tokens_total",
+                 "slotune_generation_tokens_total", "slotune_num_requests_running", "slotune_num_requests_waiting",
+                 "slotune_kv_blocks_used", "slotune_kv_blocks_free", "slotune_prefix_cache_hit_rate",
+                 "slotune_spec_decode_acceptance_rate", "slotune_http_responses_total"):
+        assert name in m, name
+
+
+def test_hostile_sampling_params_never_kill_the_engine(server):
+    """top_k beyond the vocab and out-of-int64 seeds used to raise inside the engine loop."""
+    base, llm = server
+    h = {"Authorization": "Bearer sk-test"}
+    ok = {"model": MODEL, "prompt": "hi", "max_tokens": 2, "temperature": 1.0}
+    assert httpx.post(base + "/v1/completions", json={**ok, "top_k": 10**9}, headers=h).status_code == 200
+    assert httpx.post(base + "/v1/completions", json={**ok, "seed": -5}, headers=h).status_code == 200
+    for bad, param in (({"seed": 2**70}, "seed"), ({"temperature": 5}, "temperature"), ({"top_p": 0}, "top_p"),
+                       ({"stop": ["x"] * 100}, "stop"), ({"logprobs": 2}, "logprobs"), ({"n": 3}, "n"),
+                       ({"prompt": ["a", "b"]}, "prompt"), ({"prompt": [10**9]}, "prompt")):
+        r = httpx.post(base + "/v1/completions", json={**ok, **bad}, headers=h)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (bad, r.text)
+    r = httpx.post(base + "/v1/completions", content=b'{"model": "x", "prompt": "hi", "temperature": NaN}',
+                   headers={**h, "content-type": "application/json"})
+    assert r.status_code == 400
+    assert llm.error is None and httpx.get(base + "/health").status_code == 200
+
+
+def test_chat_content_parts_and_openai_shaped_http_errors(server):
+    base, _ = server
+    h = {"Authorization": "Bearer sk-test"}
+    r = httpx.post(base + "/v1/chat/completions", headers=h, json={
+        "model": MODEL, "max_tokens": 3, "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}]})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
+    r = httpx.get(base + "/v1/nope", headers=h)
+    assert r.status_code == 404 and r.json()["error"]["message"]
+    r = httpx.get(base + "/v1/completions", headers=h)
+    assert r.status_code == 405 and "error" in r.json()
+
+
+def test_chunked_body_over_the_limit_is_413(server):
+    base, _ = server
+
+    def body():  # no Content-Length: the limit must hold while reading
+        yield b'{"model": "smollm2-135m", "prompt": "'
+        for _ in range(1100):
+            yield b"x" * 1024
+        yield b'"}'
+
+    r = httpx.post(base + "/v1/completions", content=body(), timeout=30,
+                   headers={"Authorization": "Bearer sk-test", "content-type": "application/json"})
+    assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
+
+
+def test_non_stream_client_that_gives_up_is_aborted(server):
+    base, llm = server
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(base + "/v1/completions", headers={"Authorization": "Bearer sk-test"}, timeout=0.5,
+                   json={"model": MODEL, "prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True})
+    for _ in range(100):  # 400 tokens would take far longer than this if it kept running
+        st = llm.stats()
+        if st.num_running == 0 and st.num_waiting == 0 and st.num_free_blocks == st.num_total_blocks:
+            break
+        time.sleep(0.1)
+    st = llm.stats()
+    assert st.num_running == 0 and st.num_free_blocks == st.num_total_blocks
+    m = httpx.get(base + "/metrics").text
+    assert 'slotune_requests_total{finish_reason="abort"}' in m
