@@ -1,70 +1,121 @@
-"""Live progress for `tune run`: trial n/N, best so far, current phase; plain lines when off."""
+"""Live progress for `tune run`: trial n/N, best so far, the current trial's phase; a summary
+table at the end. With `--no-progress` (or when stdout is not a terminal) plain log lines."""
 
 from __future__ import annotations
 
-from rich.console import Console
+from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
 
 class Progress:
+    """Context manager fed by the study: `phase()` from the objective, `callback()` per trial."""
+
     def __init__(self, spec, total: int, enabled: bool = True) -> None:
         self.spec = spec
         self.total = total
-        self.enabled = enabled
         self.console = Console()
-        self.rows: list[tuple] = []
+        self.is_live = enabled and self.console.is_terminal
+        self.rows: list[tuple[str, ...]] = []
+        self.num_finished = 0
         self.current = ""
-        self.best: str = "-"
+        self.best = "-"
         self._live: Live | None = None
+        self._is_finished = False
 
     def __enter__(self) -> "Progress":
-        if self.enabled and self.console.is_terminal:
-            self._live = Live(self._render(), console=self.console, refresh_per_second=4, transient=False)
+        if self.is_live:
+            self._live = Live(self._render(), console=self.console, refresh_per_second=4, transient=True)
             self._live.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
+        self.finish()
+
+    def finish(self) -> None:
+        """Stop the live display and print the table of all trials (once)."""
+        if self._is_finished:
+            return
+        self._is_finished = True
         if self._live is not None:
-            self._live.__exit__(*exc)
-        else:
-            self.console.print(self._table())
+            self._live.__exit__(None, None, None)
+            self._live = None
+        self.console.print(self._table(len(self.rows)))
 
-    def phase(self, number: int, text: str) -> None:
-        self.current = f"trial {number}: {text}"
-        self._refresh()
+    # --- fed by the study ------------------------------------------------------------------
+    def seed_rows(self, study) -> None:
+        """Show the trials a resumed study already has."""
+        for t in study.trials:
+            if t.state.is_finished():
+                self._add(study, t, log=False)
+        if self.rows:
+            self.say(f"resuming study '{self.spec.name}': {self.num_finished}/{self.total} trials already finished")
 
-    def _table(self) -> Table:
+    def phase(self, number: int | None, text: str) -> None:
+        self.current = f"trial {number}: {text}" if number is not None else text
+        if self._live is not None:
+            self._live.update(self._render())
+        elif number is None or not text.startswith("replay "):  # plain mode: no per-request spam
+            self.console.print(f"  {self.current}", highlight=False, soft_wrap=True)
+
+    def callback(self, study, trial) -> None:
+        self._add(study, trial, log=True)
+        self.current = ""
+        if self._live is not None:
+            self._live.update(self._render())
+
+    def say(self, text: str) -> None:
+        self.console.print(text, highlight=False, soft_wrap=True)
+
+    def summary(self, best, remeasure: dict, references: dict, out) -> None:
+        """Final table: winner vs its re-measurement vs the default and baseline configs."""
+        self.finish()
+        obj = self.spec.objective
+        p = obj.percentile
+        keys = [obj.metric_key(), f"ttft_p{p}", f"tpot_p{p}", "output_tokens_per_s", "goodput_rps", "slo_attainment"]
+        t = Table(title=f"study {self.spec.name}: winner = trial {best.number}")
+        for c in ("metric", "winner", "re-measured", "default", "baseline"):
+            t.add_column(c, justify="right" if c != "metric" else "left")
+        cols = [best.user_attrs.get("metrics") or {}, (remeasure or {}).get("metrics") or {},
+                references.get("default") or {}, references.get("baseline") or {}]
+        for k in dict.fromkeys(keys):
+            t.add_row(k, *[_fmt(c.get(k)) for c in cols])
+        self.console.print(t)
+        self.say(f"best config -> {out / 'best.yaml'}; report -> {out / 'report.md'} (+ .html)")
+
+    # --- rendering -------------------------------------------------------------------------
+    def _add(self, study, trial, log: bool) -> None:
+        from slotune.tuner.study import best_trial
+
+        ua = trial.user_attrs
+        value = f"{trial.values[0]:.4g}" if trial.values else "-"
+        feasible = {True: "yes", False: "no", None: "-"}[ua.get("feasible")]
+        if ua.get("early_stopped"):
+            feasible = "no (early stop)"
+        detail = ua.get("fail_reason") or ", ".join(f"{k}={v}" for k, v in trial.params.items())
+        tag = ua.get("tag")
+        self.rows.append((f"{trial.number}" + (f" ({tag})" if tag else ""), trial.state.name, value, feasible, detail[:100]))
+        self.num_finished += 1
+        b = best_trial(study, self.spec)
+        self.best = f"{b.values[0]:.4g} (trial {b.number})" if b else "-"
+        if log and self._live is None:
+            self.say(f"[{self.num_finished}/{self.total}] trial {trial.number} {trial.state.name} "
+                     f"{self.spec.objective.metric_key()}={value} feasible={feasible} best={self.best} | {detail[:160]}")
+
+    def _table(self, last: int = 12) -> Table:
         obj = self.spec.objective
         t = Table(title=f"study {self.spec.name}: {obj.direction()} {obj.metric_key()}")
         for c in ("trial", "state", obj.metric_key(), "feasible", "params / reason"):
             t.add_column(c)
-        for r in self.rows[-15:]:
+        for r in self.rows[-last:]:
             t.add_row(*r)
         return t
 
-    def _render(self):
-        from rich.console import Group
+    def _render(self) -> Group:
+        return Group(self._table(), f"[bold]{self.num_finished}/{self.total}[/bold] trials · best {self.best} · {self.current}")
 
-        done = len(self.rows)
-        return Group(self._table(), f"[bold]{done}/{self.total}[/bold] trials · best {self.best} · {self.current}")
 
-    def _refresh(self) -> None:
-        if self._live is not None:
-            self._live.update(self._render())
-
-    def callback(self, study, trial) -> None:
-        value = f"{trial.values[0]:.4g}" if trial.values else "-"
-        feasible = {True: "yes", False: "no", None: "-"}[trial.user_attrs.get("feasible")]
-        detail = trial.user_attrs.get("fail_reason") or ", ".join(f"{k}={v}" for k, v in trial.params.items())
-        tag = trial.user_attrs.get("tag")
-        self.rows.append((f"{trial.number}" + (f" ({tag})" if tag else ""), trial.state.name, value, feasible, detail[:90]))
-        from slotune.tuner.study import best_trial
-
-        b = best_trial(study, self.spec)
-        self.best = f"{b.values[0]:.4g} (trial {b.number})" if b else "-"
-        self.current = ""
-        if self._live is None:
-            self.console.print(f"[{len(self.rows)}/{self.total}] trial {trial.number} {trial.state.name} "
-                               f"{self.spec.objective.metric_key()}={value} feasible={feasible} {detail[:120]}")
-        self._refresh()
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.4g}" if isinstance(v, float) else str(v)

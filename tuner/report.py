@@ -15,17 +15,6 @@ def _fmt(v: Any) -> str:
     return "-" if v is None else str(v)
 
 
-def _tagged(study, tag: str):
-    for t in study.trials:
-        if t.user_attrs.get("tag") == tag and t.state.name == "COMPLETE":
-            return t
-    return None
-
-
-def _metrics_of(trial) -> dict | None:
-    return trial.user_attrs.get("metrics") if trial is not None else None
-
-
 def _pareto_plot(spec, study, path: Path) -> bool:
     if not spec.objective.pareto_with:
         return False
@@ -50,39 +39,83 @@ def _pareto_plot(spec, study, path: Path) -> bool:
     return True
 
 
+def _slo_rows(obj, metrics: dict) -> list[tuple[str, str, str, bool]]:
+    """(check, limit, measured, passed) for each SLO limit of the objective."""
+    p = obj.percentile
+    rows = []
+    for name, limit in (("ttft", obj.ttft_limit_s), ("tpot", obj.tpot_limit_s)):
+        if limit:
+            v = metrics.get(f"{name}_p{p}")
+            rows.append((f"{name} p{p} (s)", f"<= {limit:g}", _fmt(v), v is not None and v <= limit))
+    if obj.min_output_tokens_per_s:
+        v = metrics.get("output_tokens_per_s", 0.0)
+        rows.append(("output tokens/s", f">= {obj.min_output_tokens_per_s:g}", _fmt(v), v >= obj.min_output_tokens_per_s))
+    return rows
+
+
 def write_report(spec, study, best, remeasure, out: Path) -> dict[str, Path]:
+    """Write report.md and report.html (and pareto.png for multi-objective runs) into `out`.
+
+    Args:
+        spec: the TuningSpec.
+        study: the finished Optuna study (trials with their user attributes).
+        best: the winning FrozenTrial, or None when no trial was feasible.
+        remeasure: the winner's re-measurement on a fresh workload seed (`metrics` or `error`).
+        out: output directory.
+
+    Returns:
+        Paths written: {"md", "html"[, "pareto"]}.
+    """
+    from slotune.tuner.study import reference_metrics
+
     obj = spec.objective
     key = obj.metric_key()
+    states = [t.state.name for t in study.trials]
     lines = [f"# slotune study `{spec.name}`", "",
              f"Objective: **{obj.direction()} {key}**"
              + (f" with Pareto over {', '.join(obj.metric_key(m) for m in obj.pareto_with)}" if obj.pareto_with else ""),
              f"SLO: ttft p{obj.percentile} <= {_fmt(obj.ttft_limit_s)} s, tpot p{obj.percentile} <= {_fmt(obj.tpot_limit_s)} s, "
-             f"min output tokens/s {_fmt(obj.min_output_tokens_per_s)}; sampler {spec.sampler}; {len(study.trials)} trials.", ""]
-    ref = {"default": _metrics_of(_tagged(study, "default")), "baseline": _metrics_of(_tagged(study, "baseline"))}
-    if ref["baseline"] is None:
-        ref["baseline"] = study.user_attrs.get("baseline", {}).get("metrics")
+             f"min output tokens/s {_fmt(obj.min_output_tokens_per_s)}; quality gates: "
+             f"{', '.join(g['name'] for g in spec.quality_gates) or 'none'}; sampler {spec.sampler}; "
+             f"{len(states)} trials ({states.count('COMPLETE')} complete, {states.count('FAIL')} failed, "
+             f"{states.count('PRUNED')} pruned).", ""]
+    ref = reference_metrics(study)
     if best is not None:
         bm = best.user_attrs["metrics"]
-        lines += ["## Winner", "", f"Trial {best.number}: `{key}` = {_fmt(best.values[0])}", "",
-                  "| metric | winner | re-measured (fresh seed) | default | baseline |", "|---|---|---|---|---|"]
         rm = (remeasure or {}).get("metrics", {})
-        for k in (key, "ttft_p50", f"ttft_p{obj.percentile}", "tpot_p50", f"tpot_p{obj.percentile}",
-                  "output_tokens_per_s", "goodput_rps", "slo_attainment", "weight_bytes", "peak_kv_blocks"):
-            row = [_fmt(bm.get(k)), _fmt(rm.get(k))]
-            for rm_ in ref.values():
-                row.append(_fmt(rm_.get(k)) if rm_ else "-")
+        seed = (remeasure or {}).get("seed", spec.robustness_seed)
+        lines += ["## Winner", "", f"Trial {best.number}: `{key}` = {_fmt(best.values[0])}; "
+                  f"re-measured on workload seed {seed}: {_fmt(rm.get(key))}", "",
+                  f"| metric | winner | re-measured (seed {seed}) | default | baseline |", "|---|---|---|---|---|"]
+        for k in dict.fromkeys((key, "ttft_p50", f"ttft_p{obj.percentile}", "tpot_p50", f"tpot_p{obj.percentile}",
+                                "output_tokens_per_s", "goodput_rps", "slo_attainment", "weight_bytes", "peak_kv_blocks",
+                                "peak_memory_mb")):
+            row = [_fmt(bm.get(k)), _fmt(rm.get(k))] + [_fmt(m.get(k)) if m else "-" for m in ref.values()]
             lines.append(f"| {k} | " + " | ".join(row) + " |")
         lines.append("")
-        for name, rm_ in ref.items():
-            if rm_ and rm_.get(key) and best.values[0]:
-                a, b = best.values[0], rm_[key]
+        for name, m in ref.items():
+            if m and m.get(key) is not None and best.values[0]:
+                a, b = best.values[0], m[key]
                 ratio = (b / a) if obj.direction() == "minimize" else (a / b if b else float("inf"))
                 lines.append(f"- improvement over {name}: **{ratio:.2f}x** on {key}")
         if remeasure and "error" in remeasure:
             lines.append(f"- re-measurement failed: {remeasure['error']}")
+        lines += ["", "## SLO attainment of the winner", "",
+                  f"Requests meeting the per-request limits: {_fmt(bm.get('slo_attainment'))} "
+                  f"(re-measured: {_fmt(rm.get('slo_attainment'))}).", "",
+                  "| check | limit | winner | pass | re-measured | pass |", "|---|---|---|---|---|---|"]
+        rrows = {r[0]: r for r in _slo_rows(obj, rm)} if rm else {}
+        for check, limit, v, ok in _slo_rows(obj, bm):
+            r = rrows.get(check)
+            lines.append(f"| {check} | {limit} | {v} | {'yes' if ok else 'no'} | {r[2] if r else '-'} | "
+                         f"{('yes' if r[3] else 'no') if r else '-'} |")
+        gates = best.user_attrs.get("gates")
+        for g in (gates or {}).get("gates", []):
+            lines.append(f"| gate {g['name']} ({g['kind']}) | {g.get('reason', '')[:60]} | {_fmt(g.get('candidate'))} | "
+                         f"{'yes' if g['passed'] else 'no'} | - | - |")
         lines += ["", "Parameters:", "", *[f"- `{k}`: {v}" for k, v in best.params.items()], ""]
     else:
-        lines += ["## No feasible trial", "", "No trial met the SLO and the quality gates.", ""]
+        lines += ["## No feasible trial", "", "No trial met the SLO and the quality gates; the trials table says why.", ""]
     lines += ["## Trials", "", f"| # | tag | state | {key} | feasible | params | note |", "|---|---|---|---|---|---|---|"]
     for t in study.trials:
         ua = t.user_attrs

@@ -183,16 +183,41 @@ def default_spec_path() -> Path:
     return Path(str(resources.files("slotune.tuner") / "specs" / "quickstart.yaml"))
 
 
+def resolved_dict(spec: TuningSpec) -> dict[str, Any]:
+    """The spec with every reference resolved: workload, search space, defaults, output paths."""
+    space, wl = spec.space(), spec.workload_spec()
+    d = spec.model_dump(mode="json")
+    d["workload"] = wl.model_dump(mode="json", exclude_none=True)
+    d["search_space"] = space.model_dump(mode="json", exclude_none=True)
+    d["output_dir"] = str(spec.resolved_output_dir())
+    d["storage"] = spec.resolved_storage()
+    d["mlflow_tracking_uri"] = spec.resolved_tracking_uri()
+    d["engine"] = spec.base_config().model_dump(mode="json", exclude_defaults=True)
+    return d
+
+
 def validate_command(spec: Path) -> TuningSpec:
+    """`tune validate`: load and check SPEC, then print what it resolves to.
+
+    Args:
+        spec: path of the tuning spec YAML.
+
+    Returns:
+        The validated TuningSpec. Raises pydantic.ValidationError / ValueError /
+        FileNotFoundError for bad input (the CLI formats them as `field: message` lines).
+    """
     from rich.console import Console
+    from rich.syntax import Syntax
 
     s = TuningSpec.from_yaml(spec)
     space, wl = s.space(), s.workload_spec()
+    obj = s.objective
     c = Console()
-    c.print(f"[green]ok[/green] {spec}: study '{s.name}', {s.objective.kind} objective "
-            f"{s.objective.direction()} {s.objective.metric_key()}")
-    c.print(f"  workload: {wl.name} ({wl.arrivals}, {wl.num_requests} requests)")
-    c.print(f"  search space: {space.name} ({len(space.knobs)} knobs: {', '.join(k.name for k in space.knobs)})")
-    c.print(f"  gates: {len(s.quality_gates)}; sampler: {s.sampler}; budget: {s.budget.n_trials} trials")
-    c.print(f"  storage: {s.resolved_storage()}\n  mlflow: {s.resolved_tracking_uri()}")
+    c.print(f"[green]ok[/green] {spec}: study '{s.name}', {obj.kind} objective {obj.direction()} {obj.metric_key()}"
+            + (f" (Pareto with {', '.join(obj.metric_key(m) for m in obj.pareto_with)})" if obj.pareto_with else ""),
+            highlight=False)
+    c.print(f"  workload: {wl.name} ({wl.arrivals}, {wl.num_requests} requests); search space: {space.name} "
+            f"({len(space.knobs)} knobs); gates: {len(s.quality_gates)}; sampler: {s.sampler}; "
+            f"budget: {s.budget.n_trials} trials", highlight=False)
+    c.print(Syntax(yaml.safe_dump(resolved_dict(s), sort_keys=False), "yaml", theme="ansi_dark", background_color="default"))
     return s

@@ -14,7 +14,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from slotune.tuner.objective import TrialFailure, run_trial_process
+from slotune.tuner.objective import Objective, TrialFailure, measure, trial_constraints
 from slotune.tuner.spec import TuningSpec
 
 DEFAULT_TAG, BASELINE_TAG = "default", "baseline"
@@ -23,30 +23,36 @@ BASELINE_UPDATES = {"scheduling": "static", "enable_prefix_caching": False, "qua
                     "speculative.method": "none", "kv_dtype": "auto"}
 
 
-def _constraints(trial) -> list[float]:
-    v = trial.user_attrs.get("violations")
-    return list(v.values()) if v else [0.0]
-
-
 def make_sampler(spec: TuningSpec):
+    """The spec's sampler, constraint-aware: SLO misses inform the search instead of vanishing."""
+    import warnings
+
     import optuna
 
+    # Optuna >= 5 reads constraints set on the trial (`Trial.set_constraint`, see objective.py);
+    # older versions need `constraints_func`.
+    con = {} if hasattr(optuna.trial.Trial, "set_constraint") else {"constraints_func": trial_constraints}
     s, seed = spec.sampler, spec.seed
-    if s == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
-    if s == "nsga2":
-        return optuna.samplers.NSGAIISampler(seed=seed, constraints_func=_constraints)
-    if s == "gp":
-        return optuna.samplers.GPSampler(seed=seed, constraints_func=_constraints)
-    if s == "grid":
-        return optuna.samplers.GridSampler(spec.space().grid(), seed=seed)
-    return optuna.samplers.TPESampler(seed=seed, constraints_func=_constraints, multivariate=True, group=True,
-                                      n_startup_trials=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        if s == "random":
+            return optuna.samplers.RandomSampler(seed=seed)
+        if s == "nsga2":
+            return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(4, min(50, spec.budget.n_trials // 2)), **con)
+        if s == "gp":
+            return optuna.samplers.GPSampler(seed=seed, **con)
+        if s == "grid":
+            return optuna.samplers.GridSampler(spec.space().grid(), seed=seed)
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=4, **con)
 
 
 def open_study(spec: TuningSpec, storage: str | None = None):
+    """Create or load the spec's study (same name + storage = same study, for resume and workers)."""
+    import warnings
+
     import optuna
 
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     url = storage or spec.resolved_storage()
     if url.startswith("sqlite:///"):
         Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
@@ -113,70 +119,6 @@ def _representable(knob, value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and knob.low <= value <= knob.high
 
 
-def trial_request(spec: TuningSpec, config, seed: int | None = None) -> dict[str, Any]:
-    return {
-        "config": config.model_dump(mode="json"),
-        "workload": spec.workload_spec().model_dump(mode="json"),
-        "objective": spec.objective.model_dump(mode="json"),
-        "gates": spec.quality_gates,
-        "early_stop": spec.early_stop.model_dump(mode="json"),
-        "seed": seed,
-        "cache_dir": str(spec.resolved_output_dir() / "cache"),
-    }
-
-
-class Objective:
-    """The Optuna objective: sample -> build config -> measure in a child process -> score."""
-
-    def __init__(self, spec: TuningSpec, progress=None) -> None:
-        self.spec = spec
-        self.space = spec.space()
-        self.base = spec.base_config()
-        self.progress = progress
-
-    def __call__(self, trial) -> float | list[float]:
-        import optuna
-
-        trial.set_user_attr("host", socket.gethostname())
-        trial.set_user_attr("pid", os.getpid())
-        params = self.space.sample(trial)
-        reason = self.space.forbidden_reason(params)
-        if reason:
-            trial.set_user_attr("fail_reason", reason)
-            raise optuna.TrialPruned(reason)
-        try:
-            config = self.base.with_updates(params)
-        except ValueError as exc:
-            trial.set_user_attr("fail_reason", f"invalid config: {str(exc).splitlines()[0]}")
-            raise TrialFailure(f"invalid config: {exc}") from None
-        trial.set_user_attr("config", config.model_dump(mode="json"))
-        if self.progress:
-            self.progress.phase(trial.number, "measuring")
-        b = self.spec.budget
-        try:
-            result = run_trial_process(trial_request(self.spec, config), timeout_s=b.trial_timeout_s, memory_gb=b.trial_memory_gb)
-        except TrialFailure as exc:
-            trial.set_user_attr("fail_reason", exc.reason)
-            raise
-        m = result["metrics"]
-        trial.set_user_attr("metrics", m)
-        trial.set_user_attr("violations", result["violations"] or {"none": 0.0})
-        trial.set_user_attr("feasible", all(v <= 0 for v in result["violations"].values()))
-        trial.set_user_attr("early_stopped", result["early_stopped"])
-        if result.get("gates") is not None:
-            trial.set_user_attr("gates", result["gates"])
-        if result.get("latencies"):
-            trial.set_user_attr("latencies", result["latencies"])
-        obj = self.spec.objective
-        values = []
-        for metric in obj.metrics:
-            key = obj.metric_key(metric)
-            if key not in m:
-                raise TrialFailure(f"metric {key} was not measured")
-            values.append(float(m[key]))
-        return values if len(values) > 1 else values[0]
-
-
 def best_trial(study, spec: TuningSpec):
     """Best feasible completed trial (first objective), or None."""
     from optuna.trial import TrialState
@@ -190,94 +132,133 @@ def best_trial(study, spec: TuningSpec):
 
 def run_command(spec_path: Path | None, n_trials: int | None = None, storage: str | None = None,
                 output_dir: Path | None = None, worker: bool = False, progress: bool = True) -> dict[str, Any] | None:
-    """`tune run`: run (or resume) the study, then re-measure and write the winner and report."""
+    """`tune run`: run (or resume) the study, then re-measure the winner and write best.yaml + report.
+
+    Args:
+        spec_path: tuning spec YAML; None = the built-in quickstart spec.
+        n_trials: overrides budget.n_trials (the total over all runs and workers of this study).
+        storage: Optuna storage URL override (e.g. a PostgreSQL URL shared by several workers).
+        output_dir: overrides the spec's output_dir.
+        worker: join an existing study: run trials only (no reference trials, no report).
+        progress: live display (True) or plain log lines (False).
+
+    Returns:
+        The winner summary (also written to best_metrics.json), or None for a worker or when
+        no trial met the SLO and the gates.
+    """
     import optuna
+    from optuna.trial import TrialState
 
     from slotune.tuner.progress import Progress
     from slotune.tuner.spec import default_spec_path
 
-    spec_path = spec_path if spec_path is not None else default_spec_path()
-    spec = TuningSpec.from_yaml(spec_path)
+    spec = TuningSpec.from_yaml(spec_path if spec_path is not None else default_spec_path())
     if output_dir is not None:
         spec.output_dir = str(output_dir)
     if storage:
         spec.storage = storage
-    out = spec.resolved_output_dir()
-    out.mkdir(parents=True, exist_ok=True)
+    if n_trials is not None:
+        spec.budget.n_trials = n_trials
+    spec.resolved_output_dir().mkdir(parents=True, exist_ok=True)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = open_study(spec)
     if not worker:
         fail_orphaned_trials(study)
         enqueue_reference_trials(study, spec)
-    from optuna.trial import TrialState
-
-    total = n_trials or spec.budget.n_trials
+    total = spec.budget.n_trials
     finished_states = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
-    callbacks = []
     tracker = None
     if not worker or spec.mlflow_tracking_uri:
         from slotune.tuner.tracking import MLflowTracker
 
         tracker = MLflowTracker(spec, study)
-        callbacks.append(tracker)
     with Progress(spec, total, enabled=progress) as prog:
-        callbacks.append(prog.callback)
-        objective = Objective(spec, prog)
+        prog.seed_rows(study)
         # The budget counts every finished trial of the study, so a resumed or shared study
         # runs only what is left: MaxTrialsCallback stops all workers at the same total.
+        callbacks = [c for c in (tracker, prog.callback) if c is not None]
         callbacks.append(optuna.study.MaxTrialsCallback(total, states=finished_states))
         remaining = total - len(study.get_trials(states=finished_states))
         if remaining > 0:
-            study.optimize(objective, n_trials=remaining, timeout=spec.budget.timeout_s,
+            study.optimize(Objective(spec, prog), n_trials=remaining, timeout=spec.budget.timeout_s,
                            callbacks=callbacks, catch=(TrialFailure,), gc_after_trial=True)
-    if worker:
-        return None
-    return finalize(spec, study, tracker)
+        if worker:
+            return None
+        prog.phase(None, "re-measuring the winner on a fresh workload seed")
+        return finalize(spec, study, tracker, prog)
 
 
-def finalize(spec: TuningSpec, study, tracker=None) -> dict[str, Any] | None:
-    """Re-measure the winner on a fresh workload seed, write best.yaml + report."""
-    from rich.console import Console
-
+def finalize(spec: TuningSpec, study, tracker=None, prog=None) -> dict[str, Any] | None:
+    """Re-measure the winner on a fresh workload seed, write best.yaml, best_metrics.json, report."""
     from slotune.engine.config import EngineConfig
     from slotune.tuner.report import write_report
 
     out = spec.resolved_output_dir()
-    console = Console()
+    say = prog.say if prog is not None else print
     best = best_trial(study, spec)
+    _measure_baseline_if_missing(spec, study)
     if best is None:
-        console.print("[red]no trial met the SLO and the gates[/red]; see the report for why")
-        write_report(spec, study, None, None, out)
+        for stale in ("best.yaml", "best_metrics.json"):  # never leave an older winner behind
+            (out / stale).unlink(missing_ok=True)
+        report = write_report(spec, study, None, None, out)
+        if tracker is not None:
+            tracker.log_study_end(None, None, report, out)
+        if prog is not None:
+            prog.finish()
+        say("no trial met the SLO and the quality gates; see the report for why: " + str(report["md"]))
         return None
     config = EngineConfig.model_validate(best.user_attrs["config"])
-    remeasure = study.user_attrs.get(f"remeasure_{best.number}")
-    if remeasure is None:
+    key = f"remeasure_{best.number}"
+    remeasure = study.user_attrs.get(key)
+    if remeasure is None:  # stored, so a resumed finalize does not measure twice
         try:
-            r = run_trial_process(trial_request(spec, config, seed=spec.robustness_seed),
-                                  timeout_s=spec.budget.trial_timeout_s, memory_gb=spec.budget.trial_memory_gb)
-            remeasure = {"metrics": r["metrics"], "violations": r["violations"]}
+            r = measure(spec, config, seed=spec.robustness_seed, early_stop=False)
+            remeasure = {"seed": spec.robustness_seed, "metrics": r["metrics"], "violations": r["violations"]}
         except TrialFailure as exc:
-            remeasure = {"error": exc.reason}
-        study.set_user_attr(f"remeasure_{best.number}", remeasure)
-    if not any(t.user_attrs.get("tag") == BASELINE_TAG for t in study.trials) and "baseline" not in study.user_attrs:
-        # The space cannot express the naive baseline: measure it once beside the study.
-        base_cfg = spec.base_config().with_updates(BASELINE_UPDATES)
-        try:
-            r = run_trial_process(trial_request(spec, base_cfg), timeout_s=spec.budget.trial_timeout_s,
-                                  memory_gb=spec.budget.trial_memory_gb)
-            study.set_user_attr("baseline", {"metrics": r["metrics"], "config": base_cfg.model_dump(mode="json")})
-        except TrialFailure as exc:
-            study.set_user_attr("baseline", {"error": exc.reason})
+            remeasure = {"seed": spec.robustness_seed, "error": exc.reason}
+        study.set_user_attr(key, remeasure)
+    obj = spec.objective
     (out / "best.yaml").write_text(
         f"# slotune best config for study '{spec.name}' (trial {best.number}); "
-        f"{spec.objective.metric_key()} = {best.values[0]:.6g}\n" + config.to_yaml())
-    summary = {"study": spec.name, "trial": best.number, "objective": spec.objective.metric_key(),
-               "value": best.values[0], "metrics": best.user_attrs["metrics"], "remeasured": remeasure,
-               "params": best.params}
+        f"{obj.metric_key()} = {best.values[0]:.6g}, re-measured on seed {spec.robustness_seed}: "
+        f"{_fmt_metric(remeasure, obj.metric_key())}; metrics in best_metrics.json\n" + config.to_yaml())
+    summary = {"study": spec.name, "trial": best.number, "objective": obj.metric_key(),
+               "direction": obj.direction(), "value": best.values[0], "metrics": best.user_attrs["metrics"],
+               "remeasured": remeasure, "params": best.params, "references": reference_metrics(study),
+               "mlflow_run_id": tracker.parent_run_id if tracker is not None else None}
     (out / "best_metrics.json").write_text(json.dumps(summary, indent=1))
     report = write_report(spec, study, best, remeasure, out)
     if tracker is not None:
-        tracker.log_winner(best, config, report, out)
-    console.print(f"[green]best[/green]: trial {best.number}, {spec.objective.metric_key()} = {best.values[0]:.4g} "
-                  f"-> {out / 'best.yaml'}")
+        tracker.log_study_end(best, config, report, out)
+    if prog is not None:
+        prog.summary(best, remeasure, summary["references"], out)
     return summary
+
+
+def _fmt_metric(remeasure: dict, key: str) -> str:
+    v = (remeasure.get("metrics") or {}).get(key)
+    return f"{v:.6g}" if v is not None else f"failed ({remeasure.get('error', 'not measured')})"
+
+
+def _measure_baseline_if_missing(spec: TuningSpec, study) -> None:
+    """The space may not express the naive baseline: measure it once beside the study."""
+    if any(t.user_attrs.get("tag") == BASELINE_TAG for t in study.trials) or "baseline" in study.user_attrs:
+        return
+    base_cfg = spec.base_config().with_updates(BASELINE_UPDATES)
+    try:
+        r = measure(spec, base_cfg, early_stop=False)
+        study.set_user_attr("baseline", {"metrics": r["metrics"], "config": base_cfg.model_dump(mode="json")})
+    except TrialFailure as exc:
+        study.set_user_attr("baseline", {"error": exc.reason})
+
+
+def reference_metrics(study) -> dict[str, dict | None]:
+    """Metrics of the default-config and naive-baseline trials (or the side measurement)."""
+    refs: dict[str, dict | None] = {DEFAULT_TAG: None, BASELINE_TAG: None}
+    for t in study.trials:
+        tag = t.user_attrs.get("tag")
+        if tag in refs and t.state.name == "COMPLETE" and refs[tag] is None:
+            refs[tag] = t.user_attrs.get("metrics")
+    if refs[BASELINE_TAG] is None:
+        refs[BASELINE_TAG] = (study.user_attrs.get("baseline") or {}).get("metrics")
+    return refs

@@ -15,6 +15,13 @@ import yaml
 
 
 class MLflowTracker:
+    """Optuna study callback logging each finished trial as an MLflow child run.
+
+    Lifecycle: created before `study.optimize` (creates or re-opens the experiment named after
+    the study and its parent run), called once per finished trial, and closed by
+    `log_study_end` after the winner is declared.
+    """
+
     def __init__(self, spec, study) -> None:
         import mlflow
 
@@ -37,6 +44,15 @@ class MLflowTracker:
         self.parent_run_id = parent
 
     def __call__(self, study, trial) -> None:
+        try:
+            self.log_trial(trial)
+        except Exception as exc:  # tracking is evidence, not control: never stop the study for it
+            import warnings
+
+            warnings.warn(f"MLflow logging of trial {trial.number} failed: {type(exc).__name__}: {exc}", stacklevel=1)
+
+    def log_trial(self, trial) -> None:
+        """One child run: params, metrics, SLO/gate tags, failure reason, config + histogram."""
         c = self.client
         tags = {"mlflow.parentRunId": self.parent_run_id, "slotune.trial": str(trial.number),
                 "slotune.state": trial.state.name, "slotune.study": self.spec.name}
@@ -46,13 +62,15 @@ class MLflowTracker:
             c.log_param(rid, k, v)
         ua = trial.user_attrs
         for k, v in (ua.get("metrics") or {}).items():
-            if isinstance(v, (int, float)) and v == v and abs(v) != float("inf"):
+            if _loggable(v):
                 c.log_metric(rid, k, float(v))
         for k, v in (ua.get("violations") or {}).items():
             c.log_metric(rid, f"violation_{k}", float(v))
         c.set_tag(rid, "slotune.feasible", str(ua.get("feasible")))
-        c.set_tag(rid, "slotune.slo_pass", str(all(v <= 0 for k, v in (ua.get("violations") or {}).items()
-                                                    if k not in ("quality_gates",))))
+        if ua.get("violations") is not None:
+            c.set_tag(rid, "slotune.slo_pass", str(all(v <= 0 for k, v in ua["violations"].items()
+                                                        if k != "quality_gates")))
+        c.set_tag(rid, "slotune.early_stopped", str(bool(ua.get("early_stopped"))))
         if ua.get("tag"):
             c.set_tag(rid, "slotune.tag", ua["tag"])
         if ua.get("fail_reason"):
@@ -75,16 +93,29 @@ class MLflowTracker:
                 c.log_artifacts(rid, d)
         c.set_terminated(rid, status="FINISHED" if trial.state.name == "COMPLETE" else "FAILED")
 
-    def log_winner(self, best, config, report_paths: dict[str, Path], out: Path) -> None:
+    def log_study_end(self, best, config, report_paths: dict[str, Path], out: Path) -> None:
+        """Parent run: the winner's metrics and config, the report, the Pareto plot; then close it."""
         c, rid = self.client, self.parent_run_id
-        c.set_tag(rid, "slotune.best_trial", str(best.number))
-        for k, v in best.user_attrs.get("metrics", {}).items():
-            if isinstance(v, (int, float)) and v == v and abs(v) != float("inf"):
-                c.log_metric(rid, f"best_{k}", float(v))
-        c.log_artifact(rid, str(out / "best.yaml"))
+        if best is not None:
+            c.set_tag(rid, "slotune.best_trial", str(best.number))
+            for k, v in best.user_attrs.get("metrics", {}).items():
+                if _loggable(v):
+                    c.log_metric(rid, f"best_{k}", float(v))
+            for k, v in best.params.items():
+                c.set_tag(rid, f"best.{k}", str(v))
+            for name in ("best.yaml", "best_metrics.json"):
+                if (out / name).exists():
+                    c.log_artifact(rid, str(out / name))
+        else:
+            c.set_tag(rid, "slotune.best_trial", "none")
         for p in report_paths.values():
             if Path(p).exists():
                 c.log_artifact(rid, str(p))
+        c.set_terminated(rid, status="FINISHED")
+
+
+def _loggable(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf")
 
 
 def _histogram(lat: dict[str, list[float]], path: Path) -> None:

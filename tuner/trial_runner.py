@@ -1,8 +1,17 @@
-"""One trial in its own process: build the engine, replay the workload, check the SLO, run gates.
+"""One trial in its own process: build the engine, warm up, replay the workload, check the SLO,
+run the quality gates.
 
 Run as `python -m slotune.tuner.trial_runner IN.json OUT.json`. A crash, an OOM kill or a
 hang takes down only this process; the parent (`tuner/objective.py`) records the trial as
-failed with the reason and the study goes on.
+failed with the reason and the study goes on. Progress is written to the request's
+`phase_file` so the parent can show the current phase.
+
+Test hooks (environment variables, read only here):
+- SLOTUNE_TEST_TRIAL_FAULT=crash|hang|oom|raise: simulate a crashing, hanging, memory-hungry
+  or unimplemented trial (fault-handling tests).
+- SLOTUNE_FAKE_TRIAL=1: replace the engine measurement with a cheap deterministic function of
+  the config. ONLY for tests of study mechanics (storage, resume, workers, samplers); every
+  test that uses it says so in its docstring.
 """
 
 from __future__ import annotations
@@ -15,83 +24,86 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-
-def slo_violations(metrics: dict[str, float], objective: dict[str, Any]) -> dict[str, float]:
-    """Constraint values (> 0 = violated, Optuna's convention), relative to each limit."""
-    p = objective["percentile"]
-    out = {}
-    if objective.get("ttft_limit_s"):
-        out["ttft"] = metrics.get(f"ttft_p{p}", float("inf")) / objective["ttft_limit_s"] - 1
-    if objective.get("tpot_limit_s"):
-        out["tpot"] = metrics.get(f"tpot_p{p}", 0.0) / objective["tpot_limit_s"] - 1
-    if objective.get("min_output_tokens_per_s"):
-        out["throughput"] = 1 - metrics.get("output_tokens_per_s", 0.0) / objective["min_output_tokens_per_s"]
-    return out
+from slotune.tuner.slo import breaks_slo_early, is_feasible, slo_violations
 
 
 def _fake_metrics(cfg) -> dict[str, float]:
-    """Test-only stand-in (SLOTUNE_FAKE_TRIAL=1): a cheap deterministic function of the config,
-    so study mechanics (storage, resume, workers, samplers) are tested without a model."""
+    """Test-only stand-in for a measurement (see the module docstring)."""
     seqs = cfg.max_num_seqs
     q = {"none": 1.0, "int8": 0.7, "int4": 0.55}.get(cfg.quantization, 1.0)
     tpot = 0.02 * q * (1 + 0.05 * seqs)
     tput = seqs / tpot
     return {"ttft_p50": 0.05 * q, "ttft_p95": 0.08 * q * (1 + 0.02 * seqs), "tpot_p50": tpot, "tpot_p95": tpot * 1.1,
             "output_tokens_per_s": tput, "goodput_rps": tput / 32, "requests_per_s": tput / 32,
-            "num_completed": 8.0, "num_requests": 8.0}
+            "slo_attainment": 1.0, "num_completed": 8.0, "num_requests": 8.0}
 
 
-def run_trial(req: dict[str, Any]) -> dict[str, Any]:
-    from slotune.engine.config import EngineConfig
-    from slotune.tuner.workload import WorkloadSpec
-
-    cfg = EngineConfig.model_validate(req["config"])
-    objective = req["objective"]
-    hook = os.environ.get("SLOTUNE_TEST_TRIAL_FAULT", "")  # test hooks: crash | hang | oom
+def _fault_hook() -> None:
+    hook = os.environ.get("SLOTUNE_TEST_TRIAL_FAULT", "")
     if hook == "crash":
         os._exit(3)
     if hook == "hang":
         time.sleep(3600)
     if hook == "oom":
         hog = [bytearray(256 * 2**20) for _ in range(64)]  # noqa: F841 - grow until killed
+    if hook == "raise":
+        raise NotImplementedError("lever not implemented in this engine build (test hook)")
+
+
+def run_trial(req: dict[str, Any]) -> dict[str, Any]:
+    """Measure one config. Returns metrics, SLO violations, early_stopped, gates, latencies."""
+    from slotune.engine.config import EngineConfig
+    from slotune.tuner.workload import WorkloadSpec
+
+    phase_file = req.get("phase_file")
+
+    def phase(text: str) -> None:
+        if phase_file:
+            tmp = f"{phase_file}.tmp"
+            Path(tmp).write_text(text)
+            os.replace(tmp, phase_file)
+
+    cfg = EngineConfig.model_validate(req["config"])
+    objective = req["objective"]
+    _fault_hook()
     if os.environ.get("SLOTUNE_FAKE_TRIAL") == "1":
+        phase("fake measurement")
         time.sleep(float(os.environ.get("SLOTUNE_FAKE_TRIAL_SLEEP", "0")))
         metrics = _fake_metrics(cfg)
         return {"metrics": metrics, "violations": slo_violations(metrics, objective), "early_stopped": False, "gates": None}
 
     from slotune.engine import LLM
     from slotune.tuner.bench import run_benchmark
+    from slotune.tuner.metrics import summarize
 
+    phase("loading model")
     t0 = time.perf_counter()
     llm = LLM(cfg)
     load_s = time.perf_counter() - t0
     wl = WorkloadSpec.model_validate(req["workload"])
-    p = objective["percentile"]
     es = req.get("early_stop") or {}
 
     def should_stop(records) -> bool:
         if not es.get("enabled") or len(records) < es["min_requests"]:
             return False
-        from slotune.tuner.metrics import summarize
+        return breaks_slo_early(summarize(records, 1.0), objective, es["factor"])
 
-        m = summarize(records, 1.0)
-        v = slo_violations({**m, "output_tokens_per_s": float("inf")}, objective)
-        return any(x > es["factor"] - 1 for x in v.values())
-
+    phase("warm-up + replay")
     res = run_benchmark(cfg, wl, llm=llm, ttft_limit_s=objective.get("ttft_limit_s"),
-                        tpot_limit_s=objective.get("tpot_limit_s"), seed=req.get("seed"), should_stop=should_stop)
+                        tpot_limit_s=objective.get("tpot_limit_s"), seed=req.get("seed"), should_stop=should_stop,
+                        on_progress=lambda done, total: phase(f"replay {done}/{total}"))
     metrics = {**res.metrics, "load_time_s": load_s}
     violations = slo_violations(metrics, objective)
-    if res.early_stopped:
-        violations["early_stop"] = 1.0
+    violations["early_stop"] = 1.0 if res.early_stopped else 0.0
     gates = None
-    if req.get("gates") and all(v <= 0 for v in violations.values()):  # cheap first: gates only for SLO-meeting trials
+    if req.get("gates") and is_feasible(violations):  # cheap first: gates only for SLO-meeting trials
         from slotune.evals.gates import GateSpec, evaluate_gates
 
-        report = evaluate_gates(cfg, [GateSpec.model_validate(g) for g in req["gates"]], llm=llm, cache_dir=req.get("cache_dir"))
+        phase("quality gates")
+        report = evaluate_gates(cfg, [GateSpec.model_validate(g) for g in req["gates"]], llm=llm,
+                                cache_dir=req.get("cache_dir"))
         gates = report.to_dict()
-        if not report.passed:
-            violations["quality_gates"] = 1.0
+        violations["quality_gates"] = 0.0 if report.passed else 1.0
     return {"metrics": metrics, "violations": violations, "early_stopped": res.early_stopped, "gates": gates,
             "latencies": {"ttft": [r.ttft for r in res.records if r.ttft is not None],
                           "tpot": [r.tpot for r in res.records if r.tpot is not None]}}

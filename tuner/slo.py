@@ -1,0 +1,59 @@
+"""SLO checks: measured metrics -> Optuna constraint values, and the cheap early-stop rule.
+
+Constraint values follow Optuna's convention (<= 0 feasible, > 0 violated) and are relative to
+each limit (0.5 = 50% over), so one scale serves TTFT, TPOT and throughput alike. Every trial
+reports the same keys (0.0 where a limit is not set), which constraint-aware samplers expect.
+Pure Python: imported by the trial process and the study without torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+# One key per constraint; `early_stop` and `quality_gates` are 0/1 flags set by the trial.
+CONSTRAINT_KEYS = ("ttft", "tpot", "throughput", "early_stop", "quality_gates")
+
+
+def slo_violations(metrics: Mapping[str, float], objective: Mapping[str, Any]) -> dict[str, float]:
+    """Relative violation of each SLO limit of `objective` (an Objective dumped to a dict).
+
+    Args:
+        metrics: flat metric dict (`ttft_p95`, `tpot_p95`, `output_tokens_per_s`, ...).
+        objective: `percentile`, and optional `ttft_limit_s`, `tpot_limit_s`,
+            `min_output_tokens_per_s`.
+
+    Returns:
+        `{ttft, tpot, throughput}`: value / limit - 1 for latency limits, 1 - value / minimum
+        for the throughput floor; 0.0 for limits that are not set. A metric that was not
+        measured (no request produced a first token) counts as a full violation.
+    """
+    p = objective["percentile"]
+    out = {"ttft": 0.0, "tpot": 0.0, "throughput": 0.0}
+    if objective.get("ttft_limit_s"):
+        v = metrics.get(f"ttft_p{p}")
+        out["ttft"] = 1.0 if v is None else v / objective["ttft_limit_s"] - 1
+    if objective.get("tpot_limit_s"):
+        v = metrics.get(f"tpot_p{p}")
+        out["tpot"] = 0.0 if v is None else v / objective["tpot_limit_s"] - 1  # 1-token outputs have no TPOT
+    if objective.get("min_output_tokens_per_s"):
+        out["throughput"] = 1 - metrics.get("output_tokens_per_s", 0.0) / objective["min_output_tokens_per_s"]
+    return out
+
+
+def constraint_values(violations: Mapping[str, float]) -> dict[str, float]:
+    """All CONSTRAINT_KEYS, in order, missing ones as 0.0 (feasible)."""
+    return {k: float(violations.get(k, 0.0)) for k in CONSTRAINT_KEYS}
+
+
+def is_feasible(violations: Mapping[str, float]) -> bool:
+    return all(v <= 0 for v in violations.values())
+
+
+def breaks_slo_early(partial_metrics: Mapping[str, float], objective: Mapping[str, Any], factor: float) -> bool:
+    """True when the first requests already miss a latency limit by more than `factor` x.
+
+    Only latency limits are judged: throughput over a handful of requests says little.
+    """
+    v = slo_violations(partial_metrics, {**objective, "min_output_tokens_per_s": None})
+    return any(x > factor - 1 for x in v.values())
