@@ -10,6 +10,7 @@ from slotune.engine.config import EngineConfig
 from slotune.engine.model_runner import ModelRunner
 from slotune.engine.scheduler import ScheduledSeq
 from slotune.engine.sequence import Sequence
+from slotune.engine.speculative import DraftSampler, _budget
 
 
 class _Mirror:
@@ -29,6 +30,10 @@ class _Mirror:
 
 
 class DraftModelProposer:
+    """Drafts with its own ModelRunner and KV cache. A mirror per target sequence tracks how
+    much of it the draft cache holds; after verification the draft catches up on the accepted
+    tokens in one extend batch, then runs k single-token steps."""
+
     def __init__(self, cfg: EngineConfig, engine) -> None:
         sc = cfg.speculative
         self.k = sc.num_speculative_tokens
@@ -43,6 +48,7 @@ class DraftModelProposer:
                              f"target's ({engine.runner.model_cfg.vocab_size}); a draft must share the tokenizer")
         self.bm = BlockManager(self.runner.num_blocks, cfg.block_size)
         self.mirrors: dict[int, _Mirror] = {}
+        self.drafts = DraftSampler(engine)
 
     def _sync(self, live: set[int]) -> None:
         for sid in [s for s in self.mirrors if s not in live]:  # finished / aborted / preempted
@@ -50,8 +56,7 @@ class DraftModelProposer:
 
     @torch.inference_mode()
     def propose(self, seqs: list[Sequence]) -> None:
-        from slotune.engine.speculative import _budget
-
+        self.drafts.reset()
         self._sync({s.seq_id for s in self.engine.scheduler.running})
         active, ks = [], []
         for seq in seqs:
@@ -79,7 +84,7 @@ class DraftModelProposer:
         for j in range(max(ks)):
             live = [i for i, k in enumerate(ks) if j < k]
             logits = self.runner.run_decode([mirrors[i] for i in live], [toks[i] for i in live], [pos[i] for i in live])
-            for i, t in zip(live, logits.argmax(-1).tolist()):
+            for i, t in zip(live, self.drafts.choose([active[i][0] for i in live], logits)):
                 active[i][0].spec_token_ids.append(t)
                 toks[i], pos[i] = t, pos[i] + 1
         for m in mirrors:

@@ -1,11 +1,18 @@
 """Speculative decoding: a cheap draft proposes k tokens, the target verifies them in one pass.
 
-Drafts here are deterministic (n-gram lookup, greedy early-exit), i.e. the draft
-distribution q is a point mass on the proposed token d. Standard rejection sampling
-(Leviathan et al. 2023) then reads:
-  accept d with probability min(1, p(d) / q(d)) = p(d);
-  on rejection, sample from norm(max(p - q, 0)) = p with d removed, renormalised;
-  if all k drafts are accepted, sample one bonus token from the target's next distribution.
+Lifecycle: after each engine step `propose(seqs)` sets `seq.spec_token_ids` for decode-phase
+sequences; the scheduler feeds [last token, drafts...]; `verify_batch` turns the k+1 target
+rows into accepted drafts + one bonus/correction token.
+
+Verification is standard rejection sampling (Leviathan et al. 2023), per draft position i with
+target distribution p_i and draft distribution q_i:
+  accept d_i with probability min(1, p_i(d_i) / q_i(d_i));
+  on the first rejection, emit a token from norm(max(p_i - q_i, 0)) and stop;
+  if all k drafts are accepted, emit a bonus token from p_{k+1}.
+The emitted tokens are then distributed exactly as sampling from the target one by one.
+Model drafts (early exit, quantized copy, draft model) sample d_i from q_i, the draft's logits
+under the request's own temperature/top-k/top-p, and record q_i; n-gram drafts are point
+masses (q_i = one-hot), for which the rule reduces to "accept with p(d), else sample p without d".
 Greedy requests accept while d == argmax p, so outputs equal non-speculative decoding exactly.
 """
 
@@ -46,6 +53,32 @@ class NgramProposer:
             seq.spec_token_ids = self.draft(seq.token_ids, k) if k else []
 
 
+class DraftSampler:
+    """Turns draft logits into draft tokens: argmax for greedy requests, a sample from the
+    draft distribution q otherwise, remembering q for verification (keyed by seq_id)."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self.draft_probs: dict[int, list[torch.Tensor]] = {}  # seq_id -> k rows of [V]
+
+    def reset(self) -> None:
+        self.draft_probs.clear()  # the previous round is verified (or dropped) by now
+
+    def choose(self, seqs: list, logits: torch.Tensor) -> list[int]:
+        # logits: [B, V] -> one draft token per sequence
+        toks = logits.argmax(-1)
+        sampling = [i for i, s in enumerate(seqs) if not s.params.is_greedy]
+        if sampling:
+            sampler = self.engine.sampler
+            q = sampler.probs(logits[sampling].float(), [seqs[i].params for i in sampling])
+            for row, i in enumerate(sampling):
+                seq = seqs[i]
+                g = sampler.seq_generator(seq.seq_id, seq.params)
+                toks[i] = torch.multinomial(q[row], 1, generator=g)[0]
+                self.draft_probs.setdefault(seq.seq_id, []).append(q[row])
+        return toks.tolist()
+
+
 class EarlyExitProposer:
     """Self-draft with the first `early_exit_layers` layers + final norm + LM head.
 
@@ -57,8 +90,10 @@ class EarlyExitProposer:
         self.k = cfg.speculative.num_speculative_tokens
         self.num_layers = min(cfg.speculative.early_exit_layers, engine.runner.model_cfg.num_layers)
         self.engine = engine
+        self.drafts = DraftSampler(engine)
 
     def propose(self, seqs: list[Sequence]) -> None:
+        self.drafts.reset()
         bm = self.engine.block_manager
         active, ks = [], []
         for seq in seqs:
@@ -75,7 +110,7 @@ class EarlyExitProposer:
             live = [i for i, k in enumerate(ks) if j < k]
             logits = self.engine.runner.run_decode([active[i] for i in live], [toks[i] for i in live],
                                                    [pos[i] for i in live], num_layers=self.num_layers)
-            nxt = logits.argmax(-1).tolist()
+            nxt = self.drafts.choose([active[i] for i in live], logits)
             for i, t in zip(live, nxt):
                 active[i].spec_token_ids.append(t)
                 toks[i], pos[i] = t, pos[i] + 1
@@ -92,8 +127,10 @@ def build_proposer(cfg: EngineConfig, engine):
     return DraftModelProposer(cfg, engine)
 
 
-def rejection_sample(probs: torch.Tensor, drafts: list[int], generator: torch.Generator | None = None) -> list[int]:
-    """probs: [k+1, V] target distributions at the k draft positions + one bonus position.
+def rejection_sample(probs: torch.Tensor, drafts: list[int], generator: torch.Generator | None = None,
+                     draft_probs: torch.Tensor | None = None) -> list[int]:
+    """probs: [k+1, V] target distributions at the k draft positions + one bonus position;
+    draft_probs: [k, V] the draft distributions the drafts were sampled from (None = point masses).
 
     Returns the accepted drafts followed by one corrected or bonus token.
     """
@@ -101,12 +138,16 @@ def rejection_sample(probs: torch.Tensor, drafts: list[int], generator: torch.Ge
     u = torch.rand(len(drafts), generator=generator, device=probs.device) if drafts else None
     for i, d in enumerate(drafts):
         p = probs[i]
-        if u[i] < p[d]:
+        q_d = draft_probs[i, d] if draft_probs is not None else 1.0
+        if u[i] * q_d < p[d]:  # u < min(1, p(d) / q(d))
             out.append(d)
             continue
-        residual = p.clone()
-        residual[d] = 0
-        if residual.sum() <= 0:
+        if draft_probs is not None:
+            residual = (p - draft_probs[i]).clamp_min(0)
+        else:
+            residual = p.clone()
+            residual[d] = 0
+        if residual.sum() <= 0:  # p == q up to rounding: any draw from p is exact
             residual = p
         out.append(int(torch.multinomial(residual / residual.sum(), 1, generator=generator)))
         return out
@@ -116,9 +157,11 @@ def rejection_sample(probs: torch.Tensor, drafts: list[int], generator: torch.Ge
 
 def verify_batch(engine, items: list[tuple]) -> list[list[int]]:
     """items: (scheduled seq, its logits rows [k+1, V]). Per sequence: accepted drafts + one token."""
+    recorded = getattr(getattr(engine.proposer, "drafts", None), "draft_probs", {})
     out = []
     for s, logits in items:
-        drafts = s.seq.spec_token_ids[: s.num_draft_tokens]
+        k = s.num_draft_tokens
+        drafts = s.seq.spec_token_ids[:k]
         p = s.seq.params
         if p.is_greedy:
             target = logits.argmax(-1).tolist()
@@ -130,5 +173,7 @@ def verify_batch(engine, items: list[tuple]) -> list[list[int]]:
             out.append(acc + [target[len(acc)]])
         else:
             probs = engine.sampler.probs(logits, [p] * logits.shape[0])
-            out.append(rejection_sample(probs, drafts, engine.sampler.seq_generator(s.seq.seq_id, p)))
+            q = recorded.pop(s.seq.seq_id, None)
+            q = torch.stack(q[:k]).to(probs.device) if q is not None and len(q) >= k else None
+            out.append(rejection_sample(probs, drafts, engine.sampler.seq_generator(s.seq.seq_id, p), q))
     return out
