@@ -38,6 +38,16 @@ class MatmulTiles(_Strict):
     block_k: Literal[32, 64, 128, 256] = 64
     num_warps: Literal[1, 2, 4, 8] = 4
     num_stages: Literal[1, 2, 3, 4, 5] = 3
+    split_k: Literal[1, 2, 4, 8] = Field(1, description="K splits: more programs for skinny decode shapes")
+
+
+class PrefillAttentionTiles(_Strict):
+    """Tile config for the paged prefill/extend attention Triton kernel (kernels/prefill_attention.py)."""
+
+    block_m: Literal[16, 32, 64, 128] = 64
+    block_n: Literal[16, 32, 64, 128] = 64
+    num_warps: Literal[2, 4, 8] = 4
+    num_stages: Literal[1, 2, 3] = 2
 
 
 class KernelConfig(_Strict):
@@ -47,6 +57,7 @@ class KernelConfig(_Strict):
         "auto", description="auto = Triton on CUDA, torch elsewhere"
     )
     decode_attention: DecodeAttentionTiles = DecodeAttentionTiles()
+    prefill_attention: PrefillAttentionTiles = PrefillAttentionTiles()
     matmul: MatmulTiles = MatmulTiles()
 
 

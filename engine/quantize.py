@@ -9,7 +9,8 @@ CPU: int8/int4 use torch's packed CPU kernels (`_weight_int8pack_mm`,
 cast to bf16 around the call. FP8 on CPU is emulated (dequantize per call): correct, for
 quality studies, not faster. CUDA: int8/int4 dequantize in the matmul path (the Triton
 kernel in kernels/quant_matmul.py when kernels.backend is triton); FP8 uses
-`torch._scaled_mm` on compute capability >= 8.9.
+`torch._scaled_mm` on compute capability >= 8.9, except decode-sized batches (<= 16 rows)
+under the Triton backend, which run the weight-only fp8 kernel (no activation quantization).
 
 Int4 math: q in [0, 15], w = q * scale + min per group of `group_size` input channels. On
 CPU the codes live in torch's packed CPU layout; on CUDA in ours (see Int4Linear), which
@@ -128,11 +129,17 @@ class FP8Linear(nn.Module):
         scale = (w.abs().amax(dim=1) / FP8_MAX).clamp_min(1e-12)
         self.register_buffer("qweight", (w / scale[:, None]).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn))
         self.register_buffer("scales", scale)  # [N] float32
+        self.triton_tiles = None  # set by the Triton backend: decode-sized batches use kernels/quant_matmul.py
 
     def _use_scaled_mm(self, x: torch.Tensor) -> bool:
         return x.device.type == "cuda" and torch.cuda.get_device_capability(x.device) >= (8, 9)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.triton_tiles is not None and x.numel() <= 16 * x.shape[-1]:
+            # Decode: weight-only fp8 (bf16 activations, no per-call activation quantization).
+            from slotune.kernels.quant_matmul import fp8_matmul
+
+            return fp8_matmul(x, self.qweight, self.scales, self.triton_tiles)
         if self._use_scaled_mm(x):
             # Per-token activation scales, per-channel weight scales; both fp8 e4m3.
             x2 = x.reshape(-1, x.shape[-1])

@@ -1,11 +1,25 @@
 """Weight-only quantized matmul, dequantized in-kernel: y = x @ W^T.
 
-Formats (produced by engine/quantize.py):
-- int8: qweight [N, K] int8, scales [N] (per output channel): W = q * scale.
-- int4: packed [N, K/2] uint8, low nibble = even k; scales, mins [N, K/group]: W = q * scale + min.
-The kernel streams the compact weights (1 or 0.5 byte per element) and does the math in
-float32 on tensor cores (bf16/fp16 operands), which is what makes decode faster: decode is
-bound by weight bytes.
+Weight formats (produced by engine/quantize.py; N = out features, K = in features):
+- int8: qweight [N, K] int8, scales [N] (per output channel, any float dtype): W = q * scale.
+- int4: packed [N, K/2] uint8, byte j of row n holds k = 2j in its low nibble and k = 2j+1 in
+  its high nibble; scales, mins [N, K/group] (group in 32..256 along K, any float dtype);
+  codes q in 0..15, asymmetric: W[n, k] = q * scales[n, k // group] + mins[n, k // group].
+  K must be a multiple of the group (engine/quantize.py zero-pads K).
+- fp8: qweight [N, K] torch.float8_e4m3fn, scales [N] float: W = q * scale (weight-only,
+  activations stay in model dtype; the W8A8 path is torch._scaled_mm in engine/quantize.py).
+
+Decode is bound by weight bytes, so the kernel streams the compact codes and converts them
+to the activation dtype in registers (int8, int4 and e4m3 codes are exact in bf16), then runs
+tensor-core dots with float32 accumulation. Scales are applied after the dot, once per tile:
+per channel at the end (int8/fp8), per (channel, group) per K tile for int4, where BLOCK_K
+divides the group so a tile never straddles two groups:
+    sum_k x_k (q_k s + m) = s * (x . q) + m * sum_k x_k.
+Nibbles are not interleaved back into k order: the even and odd columns of x are loaded
+separately and dotted with the low and high nibbles.
+
+Split-K (SPLIT_K > 1) gives skinny decode shapes (few N tiles) enough programs: each split
+writes a float32 partial, summed afterwards (deterministic, no atomics).
 """
 
 from __future__ import annotations
@@ -16,6 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
+INT8, INT4, FP8 = 0, 1, 2
+
 
 @dataclass(frozen=True, slots=True)
 class MatmulConfig:
@@ -24,23 +40,28 @@ class MatmulConfig:
     block_k: int = 64
     num_warps: int = 4
     num_stages: int = 3
+    split_k: int = 1
 
 
 def configs(m: int, n: int, k: int, group_size: int | None = None) -> list[MatmulConfig]:
-    """Valid tiles for a shape: BLOCK_K divides the group (int4), tiles no larger than needed."""
+    """Valid tiles for a shape: BLOCK_K divides the int4 group, tiles no larger than needed,
+    split-K only where each split still gets at least one full K tile."""
     out = []
     for bm in (16, 32, 64, 128):
         if bm > max(16, triton.next_power_of_2(m)):
             continue
         for bn in (32, 64, 128, 256):
+            if bn > max(32, triton.next_power_of_2(n)):
+                continue
             for bk in (32, 64, 128, 256):
-                if group_size and group_size % bk and bk % group_size:
+                if (group_size and group_size % bk) or bk > max(32, triton.next_power_of_2(k)):
                     continue
-                if bk > max(32, triton.next_power_of_2(k)):
-                    continue
-                for w in (2, 4, 8):
-                    for s in (2, 3, 4):
-                        out.append(MatmulConfig(bm, bn, bk, w, s))
+                for sk in (1, 2, 4, 8):
+                    if sk > 1 and (m > 64 or k < sk * bk):
+                        continue
+                    for w in (2, 4, 8):
+                        for s in (2, 3, 4):
+                            out.append(MatmulConfig(bm, bn, bk, w, s, sk))
     return out
 
 
@@ -49,71 +70,110 @@ def _quant_matmul_kernel(
     # pointers
     x_ptr, w_ptr, s_ptr, z_ptr, out_ptr,
     # sizes
-    M, N, K,
+    M, N, K, k_per_split,
     # strides
-    stride_xm, stride_wn, stride_sn, stride_om,
+    stride_xm, stride_wn, stride_sn, stride_om, stride_os,
     # meta
-    INT4: tl.constexpr, GROUP: tl.constexpr,
+    FORMAT: tl.constexpr, GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_mask = rm < M
+    n_mask = rn < N
+    cdt = x_ptr.dtype.element_ty  # dot operands in the activation dtype
+    k_start = pid_k * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, K)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        rk = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)
-        if INT4:
-            rk2 = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-            p = tl.load(w_ptr + rn[:, None] * stride_wn + rk2[None, :], mask=(rn[:, None] < N) & (rk2[None, :] < K // 2),
+    for k0 in range(k_start, k_end, BLOCK_K):
+        if FORMAT == 1:  # int4: even/odd columns of x against low/high nibbles
+            j = tl.arange(0, BLOCK_K // 2)
+            kk = k0 + 2 * j
+            k_mask = kk < k_end
+            x_even = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+            x_odd = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :] + 1, mask=m_mask[:, None] & k_mask[None, :],
+                            other=0.0)
+            p = tl.load(w_ptr + rn[:, None] * stride_wn + (k0 // 2 + j)[None, :], mask=n_mask[:, None] & k_mask[None, :],
                         other=0)
-            lo = (p & 0xF).to(tl.float32)
-            hi = (p >> 4).to(tl.float32)
-            q = tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K))  # interleave: even k = low nibble
-            g = rk // GROUP
-            sm = (rn[:, None] < N) & (rk[None, :] < K)
-            sc = tl.load(s_ptr + rn[:, None] * stride_sn + g[None, :], mask=sm, other=0.0).to(tl.float32)
-            mn = tl.load(z_ptr + rn[:, None] * stride_sn + g[None, :], mask=sm, other=0.0).to(tl.float32)
-            w = q * sc + mn
-        else:
-            w = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :], mask=(rn[:, None] < N) & (rk[None, :] < K),
-                        other=0).to(tl.float32)
-        acc += tl.dot(x.to(tl.float32), tl.trans(w))
-    if not INT4:
-        acc *= tl.load(s_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=(rm[:, None] < M) & (rn[None, :] < N))
+            lo = (p & 0xF).to(cdt)
+            hi = (p >> 4).to(cdt)
+            part = tl.dot(x_even, tl.trans(lo)) + tl.dot(x_odd, tl.trans(hi))  # [BLOCK_M, BLOCK_N]
+            g = k0 // GROUP
+            sc = tl.load(s_ptr + rn * stride_sn + g, mask=n_mask, other=0.0).to(tl.float32)
+            mn = tl.load(z_ptr + rn * stride_sn + g, mask=n_mask, other=0.0).to(tl.float32)
+            x_sum = tl.sum(x_even.to(tl.float32), axis=1) + tl.sum(x_odd.to(tl.float32), axis=1)
+            acc += part * sc[None, :] + x_sum[:, None] * mn[None, :]
+        else:  # int8 / fp8 codes, per-channel scale applied at the end
+            rk = k0 + tl.arange(0, BLOCK_K)
+            k_mask = rk < k_end
+            x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+            w = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+            acc += tl.dot(x, tl.trans(w.to(cdt)))
+    if FORMAT != 1:
+        acc *= tl.load(s_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    tl.store(out_ptr + pid_k * stride_os + rm[:, None] * stride_om + rn[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=m_mask[:, None] & n_mask[None, :])
 
 
-def _launch(x, w, s, z, n, int4, group, cfg):
+def _launch(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, z: torch.Tensor, n: int, fmt: int, group: int,
+            cfg: MatmulConfig | None) -> torch.Tensor:
     cfg = cfg or MatmulConfig()
     x2 = x.reshape(-1, x.shape[-1])
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     M, K = x2.shape
-    out = torch.empty(M, n, dtype=x.dtype, device=x.device)
-    grid = (triton.cdiv(M, cfg.block_m), triton.cdiv(n, cfg.block_n))
+    block_k = min(cfg.block_k, group) if fmt == INT4 else cfg.block_k  # a K tile stays inside one group
+    split_k = max(1, min(cfg.split_k, triton.cdiv(K, block_k)))
+    k_per_split = triton.cdiv(triton.cdiv(K, split_k), block_k) * block_k
+    split_k = triton.cdiv(K, k_per_split)
+    if split_k == 1:
+        out = torch.empty(M, n, dtype=x.dtype, device=x.device)
+    else:
+        out = torch.empty(split_k, M, n, dtype=torch.float32, device=x.device)
+    grid = (triton.cdiv(M, cfg.block_m), triton.cdiv(n, cfg.block_n), split_k)
     _quant_matmul_kernel[grid](
-        x2, w, s, z, out, M, n, K, x2.stride(0), w.stride(0), s.stride(0), out.stride(0),
-        INT4=int4, GROUP=group, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        x2, w, s, z, out,
+        M, n, K, k_per_split,
+        x2.stride(0), w.stride(0), s.stride(0), out.stride(-2), out.stride(0) if split_k > 1 else 0,
+        FORMAT=fmt, GROUP=group, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
+    if split_k > 1:
+        out = out.sum(0).to(x.dtype)
     return out.view(*x.shape[:-1], n)
 
 
 def int8_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, config: MatmulConfig | None = None) -> torch.Tensor:
-    """x: [..., K]; qweight: [N, K] int8; scales: [N] -> [..., N]."""
-    assert qweight.dtype == torch.int8 and qweight.shape[1] == x.shape[-1] and scales.shape == (qweight.shape[0],)
-    return _launch(x, qweight, scales, scales, qweight.shape[0], False, 1, config)
+    """x: [..., K]; qweight: [N, K] int8; scales: [N] -> [..., N] in x's dtype."""
+    if qweight.dtype != torch.int8 or qweight.shape[1] != x.shape[-1] or scales.shape != (qweight.shape[0],):
+        raise ValueError(f"int8_matmul: want qweight [N, {x.shape[-1]}] int8 and scales [N], got "
+                         f"{tuple(qweight.shape)} {qweight.dtype} and {tuple(scales.shape)}")
+    assert qweight.stride(-1) == 1
+    return _launch(x, qweight, scales, scales, qweight.shape[0], INT8, 1, config)
+
+
+def fp8_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, config: MatmulConfig | None = None) -> torch.Tensor:
+    """Weight-only fp8: x: [..., K]; qweight: [N, K] float8_e4m3fn; scales: [N] -> [..., N] in x's dtype."""
+    if qweight.dtype != torch.float8_e4m3fn or qweight.shape[1] != x.shape[-1] or scales.shape != (qweight.shape[0],):
+        raise ValueError(f"fp8_matmul: want qweight [N, {x.shape[-1]}] float8_e4m3fn and scales [N], got "
+                         f"{tuple(qweight.shape)} {qweight.dtype} and {tuple(scales.shape)}")
+    assert qweight.stride(-1) == 1
+    return _launch(x, qweight, scales, scales, qweight.shape[0], FP8, 1, config)
 
 
 def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, group_size: int,
                 config: MatmulConfig | None = None) -> torch.Tensor:
-    """x: [..., K]; packed: [N, K/2] uint8; scales, mins: [N, K/group] -> [..., N]."""
+    """x: [..., K]; packed: [N, K/2] uint8; scales, mins: [N, K/group] -> [..., N] in x's dtype."""
     n, k = packed.shape[0], x.shape[-1]
-    assert packed.dtype == torch.uint8 and packed.shape[1] * 2 == k, "packed must be [N, K/2] uint8"
-    assert scales.shape == mins.shape == (n, k // group_size), "scales/mins must be [N, K/group]"
-    cfg = config or MatmulConfig()
-    assert cfg.block_k % 2 == 0
-    return _launch(x, packed, scales, mins, n, True, group_size, cfg)
+    if packed.dtype != torch.uint8 or packed.shape[1] * 2 != k:
+        raise ValueError(f"int4_matmul: packed must be [N, {k // 2}] uint8, got {tuple(packed.shape)} {packed.dtype}")
+    if group_size < 32 or group_size & (group_size - 1) or k % group_size:
+        raise ValueError(f"int4_matmul: group_size must be a power of two >= 32 dividing K={k}, got {group_size}")
+    if scales.shape != (n, k // group_size) or mins.shape != scales.shape or scales.stride() != mins.stride():
+        raise ValueError(f"int4_matmul: scales and mins must be [N, K/group] = {(n, k // group_size)}, got "
+                         f"{tuple(scales.shape)} and {tuple(mins.shape)}")
+    assert packed.stride(-1) == 1 and scales.stride(-1) == 1
+    return _launch(x, packed, scales, mins, n, INT4, group_size, config)

@@ -27,6 +27,28 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
     return out
 
 
+def paged_prefill_attention(q, k_cache, v_cache, block_tables, query_lens, context_lens, scale, k_scale=None,
+                            v_scale=None):
+    """Causal attention of each sequence's new tokens over its whole paged context (cached prefix
+    + new tokens, already stored). q: [T, H, D] (sequences back to back); query_lens,
+    context_lens: per-sequence lists -> [T, H, D] (float32)."""
+    H, D = q.shape[1:]
+    BS, Hkv = k_cache.shape[1], k_cache.shape[2]
+    kf, vf = dequant_cache(k_cache, k_scale), dequant_cache(v_cache, v_scale)
+    out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    start = 0
+    for b, (nq, nk) in enumerate(zip(query_lens, context_lens)):
+        blocks = block_tables[b, : (nk + BS - 1) // BS].long()
+        k = kf[blocks].reshape(-1, Hkv, D)[:nk].repeat_interleave(H // Hkv, dim=1)
+        v = vf[blocks].reshape(-1, Hkv, D)[:nk].repeat_interleave(H // Hkv, dim=1)
+        s = torch.einsum("qhd,nhd->hqn", q[start : start + nq].float(), k) * scale
+        q_pos = torch.arange(nk - nq, nk)[:, None]
+        s = s.masked_fill(torch.arange(nk)[None, :] > q_pos, float("-inf"))
+        out[start : start + nq] = torch.einsum("hqn,nhd->qhd", s.softmax(-1), v)
+        start += nq
+    return out
+
+
 def rms_norm(x, weight, eps, residual=None):
     """-> (normed, new_residual) in x's dtype; math in float32."""
     if residual is not None:
@@ -69,6 +91,10 @@ def store_kv(k, v, k_cache, v_cache, slots, k_scale=None, v_scale=None):
 
 
 def int8_matmul(x, qweight, scales):
+    return (x.float() @ (qweight.float() * scales.float()[:, None]).t()).to(x.dtype)
+
+
+def fp8_matmul(x, qweight, scales):
     return (x.float() @ (qweight.float() * scales.float()[:, None]).t()).to(x.dtype)
 
 

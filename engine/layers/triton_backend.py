@@ -1,10 +1,12 @@
 """Triton path: the same interfaces as the torch backend, with our kernels (kernels/).
 
 Decode attention reads the paged cache directly (no gather) with the tile config from
-`EngineConfig.kernels.decode_attention`. Prefill/extend attention keeps torch SDPA over the
-gathered context: prefill is compute-bound, SDPA's flash kernel is already at the tensor-core
-roofline, and the gather costs one pass over the context per layer — small next to the
-O(n^2) attention it feeds.
+`EngineConfig.kernels.decode_attention`. Extend attention (several prefills in one step,
+chunked prefill or prefix-cache hits over a cached context, speculative verification) runs
+the paged prefill kernel (`kernels.prefill_attention` tiles): no gathered copy of the context,
+no [B, 1, Q, L] mask. A single fresh prompt with no cached context keeps torch SDPA with
+`is_causal` over the step's own K/V: that is FlashAttention, already at the tensor-core
+roofline, and it needs neither gather nor mask.
 """
 
 from __future__ import annotations
@@ -17,11 +19,17 @@ from slotune.engine.layers.attention import AttentionMetadata, KVCache, TorchAtt
 class TritonAttentionBackend(TorchAttentionBackend):
     name = "triton"
 
-    def __init__(self, tiles) -> None:
+    def __init__(self, tiles, prefill_tiles=None) -> None:
         from slotune.kernels.decode_attention import DecodeAttentionConfig
+        from slotune.kernels.prefill_attention import PrefillAttentionConfig
 
         self.config = DecodeAttentionConfig(tiles.block_n, tiles.num_splits, tiles.num_warps, tiles.num_stages)
+        p = prefill_tiles
+        self.prefill_config = PrefillAttentionConfig() if p is None else PrefillAttentionConfig(
+            p.block_m, p.block_n, p.num_warps, p.num_stages)
         self.max_context: int | None = None  # set by the model runner (static bound: no host sync)
+        self._extend_meta: AttentionMetadata | None = None  # the step whose extend tensors are cached
+        self._extend_args: tuple = ()
 
     def store_kv(self, cache: KVCache, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
         from slotune.kernels.kv_store import store_kv
@@ -40,6 +48,27 @@ class TritonAttentionBackend(TorchAttentionBackend):
         if ne < q.shape[0]:
             out[ne:] = self._decode(cache, layer, q[ne:], meta, scale)
         return out
+
+    def _extend(self, cache: KVCache, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        if meta.extend_mask is None:  # one fresh prompt: flash SDPA over its own K/V
+            return super()._extend(cache, layer, q, k, v, meta, scale)
+        from slotune.kernels.prefill_attention import paged_prefill_attention
+
+        if self._extend_meta is not meta:  # once per step, not per layer: [Be] int32 each
+            lens = meta.extend_query_lens
+            starts = [0]
+            for n in lens[:-1]:
+                starts.append(starts[-1] + n)
+            table = torch.tensor([starts, lens, meta.extend_context_lens], dtype=torch.int32)
+            table = table.to(q.device, non_blocking=True)
+            self._extend_args = (table[0], table[1], table[2], max(lens))
+            self._extend_meta = meta
+        starts, q_lens, ctx_lens, max_q = self._extend_args
+        return paged_prefill_attention(
+            q, cache.k[layer], cache.v[layer], meta.extend_block_tables, starts, q_lens, ctx_lens, max_q, scale,
+            cache.k_scale[layer] if cache.is_quantized else None, cache.v_scale[layer] if cache.is_quantized else None,
+            config=self.prefill_config)
 
     def _decode(self, cache: KVCache, layer: int, q: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         from slotune.kernels.decode_attention import paged_decode_attention
@@ -75,12 +104,12 @@ class TritonOps:
 
 def use_triton(model, cfg) -> None:
     """Swap the model's attention backend and pointwise ops for the Triton ones."""
-    model.attn = TritonAttentionBackend(cfg.kernels.decode_attention)
+    model.attn = TritonAttentionBackend(cfg.kernels.decode_attention, cfg.kernels.prefill_attention)
     model.ops = TritonOps()
     from slotune.kernels.quant_matmul import MatmulConfig
 
     t = cfg.kernels.matmul
-    tiles = MatmulConfig(t.block_m, t.block_n, t.block_k, t.num_warps, t.num_stages)
+    tiles = MatmulConfig(t.block_m, t.block_n, t.block_k, t.num_warps, t.num_stages, t.split_k)
     for m in model.modules():
         if hasattr(m, "triton_tiles"):
             m.triton_tiles = tiles
