@@ -10,6 +10,7 @@ come from each SLOTuning's spec.rollout.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from typing import Any
@@ -27,6 +28,8 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.posting.level = logging.WARNING  # our own Events are posted explicitly
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=api.GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=api.GROUP)
+    # kopf holds a finalizer while timers run, to stop them before the object goes
+    settings.persistence.finalizer = f"{api.GROUP}/operator"
     settings.watching.server_timeout = 300
     settings.networking.request_timeout = 30
 
@@ -48,10 +51,18 @@ def _api_call(fn, *args: Any) -> Any:
         return fn(*args)
     except ApiException as exc:
         if exc.status in (400, 422):
-            raise kopf.PermanentError(f"the API server rejected a child: {exc.reason}") from None
-        raise kopf.TemporaryError(f"API {exc.status} {exc.reason}", delay=max(POLL_S, 1)) from None
+            raise kopf.PermanentError(f"the API server rejected a child: {_message(exc)}") from None
+        raise kopf.TemporaryError(f"API {exc.status}: {_message(exc)}", delay=max(POLL_S, 1)) from None
     except OSError as exc:  # connection trouble
         raise kopf.TemporaryError(f"API unreachable: {exc}", delay=max(POLL_S, 1)) from None
+
+
+def _message(exc: ApiException) -> str:
+    """The API server's own explanation (a Status message: names, fields, never Secret data)."""
+    try:
+        return str(json.loads(exc.body)["message"])[:300]
+    except (TypeError, ValueError, KeyError):
+        return str(exc.reason)
 
 
 # --- SLOServing ----------------------------------------------------------------------------
@@ -93,7 +104,7 @@ def tuning_tick(name, namespace, spec, body, status, patch, **_: Any) -> None:
         kopf.event(body, type=type_, reason=reason, message=message)
 
 
-@kopf.on.update(api.GROUP, api.VERSION, api.TUNINGS, field="spec.tuning")
+@kopf.on.update(api.GROUP, api.VERSION, api.TUNINGS, field="spec")
 def tuning_spec_changed(status, patch, **_: Any) -> None:
     """A fixed spec gets a fresh run (a failed one would otherwise wait for its schedule)."""
     if (status or {}).get("phase") == "Failed":

@@ -128,7 +128,7 @@ def canary(s: Step) -> None:
     ready_since = parse_stamp(c.get("readySince"))
     since_ready = (t - ready_since).total_seconds() if ready_since else None
     policy = s.policy
-    histograms = None
+    histograms, errors = None, []
     if since_ready is not None and since_ready >= policy.canary_duration_s:
         histograms, errors = metrics.scrape(canary_metric_urls(s))
     verdict = rollout.judge(policy, since_start_s=since_start, since_ready_s=since_ready, histograms=histograms)
@@ -137,7 +137,8 @@ def canary(s: Step) -> None:
     elif verdict.action == "rollback":
         roll_back(s, verdict)
     else:
-        s.condition("RolledOut", False, verdict.reason, verdict.message)
+        unreachable = f" ({len(errors)} canary pod(s) not scraped)" if histograms is not None and errors else ""
+        s.condition("RolledOut", False, verdict.reason, verdict.message + unreachable)
 
 
 def finished(s: Step) -> None:

@@ -4,10 +4,11 @@
 #   cluster.sh build          build kube-apiserver + kube-controller-manager once, cached in
 #                             $SLOTUNE_K8S_CACHE (default ~/.cache/slotune-k8s); installs the
 #                             Debian packages it needs when run as root (apt-get update first)
-#   cluster.sh up DIR         start etcd, kube-apiserver, kube-controller-manager
+#   cluster.sh up DIR [PID]   start etcd, kube-apiserver, kube-controller-manager
 #                             (garbagecollector only) under DIR; writes DIR/kubeconfig (admin),
 #                             DIR/operator.kubeconfig (user "slotune-operator", RBAC applies),
-#                             DIR/pids; prints the kubeconfig path
+#                             DIR/pids; prints the kubeconfig path. With PID, a watchdog stops
+#                             the cluster when that process exits (a killed test run leaks nothing)
 #   cluster.sh down DIR       stop what `up DIR` started
 #
 # No registry ships a Kubernetes server binary, so `build` compiles Debian bookworm's
@@ -177,7 +178,16 @@ up() {
       --use-service-account-credentials=false >"$D/controller-manager.log" 2>&1 &
     echo $! >> "$D/pids"
   fi
+  if [ -n "${2:-}" ]; then
+    # setsid + closed fds: the watchdog must not hold the caller's pipes open
+    setsid bash "$0" watch "$D" "$2" </dev/null >/dev/null 2>&1 &
+  fi
   echo "$D/kubeconfig"
+}
+
+watch() {  # DIR PID: stop the cluster in DIR once PID is gone
+  while kill -0 "$2" 2>/dev/null && [ -f "$1/pids" ]; do sleep 2; done
+  down "$1"
 }
 
 write_kubeconfig() {  # FILE PORT USER TOKEN CA
@@ -214,7 +224,8 @@ down() {
 
 case "${1:-}" in
   build) build ;;
-  up) up "${2:-}" ;;
+  up) up "${2:-}" "${3:-}" ;;
+  watch) watch "$2" "$3" ;;
   down) down "${2:-}" ;;
-  *) echo "usage: $0 build | up DIR | down DIR" >&2; exit 2 ;;
+  *) echo "usage: $0 build | up DIR [PID] | down DIR" >&2; exit 2 ;;
 esac

@@ -7,6 +7,10 @@ first use). Locally the operator runs as the token user `slotune-operator`, boun
 ClusterRole in operator/manifests/rbac/operator.yaml: the tests exercise the shipped RBAC.
 
 `operator` runs slotune.operator.handlers in-process with kopf.testing.KopfRunner.
+
+Against a real cluster ($KUBECONFIG) the kubelet stand-ins (kubelet.py) still write Pod, Job
+and Deployment status themselves, so use one whose controllers will not run those objects
+(an API server without nodes); the slotune image need not exist there.
 """
 
 from __future__ import annotations
@@ -100,7 +104,7 @@ def cluster(tmp_path_factory):
     if not (CACHE / "bin" / "kube-apiserver").exists() and os.geteuid() != 0 and not shutil.which("go"):
         pytest.skip(f"no kube-apiserver in {CACHE}/bin: run `bash {CLUSTER_SH.relative_to(ROOT)} build` (as root)")
     d = tmp_path_factory.mktemp("k8s")
-    subprocess.run(["bash", str(CLUSTER_SH), "up", str(d)], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(["bash", str(CLUSTER_SH), "up", str(d), str(os.getpid())], check=True, stdout=subprocess.DEVNULL)
     try:
         c = Cluster(str(d / "kubeconfig"), str(d / "operator.kubeconfig"), is_local=True)
         client = c.client()
@@ -120,6 +124,13 @@ def ns(cluster):
     core = kubernetes.client.CoreV1Api(cluster.client())
     core.create_namespace({"metadata": {"name": name}})
     yield name
+    # Custom resources first (an operator still running releases its finalizers; the next one
+    # started does it otherwise): no namespace controller runs locally, so a deleted namespace
+    # stays Terminating and anything left in it would keep being reconciled.
+    custom = kubernetes.client.CustomObjectsApi(cluster.client())
+    for plural in ("slotunings", "sloservings"):
+        with contextlib.suppress(Exception):
+            custom.delete_collection_namespaced_custom_object("slotune.dev", "v1alpha1", name, plural)
     with contextlib.suppress(Exception):
         core.delete_namespace(name)
 

@@ -23,7 +23,7 @@ import kubernetes
 from slotune.operator import api, children
 
 
-def wait_for(what: str, fn: Callable[[], Any], timeout: float = 30.0, interval: float = 0.2) -> Any:
+def wait_for(what: str, fn: Callable[[], Any], timeout: float = 60.0, interval: float = 0.2) -> Any:
     deadline = time.time() + timeout
     while True:
         value = fn()

@@ -107,18 +107,24 @@ def test_schedule_retunes_with_bounded_history(cluster, operator, ns, tmp_path):
     create(client, ns, tuning("sched-tune", "sched", {"mode": "manual"}, schedule="@every 2s", historyLimit=2))
     for run in (1, 2, 3):
         wait_for(f"job run {run}", lambda: get(client, "Job", ns, f"sched-tune-run-{run}"))
+        if run == 3:  # stop the schedule: run 3 is the last, and waits for approval
+            patch(client, ns, api.TUNINGS, "sched-tune", {"spec": {"schedule": None}})
         run_job(cluster, ns, f"sched-tune-run-{run}", tmp_path / f"job{run}", best_config={"max_num_seqs": 2 + run})
-        status = wait_for("AwaitingApproval", lambda: (lambda s: s if s and s["run"] == run else None)(
-            phase_of(client, ns, "sched-tune", "AwaitingApproval")))
-        assert status["nextTuningTime"] > status["lastTuningTime"]
-    # run 3 started: runs older than historyLimit=2 lose their Job and result ConfigMap
-    wait_for("run 1 pruned", lambda: get(client, "Job", ns, "sched-tune-run-1") is None)
+        status = wait_for(f"run {run}'s result", lambda: (lambda s: s if (s.get("best") or {}).get("run") == run else None)(
+            get_cr(client, api.TUNINGS, ns, "sched-tune").get("status") or {}))
+        if run < 3:
+            assert status["nextTuningTime"] > status["lastTuningTime"]
+    status = wait_for("AwaitingApproval, nothing scheduled", lambda: (lambda s: s if s and not s.get("nextTuningTime") else None)(
+        phase_of(client, ns, "sched-tune", "AwaitingApproval")))
+    assert status["run"] == 3
+    # run 3 started: runs older than historyLimit=2 lost their Job and result ConfigMap
+    assert get(client, "Job", ns, "sched-tune-run-1") is None
     assert get(client, "ConfigMap", ns, "sched-tune-run-1-result") is None
     jobs = kubernetes.client.BatchV1Api(client).list_namespaced_job(ns).items
     assert sorted(j.metadata.name for j in jobs) == ["sched-tune-run-2", "sched-tune-run-3"]
-    assert [h["outcome"] for h in status["history"]] == ["Superseded", "Superseded"]
-    # approve run 3 (and stop the schedule): its result goes to a canary
-    patch(client, ns, api.TUNINGS, "sched-tune", {"spec": {"schedule": None, "rollout": {"approvedRun": 3}}})
+    assert [(h["run"], h["outcome"]) for h in status["history"]] == [(1, "Superseded"), (2, "Superseded")]
+    # approve run 3: its result goes to a canary
+    patch(client, ns, api.TUNINGS, "sched-tune", {"spec": {"rollout": {"approvedRun": 3}}})
     wait_for("phase Canary", lambda: phase_of(client, ns, "sched-tune", "Canary"))
     assert get_cr(client, api.SERVINGS, ns, "sched")["spec"]["canary"]["config"] == {"max_num_seqs": 5}
 
@@ -146,6 +152,15 @@ def test_failed_tuning_command_fails_the_run(cluster, operator, ns, tmp_path):
     status = wait_for("phase Failed", lambda: phase_of(client, ns, "fail-tune", "Failed"))
     assert status["history"][-1]["reason"] == "TuningFailed" and "status 3" in status["history"][-1]["message"]
     assert not get_cr(client, api.SERVINGS, ns, "fail")["spec"].get("canary")
+
+
+def test_invalid_serving_config_is_reported_not_rendered(cluster, operator, ns):
+    client = cluster.client()
+    create(client, ns, serving("badcfg", free_port(), config={"max_num_seqs": "lots"}))
+    status = wait_for("phase Invalid", lambda: (get_cr(client, api.SERVINGS, ns, "badcfg").get("status") or {})
+                      if (get_cr(client, api.SERVINGS, ns, "badcfg").get("status") or {}).get("phase") == "Invalid" else None)
+    assert "max_num_seqs" in status["message"]
+    assert get(client, "Deployment", ns, "badcfg") is None
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ import kubernetes
 import pytest
 
 from slotune.operator import api
+from slotune.operator.children import config_hash
 
 from .conftest import running_operator
 from .kubelet import free_port, get, get_cr, run_job, serve_metrics, start_pods, wait_for
@@ -62,7 +63,10 @@ def test_restarts_converge(cluster, ns, tmp_path):
         with running_operator(cluster):
             wait_for("phase Promoted", lambda: _phase(client, ns, "rs-tune") in ("Promoted", "RolledBack"))
             wait_for("the canary to go", lambda: get(client, "Deployment", ns, "rs-canary") is None)
-            time.sleep(1.5)  # let the last status writes land
+            final_hash = config_hash({"max_num_seqs": 6, "model": "smollm2-135m"})
+            wait_for("the final serving status", lambda: (lambda st: st.get("configHash") == final_hash
+                     and st.get("phase") != "Canary" and not st.get("canary"))(
+                get_cr(client, api.SERVINGS, ns, "rs").get("status") or {}))
     finally:
         metrics.terminate()
     assert _phase(client, ns, "rs-tune") == "Promoted"
