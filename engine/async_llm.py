@@ -1,13 +1,17 @@
 """AsyncLLM: the engine loop in a background thread, streaming outputs into asyncio queues.
 
-The loop thread owns the engine; requests and aborts reach it under one lock held only
-between steps, so HTTP handlers never wait on a model forward and the loop never waits on
-the network. Each request's deltas go to its own asyncio.Queue via call_soon_threadsafe.
+The loop thread owns the engine. Requests and aborts go into an inbox the loop drains
+before every step (admission answers through a future), so a handler waits at most one
+step and never on the lock: with a lock, the loop re-took it right after each step and a
+caller could starve for several steps under load. The loop never waits on the network.
+Each request's deltas go to its own asyncio.Queue via call_soon_threadsafe.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import concurrent.futures
 import itertools
 import threading
 import time
@@ -26,7 +30,9 @@ class AsyncLLM:
     def __init__(self, config: EngineConfig | None = None, llm=None) -> None:
         self.config = config or EngineConfig()
         self._llm = llm
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # held by the loop around drain + step; by others only when it is not running
+        self._inbox: collections.deque = collections.deque()  # (fn, args, Future) run by the loop thread
+        self._is_closed = False
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
@@ -60,11 +66,12 @@ class AsyncLLM:
         engine = self._llm.engine
         try:
             while not self._stop.is_set():
+                self._wake.clear()  # before draining: a request queued after this sets it again
                 with self._lock:
+                    self._drain_inbox()
                     outputs = engine.step() if engine.has_unfinished_requests() else None
                 if outputs is None:
                     self._wake.wait(0.05)
-                    self._wake.clear()
                     continue
                 for out in outputs:
                     self._deliver(out)
@@ -73,6 +80,38 @@ class AsyncLLM:
             self.is_ready = False
             for rid in list(self._queues):
                 self._deliver_error(rid, exc)
+        finally:
+            self._is_closed = True
+            self._fail_inbox()
+
+    def _drain_inbox(self) -> None:
+        while self._inbox:
+            fn, args, fut = self._inbox.popleft()
+            try:
+                fut.set_result(fn(*args))
+            except Exception as exc:  # RequestRejected etc. go back to the caller
+                fut.set_exception(exc)
+
+    def _fail_inbox(self) -> None:
+        while True:
+            try:
+                _, _, fut = self._inbox.popleft()
+            except IndexError:
+                return
+            fut.set_exception(EngineDeadError(f"engine loop stopped: {self.error!r}"))
+
+    def _call_in_loop(self, fn, *args) -> concurrent.futures.Future:
+        """Run fn(*args) on the loop thread before its next step."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self._inbox.append((fn, args, fut))
+        self._wake.set()
+        if self._is_closed:  # the loop exited after we looked: nobody else will answer
+            self._fail_inbox()
+        return fut
+
+    @property
+    def _is_loop_running(self) -> bool:
+        return self._thread is not None and not self._is_closed
 
     def _deliver(self, out: RequestOutput) -> None:
         entry = self._queues.get(out.request_id)
@@ -98,11 +137,19 @@ class AsyncLLM:
         if not self.is_accepting:
             raise RuntimeError("server is shutting down")
         rid = request_id or f"req-{next(self._ids)}"
+        arrival = time.perf_counter()
+        if isinstance(prompt, str):  # tokenize here, not on the loop thread
+            prompt = await asyncio.to_thread(self._llm.tokenizer.encode, prompt)
         self._queues[rid] = (asyncio.get_running_loop(), asyncio.Queue())
         try:
-            await asyncio.to_thread(self._add, rid, prompt, params, time.perf_counter())
-        except BaseException:
+            if self._is_loop_running:
+                await asyncio.wrap_future(self._call_in_loop(self._llm.engine.add_request, rid, prompt, params, arrival))
+            else:
+                await asyncio.to_thread(self._add, rid, prompt, params, arrival)
+        except BaseException as exc:
             self._queues.pop(rid, None)
+            if isinstance(exc, asyncio.CancelledError):  # the caller left; the loop may still admit it
+                self.abort_nowait(rid)
             raise
         return rid
 
@@ -142,7 +189,10 @@ class AsyncLLM:
 
     def abort_nowait(self, request_id: str) -> None:
         self._queues.pop(request_id, None)
-        threading.Thread(target=self._abort, args=(request_id,), daemon=True).start()
+        if self._is_loop_running:
+            self._call_in_loop(self._llm.engine.abort_request, request_id)  # before the next step
+        else:
+            threading.Thread(target=self._abort, args=(request_id,), daemon=True).start()
 
     async def abort(self, request_id: str) -> None:
         self._queues.pop(request_id, None)

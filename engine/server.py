@@ -176,8 +176,6 @@ def build_app(llm: AsyncLLM, *, api_key: str | None = None, served_model_name: s
                               seed=req.seed, stop=req.stop, ignore_eos=req.ignore_eos)
 
     async def admit(prompt: str | list[int], params: SamplingParams, rid: str) -> JSONResponse | None:
-        if isinstance(prompt, str):  # tokenize here, not under the engine lock
-            prompt = await asyncio.to_thread(llm.tokenizer.encode, prompt)
         try:
             await llm.add_request(prompt, params, rid)
         except RequestRejected as exc:
