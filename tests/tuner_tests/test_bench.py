@@ -80,24 +80,16 @@ def test_parse_overrides():
         parse_overrides(["max_num_seqs"])
 
 
-def test_cli_bench_writes_json(tmp_path):
-    (tmp_path / "w.yaml").write_text(json.dumps(TINY))
+def test_cli_bench_example_workload_with_overrides_writes_json(tmp_path):
     (tmp_path / "c.yaml").write_text("max_num_seqs: 2\nnum_kv_blocks: 64\n")
     out = tmp_path / "r.json"
-    r = CliRunner().invoke(app, ["bench", str(tmp_path / "c.yaml"), "--workload", str(tmp_path / "w.yaml"),
+    r = CliRunner().invoke(app, ["bench", str(tmp_path / "c.yaml"), "--workload", str(ROOT / "examples/workloads/tiny.yaml"),
                                  "--json", str(out), "--set", "scheduling=static"])
     assert r.exit_code == 0, r.output
     assert "ttft" in r.output and "output tokens/s" in r.output
     d = json.loads(out.read_text())
-    assert d["config"]["scheduling"] == "static" and d["metrics"]["num_completed"] == 4
-
-
-def test_cli_bench_example_workload(tmp_path):
-    out = tmp_path / "r.json"
-    r = CliRunner().invoke(app, ["bench", "--workload", str(ROOT / "examples/workloads/tiny.yaml"),
-                                 "--json", str(out), "--set", "num_kv_blocks=64"])
-    assert r.exit_code == 0, r.output
-    assert json.loads(out.read_text())["workload"]["name"] == "tiny"
+    assert d["config"]["scheduling"] == "static" and d["config"]["max_num_seqs"] == 2
+    assert d["workload"]["name"] == "tiny" and d["metrics"]["num_completed"] == 4
 
 
 def test_cli_bench_bad_override_is_a_clean_error(tmp_path):
