@@ -6,6 +6,7 @@ values; the 98 MB GGUF does not fit the device tool's transfer limit). The token
 bundled model's, exported beside it by `prepare` on a CPU machine:
 
     python bench/gpu/run_all.py prepare .gpu/smollm2     # here (CPU): tokenizer files
+    TRITON_INTERPRET=1 python bench/gpu/run_all.py smoke /tmp/smoke  # here (CPU): check the kernel part
     python bench/gpu/run_all.py run .gpu/smollm2 OUT_DIR  # on the GPU machine
 """
 
@@ -51,7 +52,15 @@ def make_checkpoint(d: Path) -> None:
     (d / "config.json").write_text(json.dumps(conf))
 
 
+SMOKE = False  # `smoke`: CPU + Triton interpreter, tiny shapes, one timed call: checks this script, not speed
+SEARCH_DEADLINE = float("inf")  # tile searches stop here (time.time()) so the engine section still runs
+
+
 def bench_ms(fn, warmup=25, rep=100) -> float:
+    if SMOKE:
+        t = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t) * 1e3
     import triton.testing
 
     return triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
@@ -61,59 +70,209 @@ def rel_err(a, b) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-12)).item()
 
 
-def kernels_section(res: dict) -> None:
+def spread(cands: list, n: int) -> list:
+    """n candidates evenly spaced through the list (every tile size represented)."""
+    if len(cands) <= n:
+        return cands
+    return [cands[i * len(cands) // n] for i in range(n)]
+
+
+def search(fn, default, cands, n: int) -> tuple[object, float, float]:
+    """Time `fn(config)` for the default and up to n candidates -> (best, best_ms, default_ms)."""
+    t_default = bench_ms(lambda: fn(default))
+    best, t_best = default, t_default
+    for c in spread([c for c in cands if c != default], n):
+        if time.time() > SEARCH_DEADLINE:
+            print("tile search truncated: time budget", flush=True)
+            break
+        try:
+            t = bench_ms(lambda: fn(c), warmup=5, rep=20)
+        except Exception:  # a tile that does not fit (shared memory, registers) is skipped
+            continue
+        if t < t_best:
+            best, t_best = c, t
+    if best is not default:
+        t_best = bench_ms(lambda: fn(best))
+    return best, t_best, t_default
+
+
+def _paged(B, ctx_len, Hkv, D, BS, dev, dtype=torch.bfloat16):
+    nb_seq = -(-ctx_len // BS)
+    NB = B * nb_seq + 8
+    kc = torch.randn(NB, BS, Hkv, D, device=dev, dtype=dtype)
+    vc = torch.randn_like(kc)
+    bt = torch.randperm(NB, device=dev)[: B * nb_seq].view(B, nb_seq).to(torch.int32)
+    return kc, vc, bt
+
+
+def decode_attention_section(out: dict, dev: str) -> None:
     import torch.nn.functional as F
 
+    from slotune.engine.config import EngineConfig
     from slotune.kernels import reference as ref
-    from slotune.kernels.activation import silu_and_mul
     from slotune.kernels.decode_attention import DecodeAttentionConfig, configs, paged_decode_attention
     from slotune.kernels.kv_store import store_kv
-    from slotune.kernels.quant_matmul import MatmulConfig, int4_matmul, int8_matmul
-    from slotune.kernels import quant_matmul as qm
-    from slotune.kernels.rms_norm import rms_norm
 
-    dev = "cuda"
-    out = res.setdefault("kernels", {})
-    # --- decode attention: kernel vs the engine's torch path (gather + SDPA) ---
-    for (B, H, Hkv, D, ctx_len) in [(1, 9, 3, 64, 1024), (64, 9, 3, 64, 1024), (64, 32, 8, 128, 2048), (8, 32, 8, 128, 8192)]:
-        BS = 16
-        nb_seq = ctx_len // BS
-        NB = B * nb_seq + 8
+    t = EngineConfig().kernels.decode_attention
+    default = DecodeAttentionConfig(t.block_n, t.num_splits, t.num_warps, t.num_stages)  # the engine's default
+    shapes = [(1, 9, 3, 64, 1024), (64, 9, 3, 64, 1024), (64, 32, 8, 128, 2048), (8, 32, 8, 128, 8192)]
+    if SMOKE:
+        shapes = [(2, 4, 2, 32, 40)]
+    for (B, H, Hkv, D, ctx_len) in shapes:
+        kc, vc, bt = _paged(B, ctx_len, Hkv, D, 16, dev)
         q = torch.randn(B, H, D, device=dev, dtype=torch.bfloat16)
-        kc = torch.randn(NB, BS, Hkv, D, device=dev, dtype=torch.bfloat16)
-        vc = torch.randn_like(kc)
-        bt = torch.randperm(NB, device=dev)[: B * nb_seq].view(B, nb_seq).to(torch.int32)
         ctx = torch.full((B,), ctx_len, dtype=torch.int32, device=dev)
         scale = D ** -0.5
-        err = rel_err(paged_decode_attention(q, kc, vc, bt, ctx, scale), ref.paged_decode_attention(q, kc, vc, bt, ctx, scale))
+        err = rel_err(paged_decode_attention(q, kc, vc, bt, ctx, scale, config=default),
+                      ref.paged_decode_attention(q, kc, vc, bt, ctx, scale))
 
-        def torch_path():
+        def torch_path():  # the engine's torch backend: gather the blocks, then SDPA
             k = kc.index_select(0, bt.flatten().long()).view(B, -1, Hkv, D).transpose(1, 2)
             v = vc.index_select(0, bt.flatten().long()).view(B, -1, Hkv, D).transpose(1, 2)
             return F.scaled_dot_product_attention(q.unsqueeze(2), k, v, scale=scale, enable_gqa=True)
 
         t_ref = bench_ms(torch_path)
-        cands = [c for c in configs(ctx_len, B) if c.num_stages == 2][:48]
-        default = DecodeAttentionConfig()
-        t_default = bench_ms(lambda: paged_decode_attention(q, kc, vc, bt, ctx, scale, config=default))
-        best, t_best = default, t_default
-        for c in cands:
-            try:
-                t = bench_ms(lambda: paged_decode_attention(q, kc, vc, bt, ctx, scale, config=c), warmup=5, rep=20)
-            except Exception:
-                continue
-            if t < t_best:
-                best, t_best = c, t
-        t_best = bench_ms(lambda: paged_decode_attention(q, kc, vc, bt, ctx, scale, config=best))
-        kv_bytes = 2 * B * ctx_len * Hkv * D * 2
+        cands = [c for c in configs(ctx_len, B) if c.num_stages == 2]
+        best, t_best, t_default = search(
+            lambda c: paged_decode_attention(q, kc, vc, bt, ctx, scale, config=c), default, cands, 4 if SMOKE else 32)
+        row = {"rel_err": err, "torch_ms": t_ref, "triton_default_ms": t_default, "triton_best_ms": t_best,
+               "best_config": str(best), "speedup_vs_torch": t_ref / t_best, "tile_search_gain": t_default / t_best,
+               "kv_gbs": 2 * B * ctx_len * Hkv * D * 2 / t_best / 1e6}
+        if (B, H, D) == (64, 32, 128) or SMOKE:  # quantized caches at one shape: bytes halve, math adds a scale
+            for kind, dt in (("int8", torch.int8), ("fp8", torch.float8_e4m3fn)):
+                kq, vq = torch.empty_like(kc, dtype=dt), torch.empty_like(vc, dtype=dt)
+                ks, vs = torch.empty(kc.shape[:3], device=dev), torch.empty(kc.shape[:3], device=dev)
+                slots = torch.arange(kc.shape[0] * kc.shape[1], device=dev)
+                store_kv(kc.view(-1, Hkv, D), vc.view(-1, Hkv, D), kq, vq, slots, ks, vs)
+                e = rel_err(paged_decode_attention(q, kq, vq, bt, ctx, scale, ks, vs, config=best),
+                            ref.paged_decode_attention(q, kq, vq, bt, ctx, scale, ks, vs))
+                row[f"{kind}_kv_rel_err"] = e
+                row[f"{kind}_kv_ms"] = bench_ms(lambda: paged_decode_attention(q, kq, vq, bt, ctx, scale, ks, vs, config=best))
         key = f"decode_attention B{B} H{H}/{Hkv} D{D} ctx{ctx_len}"
-        out[key] = {"rel_err": err, "torch_ms": t_ref, "triton_default_ms": t_default, "triton_best_ms": t_best,
-                    "best_config": best.__dict__ if hasattr(best, "__dict__") else str(best),
-                    "speedup_vs_torch": t_ref / t_best, "tile_search_gain": t_default / t_best,
-                    "kv_gbs": kv_bytes / t_best / 1e6}
+        out[key] = row
+        print(key, row, flush=True)
+
+
+def prefill_attention_section(out: dict, dev: str) -> None:
+    import torch.nn.functional as F
+
+    from slotune.engine.config import EngineConfig
+    from slotune.kernels import reference as ref
+    from slotune.kernels.prefill_attention import PrefillAttentionConfig, configs, paged_prefill_attention
+
+    t = EngineConfig().kernels.prefill_attention
+    default = PrefillAttentionConfig(t.block_m, t.block_n, t.num_warps, t.num_stages)
+    # (seqs, new tokens each, cached tokens each, H, Hkv, D): batched fresh prompts; chunked prefill over a long context
+    shapes = [(4, 512, 0, 9, 3, 64), (8, 256, 1024, 32, 8, 128)]
+    if SMOKE:
+        shapes = [(2, 20, 7, 4, 2, 32)]
+    for (B, nq, nc, H, Hkv, D) in shapes:
+        BS, L = 16, nq + nc
+        kc, vc, bt = _paged(B, L, Hkv, D, BS, dev)
+        q = torch.randn(B * nq, H, D, device=dev, dtype=torch.bfloat16)
+        i32 = lambda xs: torch.tensor(xs, dtype=torch.int32, device=dev)  # noqa: E731
+        starts, qlens, ctxs = i32([i * nq for i in range(B)]), i32([nq] * B), i32([L] * B)
+        scale = D ** -0.5
+
+        def kernel(c):
+            return paged_prefill_attention(q, kc, vc, bt, starts, qlens, ctxs, nq, scale, config=c)
+
+        err = rel_err(kernel(default), ref.paged_prefill_attention(q, kc, vc, bt, [nq] * B, [L] * B, scale))
+        # the engine's torch path: gather the context, SDPA with a [B, 1, Q, L] causal mask
+        Lp = bt.shape[1] * BS
+        j = torch.arange(Lp, device=dev)[None, None, :]
+        i = torch.arange(nq, device=dev)[None, :, None]
+        mask = (j <= nc + i)[:, None].expand(B, 1, nq, Lp)
+
+        def torch_path():
+            k = kc.index_select(0, bt.flatten().long()).view(B, -1, Hkv, D).transpose(1, 2)
+            v = vc.index_select(0, bt.flatten().long()).view(B, -1, Hkv, D).transpose(1, 2)
+            return F.scaled_dot_product_attention(q.view(B, nq, H, D).transpose(1, 2), k, v, attn_mask=mask, scale=scale,
+                                                  enable_gqa=True)
+
+        # lower bound: FlashAttention on contiguous K/V (what a single fresh prompt uses)
+        kf = torch.randn(B, Hkv, L, D, device=dev, dtype=torch.bfloat16)
+        qf = q.view(B, nq, H, D).transpose(1, 2)
+        t_flash = bench_ms(lambda: F.scaled_dot_product_attention(qf, kf, kf, is_causal=nc == 0, scale=scale,
+                                                                  enable_gqa=True))
+        t_ref = bench_ms(torch_path)
+        best, t_best, t_default = search(kernel, default, configs(nq, D), 4 if SMOKE else 24)
+        key = f"prefill_attention B{B} new{nq} cached{nc} H{H}/{Hkv} D{D}"
+        out[key] = {"rel_err": err, "torch_path_ms": t_ref, "sdpa_contiguous_ms": t_flash, "triton_default_ms": t_default,
+                    "triton_best_ms": t_best, "best_config": str(best), "speedup_vs_torch_path": t_ref / t_best,
+                    "tile_search_gain": t_default / t_best}
         print(key, out[key], flush=True)
 
-    # --- quantized KV: fp8 store conversion checked on real hardware ---
+
+def quant_matmul_section(out: dict, dev: str) -> None:
+    import torch.nn.functional as F
+
+    from slotune.engine.config import EngineConfig
+    from slotune.kernels import quant_matmul as qm
+    from slotune.kernels import reference as ref
+
+    t = EngineConfig().kernels.matmul
+    default = qm.MatmulConfig(t.block_m, t.block_n, t.block_k, t.num_warps, t.num_stages, t.split_k)
+    shapes = [(1, 4096, 4096), (16, 4096, 4096), (1, 1536, 576), (1, 49152, 576), (64, 1536, 576)]
+    if SMOKE:
+        shapes = [(1, 48, 128), (5, 40, 192)]
+    G = 64
+    has_scaled_mm = dev == "cuda" and torch.cuda.get_device_capability() >= (8, 9)
+    for (M, N, K) in shapes:
+        wd = torch.randn(N, K, device=dev, dtype=torch.bfloat16) * K ** -0.5
+        xm = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
+        s8 = wd.float().abs().amax(1) / 127
+        q8 = torch.round(wd.float() / s8[:, None]).to(torch.int8)
+        sf = wd.float().abs().amax(1) / 448
+        qf = (wd.float() / sf[:, None]).to(torch.float8_e4m3fn)
+        packed = torch.randint(0, 256, (N, K // 2), device=dev, dtype=torch.uint8)
+        s4 = torch.rand(N, K // G, device=dev, dtype=torch.bfloat16) * 0.01
+        z4 = torch.randn(N, K // G, device=dev, dtype=torch.bfloat16) * 0.01
+        row = {"bf16_ms": bench_ms(lambda: F.linear(xm, wd)),
+               "int8_rel_err": rel_err(qm.int8_matmul(xm, q8, s8, default), ref.int8_matmul(xm, q8, s8)),
+               "int4_rel_err": rel_err(qm.int4_matmul(xm, packed, s4, z4, G, default), ref.int4_matmul(xm, packed, s4, z4, G)),
+               "fp8_rel_err": rel_err(qm.fp8_matmul(xm, qf, sf, default), ref.fp8_matmul(xm, qf, sf))}
+        row["bf16_weight_gbs"] = N * K * 2 / row["bf16_ms"] / 1e6
+        cands = qm.configs(M, N, K, G)
+        n = 4 if SMOKE else 16
+        for name, fn in (("int8", lambda c: qm.int8_matmul(xm, q8, s8, c)),
+                         ("int4", lambda c: qm.int4_matmul(xm, packed, s4, z4, G, c)),
+                         ("fp8", lambda c: qm.fp8_matmul(xm, qf, sf, c))):
+            best, t_best, t_default = search(fn, default, cands, n)
+            row |= {f"{name}_default_ms": t_default, f"{name}_best_ms": t_best, f"{name}_best": str(best)}
+        if has_scaled_mm:  # the engine's W8A8 path for larger batches: quantize activations, then _scaled_mm
+            from slotune.engine.quantize import FP8Linear
+
+            lin = FP8Linear(wd)
+            row["fp8_scaled_mm_ms"] = bench_ms(lambda: lin(xm))
+        key = f"quant_matmul M{M} N{N} K{K}"
+        out[key] = row
+        print(key, row, flush=True)
+
+
+def kernels_section(res: dict, dev: str = "cuda") -> None:
+    import torch.nn.functional as F
+
+    from slotune.kernels import reference as ref
+    from slotune.kernels.activation import silu_and_mul
+    from slotune.kernels.kv_store import store_kv
+    from slotune.kernels.rms_norm import rms_norm
+    from slotune.kernels.rotary import rotary
+
+    out = res.setdefault("kernels", {})
+    for name, fn in (("decode", decode_attention_section), ("prefill", prefill_attention_section),
+                     ("matmul", quant_matmul_section)):
+        t0 = time.time()
+        try:
+            fn(out, dev)
+        except Exception as exc:  # keep the other kernels' numbers
+            import traceback
+
+            traceback.print_exc()
+            out[f"{name}_error"] = repr(exc)
+        out[f"{name}_s"] = time.time() - t0
+
+    # --- quantized KV store: the fp8 conversion checked on real hardware ---
     k = torch.randn(64, 3, 64, device=dev)
     caches = [torch.zeros(8, 16, 3, 64, device=dev, dtype=torch.float8_e4m3fn) for _ in range(4)]
     scales = [torch.zeros(8, 16, 3, device=dev) for _ in range(4)]
@@ -122,51 +281,27 @@ def kernels_section(res: dict) -> None:
     ref.store_kv(k, k, caches[2], caches[3], slots, scales[2], scales[3])
     out["kv_store_fp8_rel_err"] = rel_err(caches[0].float() * scales[0][..., None], caches[2].float() * scales[2][..., None])
 
-    # --- pointwise ---
-    x = torch.randn(64, 576, device=dev, dtype=torch.bfloat16)
-    r = torch.randn_like(x)
-    w = torch.randn(576, device=dev, dtype=torch.bfloat16)
-    out["rms_norm"] = {"rel_err": rel_err(rms_norm(x, w, 1e-5, r)[0], ref.rms_norm(x, w, 1e-5, r)[0]),
-                       "triton_ms": bench_ms(lambda: rms_norm(x, w, 1e-5, r)),
-                       "torch_ms": bench_ms(lambda: F.rms_norm(x + r, (576,), w, 1e-5))}
-    g = torch.randn(64, 3072, device=dev, dtype=torch.bfloat16)
-    out["silu_and_mul"] = {"rel_err": rel_err(silu_and_mul(g), ref.silu_and_mul(g)), "triton_ms": bench_ms(lambda: silu_and_mul(g)),
-                           "torch_ms": bench_ms(lambda: F.silu(g[:, :1536]) * g[:, 1536:])}
+    # --- pointwise (decode batch 64 and a 2048-token prefill) ---
+    from slotune.engine.layers.ops import apply_rotary, rope_cos_sin
 
-    # --- weight-only matmul vs bf16 dense, decode shapes ---
-    for (M, N, K) in [(1, 4096, 4096), (16, 4096, 4096), (1, 49152, 576), (64, 1536, 576)]:
-        wd = torch.randn(N, K, device=dev, dtype=torch.bfloat16)
-        xm = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
-        s8 = (wd.float().abs().amax(1) / 127)
-        q8 = torch.round(wd.float() / s8[:, None]).to(torch.int8)
-        G = 64
-        packed = torch.randint(0, 256, (N, K // 2), device=dev, dtype=torch.uint8)
-        s4 = torch.rand(N, K // G, device=dev, dtype=torch.bfloat16) * 0.01
-        z4 = torch.randn(N, K // G, device=dev, dtype=torch.bfloat16) * 0.01
-        t_dense = bench_ms(lambda: F.linear(xm, wd))
-        e8 = rel_err(int8_matmul(xm, q8, s8), ref.int8_matmul(xm, q8, s8))
-        e4 = rel_err(int4_matmul(xm, packed, s4, z4, G), ref.int4_matmul(xm, packed, s4, z4, G))
-        default = MatmulConfig()
-        t8d = bench_ms(lambda: int8_matmul(xm, q8, s8, default))
-        t4d = bench_ms(lambda: int4_matmul(xm, packed, s4, z4, G, default))
-        best8, tb8, best4, tb4 = default, t8d, default, t4d
-        for c in [c for c in qm.configs(M, N, K, G) if c.num_stages == 3][:40]:
-            try:
-                t = bench_ms(lambda: int8_matmul(xm, q8, s8, c), warmup=5, rep=20)
-                if t < tb8:
-                    best8, tb8 = c, t
-                t = bench_ms(lambda: int4_matmul(xm, packed, s4, z4, G, c), warmup=5, rep=20)
-                if t < tb4:
-                    best4, tb4 = c, t
-            except Exception:
-                continue
-        key = f"quant_matmul M{M} N{N} K{K}"
-        out[key] = {"bf16_ms": t_dense, "int8_rel_err": e8, "int4_rel_err": e4,
-                    "int8_default_ms": t8d, "int8_best_ms": bench_ms(lambda: int8_matmul(xm, q8, s8, best8)),
-                    "int8_best": str(best8), "int4_default_ms": t4d,
-                    "int4_best_ms": bench_ms(lambda: int4_matmul(xm, packed, s4, z4, G, best4)), "int4_best": str(best4),
-                    "bf16_weight_gbs": N * K * 2 / t_dense / 1e6}
-        print(key, out[key], flush=True)
+    table = rope_cos_sin(64, 4096, 100000.0, torch.device(dev))
+    for T in ((8,) if SMOKE else (64, 2048)):
+        x = torch.randn(T, 576, device=dev, dtype=torch.bfloat16)
+        r = torch.randn_like(x)
+        w = torch.randn(576, device=dev, dtype=torch.bfloat16)
+        out[f"rms_norm T{T}"] = {"rel_err": rel_err(rms_norm(x, w, 1e-5, r)[0], ref.rms_norm(x, w, 1e-5, r)[0]),
+                                 "triton_ms": bench_ms(lambda: rms_norm(x, w, 1e-5, r)),
+                                 "torch_ms": bench_ms(lambda: F.rms_norm(x + r, (576,), w, 1e-5))}
+        g = torch.randn(T, 3072, device=dev, dtype=torch.bfloat16)
+        out[f"silu_and_mul T{T}"] = {"rel_err": rel_err(silu_and_mul(g), ref.silu_and_mul(g)),
+                                     "triton_ms": bench_ms(lambda: silu_and_mul(g)),
+                                     "torch_ms": bench_ms(lambda: F.silu(g[:, :1536]) * g[:, 1536:])}
+        qk = torch.randn(T, 12, 64, device=dev, dtype=torch.bfloat16)
+        pos = torch.randint(0, 4096, (T,), device=dev)
+        out[f"rotary T{T}"] = {"rel_err": rel_err(rotary(qk, table, pos), ref.rotary(qk, table[pos])),
+                               "triton_ms": bench_ms(lambda: rotary(qk, table, pos)),
+                               "torch_ms": bench_ms(lambda: apply_rotary(qk, table[pos]))}
+    print({k: v for k, v in out.items() if k.split()[0] in ("rms_norm", "silu_and_mul", "rotary")}, flush=True)
 
 
 def engine_section(res: dict, d: Path) -> None:
@@ -268,8 +403,11 @@ def run(d: Path, out_dir: Path) -> None:
 
     res = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(),
            "torch": torch.__version__, "triton": triton.__version__}
+    global SEARCH_DEADLINE
     make_checkpoint(d)
     t0 = time.time()
+    SEARCH_DEADLINE = t0 + 300  # kernels ~5 min, engine ~2.5 min (2026-11-22 H100 run)
+    out_dir.mkdir(parents=True, exist_ok=True)
     for name, fn in (("kernels", lambda: kernels_section(res)), ("engine", lambda: engine_section(res, d))):
         try:
             fn()
@@ -279,13 +417,38 @@ def run(d: Path, out_dir: Path) -> None:
             traceback.print_exc()
             res[f"{name}_error"] = repr(exc)
         res[f"{name}_s"] = time.time() - t0
-    out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "results.json").write_text(json.dumps(res, indent=1, default=str))  # partial results survive a kill
     (out_dir / "results.json").write_text(json.dumps(res, indent=1, default=str))
     print(json.dumps(res, indent=1, default=str))
+
+
+def smoke(out_dir: Path) -> None:
+    """CPU check of the kernel section (interpreter, tiny shapes): catches script errors before GPU time is spent."""
+    global SMOKE
+    SMOKE = True
+    from slotune.kernels.utils import patch_interpreter_bf16
+
+    patch_interpreter_bf16()
+    res = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "device": "cpu (TRITON_INTERPRET=1, smoke)"}
+    kernels_section(res, "cpu")
+    errors = {k: v for k, v in res["kernels"].items() if k.endswith("_error")}
+    errors |= {f"{k}.{f}": e for k, row in res["kernels"].items() if isinstance(row, dict)
+               for f, e in row.items() if f.endswith("rel_err") and not e < 2e-2}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "smoke.json").write_text(json.dumps(res, indent=1, default=str))
+    if errors:
+        raise SystemExit(f"smoke failed: {errors}")
+    print("smoke ok", flush=True)
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "prepare":
         prepare(Path(sys.argv[2]))
+    elif sys.argv[1] == "smoke":
+        import os
+
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            raise SystemExit("smoke runs the kernels under the interpreter: TRITON_INTERPRET=1 python bench/gpu/run_all.py smoke OUT")
+        smoke(Path(sys.argv[2]))
     else:
         run(Path(sys.argv[2]), Path(sys.argv[3]))
