@@ -28,6 +28,7 @@ class TritonAttentionBackend(TorchAttentionBackend):
         self.prefill_config = PrefillAttentionConfig() if p is None else PrefillAttentionConfig(
             p.block_m, p.block_n, p.num_warps, p.num_stages)
         self.max_context: int | None = None  # set by the model runner (static bound: no host sync)
+        self._prefill_ran = self._prefill_failed = False
         self._extend_meta: AttentionMetadata | None = None  # the step whose extend tensors are cached
         self._extend_args: tuple = ()
 
@@ -51,7 +52,7 @@ class TritonAttentionBackend(TorchAttentionBackend):
 
     def _extend(self, cache: KVCache, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 meta: AttentionMetadata, scale: float) -> torch.Tensor:
-        if meta.extend_mask is None:  # one fresh prompt: flash SDPA over its own K/V
+        if meta.extend_mask is None or self._prefill_failed:  # one fresh prompt: flash SDPA over its own K/V
             return super()._extend(cache, layer, q, k, v, meta, scale)
         from slotune.kernels.prefill_attention import paged_prefill_attention
 
@@ -65,10 +66,23 @@ class TritonAttentionBackend(TorchAttentionBackend):
             self._extend_args = (table[0], table[1], table[2], max(lens))
             self._extend_meta = meta
         starts, q_lens, ctx_lens, max_q = self._extend_args
-        return paged_prefill_attention(
-            q, cache.k[layer], cache.v[layer], meta.extend_block_tables, starts, q_lens, ctx_lens, max_q, scale,
-            cache.k_scale[layer] if cache.is_quantized else None, cache.v_scale[layer] if cache.is_quantized else None,
-            config=self.prefill_config)
+        try:
+            out = paged_prefill_attention(
+                q, cache.k[layer], cache.v[layer], meta.extend_block_tables, starts, q_lens, ctx_lens, max_q, scale,
+                cache.k_scale[layer] if cache.is_quantized else None, cache.v_scale[layer] if cache.is_quantized else None,
+                config=self.prefill_config)
+        except Exception as exc:
+            if self._prefill_ran:
+                raise  # it worked before: a real error, not a toolchain/tile problem
+            # First call failed to compile or launch on this device/toolchain: keep serving on
+            # the torch extend path (gather + SDPA) rather than failing every prefill.
+            import logging
+
+            logging.getLogger("slotune.engine").warning("Triton prefill kernel unavailable (%r); using torch SDPA", exc)
+            self._prefill_failed = True
+            return super()._extend(cache, layer, q, k, v, meta, scale)
+        self._prefill_ran = True
+        return out
 
     def _decode(self, cache: KVCache, layer: int, q: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         from slotune.kernels.decode_attention import paged_decode_attention
