@@ -103,6 +103,7 @@ def run_benchmark(cfg, workload: WorkloadSpec, *, llm=None, ttft_limit_s: float 
     warmup = [next(stream) for _ in range(workload.warmup_requests)]
     _run_warmup(engine, warmup, params_for)
 
+    peak_blocks_before = engine.block_manager.peak_blocks_used
     engine.block_manager.peak_blocks_used = engine.block_manager.num_used_blocks  # peak of this run only
     stats0 = engine.stats()
     memory = MemoryTracker(str(engine.runner.device))
@@ -119,6 +120,7 @@ def run_benchmark(cfg, workload: WorkloadSpec, *, llm=None, ttft_limit_s: float 
         nonlocal next_req, num_in_flight
         while next_req is not None:
             if workload.is_closed_loop:
+                now = time.perf_counter()  # live clock: a run of rejections must not outlast duration_s
                 if num_in_flight >= workload.concurrency or (end is not None and now >= end):
                     return
                 arrival = now
@@ -167,6 +169,8 @@ def run_benchmark(cfg, workload: WorkloadSpec, *, llm=None, ttft_limit_s: float 
     metrics = summarize(records, duration, ttft_limit_s=ttft_limit_s, tpot_limit_s=tpot_limit_s,
                         percentiles=tuple(dict.fromkeys((*PERCENTILES, *percentiles))))
     metrics.update(engine_stats_delta(stats0, engine.stats()))
+    bm = engine.block_manager
+    bm.peak_blocks_used = max(peak_blocks_before, bm.peak_blocks_used)  # the engine's lifetime peak, for its owner
     metrics.update(memory.metrics())
     metrics["weight_bytes"] = float(engine.weight_bytes)
     metrics["kv_bytes_per_token"] = float(engine.kv_bytes_per_token)

@@ -63,6 +63,8 @@ def test_rejected_requests_are_recorded_not_raised(llm):
     res = run_benchmark(llm.config, wl, llm=llm)
     assert res.metrics["num_rejected"] == 4 and res.metrics["num_rejected_prompt_too_long"] == 4
     assert res.metrics["goodput_rps"] == 0
+    timed = run_benchmark(llm.config, wl.model_copy(update={"num_requests": None, "duration_s": 0.3}), llm=llm)
+    assert timed.metrics["num_rejected"] >= 1 and timed.metrics["duration_s"] < 5  # ends despite no progress
 
 
 def test_should_stop_ends_a_hopeless_run_early(llm):
