@@ -1,86 +1,83 @@
-"""lm-eval on our engine: an `lm_eval.api.model.LM` backed by `slotune.engine.LLM`, the bundled
-offline tasks, and the lm_eval / perplexity quality gates."""
+"""lm-eval on our engine: an `lm_eval.api.model.LM` backed by a loaded `slotune.engine.LLM`.
+
+- loglikelihood: batched teacher-forced scoring through the paged KV cache (`PagedScorer`),
+  so weight *and* KV-cache precision show in the score.
+- loglikelihood_rolling: lm-eval's disjoint rolling windows of the engine's sequence limit.
+- generate_until: `LLM.generate` (continuous batching, speculative decoding if configured)
+  with the task's stop strings.
+"""
 
 from __future__ import annotations
 
-import math
-from importlib import resources
-from pathlib import Path
-from typing import Any
-
 from lm_eval.api.model import LM
 
-from slotune.evals.gates import GateResult, GateSpec, judge_drop
-
-
-def _data_dir() -> Path:
-    return Path(str(resources.files("slotune.evals") / "tasks"))
-
-
-def tasks_dir() -> Path:
-    """lm-eval reads data_files relative to the process CWD, so the bundled task templates are
-    materialized with absolute data paths into the cache (cheap; rewritten when they change)."""
-    from slotune.engine.loader import cache_dir
-
-    out = cache_dir() / "lm_eval_tasks"
-    src = _data_dir()
-    for tmpl in src.glob("*/task.yaml.tmpl"):
-        dst = out / tmpl.parent.name / "task.yaml"
-        text = tmpl.read_text().replace("{data_dir}", str(src))
-        if not dst.exists() or dst.read_text() != text:
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            dst.write_text(text)
-    return out
+from slotune.evals.scoring import PagedScorer
 
 
 class SlotuneLM(LM):
-    """loglikelihood / loglikelihood_rolling via prompt logprobs, generate_until via the batched engine."""
+    """Lifecycle: built around an already loaded LLM (a trial's), used for one or more
+    `simple_evaluate` calls, then dropped; it owns nothing the LLM does not.
 
-    def __init__(self, llm, max_length: int | None = None) -> None:
+    Args:
+        llm: a loaded, idle `slotune.engine.LLM`.
+        max_length: longest scored sequence; default min(max_model_len, KV cache capacity).
+        max_batch_tokens: tokens per scoring forward; default the engine's max_num_batched_tokens.
+    """
+
+    def __init__(self, llm, max_length: int | None = None, max_batch_tokens: int | None = None) -> None:
         super().__init__()
         self.llm = llm
         self.tok = llm.tokenizer
-        self.max_length = max_length or min(llm.config.max_model_len, 1024)
-        self.prefix_token = self.tok.eos_token_id if self.tok.eos_token_id is not None else 0
+        self.scorer = PagedScorer(llm, max_batch_tokens=max_batch_tokens)
+        self.max_length = min(max_length or self.scorer.max_seq_len, self.scorer.max_seq_len)
+        # Prepended when a context is empty, as lm-eval's HF model does with its prefix token.
+        bos, eos = self.tok.bos_token_id, self.tok.eos_token_id
+        self.prefix_token_id = bos if bos is not None else (eos if eos is not None else 0)
 
+    # --- encoding ------------------------------------------------------------------------
     def _encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
-        # Encode jointly so the boundary tokenizes as in real text (lm-eval's HF convention).
+        # Encode jointly so the boundary tokenizes as in running text (lm-eval's HF convention):
+        # trailing context whitespace moves onto the continuation.
         n_space = len(context) - len(context.rstrip())
         if n_space:
             continuation, context = context[-n_space:] + continuation, context[:-n_space]
-        whole = self.tok.encode(context + continuation)
-        ctx = self.tok.encode(context) if context else [self.prefix_token]
         if not context:
-            whole = [self.prefix_token] + whole
-        return whole[: len(ctx)], whole[len(ctx):]
+            return [self.prefix_token_id], self.tok.encode(continuation)
+        whole = self.tok.encode(context + continuation)
+        n_ctx = len(self.tok.encode(context))
+        return whole[:n_ctx], whole[n_ctx:]
 
-    def loglikelihood(self, requests) -> list[tuple[float, bool]]:
-        out = []
+    # --- lm-eval API -----------------------------------------------------------------------
+    def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        pairs = []
         for req in requests:
-            context, continuation = req.args
-            ctx, cont = self._encode_pair(context, continuation)
-            ids = (ctx + cont)[-(self.max_length + 1):]
-            n = len(cont)
-            lp = self.llm.prompt_logprobs([ids])[0]
-            out.append((float(sum(lp.token_logprobs[-n:])), bool(all(lp.is_greedy[-n:]))))
+            ctx, cont = self._encode_pair(*req.args)
+            cont = cont[-(self.max_length - 1):] or [self.prefix_token_id]  # never empty, never longer than fits
+            ids = (ctx + cont)[-self.max_length:]  # left-truncate the context
+            pairs.append((ids, len(cont)))
+        scored = self.scorer.score(pairs)
+        out = [(float(sum(s.logprobs)), bool(all(s.is_greedy))) for s in scored]
+        for req, o in zip(requests, out):
+            self.cache_hook.add_partial("loglikelihood", req.args, o)
         return out
 
-    def loglikelihood_rolling(self, requests) -> list[float]:
-        out = []
-        for req in requests:
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+        pairs, owner = [], []
+        for k, req in enumerate(requests):
             (text,) = req.args
-            ids = self.tok.encode(text)
-            total, pos = 0.0, 0
-            while pos < len(ids):  # disjoint windows, each conditioned on the tokens before it
-                window = ids[pos : pos + self.max_length]
-                prev = ids[max(0, pos - 1) : pos] or [self.prefix_token]
-                lp = self.llm.prompt_logprobs([prev + window])[0]
-                total += sum(lp.token_logprobs)
-                pos += len(window)
-            out.append(total)
-        return out
+            windows = get_rolling_token_windows(token_list=self.tok.encode(text), prefix_token=self.prefix_token_id,
+                                                max_seq_len=self.max_length - 1, context_len=1)
+            for ctx, pred in map(make_disjoint_window, windows):
+                pairs.append((ctx + pred, len(pred)))
+                owner.append(k)
+        totals = [0.0] * len(requests)
+        for k, s in zip(owner, self.scorer.score(pairs)):
+            totals[k] += sum(s.logprobs)
+        return totals
 
-    def generate_until(self, requests) -> list[str]:
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         from slotune.engine import SamplingParams
 
         prompts, params = [], []
@@ -88,63 +85,16 @@ class SlotuneLM(LM):
             context, kw = req.args
             until = kw.get("until") or []
             until = [until] if isinstance(until, str) else list(until)
-            prompts.append(self.tok.encode(context)[-(self.max_length - 1):])
-            params.append(SamplingParams(max_tokens=int(kw.get("max_gen_toks", 64)), temperature=float(kw.get("temperature", 0.0)),
+            max_new = int(kw.get("max_gen_toks", 256))
+            prompts.append(self.tok.encode(context)[-max(1, self.max_length - max_new):])
+            params.append(SamplingParams(max_tokens=max_new, temperature=float(kw.get("temperature", 0.0)),
                                          stop=until))
-        return [o.text for o in self.llm.generate(prompts, params)] if prompts else []
-
-
-def run_task(llm, task: str, limit: int | None) -> dict[str, Any]:
-    """Run one bundled task; returns {metric: value, metric_stderr: se, 'samples': [...]}."""
-    import lm_eval
-    from lm_eval.tasks import TaskManager
-
-    tm = TaskManager(include_path=str(tasks_dir()))
-    if task not in tm.all_tasks:
-        raise ValueError(f"unknown lm_eval task '{task}'; bundled: {sorted(bundled_tasks())}")
-    res = lm_eval.simple_evaluate(model=SlotuneLM(llm), tasks=[task], limit=limit, task_manager=tm, log_samples=True,
-                                  num_fewshot=None, bootstrap_iters=0, verbosity="ERROR")
-    metrics = {k.split(",")[0]: v for k, v in res["results"][task].items() if isinstance(v, (int, float))}
-    metrics["_stderr"] = {k.split(",")[0].replace("_stderr", ""): v for k, v in res["results"][task].items()
-                          if "_stderr" in k and isinstance(v, (int, float))}
-    metrics["samples"] = res.get("samples", {}).get(task, [])
-    return metrics
-
-
-def bundled_tasks() -> list[str]:
-    return sorted(f"slotune_{p.parent.name}" for p in _data_dir().glob("*/task.yaml.tmpl"))
-
-
-def _per_sample(samples: list[dict], metric: str) -> dict[int, float]:
-    return {s["doc_id"]: float(s[metric]) for s in samples if metric in s}
-
-
-def lm_eval_gate(gate: GateSpec, llm, base) -> GateResult:
-    """lm_eval: accuracy-like metric, higher is better. perplexity: word_perplexity, lower is better."""
-    metric = "word_perplexity" if gate.kind == "perplexity" else gate.metric
-    key = {"gate": gate.kind, "task": gate.task, "metric": metric, "limit": gate.limit, "v": 1}
-
-    def compute():
-        m = run_task(base.llm, gate.task, gate.limit)
-        return {"value": m[metric], "samples": _per_sample(m["samples"], metric) if gate.kind != "perplexity" else {}}
-
-    from slotune.evals.gates import baseline_config
-
-    if baseline_config(llm.config) == llm.config:
-        base._llm = llm
-    ref = base.cached(key, compute)
-    cand = run_task(llm, gate.task, gate.limit)
-    value = cand[metric]
-    higher = gate.kind != "perplexity"
-    stderr = None
-    if higher:
-        a = {int(k): v for k, v in ref["samples"].items()}
-        b = _per_sample(cand["samples"], metric)
-        common = sorted(set(a) & set(b))
-        if len(common) > 1:  # paired: the same items under both configs
-            d = [a[i] - b[i] for i in common]
-            mean = sum(d) / len(d)
-            stderr = math.sqrt(sum((x - mean) ** 2 for x in d) / (len(d) - 1) / len(d))
-    ok, drop, why = judge_drop(gate, ref["value"], value, stderr, higher_is_better=higher)
-    return GateResult(name=gate.name, kind=gate.kind, passed=ok, baseline=ref["value"], candidate=value, stderr=stderr,
-                      drop=drop, reason=why, details={"task": gate.task, "metric": metric, "limit": gate.limit})
+        if not prompts:
+            return []
+        texts = []
+        for o in self.llm.generate(prompts, params):
+            text = o.text
+            for s in params[len(texts)].stop:  # lm-eval's contract: cut at the first stop string
+                text = text.split(s)[0] if s else text
+            texts.append(text)
+        return texts
