@@ -286,7 +286,7 @@ def build_app(llm: AsyncLLM, *, api_key: str | None = None, served_model_name: s
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest, request: Request):
         try:
-            prompt = llm.tokenizer.apply_chat_template([m.as_template_input() for m in req.messages])
+            prompt = await asyncio.to_thread(llm.tokenizer.apply_chat_template, [m.as_template_input() for m in req.messages])
         except Exception as exc:  # a template that raises on this conversation (e.g. role order)
             return refuse(400, "invalid_request", f"messages: chat template rejected them ({type(exc).__name__}: {exc})",
                           "messages")

@@ -262,6 +262,11 @@ def start_server(config_path: Path, port: int, log_path: Path) -> subprocess.Pop
 
 
 def rss_mib(pid: int) -> float:
+    """Resident set size of a process (Linux /proc; psutil elsewhere)."""
+    status = Path(f"/proc/{pid}/status")
+    if status.exists():
+        kib = next(line.split()[1] for line in status.read_text().splitlines() if line.startswith("VmRSS:"))
+        return int(kib) / 1024
     import psutil
 
     return psutil.Process(pid).memory_info().rss / 2**20
@@ -289,6 +294,7 @@ def run_rounds(workdir: Path, *, duration_s: float, concurrency: int, warmup_s: 
         wait_idle(base)
         report["rss_mib_after_warmup"] = round(rss_mib(proc.pid), 1)
         rounds = []
+        before = scrape(base)
         for r in range(2):
             res = asyncio.run(run_load(base, duration_s=duration_s, concurrency=concurrency, seed=seed + r))
             m = wait_idle(base)
@@ -300,8 +306,15 @@ def run_rounds(workdir: Path, *, duration_s: float, concurrency: int, warmup_s: 
                            "server_5xx_total": m.get('slotune_http_responses_total{status="5xx"}', 0.0),
                            "_ttft": res.ttft_s, "_tpot": res.tpot_s})
         report["rounds"] = rounds
+        after = scrape(base)
         all_ttft = [x for r in rounds for x in r.pop("_ttft")]
         all_tpot = [x for r in rounds for x in r.pop("_tpot")]
+        for name, metric, xs in (("ttft", "slotune_time_to_first_token_seconds", all_ttft),
+                                 ("tpot", "slotune_time_per_output_token_seconds", all_tpot)):
+            n = after[metric + "_count"] - before[metric + "_count"]
+            total = after[metric + "_sum"] - before[metric + "_sum"]
+            report[f"server_{name}_mean_ms"] = round(1e3 * total / n, 1) if n else None
+            report[f"client_{name}_mean_ms"] = round(1e3 * sum(xs) / len(xs), 1) if xs else None
         report["ttft_p50_ms"] = round(1e3 * percentile(all_ttft, 50), 1)
         report["ttft_p99_ms"] = round(1e3 * percentile(all_ttft, 99), 1)
         report["tpot_p50_ms"] = round(1e3 * percentile(all_tpot, 50), 1)
@@ -343,6 +356,12 @@ TTFT/TPOT are client-side, completed streams only (TPOT = (last - first token) /
 Both rounds: TTFT p50 {rep['ttft_p50_ms']} ms, p99 {rep['ttft_p99_ms']} ms; TPOT p50 {rep['tpot_p50_ms']} ms,
 p99 {rep['tpot_p99_ms']} ms.
 
+Server-side means over the completed requests (engine timestamps, from the /metrics histograms'
+_sum/_count): TTFT {rep['server_ttft_mean_ms']} ms, TPOT {rep['server_tpot_mean_ms']} ms; client-side means:
+TTFT {rep['client_ttft_mean_ms']} ms, TPOT {rep['client_tpot_mean_ms']} ms. The gap is what HTTP, SSE and the
+asyncio hand-off add. Load average at the end of the run: {', '.join(f'{x:.1f}' for x in rep['load_avg'])}
+(1/5/15 min, on 2 cores).
+
 Server RSS: {rep['rss_mib_after_warmup']} MiB after warm-up, {rep['rounds'][0]['rss_mib_after']} MiB after round 1,
 {rep['rounds'][1]['rss_mib_after']} MiB after round 2. Exit code on SIGTERM: {rep['exit_code_on_sigterm']}.
 
@@ -353,6 +372,9 @@ TTFT here includes queueing: with max_num_seqs=4 and up to 4 queued, a request a
 behind a full batch waits for a slot, which is what the p99 shows. The machine was shared
 with other jobs while this ran (load average above the core count), so absolute latencies
 are noisy; the pass criteria (no 5xx, no failures, KV back to free, flat RSS) are not.
+For scale, bench/engine/results-2026-11-22-cpu.md measured batch-1 decode at 28.8 tok/s
+(~35 ms per token) on a quieter machine; compare server against engine with the
+server-side vs client-side means above, which come from the same run.
 """
 
 

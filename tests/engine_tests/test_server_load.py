@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("psutil")
 _RUN = Path(__file__).resolve().parents[2] / "bench" / "server" / "run.py"
 
 
