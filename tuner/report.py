@@ -39,6 +39,14 @@ def _pareto_plot(spec, study, path: Path) -> bool:
     return True
 
 
+def _slo_text(obj) -> str:
+    p = obj.percentile
+    parts = [f"ttft p{p} <= {obj.ttft_limit_s:g} s" if obj.ttft_limit_s else "",
+             f"tpot p{p} <= {obj.tpot_limit_s:g} s" if obj.tpot_limit_s else "",
+             f"output tokens/s >= {obj.min_output_tokens_per_s:g}" if obj.min_output_tokens_per_s else ""]
+    return ", ".join(x for x in parts if x) or "none"
+
+
 def _slo_rows(obj, metrics: dict) -> list[tuple[str, str, str, bool]]:
     """(check, limit, measured, passed) for each SLO limit of the objective."""
     p = obj.percentile
@@ -74,8 +82,7 @@ def write_report(spec, study, best, remeasure, out: Path) -> dict[str, Path]:
     lines = [f"# slotune study `{spec.name}`", "",
              f"Objective: **{obj.direction()} {key}**"
              + (f" with Pareto over {', '.join(obj.metric_key(m) for m in obj.pareto_with)}" if obj.pareto_with else ""),
-             f"SLO: ttft p{obj.percentile} <= {_fmt(obj.ttft_limit_s)} s, tpot p{obj.percentile} <= {_fmt(obj.tpot_limit_s)} s, "
-             f"min output tokens/s {_fmt(obj.min_output_tokens_per_s)}; quality gates: "
+             f"SLO: {_slo_text(obj)}; quality gates: "
              f"{', '.join(g['name'] for g in spec.quality_gates) or 'none'}; sampler {spec.sampler}; "
              f"{len(states)} trials ({states.count('COMPLETE')} complete, {states.count('FAIL')} failed, "
              f"{states.count('PRUNED')} pruned).", ""]

@@ -57,3 +57,27 @@ def breaks_slo_early(partial_metrics: Mapping[str, float], objective: Mapping[st
     """
     v = slo_violations(partial_metrics, {**objective, "min_output_tokens_per_s": None})
     return any(x > factor - 1 for x in v.values())
+
+
+def certain_violations(in_flight, now: float, objective: Mapping[str, Any], factor: float) -> int:
+    """How many unfinished requests will miss a latency limit by more than `factor` x, whatever
+    happens next (their clocks only grow). Judges requests a completion-based check cannot see
+    yet: queued behind a static batch, or stuck behind long prefills.
+
+    Args:
+        in_flight: objects with `.metrics` (arrival_time, first_token_time) and
+            `.params.max_tokens` (the engine's Sequence).
+        now: the current `time.perf_counter()`.
+    """
+    ttft_limit, tpot_limit = objective.get("ttft_limit_s"), objective.get("tpot_limit_s")
+    n = 0
+    for seq in in_flight:
+        m = seq.metrics
+        if m.first_token_time is None:
+            if ttft_limit and now - m.arrival_time > factor * ttft_limit:
+                n += 1
+        elif tpot_limit:
+            # TPOT at finish = (finish - first token) / (max_tokens - 1) >= this lower bound.
+            if (now - m.first_token_time) / max(1, seq.params.max_tokens - 1) > factor * tpot_limit:
+                n += 1
+    return n

@@ -64,6 +64,8 @@ class Budget(_Strict):
     timeout_s: float | None = Field(None, gt=0, description="wall-clock cap for the whole study")
     trial_timeout_s: float = Field(600, gt=0)
     trial_memory_gb: float = Field(8.0, gt=0)
+    trial_threads: int | None = Field(None, ge=1, description="CPU threads per trial process (OMP_NUM_THREADS); "
+                                      "None = torch's default, one per core")
 
 
 class EarlyStop(_Strict):

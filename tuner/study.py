@@ -88,29 +88,35 @@ def fail_orphaned_trials(study) -> int:
 
 
 def enqueue_reference_trials(study, spec: TuningSpec) -> None:
-    """Default and naive baseline first, so every result is a comparison (a grid covers them)."""
+    """Default and naive baseline first, so every result is a comparison.
+
+    A reference the space cannot express exactly (say the default max_num_seqs=16 in a space
+    of 1..8) is not enqueued: `finalize` measures it beside the study instead, so a trial
+    tagged `default` is always the true default config. A grid covers them on its own.
+    """
     if study.trials or spec.sampler == "grid":
         return
     space = spec.space()
     base = spec.base_config()
-    default_params: dict[str, Any] = {}
+    for tag, cfg in ((DEFAULT_TAG, base), (BASELINE_TAG, base.with_updates(BASELINE_UPDATES))):
+        params = _params_of(space, cfg, base)
+        if params is not None and (tag == DEFAULT_TAG or cfg != base):
+            study.enqueue_trial(params, user_attrs={"tag": tag}, skip_if_exists=True)
+
+
+def _params_of(space, cfg, base) -> dict[str, Any] | None:
+    """The space's parameters that turn `base` into exactly `cfg` (as a trial would), or None."""
+    params: dict[str, Any] = {}
     for k in space.knobs:
-        if all(default_params.get(f) in vals for f, vals in k.when.items()):
-            v = base
-            for part in k.name.split("."):
-                v = getattr(v, part)
-            if _representable(k, v):
-                default_params[k.name] = v  # else (e.g. dtype 'auto' vs [float32, bfloat16]) the sampler picks
-    baseline = dict(default_params)
-    for name, value in BASELINE_UPDATES.items():
-        if name in baseline:
-            baseline[name] = value
-    for k in space.knobs:  # drop conditional knobs whose condition the baseline no longer meets
-        if k.name in baseline and not all(baseline.get(f) in vals for f, vals in k.when.items()):
-            baseline.pop(k.name)
-    study.enqueue_trial(default_params, user_attrs={"tag": DEFAULT_TAG}, skip_if_exists=True)
-    if baseline != default_params:
-        study.enqueue_trial(baseline, user_attrs={"tag": BASELINE_TAG}, skip_if_exists=True)
+        if not all(params.get(f) in vals for f, vals in k.when.items()):
+            continue  # an inactive conditional knob
+        v = cfg
+        for part in k.name.split("."):
+            v = getattr(v, part)
+        if not _representable(k, v):
+            return None
+        params[k.name] = v
+    return params if base.with_updates(params) == cfg else None
 
 
 def _representable(knob, value) -> bool:
@@ -160,7 +166,7 @@ def run_command(spec_path: Path | None, n_trials: int | None = None, storage: st
     if n_trials is not None:
         spec.budget.n_trials = n_trials
     spec.resolved_output_dir().mkdir(parents=True, exist_ok=True)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # our progress lines report failed trials
     study = open_study(spec)
     if not worker:
         fail_orphaned_trials(study)
@@ -196,7 +202,7 @@ def finalize(spec: TuningSpec, study, tracker=None, prog=None) -> dict[str, Any]
     out = spec.resolved_output_dir()
     say = prog.say if prog is not None else print
     best = best_trial(study, spec)
-    _measure_baseline_if_missing(spec, study)
+    _measure_references_if_missing(spec, study)
     if best is None:
         for stale in ("best.yaml", "best_metrics.json"):  # never leave an older winner behind
             (out / stale).unlink(missing_ok=True)
@@ -240,16 +246,18 @@ def _fmt_metric(remeasure: dict, key: str) -> str:
     return f"{v:.6g}" if v is not None else f"failed ({remeasure.get('error', 'not measured')})"
 
 
-def _measure_baseline_if_missing(spec: TuningSpec, study) -> None:
-    """The space may not express the naive baseline: measure it once beside the study."""
-    if any(t.user_attrs.get("tag") == BASELINE_TAG for t in study.trials) or "baseline" in study.user_attrs:
-        return
-    base_cfg = spec.base_config().with_updates(BASELINE_UPDATES)
-    try:
-        r = measure(spec, base_cfg, early_stop=False)
-        study.set_user_attr("baseline", {"metrics": r["metrics"], "config": base_cfg.model_dump(mode="json")})
-    except TrialFailure as exc:
-        study.set_user_attr("baseline", {"error": exc.reason})
+def _measure_references_if_missing(spec: TuningSpec, study) -> None:
+    """Measure the default / baseline config beside the study when no trial is tagged with it."""
+    tagged = {t.user_attrs.get("tag") for t in study.trials if t.state.name == "COMPLETE"}
+    base = spec.base_config()
+    for tag, cfg in ((DEFAULT_TAG, base), (BASELINE_TAG, base.with_updates(BASELINE_UPDATES))):
+        if tag in tagged or tag in study.user_attrs:
+            continue
+        try:
+            r = measure(spec, cfg, early_stop=False)
+            study.set_user_attr(tag, {"metrics": r["metrics"], "config": cfg.model_dump(mode="json")})
+        except TrialFailure as exc:
+            study.set_user_attr(tag, {"error": exc.reason})
 
 
 def reference_metrics(study) -> dict[str, dict | None]:
@@ -259,6 +267,7 @@ def reference_metrics(study) -> dict[str, dict | None]:
         tag = t.user_attrs.get("tag")
         if tag in refs and t.state.name == "COMPLETE" and refs[tag] is None:
             refs[tag] = t.user_attrs.get("metrics")
-    if refs[BASELINE_TAG] is None:
-        refs[BASELINE_TAG] = (study.user_attrs.get("baseline") or {}).get("metrics")
+    for tag in refs:
+        if refs[tag] is None:
+            refs[tag] = (study.user_attrs.get(tag) or {}).get("metrics")
     return refs

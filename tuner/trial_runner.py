@@ -24,7 +24,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from slotune.tuner.slo import breaks_slo_early, is_feasible, slo_violations
+from slotune.tuner.slo import breaks_slo_early, certain_violations, is_feasible, slo_violations
 
 
 def _fake_metrics(cfg) -> dict[str, float]:
@@ -48,6 +48,40 @@ def _fault_hook() -> None:
         hog = [bytearray(256 * 2**20) for _ in range(64)]  # noqa: F841 - grow until killed
     if hook == "raise":
         raise NotImplementedError("lever not implemented in this engine build (test hook)")
+
+
+class _InFlightWatchdog:
+    """Early stop for requests that have not finished yet.
+
+    `run_benchmark` asks `should_stop` only when a request finishes; a static batch or a long
+    prefill can keep that from happening for minutes while the SLO is already lost. This wraps
+    `engine.step`: once `min_requests` in-flight requests are certain to miss a limit by
+    `factor` x, it aborts everything in flight; the aborted outputs reach `should_stop`, which
+    then ends the replay as early-stopped.
+    """
+
+    def __init__(self, engine, objective: dict[str, Any], es: dict[str, Any]) -> None:
+        self.engine, self.objective, self.es = engine, objective, es
+        self.is_hopeless = False
+        self._step = engine.step
+
+    def install(self) -> None:
+        self.engine.step = self._checked_step
+
+    def uninstall(self) -> None:
+        self.engine.step = self._step
+
+    def _checked_step(self):
+        outputs = self._step()
+        if self.is_hopeless or not (self.objective.get("ttft_limit_s") or self.objective.get("tpot_limit_s")):
+            return outputs
+        seqs = [q for q in self.engine.seqs.values() if not q.request_id.startswith("warmup-")]
+        if certain_violations(seqs, time.perf_counter(), self.objective, self.es["factor"]) >= self.es["min_requests"]:
+            self.is_hopeless = True
+            done = {o.request_id for o in outputs if o.finished}
+            outputs = list(outputs) + [o for rid in list(self.engine.seqs) if rid not in done
+                                       for o in [self.engine.abort_request(rid)] if o is not None]
+        return outputs
 
 
 def run_trial(req: dict[str, Any]) -> dict[str, Any]:
@@ -82,16 +116,26 @@ def run_trial(req: dict[str, Any]) -> dict[str, Any]:
     load_s = time.perf_counter() - t0
     wl = WorkloadSpec.model_validate(req["workload"])
     es = req.get("early_stop") or {}
+    pct = (objective["percentile"],)
+    watchdog = _InFlightWatchdog(llm.engine, objective, es) if es.get("enabled") else None
 
     def should_stop(records) -> bool:
-        if not es.get("enabled") or len(records) < es["min_requests"]:
+        if not es.get("enabled"):
             return False
-        return breaks_slo_early(summarize(records, 1.0), objective, es["factor"])
+        if watchdog is not None and watchdog.is_hopeless:
+            return True
+        done = [r for r in records if r.finish_reason != "abort"]
+        return len(done) >= es["min_requests"] and breaks_slo_early(summarize(done, 1.0, percentiles=pct),
+                                                                    objective, es["factor"])
 
     phase("warm-up + replay")
+    if watchdog is not None:
+        watchdog.install()
     res = run_benchmark(cfg, wl, llm=llm, ttft_limit_s=objective.get("ttft_limit_s"),
-                        tpot_limit_s=objective.get("tpot_limit_s"), seed=req.get("seed"), should_stop=should_stop,
-                        on_progress=lambda done, total: phase(f"replay {done}/{total}"))
+                        tpot_limit_s=objective.get("tpot_limit_s"), seed=req.get("seed"), percentiles=pct,
+                        should_stop=should_stop, on_progress=lambda done, total: phase(f"replay {done}/{total}"))
+    if watchdog is not None:
+        watchdog.uninstall()
     metrics = {**res.metrics, "load_time_s": load_s}
     violations = slo_violations(metrics, objective)
     violations["early_stop"] = 1.0 if res.early_stopped else 0.0

@@ -23,12 +23,14 @@ def _study(out):
 
 
 def test_study_writes_best_report_and_mlflow_runs(tmp_path, fake_trials):
+    """Study mechanics and outputs, with the fake measurement (fake_trials)."""
     summary = run_command(write_spec(tmp_path, budget={"n_trials": 4}), progress=False)
     out = tmp_path / "out"
     best = EngineConfig.from_yaml(out / "best.yaml")  # loadable as-is by bench/serve
     assert best.max_num_seqs == summary["params"]["max_num_seqs"]
     study = _study(out)
-    assert study.trials[0].user_attrs.get("tag") == "default"
+    # max_num_seqs=16 is outside this space's 1..8: the default is measured beside the study
+    assert "tag" not in study.trials[0].user_attrs and "metrics" in study.user_attrs["default"]
     values = [t.values[0] for t in study.trials if t.state.name == "COMPLETE"]
     assert summary["value"] == min(values)
     assert "remeasured" in summary and "metrics" in summary["remeasured"]
@@ -44,10 +46,13 @@ def test_study_writes_best_report_and_mlflow_runs(tmp_path, fake_trials):
 
 @pytest.mark.parametrize(("fault", "budget", "reason"), [
     ("crash", {}, "exited with code 3"),
+    ("raise", {}, "NotImplementedError: lever not implemented"),
     ("hang", {"trial_timeout_s": 3}, "timeout"),
     ("oom", {"trial_memory_gb": 0.6}, "out of memory"),
 ])
 def test_faulty_trials_are_recorded_and_the_study_goes_on(tmp_path, fake_trials, monkeypatch, fault, budget, reason):
+    """Fault hooks in the real trial process (crash, raise, hang, memory hog); the measurement
+    itself is the test stand-in (fake_trials), since the fault fires before it."""
     monkeypatch.setenv("SLOTUNE_TEST_TRIAL_FAULT", fault)
     summary = run_command(write_spec(tmp_path, budget={"n_trials": 2, **budget}), progress=False)
     assert summary is None  # nothing feasible
@@ -58,6 +63,7 @@ def test_faulty_trials_are_recorded_and_the_study_goes_on(tmp_path, fake_trials,
 
 
 def test_sigkill_then_resume_keeps_completed_trials(tmp_path, fake_trials, monkeypatch):
+    """SIGKILL of `tune run` mid-study, then a rerun (fake measurement: study mechanics only)."""
     monkeypatch.setenv("SLOTUNE_FAKE_TRIAL_SLEEP", "1.5")
     spec = write_spec(tmp_path, budget={"n_trials": 5})
     out = tmp_path / "out"
@@ -90,6 +96,7 @@ def test_sigkill_then_resume_keeps_completed_trials(tmp_path, fake_trials, monke
 
 
 def test_grid_and_nsga2_samplers_run(tmp_path, fake_trials):
+    """Sampler plumbing with the fake measurement (fake_trials)."""
     spec = write_spec(tmp_path, sampler="grid", budget={"n_trials": 3},
                       search_space={"name": "g", "knobs": [{"name": "max_num_seqs", "type": "categorical", "choices": [1, 2, 4]}]})
     run_command(spec, progress=False)
@@ -103,7 +110,7 @@ def test_grid_and_nsga2_samplers_run(tmp_path, fake_trials):
 
 def test_real_trial_end_to_end(tmp_path):
     """One real trial on the bundled model: engine, workload replay, SLO check, agreement gate."""
-    spec = write_spec(tmp_path, budget={"n_trials": 1},
+    spec = write_spec(tmp_path, budget={"n_trials": 1, "trial_timeout_s": 600},
                       quality_gates=[{"name": "agree", "kind": "agreement", "min_top1": 0.9, "limit": 2}],
                       search_space={"name": "one", "knobs": [{"name": "max_num_seqs", "type": "categorical", "choices": [2]}]})
     summary = run_command(spec, progress=False)
@@ -113,3 +120,58 @@ def test_real_trial_end_to_end(tmp_path):
     trial = _study(tmp_path / "out").trials[0]
     assert trial.user_attrs["gates"]["passed"] is True
     assert yaml.safe_load((tmp_path / "out" / "best.yaml").read_text())["max_num_seqs"] == 2
+
+
+def test_plain_progress_lines_and_summary_table(tmp_path, fake_trials):
+    """`tune run --no-progress`: one line per trial and the final summary (fake measurement)."""
+    from typer.testing import CliRunner
+
+    from slotune.tuner.cli import app
+
+    r = CliRunner().invoke(app, ["run", str(write_spec(tmp_path, budget={"n_trials": 3})), "--no-progress"])
+    assert r.exit_code == 0, r.output
+    assert "[1/3] trial 0 COMPLETE" in r.output and "[3/3] trial 2" in r.output
+    assert "winner = trial" in r.output and "re-measured" in r.output and "best.yaml" in r.output
+
+
+def test_config_the_engine_cannot_run_is_a_failed_trial(tmp_path):
+    """Real trial process and engine: a knob value the engine rejects at build time (CUDA on a
+    CPU-only machine, as an unimplemented lever would) fails that trial with the reason."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without CUDA")
+    spec = write_spec(tmp_path, budget={"n_trials": 1},
+                      search_space={"name": "dev", "knobs": [{"name": "device", "type": "categorical", "choices": ["cuda"]}]})
+    assert run_command(spec, progress=False) is None
+    t = _study(tmp_path / "out").trials[0]
+    assert t.state.name == "FAIL" and "no CUDA device" in t.user_attrs["fail_reason"]
+
+
+def test_hopeless_trial_stops_early_and_is_infeasible(tmp_path):
+    """Real engine: a TTFT limit no config can meet stops the replay after the first requests;
+    the trial is complete but infeasible and marked early-stopped."""
+    spec = write_spec(tmp_path, budget={"n_trials": 1, "trial_timeout_s": 600}, objective={"ttft_limit_s": 0.001, "percentile": 80},
+                      workload={"num_requests": 12, "output_len": {"kind": "fixed", "value": 8}},
+                      search_space={"name": "one", "knobs": [{"name": "max_num_seqs", "type": "categorical", "choices": [2]}]})
+    run_command(spec, progress=False)
+    t = _study(tmp_path / "out").trials[0]
+    assert t.state.name == "COMPLETE" and t.user_attrs["early_stopped"] is True and t.user_attrs["feasible"] is False
+    assert t.user_attrs["metrics"]["num_completed"] < 12
+    assert t.user_attrs["violations"]["early_stop"] == 1.0
+    assert "early-stopped" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_default_trial_is_enqueued_only_when_the_space_expresses_it(tmp_path, fake_trials):
+    """Reference trials (fake measurement): the default config is trial 0 when the space can
+    express it exactly; the static-batching baseline, not expressible here, is measured beside."""
+    spec = write_spec(tmp_path, budget={"n_trials": 2}, search_space={"name": "s", "knobs": [
+        {"name": "max_num_seqs", "type": "int", "low": 1, "high": 16},
+        {"name": "quantization", "type": "categorical", "choices": ["none", "int8"]}]})
+    summary = run_command(spec, progress=False)
+    study = _study(tmp_path / "out")
+    t0 = study.trials[0]
+    assert t0.user_attrs["tag"] == "default" and t0.params == {"max_num_seqs": 16, "quantization": "none"}
+    assert EngineConfig.model_validate(t0.user_attrs["config"]) == EngineConfig()
+    assert study.user_attrs["baseline"]["config"]["scheduling"] == "static"
+    assert summary["references"]["default"] == t0.user_attrs["metrics"]

@@ -1,0 +1,99 @@
+"""TPE vs random search: trials needed to come within 5% of the exhaustive-grid best.
+
+Measuring every config for every sampler and seed would take hours on a 2-core CPU, so this
+replays the samplers against a cached table: the grid study of `grid-spec.yaml` is measured
+once with the real engine (`tune run bench/tuner/grid-spec.yaml -o runs/sampler-grid`, every
+config one isolated trial), then each sampler runs many seeded in-memory studies whose
+objective looks its suggestion up in that table. The table is committed (grid-table.json), so
+the comparison reruns in seconds: `python bench/tuner/sampler_compare.py`.
+
+    python bench/tuner/sampler_compare.py --from-study runs/sampler-grid/study.db  # refresh table
+    python bench/tuner/sampler_compare.py --seeds 200                             # compare
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import warnings
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+KNOBS = ("max_num_seqs", "max_num_batched_tokens", "dtype")
+
+
+def table_from_study(db: Path) -> dict:
+    import optuna
+
+    study = optuna.load_study(study_name="sampler-grid", storage=f"sqlite:///{db.resolve()}")
+    rows = []
+    for t in study.trials:
+        if t.state.name == "COMPLETE":
+            rows.append({"params": t.params, "value": t.values[0],
+                         "tpot_p95": t.user_attrs["metrics"].get("tpot_p95"),
+                         "ttft_p95": t.user_attrs["metrics"].get("ttft_p95")})
+    return {"objective": "maximize output_tokens_per_s", "workload": "grid-chat (bench/tuner/grid-spec.yaml)",
+            "rows": rows}
+
+
+def trials_to_target(sampler_name: str, seed: int, table: dict, space: dict, target: float, budget: int) -> int | None:
+    import optuna
+
+    lookup = {tuple(r["params"][k] for k in KNOBS): r["value"] for r in table["rows"]}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if sampler_name == "tpe":  # as `tune run` configures it (tuner/study.py make_sampler)
+            sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=4)
+        else:
+            sampler = optuna.samplers.RandomSampler(seed=seed)
+        study = optuna.create_study(direction="maximize", sampler=sampler)
+    for i in range(1, budget + 1):
+        t = study.ask()
+        key = tuple(t.suggest_categorical(k, space[k]) for k in KNOBS)
+        value = lookup[key]
+        study.tell(t, value)
+        if value >= target:
+            return i
+    return None
+
+
+def main() -> None:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--from-study", type=Path, help="refresh grid-table.json from a measured grid study")
+    ap.add_argument("--seeds", type=int, default=200)
+    ap.add_argument("--within", type=float, default=0.05)
+    args = ap.parse_args()
+    table_path = HERE / "grid-table.json"
+    if args.from_study:
+        table_path.write_text(json.dumps(table_from_study(args.from_study), indent=1))
+    table = json.loads(table_path.read_text())
+    space = {k: sorted({r["params"][k] for r in table["rows"]}, key=str) for k in KNOBS}
+    n = 1
+    for v in space.values():
+        n *= len(v)
+    assert len(table["rows"]) == n, f"table has {len(table['rows'])} rows, grid has {n} configs"
+    best = max(r["value"] for r in table["rows"])
+    target = (1 - args.within) * best
+    num_good = sum(r["value"] >= target for r in table["rows"])
+    result = {"grid_size": n, "grid_best": best, "target": target, "num_configs_within": num_good,
+              "seeds": args.seeds, "samplers": {}}
+    for name in ("tpe", "random"):
+        hits = [trials_to_target(name, s, table, space, target, budget=n) for s in range(args.seeds)]
+        found = [h for h in hits if h is not None]
+        result["samplers"][name] = {
+            "median_trials": statistics.median(found) if len(found) == len(hits) else None,
+            "mean_trials": statistics.mean(found) if found else None,
+            "p90_trials": sorted(found)[int(0.9 * len(found)) - 1] if found else None,
+            "found_within_10": sum(h is not None and h <= 10 for h in hits) / len(hits),
+            "found_within_grid": len(found) / len(hits),
+        }
+    (HERE / "sampler-compare.json").write_text(json.dumps(result, indent=1))
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
