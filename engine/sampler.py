@@ -35,7 +35,8 @@ class Sampler:
         temps = torch.tensor([max(p.temperature, 1e-5) for p in params], device=logits.device)
         logits = logits / temps[:, None]
         if any(p.top_k > 0 for p in params):
-            ks = torch.tensor([p.top_k if p.top_k > 0 else logits.shape[-1] for p in params], device=logits.device)
+            vocab = logits.shape[-1]  # top_k >= vocab means "off": clamp so topk never overruns
+            ks = torch.tensor([min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params], device=logits.device)
             kth = torch.topk(logits, int(ks.max()), dim=-1).values.gather(1, (ks - 1)[:, None])
             logits = logits.masked_fill(logits < kth, float("-inf"))
         if any(p.top_p < 1.0 for p in params):
