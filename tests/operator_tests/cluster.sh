@@ -20,7 +20,8 @@
 #     resource: replaced with Debian's golang-github-modern-go-reflect2-dev (1.0.2);
 #   - 1.20 serves CronJob only as batch/v1beta1: not patched; slotune schedules re-tuning
 #     with operator timers instead (see operator/schedule.py).
-# Cold build: ~6.5 min on 2 cores (plus the apt downloads); later runs reuse the cache.
+# Cold build: ~6.5 min on 2 cores (plus the apt downloads); later runs reuse the cached
+# binaries (the source tree and Go cache are removed; SLOTUNE_K8S_KEEP_SRC=1 keeps them).
 set -euo pipefail
 
 CACHE="${SLOTUNE_K8S_CACHE:-$HOME/.cache/slotune-k8s}"
@@ -30,19 +31,19 @@ APT_PKGS=(etcd-server golang-1.19-go golang-github-modern-go-reflect2-dev dpkg-d
 
 log() { echo "[cluster.sh] $*" >&2; }
 
-ensure_packages() {
+ensure_packages() {  # [nosrc]: only the packages, not the kubernetes source
   local missing=()
   for p in "${APT_PKGS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
   local need_src=0
-  [ -f "$CACHE/src/.unpacked" ] || need_src=1
+  [ -f "$CACHE/src/.unpacked" ] || [ "${1:-}" = nosrc ] || need_src=1
   if [ ${#missing[@]} -eq 0 ] && [ $need_src -eq 0 ]; then return; fi
   if [ "$(id -u)" != 0 ]; then
     log "missing: ${missing[*]:-} (source: $need_src); run as root or install them"; exit 1
   fi
-  # `apt-get source` needs a deb-src line for bookworm main.
-  if [ $need_src -eq 1 ] && ! grep -rqsE '^(Types:.*deb-src|deb-src )' /etc/apt/sources.list /etc/apt/sources.list.d/; then
+  # `apt-get source` needs a deb-src line for bookworm main (stock images ship none).
+  if [ $need_src -eq 1 ] && ! apt-cache showsrc kubernetes 2>/dev/null | grep -q '^Package: kubernetes'; then
     cat > /etc/apt/sources.list.d/slotune-deb-src.sources <<'SRC'
 Types: deb-src
 URIs: http://deb.debian.org/debian
@@ -115,6 +116,10 @@ build() {
     fi
   done
   log "built in $((SECONDS - t0)) s: $BIN"
+  # Only the binaries are needed from now on; the tree and the Go cache are ~1.8 GB.
+  if [ -z "${SLOTUNE_K8S_KEEP_SRC:-}" ]; then
+    cd "$CACHE" && rm -rf "$CACHE/gopath" "$CACHE/gocache" "$CACHE/src" "$CACHE/tools"
+  fi
 }
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
@@ -136,7 +141,7 @@ PY
 up() {
   local D="${1:?usage: cluster.sh up DIR}"
   [ -x "$BIN/kube-apiserver" ] || build
-  command -v etcd >/dev/null || ensure_packages
+  command -v etcd >/dev/null || ensure_packages nosrc
   mkdir -p "$D" && D=$(cd "$D" && pwd)
   local etcd_port peer_port api_port
   etcd_port=$(free_port); peer_port=$(free_port); api_port=$(free_port)
@@ -222,10 +227,15 @@ down() {
   rm -f "$D/pids"
 }
 
-case "${1:-}" in
-  build) build ;;
-  up) up "${2:-}" "${3:-}" ;;
-  watch) watch "$2" "$3" ;;
-  down) down "${2:-}" ;;
-  *) echo "usage: $0 build | up DIR [PID] | down DIR" >&2; exit 2 ;;
-esac
+main() {
+  case "${1:-}" in
+    build) build ;;
+    up) up "${2:-}" "${3:-}" ;;
+    watch) watch "$2" "$3" ;;
+    down) down "${2:-}" ;;
+    *) echo "usage: $0 build | up DIR [PID] | down DIR" >&2; exit 2 ;;
+  esac
+}
+# One line: bash has parsed everything before running, so editing this file cannot disturb a
+# running watchdog.
+main "$@"; exit $?
