@@ -206,6 +206,11 @@ class Objective:
         for metric in obj.metrics:
             key = obj.metric_key(metric)
             if key not in m:
+                if result["early_stopped"]:  # stopped before any request finished: the SLO was
+                    import optuna        # hopeless; constraints above still inform the sampler
+
+                    trial.set_user_attr("fail_reason", f"early stop before {key} could be measured")
+                    raise optuna.TrialPruned(f"early stop before {key} could be measured")
                 raise self._fail(trial, f"metric {key} was not measured (no request finished)")
             values.append(float(m[key]))
         return values if len(values) > 1 else values[0]

@@ -36,6 +36,8 @@ def test_validate_cli_exit_codes(tmp_path):
     good.write_text("name: ok\nobjective: {kind: latency, metric: ttft}\n")
     r = CliRunner().invoke(app, ["validate", str(good)])
     assert r.exit_code == 0 and "ok" in r.output
+    # the resolved spec: built-in workload and space expanded, default storage and tracking paths
+    assert "chat-small" in r.output and "knobs:" in r.output and "study.db" in r.output and "mlflow.db" in r.output
     bad = tmp_path / "b.yaml"
     bad.write_text("name: ok\nobjective: {kind: latency, metric: ttft}\nsampler: annealing\n")
     r = CliRunner().invoke(app, ["validate", str(bad)])
