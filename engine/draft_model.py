@@ -23,6 +23,22 @@ class _Mirror:
         self.num_computed_tokens = 0
         self.spec_token_ids: list[int] = []
         self.block_hashes: list[int] = []
+        self.fed_start = 0  # position of the first draft token fed to the draft model last round
+        self.fed: list[int] = []  # those draft tokens (their KV is in the draft cache)
+
+    def sync(self) -> None:
+        """Drafts that the target accepted (or re-drew by chance) keep their draft KV: KV at a
+        position depends only on the tokens up to it. The rest is stale."""
+        match = 0
+        for i, t in enumerate(self.fed):
+            p = self.fed_start + i
+            if p >= len(self.token_ids) or self.token_ids[p] != t:
+                break
+            match += 1
+        if self.fed:
+            self.num_computed_tokens = self.fed_start + match
+        self.num_computed_tokens = min(self.num_computed_tokens, len(self.token_ids) - 1)
+        self.fed = []
 
     @property
     def num_tokens(self) -> int:
@@ -31,8 +47,9 @@ class _Mirror:
 
 class DraftModelProposer:
     """Drafts with its own ModelRunner and KV cache. A mirror per target sequence tracks how
-    much of it the draft cache holds; after verification the draft catches up on the accepted
-    tokens in one extend batch, then runs k single-token steps."""
+    much of it the draft cache holds. Each round costs k draft forward passes: the first feeds
+    whatever the draft has not seen (usually just the bonus token, as accepted drafts keep their
+    KV) and yields draft 1; each later pass feeds draft j and yields draft j+1."""
 
     def __init__(self, cfg: EngineConfig, engine) -> None:
         sc = cfg.speculative
@@ -65,27 +82,30 @@ class DraftModelProposer:
             m = self.mirrors.get(seq.seq_id)
             if m is None:
                 m = self.mirrors[seq.seq_id] = _Mirror(seq)
-            m.num_computed_tokens = min(m.num_computed_tokens, seq.num_tokens - 1)  # rejected drafts are stale
+            m.sync()
             catch_up = seq.num_tokens - 1 - m.num_computed_tokens
             if k and self.bm.allocate(m, catch_up + 1 + k):
-                active.append((seq, m, catch_up))
+                active.append((seq, m))
                 ks.append(k)
         if not active:
             return
-        # Catch up: feed everything the draft has not seen except the last token (one extend batch).
-        pending = [ScheduledSeq(m, c) for _, m, c in active if c > 0]
-        if pending:
-            self.runner.execute(pending)
-            for s in pending:
-                s.seq.num_computed_tokens += s.num_new_tokens
-        mirrors = [m for _, m, _ in active]
-        toks = [s.token_ids[-1] for s, _, _ in active]
-        pos = [s.num_tokens - 1 for s, _, _ in active]
-        for j in range(max(ks)):
+        # Step 1: everything the draft has not seen, up to and including the last token, in one
+        # batch (extend rows for catch-up, decode rows otherwise) -> the first draft.
+        first = [ScheduledSeq(m, seq.num_tokens - m.num_computed_tokens) for seq, m in active]
+        result = self.runner.execute(first)
+        rows = torch.tensor([r0 for r0, _ in result.row_ranges], device=result.logits.device)
+        toks = self.drafts.choose([seq for seq, _ in active], result.logits[rows])
+        pos = []
+        for (seq, m), t in zip(active, toks):
+            m.num_computed_tokens = seq.num_tokens
+            seq.spec_token_ids.append(t)
+            pos.append(seq.num_tokens)
+        # Steps 2..k: one token per sequence; draft j is fed to produce draft j+1.
+        for j in range(1, max(ks)):
             live = [i for i, k in enumerate(ks) if j < k]
-            logits = self.runner.run_decode([mirrors[i] for i in live], [toks[i] for i in live], [pos[i] for i in live])
+            logits = self.runner.run_decode([active[i][1] for i in live], [toks[i] for i in live], [pos[i] for i in live])
             for i, t in zip(live, self.drafts.choose([active[i][0] for i in live], logits)):
                 active[i][0].spec_token_ids.append(t)
                 toks[i], pos[i] = t, pos[i] + 1
-        for m in mirrors:
-            m.num_computed_tokens += 1  # the last real token is now in the draft cache
+        for (seq, m), k in zip(active, ks):
+            m.fed_start, m.fed = seq.num_tokens, seq.spec_token_ids[: k - 1]
