@@ -191,8 +191,9 @@ def test_deleting_the_resource_collects_its_children(cluster, operator, ns):
     custom = kubernetes.client.CustomObjectsApi(client)
     custom.delete_namespaced_custom_object(api.GROUP, api.VERSION, ns, api.TUNINGS, "gc-tune")
     custom.delete_namespaced_custom_object(api.GROUP, api.VERSION, ns, api.SERVINGS, "gc")
-    wait_for("the Job to be collected", lambda: get(client, "Job", ns, "gc-tune-run-1") is None, timeout=60)
-    wait_for("the Deployment to be collected", lambda: get(client, "Deployment", ns, "gc") is None, timeout=60)
+    # The garbage collector rediscovers resource types every 30 s; allow for a loaded machine.
+    wait_for("the Job to be collected", lambda: get(client, "Job", ns, "gc-tune-run-1") is None, timeout=150)
+    wait_for("the Deployment to be collected", lambda: get(client, "Deployment", ns, "gc") is None, timeout=150)
     assert get(client, "ConfigMap", ns, "gc-tune-spec") is None and get(client, "Service", ns, "gc") is None
 
 
