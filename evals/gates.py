@@ -173,14 +173,17 @@ def _resolved(config) -> dict[str, Any]:
 class Baseline:
     """The baseline engine (loaded only when a number is not cached) and the on-disk cache."""
 
-    def __init__(self, candidate_llm, cache_dir: Path) -> None:
+    def __init__(self, candidate_llm, cache_dir: Path, baseline_llm=None) -> None:
         from slotune.engine.loader import resolve_model_path
 
         self.config = baseline_config(candidate_llm.config)
         self.cache_dir = cache_dir
         spec = _resolved(self.config)
         # The candidate is its own baseline when every number-deciding field already matches.
-        self._llm = candidate_llm if _resolved(candidate_llm.config) == spec else None
+        self.is_candidate = _resolved(candidate_llm.config) == spec
+        if baseline_llm is not None and _resolved(baseline_llm.config) != spec:
+            raise ValueError(f"baseline_llm does not run the baseline config: {_resolved(baseline_llm.config)} != {spec}")
+        self._llm = candidate_llm if self.is_candidate else baseline_llm
         self.identity = {"model": model_identity(resolve_model_path(self.config.model)),
                          "device": spec["device"], "dtype": spec["dtype"], "scorer": SCORER_VERSION}
 
@@ -217,10 +220,16 @@ def _task_gate(gate: GateSpec, llm, base: Baseline) -> GateResult:
 
     metric = gate.metric_name
     key = {"kind": gate.kind, "task": gate.task, "data": task_fingerprint(gate.task), "limit": gate.limit}
-    ref = base.cached(key, lambda: run_task(base.llm, gate.task, gate.limit)["per_doc"])
+    cand = None
+    if base.is_candidate:  # one run serves both sides
+        cand = run_task(llm, gate.task, gate.limit)
+        ref = base.cached(key, lambda: cand["per_doc"])
+    else:
+        ref = base.cached(key, lambda: run_task(base.llm, gate.task, gate.limit)["per_doc"])
     if metric not in ref:
         raise ValueError(f"gate '{gate.name}': task {gate.task} has no metric '{metric}' (has: {', '.join(ref)})")
-    cand = run_task(llm, gate.task, gate.limit)
+    if cand is None:
+        cand = run_task(llm, gate.task, gate.limit)
     b = {int(k): v for k, v in ref[metric].items()}
     c = cand["per_doc"][metric]
     if gate.kind == "perplexity":  # lower is better: drop = candidate - baseline
@@ -238,7 +247,8 @@ def _task_gate(gate: GateSpec, llm, base: Baseline) -> GateResult:
                       details={"task": gate.task, "bound": v.bound, "metrics": cand["metrics"]})
 
 
-def evaluate_gates(config, gates: list[GateSpec], *, llm=None, cache_dir: str | Path | None = None) -> GateReport:
+def evaluate_gates(config, gates: list[GateSpec], *, llm=None, cache_dir: str | Path | None = None,
+                   baseline_llm=None) -> GateReport:
     """Run every gate for `config` against its cached baseline.
 
     Args:
@@ -246,6 +256,8 @@ def evaluate_gates(config, gates: list[GateSpec], *, llm=None, cache_dir: str | 
         gates: validated gate specs (`GateSpec.model_validate(d)` for each dict).
         llm: a loaded, idle `slotune.engine.LLM` for `config` (saves a model load in trials).
         cache_dir: baseline cache folder (default ~/.cache/slotune/baselines, honours XDG_CACHE_HOME).
+        baseline_llm: a loaded engine for `baseline_config(config)`, used when a baseline number
+            is not cached (default: loaded on demand, or `llm` itself when config is its own baseline).
     Returns:
         GateReport: one GateResult per gate, in order; `report.passed`, `report.to_dict()`.
         A gate that errors is a failed GateResult whose reason starts with "error:".
@@ -254,7 +266,7 @@ def evaluate_gates(config, gates: list[GateSpec], *, llm=None, cache_dir: str | 
         from slotune.engine import LLM
 
         llm = LLM(config)
-    base = Baseline(llm, Path(cache_dir) if cache_dir else default_cache_dir())
+    base = Baseline(llm, Path(cache_dir) if cache_dir else default_cache_dir(), baseline_llm)
     results = []
     for g in gates:
         t0 = time.perf_counter()
