@@ -83,7 +83,8 @@ def agreement_gate(gate: GateSpec, llm, base: Baseline) -> GateResult:
         t0 = time.perf_counter()
 
     def compare(i: int, logits: torch.Tensor) -> tuple[float, float]:
-        idx, lp = torch.tensor(ref[i]["idx"]), torch.tensor(ref[i]["lp"])  # [T-1, K] each
+        dev = logits.device
+        idx, lp = torch.tensor(ref[i]["idx"], device=dev), torch.tensor(ref[i]["lp"], device=dev)  # [T-1, K] each
         cand = torch.log_softmax(logits, -1)
         top1 = (cand.argmax(-1) == idx[:, 0]).float().mean().item()
         return top1, truncated_kl(idx, lp, cand).mean().item()

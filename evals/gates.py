@@ -49,7 +49,7 @@ class GateSpec(BaseModel):
 
     name: str
     kind: Literal["agreement", "lm_eval", "perplexity"]
-    task: str | None = Field(None, description="bundled lm-eval task (lm_eval, perplexity); see `tune eval --list`")
+    task: str | None = Field(None, description="bundled lm-eval task (lm_eval, perplexity); see evals/tasks/SOURCES.md")
     metric: str | None = Field(None, description="lm_eval: acc | acc_norm | exact_match; perplexity: "
                                "word_perplexity | byte_perplexity; agreement: top1 (default per kind)")
     limit: int | None = Field(None, ge=2, description="documents (lm_eval, perplexity) or prompts (agreement); None = all")
