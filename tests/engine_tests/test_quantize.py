@@ -50,6 +50,30 @@ def test_int4_group_wise_matches_reference_for_every_group_size(group_size):
     assert m.weight_bytes() == 48 * k_pad // 2 + 48 * (k_pad // group_size) * 2 * 2  # codes + bf16 scale/min
 
 
+@pytest.mark.parametrize(("n", "k", "group_size"), [(128, 576, 32), (192, 576, 128), (64, 1536, 64)])
+def test_prefill_sized_inputs_take_the_dequantized_gemm_path_with_the_same_result(n, k, group_size):
+    """Past CPU_GEMM_MIN_ROWS rows the CPU path dequantizes (int4: unpacking torch's packed
+    layout) and runs a bf16 GEMM; it must compute what the packed kernels compute."""
+    from slotune.engine import quantize
+
+    torch.manual_seed(0)
+    w, x = torch.randn(n, k) * 0.05, torch.randn(96, k)
+    for m in (Int8Linear(w), Int4Linear(w, group_size)):
+        ref = x @ m.dequantize().T
+        gemm = m(x)  # 96 rows: above both thresholds
+        saved = dict(quantize.CPU_GEMM_MIN_ROWS)
+        try:
+            quantize.CPU_GEMM_MIN_ROWS.update(int8=10**9, int4=10**9)
+            packed = m(x)
+        finally:
+            quantize.CPU_GEMM_MIN_ROWS.update(saved)
+        assert gemm.shape == packed.shape == (96, n)
+        for out in (gemm, packed):
+            assert (out - ref).norm() / ref.norm() < 1e-2
+        # a wrong nibble order or group mapping would be off by O(1), not by bf16 rounding
+        assert (gemm - packed).norm() / packed.norm() < 1e-2
+
+
 def test_int4_packs_two_codes_per_byte():
     m = Int4Linear(torch.randn(64, 256), 64)
     assert m.packed.element_size() * m.packed.numel() <= 64 * 256 // 2 * 1.01
