@@ -129,6 +129,8 @@ class PagedScorer:
     def _run(self, steps, num_scored: list[int]) -> list[torch.Tensor]:
         """One forward; per step, logits [n_k, V] of the rows that predict its last n_k new tokens."""
         runner = self.runner
+        # The engine's own input preparation (block tables, slots, masks): the same attention
+        # path as serving. Private API of ModelRunner, used deliberately; see module docstring.
         input_ids, positions, meta, _, _ = runner._prepare(steps)
         hidden = runner.model(input_ids, positions, runner.kv_cache, meta)  # [T, D]
         # _prepare lays out extend steps (>1 new token) first, then decode steps (1 token).
@@ -137,8 +139,9 @@ class PagedScorer:
         start, rows = 0, {}
         for k in order:
             n_new = steps[k].num_new_tokens
-            # The logit predicting token j sits at token j-1's row; the last new token's row
-            # predicts past the sequence, except when it alone is asked for (n_k = 1, n_new = 1).
+            # Token j is predicted by token j-1's row. In a multi-token step the last row predicts
+            # past the sequence and is skipped; a 1-token step (a lone sequence's first token) is
+            # asked only for its own row, which predicts the next token.
             end = start + n_new - 1 if n_new > 1 else start + n_new
             rows[k] = (end - num_scored[k], end)
             start += n_new

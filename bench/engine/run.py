@@ -56,6 +56,18 @@ def copy_bandwidth_gbs(repeats: int = 5) -> float:
     return 2 * x.numel() * 4 / min(ts) / 1e9  # read + write; best of N = the machine's capability
 
 
+def matmul_gflops(n: int = 2048, repeats: int = 5) -> float:
+    """fp32 GEMM throughput: the compute ceiling for batched decode on this machine."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    ts = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        a @ b
+        ts.append(time.perf_counter() - t)
+    return 2 * n**3 / min(ts) / 1e9
+
+
 def ours(llm, prompts: list[list[int]], n: int) -> tuple[float, float]:
     """(output tokens/s incl. prefill, decode tokens/s of one sequence = 1 / median TPOT)."""
     t = time.perf_counter()
@@ -129,7 +141,10 @@ def bench_vs_transformers(llm: LLM, repeats: int, n: int, prompt_len: int) -> di
                 res[b][name].append(fn())
                 print(f"  (b) {b} {name}: {res[b][name][-1]:.1f} tok/s", flush=True)
     del hf
-    out = {"dtype": "float32", "prompt_len": prompt_len, "new_tokens": n, "transformers": transformers.__version__,
+    # Batched decode is compute-bound: ~2 FLOPs per weight per token (attention is small at these lengths).
+    gflops = matmul_gflops()
+    flops_per_token = 2 * llm.engine.weight_bytes / 4
+    out = {"gemm_gflops": gflops, "compute_ceiling_tps": gflops * 1e9 / flops_per_token, "dtype": "float32", "prompt_len": prompt_len, "new_tokens": n, "transformers": transformers.__version__,
            "transformers_load_s": load_s}
     for b, r in res.items():
         out[b] = {"ours_tps": med(r["ours"]), "transformers_tps": med(r["transformers"]),
@@ -184,7 +199,10 @@ def write_markdown(res: dict, path: Path) -> None:
         f"| (b) vs transformers `generate`, 16 concurrent (one padded batch for transformers), output tok/s | "
         f"{b['batch16']['ours_tps']:.1f} | {b['batch16']['transformers_tps']:.1f} | **{b['batch16']['ratio']:.2f}x** | >= 5x |",
         "", f"(b): prompts of {b['prompt_len']} tokens from the bundled corpus, {b['new_tokens']} new tokens each, greedy, "
-        "prefill included in the wall time.", "",
+        "prefill included in the wall time. Compute ceiling for batched decode: fp32 GEMM "
+        f"{b['gemm_gflops']:.0f} GFLOP/s / (2 FLOPs x {res['roofline']['weight_bytes'] / 4e6:.0f} M weights) = "
+        f"{b['compute_ceiling_tps']:.0f} tok/s, i.e. at most {b['compute_ceiling_tps'] / b['batch16']['transformers_tps']:.1f}x "
+        "transformers' 16-batch rate for any engine on this CPU.", "",
         f"(a) latency medians: continuous TTFT p50 {a['continuous']['ttft_p50_s']:.2f} s / p99 {a['continuous']['ttft_p99_s']:.2f} s, "
         f"TPOT p50 {a['continuous']['tpot_p50_s'] * 1e3:.0f} ms; static TTFT p50 {a['static']['ttft_p50_s']:.2f} s / "
         f"p99 {a['static']['ttft_p99_s']:.2f} s, TPOT p50 {a['static']['tpot_p50_s'] * 1e3:.0f} ms.", "",

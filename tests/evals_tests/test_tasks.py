@@ -53,11 +53,11 @@ def test_templates_materialize_with_absolute_paths(tmp_path):
 def test_lm_eval_task_manager_finds_and_loads_them(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.chdir(tmp_path)  # data paths must not depend on the CWD
-    from lm_eval.tasks import TaskManager, get_task_dict
+    from lm_eval.tasks import TaskManager
 
     tm = TaskManager(include_path=str(tasks_dir(tmp_path / "t")), include_defaults=False)
     assert EXPECTED <= set(tm.all_tasks)
-    tasks = get_task_dict(["slotune_general_knowledge", "slotune_kjv_perplexity"], tm)
+    tasks = tm.load(["slotune_general_knowledge", "slotune_kjv_perplexity"])["tasks"]
     gk = tasks["slotune_general_knowledge"]
     docs = list(gk.test_docs())
     assert len(docs) == 70 and gk.doc_to_choice(docs[0])[gk.doc_to_target(docs[0])] == "four"
