@@ -43,23 +43,52 @@ def _rss_bytes(pid: int) -> int:
         return 0
 
 
-def trial_env(threads: int | None = None) -> dict[str, str]:
+_AUTO_POLICY: str | None = None
+
+
+def machine_busy_fraction(interval_s: float = 0.5) -> float:
+    """Fraction of all cores busy right now (any process), 0..1."""
+    import psutil
+
+    return psutil.cpu_percent(interval=interval_s) / 100.0
+
+
+def omp_wait_policy(setting: str = "auto") -> str:
+    """The OpenMP wait policy trials run with ("active" or "passive"); see `trial_env`.
+
+    "auto" is decided once per process, from the CPU use of the whole machine over half a
+    second before the first trial (not the load average, which still remembers the previous
+    run for minutes), so every trial of a run is measured under the same policy.
+    """
+    global _AUTO_POLICY
+    if setting != "auto":
+        return setting
+    if _AUTO_POLICY is None:
+        _AUTO_POLICY = "passive" if machine_busy_fraction() > 0.5 else "active"
+    return _AUTO_POLICY
+
+
+def trial_env(threads: int | None = None, wait_policy: str = "auto") -> dict[str, str]:
     """Environment of a trial process.
 
-    OpenMP threads that busy-wait collapse when the CPU is shared (other trials, workers, CI
-    jobs): measured on the 2-core CI box under load, one trial ran at 2.8 tokens/s with
-    spinning threads and 28 tokens/s with OMP_WAIT_POLICY=PASSIVE. Passive waiting keeps
-    measurements comparable between trials; a user's own OMP_WAIT_POLICY wins.
+    The OpenMP wait policy decides what idle worker threads do between torch ops. Spinning
+    (active, the OpenMP default and what `tune serve` runs with) is fastest on a dedicated
+    machine: passive costs a thread wake-up per op, measured on the 2-core Xeon as 59.8 ->
+    88.7 ms p95 TPOT (fp32, chat-small). But spinning threads collapse when the CPU is shared
+    (other trials, workers, CI jobs): under load one trial ran at 2.8 tokens/s spinning and 28
+    tokens/s passive. Hence `budget.trial_omp_wait_policy` (auto: passive only on a loaded
+    machine). A user's own OMP_WAIT_POLICY wins.
     """
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    env.setdefault("OMP_WAIT_POLICY", omp_wait_policy(wait_policy).upper())
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)
     return env
 
 
 def run_trial_process(request: dict[str, Any], *, timeout_s: float, memory_gb: float,
-                      on_phase: Callable[[str], None] | None = None, threads: int | None = None) -> dict[str, Any]:
+                      on_phase: Callable[[str], None] | None = None, threads: int | None = None,
+                      wait_policy: str = "auto") -> dict[str, Any]:
     """Run `python -m slotune.tuner.trial_runner` on `request`; raise TrialFailure on any fault.
 
     Args:
@@ -77,7 +106,7 @@ def run_trial_process(request: dict[str, Any], *, timeout_s: float, memory_gb: f
         src.write_text(json.dumps({**request, "phase_file": str(phase_file)}))
         with open(Path(d) / "log.txt", "w+") as log:
             proc = subprocess.Popen([sys.executable, "-m", "slotune.tuner.trial_runner", str(src), str(dst)],
-                                    stdout=log, stderr=subprocess.STDOUT, env=trial_env(threads))
+                                    stdout=log, stderr=subprocess.STDOUT, env=trial_env(threads, wait_policy))
             deadline = time.monotonic() + timeout_s
             limit = memory_gb * 2**30
             reason, last_phase = None, ""
@@ -137,7 +166,8 @@ def measure(spec, config, seed: int | None = None, on_phase=None, early_stop: bo
     """
     b = spec.budget
     return run_trial_process(trial_request(spec, config, seed, early_stop), timeout_s=b.trial_timeout_s,
-                             memory_gb=b.trial_memory_gb, on_phase=on_phase, threads=b.trial_threads)
+                             memory_gb=b.trial_memory_gb, on_phase=on_phase, threads=b.trial_threads,
+                             wait_policy=b.trial_omp_wait_policy)
 
 
 def trial_constraints(trial) -> list[float]:

@@ -66,6 +66,10 @@ class Budget(_Strict):
     trial_memory_gb: float = Field(8.0, gt=0)
     trial_threads: int | None = Field(None, ge=1, description="CPU threads per trial process (OMP_NUM_THREADS); "
                                       "None = torch's default, one per core")
+    trial_omp_wait_policy: Literal["auto", "active", "passive"] = Field(
+        "auto", description="OpenMP idle threads of a trial: active (spin, as `tune serve` runs; fastest on a "
+        "dedicated machine) or passive (sleep; robust when the CPU is shared); auto = passive when more than "
+        "half the CPU is busy before the first trial")
 
 
 class EarlyStop(_Strict):

@@ -14,7 +14,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from slotune.tuner.objective import Objective, TrialFailure, measure, trial_constraints
+from slotune.tuner.objective import Objective, TrialFailure, measure, omp_wait_policy, trial_constraints
 from slotune.tuner.spec import TuningSpec
 
 DEFAULT_TAG, BASELINE_TAG = "default", "baseline"
@@ -172,6 +172,8 @@ def run_command(spec_path: Path | None, n_trials: int | None = None, storage: st
         fail_orphaned_trials(study)
         enqueue_reference_trials(study, spec)
     total = spec.budget.n_trials
+    # Resolve "auto" now, so every trial of this run and its MLflow record share one policy.
+    spec.budget.trial_omp_wait_policy = omp_wait_policy(spec.budget.trial_omp_wait_policy)
     finished_states = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
     tracker = None
     if not worker or spec.mlflow_tracking_uri:
@@ -180,6 +182,8 @@ def run_command(spec_path: Path | None, n_trials: int | None = None, storage: st
         tracker = MLflowTracker(spec, study)
     with Progress(spec, total, enabled=progress) as prog:
         prog.seed_rows(study)
+        prog.say(f"trials run with OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', spec.budget.trial_omp_wait_policy)}"
+                 f" (budget.trial_omp_wait_policy; {os.cpu_count()} cores)")
         # The budget counts every finished trial of the study, so a resumed or shared study
         # runs only what is left: MaxTrialsCallback stops all workers at the same total.
         callbacks = [c for c in (tracker, prog.callback) if c is not None]

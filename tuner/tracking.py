@@ -42,6 +42,7 @@ class MLflowTracker:
             self.client.log_param(parent, "sampler", spec.sampler)
             self.client.log_param(parent, "search_space", spec.space().name)
         self.parent_run_id = parent
+        self.client.set_tag(parent, "slotune.omp_wait_policy", spec.budget.trial_omp_wait_policy)
 
     def __call__(self, study, trial) -> None:
         try:

@@ -21,7 +21,8 @@ from pathlib import Path
 CONFIGS = {
     "baseline": {},
     "int8": {"quantization": "int8"},
-    "int4": {"quantization": "int4", "quant_group_size": 64},
+    "int4": {"quantization": "int4", "quant_group_size": 32},  # the bundled GGUF's own grouping (Q4_1)
+    "int4-g64": {"quantization": "int4", "quant_group_size": 64},  # coarser: should lose quality
     "kv-int8": {"kv_dtype": "int8"},
     "kv-fp8": {"kv_dtype": "fp8"},
 }
