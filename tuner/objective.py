@@ -196,8 +196,9 @@ class Objective:
         trial.set_user_attr("pid", os.getpid())
         params = self.space.sample(trial)
         reason = self.space.forbidden_reason(params)
-        if reason:
+        if reason:  # costs nothing to measure, so it does not count against the budget
             trial.set_user_attr("fail_reason", reason)
+            trial.set_user_attr("forbidden", True)
             raise optuna.TrialPruned(reason)
         try:
             config = self.base.with_updates(params)

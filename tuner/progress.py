@@ -95,7 +95,8 @@ class Progress:
         detail = ua.get("fail_reason") or ", ".join(f"{k}={v}" for k, v in trial.params.items())
         tag = ua.get("tag")
         self.rows.append((f"{trial.number}" + (f" ({tag})" if tag else ""), trial.state.name, value, feasible, detail[:100]))
-        self.num_finished += 1
+        if not ua.get("forbidden"):
+            self.num_finished += 1
         b = best_trial(study, self.spec)
         self.best = f"{b.values[0]:.4g} (trial {b.number})" if b else "-"
         if log and self._live is None:

@@ -153,7 +153,6 @@ def run_command(spec_path: Path | None, n_trials: int | None = None, storage: st
         no trial met the SLO and the gates.
     """
     import optuna
-    from optuna.trial import TrialState
 
     from slotune.tuner.progress import Progress
     from slotune.tuner.spec import default_spec_path
@@ -174,7 +173,6 @@ def run_command(spec_path: Path | None, n_trials: int | None = None, storage: st
     total = spec.budget.n_trials
     # Resolve "auto" now, so every trial of this run and its MLflow record share one policy.
     spec.budget.trial_omp_wait_policy = omp_wait_policy(spec.budget.trial_omp_wait_policy)
-    finished_states = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
     tracker = None
     if not worker or spec.mlflow_tracking_uri:
         from slotune.tuner.tracking import MLflowTracker
@@ -184,18 +182,45 @@ def run_command(spec_path: Path | None, n_trials: int | None = None, storage: st
         prog.seed_rows(study)
         prog.say(f"trials run with OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', spec.budget.trial_omp_wait_policy)}"
                  f" (budget.trial_omp_wait_policy; {os.cpu_count()} cores)")
-        # The budget counts every finished trial of the study, so a resumed or shared study
-        # runs only what is left: MaxTrialsCallback stops all workers at the same total.
-        callbacks = [c for c in (tracker, prog.callback) if c is not None]
-        callbacks.append(optuna.study.MaxTrialsCallback(total, states=finished_states))
-        remaining = total - len(study.get_trials(states=finished_states))
-        if remaining > 0:
-            study.optimize(Objective(spec, prog), n_trials=remaining, timeout=spec.budget.timeout_s,
+        # The budget counts every finished trial of the study (resumed runs and all workers
+        # together) except forbidden combinations, which are rejected before any measurement.
+        budget = TrialBudget(total)
+        callbacks = [c for c in (tracker, prog.callback) if c is not None] + [budget]
+        if not budget.exhausted(study):
+            study.optimize(Objective(spec, prog), n_trials=None, timeout=spec.budget.timeout_s,
                            callbacks=callbacks, catch=(TrialFailure,), gc_after_trial=True)
         if worker:
             return None
         prog.phase(None, "re-measuring the winner on a fresh workload seed")
         return finalize(spec, study, tracker, prog)
+
+
+class TrialBudget:
+    """Optuna callback: stop every worker once the study holds `total` measured trials.
+
+    Like optuna's MaxTrialsCallback, but trials pruned as forbidden combinations are not
+    counted (TPE proposes them again and again on small spaces; they cost no measurement).
+    A sampler stuck on forbidden points still stops, after `forbidden_factor` x total of them.
+    """
+
+    def __init__(self, total: int, forbidden_factor: int = 5) -> None:
+        self.total, self.forbidden_factor = total, forbidden_factor
+
+    def counts(self, study) -> tuple[int, int]:
+        """(measured trials finished, forbidden trials)."""
+        from optuna.trial import TrialState
+
+        done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED))
+        forbidden = sum(bool(t.user_attrs.get("forbidden")) for t in done)
+        return len(done) - forbidden, forbidden
+
+    def exhausted(self, study) -> bool:
+        measured, forbidden = self.counts(study)
+        return measured >= self.total or forbidden >= self.forbidden_factor * self.total
+
+    def __call__(self, study, trial) -> None:
+        if self.exhausted(study):
+            study.stop()
 
 
 def finalize(spec: TuningSpec, study, tracker=None, prog=None) -> dict[str, Any] | None:

@@ -1,7 +1,7 @@
 """Reproduce bench/evals/results-<date>.md: every bundled task's baseline score vs chance and CPU
 runtime, and the scores of quantized configs against the baseline (paired drops, SEs).
 
-Usage: python bench/evals/run.py [--limit N] [--configs baseline,int8,int4,kv-int8,kv-fp8] [--out DIR]
+Usage: python bench/evals/run.py [--limit N] [--configs baseline,int8,int4,int4-g64,kv-int8,kv-fp8] [--out DIR]
 Each config loads its own engine; the baseline's numbers come from a fresh cache folder, so
 the first (baseline) row also times the baseline computation.
 """

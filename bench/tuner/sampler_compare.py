@@ -58,6 +58,22 @@ def trials_to_target(sampler_name: str, seed: int, table: dict, space: dict, tar
     return None
 
 
+def censored_quantile(hits: list[int | None], budget: int, q: float) -> int | str:
+    """q-quantile of trials-to-target; None (not reached in `budget` trials) sorts last."""
+    ranked = sorted(hits, key=lambda h: float("inf") if h is None else h)
+    h = ranked[max(0, int(q * len(ranked)) - 1)]
+    return f"> {budget}" if h is None else h
+
+
+def censored_median(hits: list[int | None], budget: int) -> float | str:
+    """Median trials-to-target where None (not reached in `budget` trials) sorts last."""
+    ranked = sorted(hits, key=lambda h: float("inf") if h is None else h)
+    mid = [ranked[(len(ranked) - 1) // 2], ranked[len(ranked) // 2]]
+    if any(h is None for h in mid):
+        return f"> {budget}"
+    return statistics.median(mid)
+
+
 def main() -> None:
     import optuna
 
@@ -85,9 +101,10 @@ def main() -> None:
         hits = [trials_to_target(name, s, table, space, target, budget=n) for s in range(args.seeds)]
         found = [h for h in hits if h is not None]
         result["samplers"][name] = {
-            "median_trials": statistics.median(found) if len(found) == len(hits) else None,
-            "mean_trials": statistics.mean(found) if found else None,
-            "p90_trials": sorted(found)[int(0.9 * len(found)) - 1] if found else None,
+            # Seeds that never reach the target within the grid's size count as > n (censored).
+            "median_trials": censored_median(hits, n),
+            "mean_trials_when_found": statistics.mean(found) if found else None,
+            "p90_trials": censored_quantile(hits, n, 0.9),
             "found_within_10": sum(h is not None and h <= 10 for h in hits) / len(hits),
             "found_within_grid": len(found) / len(hits),
         }

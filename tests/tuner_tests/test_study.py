@@ -175,3 +175,29 @@ def test_default_trial_is_enqueued_only_when_the_space_expresses_it(tmp_path, fa
     assert EngineConfig.model_validate(t0.user_attrs["config"]) == EngineConfig()
     assert study.user_attrs["baseline"]["config"]["scheduling"] == "static"
     assert summary["references"]["default"] == t0.user_attrs["metrics"]
+
+
+def test_forbidden_combinations_do_not_use_up_the_budget(tmp_path, fake_trials):
+    """Forbidden points are pruned before any measurement and not counted: the study still
+    measures n_trials configs (fake measurement)."""
+    knobs = [{"name": "max_num_seqs", "type": "categorical", "choices": [1, 2, 4, 8]},
+             {"name": "quantization", "type": "categorical", "choices": ["none", "int8"]}]
+    spec = write_spec(tmp_path, budget={"n_trials": 4},
+                      search_space={"name": "f", "knobs": knobs, "forbidden": [{"max_num_seqs": [1, 2]}]})
+    run_command(spec, progress=False)
+    trials = _study(tmp_path / "out").trials
+    forbidden = [t for t in trials if t.user_attrs.get("forbidden")]
+    measured = [t for t in trials if not t.user_attrs.get("forbidden")]
+    assert forbidden, "the seeded random sampler proposes forbidden points in this space"
+    assert all(t.state == optuna.trial.TrialState.PRUNED and t.params["max_num_seqs"] in (1, 2) for t in forbidden)
+    assert len(measured) == 4 and all(t.state == optuna.trial.TrialState.COMPLETE for t in measured)
+
+
+def test_a_sampler_stuck_on_forbidden_points_still_stops(tmp_path, fake_trials):
+    """Everything forbidden: the study ends after 5 x n_trials rejected points, with no winner."""
+    spec = write_spec(tmp_path, budget={"n_trials": 2},
+                      search_space={"name": "f", "knobs": [{"name": "max_num_seqs", "type": "categorical", "choices": [1, 2]}],
+                                    "forbidden": [{"max_num_seqs": [1, 2]}]})
+    assert run_command(spec, progress=False) is None
+    trials = _study(tmp_path / "out").trials
+    assert sum(bool(t.user_attrs.get("forbidden")) for t in trials) == 10
