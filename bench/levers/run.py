@@ -275,9 +275,9 @@ def render(meta: dict, res: dict) -> str:
         f"# Engine levers, on/off ({meta['date']}, {meta['machine']})", "",
         f"torch {meta['torch']}, {meta['threads']} threads, SmolLM2-135M-Instruct (bundled GGUF, dequantized). "
         f"Command: `python bench/levers/run.py --repeats {meta['repeats']}`; timed workloads interleaved across rows, "
-        f"medians of {meta['repeats']} repeats; wall time {meta['wall_s'] / 60:.1f} min. The 2 cores were shared with "
-        f"other jobs: load average {meta['loadavg_start'][0]:.1f} at start, {meta['loadavg_end'][0]:.1f} at end, so "
-        "absolute times are noisy; ratios come from interleaved runs.", "",
+        f"medians of {meta['repeats']} repeats; wall time {meta['wall_s'] / 60:.1f} min. Load average "
+        f"{meta['loadavg_start'][0]:.1f} at start, {meta['loadavg_end'][0]:.1f} at end (this run's own load included; "
+        "above ~2 means other jobs shared the cores and absolute times are noisy); ratios come from interleaved runs.", "",
         "| config | lever | weight MB | KV B/token | KV blocks @0.25 GiB | batch-1 TPOT ms (x) | weight GB/s | "
         "saturation tok/s (x) | shared-prefix TTFT ms (x) | spec: structured | spec: open-ended | top-1 agree | mean KL |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -294,7 +294,7 @@ def render(meta: dict, res: dict) -> str:
               "- (x) columns: ratio to the fp32 baseline row (TPOT: baseline/row, higher is faster; TTFT: row/baseline, "
               "lower is better).",
               "- noise check: `prefix cache` runs the baseline's exact code for batch-1 TPOT and saturation, so its (x) "
-              "there should read 1.00x; its deviation is this run's noise level (the cores were shared).",
+              "there should read 1.00x; its deviation is this run's noise level.",
               f"- prefix cache hit rate over the row's whole run: {pr['prefix_hit_rate']:.0%} of prompt tokens." if pr else "",
               "- spec columns: batch-1 greedy chat replies (32 tokens, 3 prompts per set); decode tokens/s "
               "(after the first token); acc = accepted / proposed drafts; tok/verify = tokens emitted per "
