@@ -7,7 +7,7 @@ the point is fewer bytes moved per decode step.
 CPU: int8/int4 use torch's packed CPU kernels (`_weight_int8pack_mm`,
 `_weight_int4pack_mm_for_cpu`), which are fast with bfloat16 activations, so activations are
 cast to bf16 around the call. Those kernels are GEMV loops: their cost grows linearly with
-the rows, so at prefill sizes (128 rows: 8x slower than a bf16 GEMM, bench/levers) the weight
+the rows, so at prefill sizes (128 rows: 8-9x slower than a bf16 GEMM of the same shape) the weight
 is dequantized to bf16 per call and multiplied by oneDNN's GEMM instead (AMX where present).
 The switch is by row count (`CPU_GEMM_MIN_ROWS`), measured on the 2-core Xeon: int8 gate_up
 at 128 rows 3.3 ms packed -> 0.66 ms; int4 2.9 ms -> 1.45 ms. Decode-sized batches keep the
