@@ -149,7 +149,9 @@ def model_identity(model_path: Path) -> str:
 
 
 def default_cache_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "slotune" / "baselines"
+    from slotune.evals.tasks import cache_root
+
+    return cache_root() / "baselines"
 
 
 def baseline_config(config):

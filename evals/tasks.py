@@ -20,6 +20,11 @@ from typing import Any
 TASK_PREFIX = "slotune_"
 
 
+def cache_root() -> Path:
+    """Per-user cache of the evals (materialized task YAMLs, baseline scores); honours XDG_CACHE_HOME."""
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "slotune"
+
+
 def data_dir() -> Path:
     return Path(str(resources.files("slotune.evals") / "tasks"))
 
@@ -43,7 +48,7 @@ def task_fingerprint(task: str) -> str:
 def tasks_dir(out: Path | None = None) -> Path:
     """Write every template with absolute data paths under `out`; returns the folder."""
     if out is None:
-        out = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "slotune" / "lm_eval_tasks"
+        out = cache_root() / "lm_eval_tasks"
     src = data_dir()
     for tmpl in src.glob("*/task.yaml.tmpl"):
         dst = out / tmpl.parent.name / "task.yaml"

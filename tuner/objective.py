@@ -56,11 +56,14 @@ def machine_busy_fraction(interval_s: float = 0.5) -> float:
 def omp_wait_policy(setting: str = "auto") -> str:
     """The OpenMP wait policy trials run with ("active" or "passive"); see `trial_env`.
 
-    "auto" is decided once per process, from the CPU use of the whole machine over half a
-    second before the first trial (not the load average, which still remembers the previous
-    run for minutes), so every trial of a run is measured under the same policy.
+    A user's own OMP_WAIT_POLICY wins over `setting`. "auto" is decided once per process,
+    from the CPU use of the whole machine over half a second before the first trial (not the
+    load average, which still remembers the previous run for minutes), so every trial of a
+    run is measured under the same policy.
     """
     global _AUTO_POLICY
+    if os.environ.get("OMP_WAIT_POLICY"):
+        return os.environ["OMP_WAIT_POLICY"].lower()
     if setting != "auto":
         return setting
     if _AUTO_POLICY is None:
@@ -80,7 +83,7 @@ def trial_env(threads: int | None = None, wait_policy: str = "auto") -> dict[str
     machine). A user's own OMP_WAIT_POLICY wins.
     """
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    env.setdefault("OMP_WAIT_POLICY", omp_wait_policy(wait_policy).upper())
+    env["OMP_WAIT_POLICY"] = omp_wait_policy(wait_policy).upper()
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)
     return env

@@ -171,7 +171,8 @@ def run_command(spec_path: Path | None, n_trials: int | None = None, storage: st
         fail_orphaned_trials(study)
         enqueue_reference_trials(study, spec)
     total = spec.budget.n_trials
-    # Resolve "auto" now, so every trial of this run and its MLflow record share one policy.
+    # Resolve "auto" (and a user's OMP_WAIT_POLICY) now: every trial of this run, the progress
+    # line and the MLflow tag then show the one policy the trials really ran with.
     spec.budget.trial_omp_wait_policy = omp_wait_policy(spec.budget.trial_omp_wait_policy)
     tracker = None
     if not worker or spec.mlflow_tracking_uri:
@@ -180,7 +181,7 @@ def run_command(spec_path: Path | None, n_trials: int | None = None, storage: st
         tracker = MLflowTracker(spec, study)
     with Progress(spec, total, enabled=progress) as prog:
         prog.seed_rows(study)
-        prog.say(f"trials run with OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', spec.budget.trial_omp_wait_policy)}"
+        prog.say(f"trials run with OMP_WAIT_POLICY={spec.budget.trial_omp_wait_policy}"
                  f" (budget.trial_omp_wait_policy; {os.cpu_count()} cores)")
         # The budget counts every finished trial of the study (resumed runs and all workers
         # together) except forbidden combinations, which are rejected before any measurement.

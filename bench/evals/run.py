@@ -107,15 +107,13 @@ def render(meta: dict, rows: list[dict]) -> str:
     base = rows[0]
     out += ["## Baseline score vs chance, and CPU runtime", "",
             "| task | metric | items | baseline | chance | stderr | runtime (s) |", "| --- | --- | --- | --- | --- | --- | --- |"]
-    from slotune.evals.stats import mean_stderr  # noqa: F401 - documents where the SEs come from
-
     for g in base["gates"]:
         task = g["details"].get("task")
         ch = chance(task) if task else None
         se = None
         if g["kind"] == "lm_eval" and g["baseline"] is not None:
             p = g["baseline"]
-            se = (p * (1 - p) / max(g["num_items"], 1)) ** 0.5
+            se = (p * (1 - p) / max(g["num_items"], 1)) ** 0.5  # binomial SE of the baseline score
         out.append(f"| {g['name']} | {g['metric']} | {g['num_items']} | {f(g['baseline'])} | {f(ch)} | {f(se)} | "
                    f"{g['seconds']:.1f} |")
     out += ["", "Agreement of the baseline with itself is 1 by construction; its runtime is the candidate pass.", ""]

@@ -23,6 +23,7 @@ def test_the_users_own_setting_wins(monkeypatch):
 @pytest.mark.parametrize(("busy", "expected"), [(0.1, "active"), (0.9, "passive")])
 def test_auto_follows_the_cpu_use_once_per_process(monkeypatch, busy, expected):
     """The CPU reading is patched: a test cannot make the machine idle or busy on demand."""
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     monkeypatch.setattr(objective, "_AUTO_POLICY", None)
     monkeypatch.setattr(objective, "machine_busy_fraction", lambda: busy)
     assert omp_wait_policy("auto") == expected
