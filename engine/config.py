@@ -99,6 +99,9 @@ class EngineConfig(_Strict):
         "auto", description="activation/compute dtype; auto = bfloat16 on CUDA, float32 on CPU"
     )
     seed: int = 0
+    num_threads: int | None = Field(None, ge=1, le=1024, description="CPU: intra-op threads of the engine process "
+                                    "(torch.set_num_threads); None = torch's default (one per core). Fewer leave "
+                                    "cores to the HTTP server and its clients")
 
     # Weight quantization (weight-only unless fp8).
     quantization: Literal["none", "int8", "int4", "fp8"] = "none"

@@ -39,7 +39,7 @@ class DecodeGraphs:
             meta = AttentionMetadata(
                 slot_mapping=self.slots[:b], num_extend_tokens=0, extend_query_lens=[], extend_context_lens=[],
                 extend_block_tables=None, extend_mask=None, decode_block_tables=self.bt[:b],
-                decode_context_lens=self.ctx[:b], decode_mask=None, block_size=bs)
+                decode_context_lens=self.ctx[:b], decode_mask=None, block_size=bs, has_skipped_slots=True)
             with torch.inference_mode():
                 for _ in range(2):  # warm up: Triton autotune/compile outside capture
                     model.compute_logits(model(self.ids[:b], self.pos[:b], runner.kv_cache, meta))

@@ -43,6 +43,8 @@ class ModelRunner:
         self.device = resolve_device(cfg)
         self.dtype = resolve_dtype(cfg, self.device)
         torch.manual_seed(cfg.seed)
+        if cfg.num_threads is not None and self.device.type == "cpu":
+            torch.set_num_threads(cfg.num_threads)  # process-wide: the engine owns its process
         t0 = time.perf_counter()
         if model is None:
             model_cfg, sd, self.model_path = load_model(cfg.model)
@@ -197,6 +199,7 @@ class ModelRunner:
             slot_mapping=torch.full((n,), -1, dtype=torch.int64, device=self.device), num_extend_tokens=n,
             extend_query_lens=[n], extend_context_lens=[n], extend_block_tables=None, extend_mask=None,
             decode_block_tables=None, decode_context_lens=None, decode_mask=None, block_size=self.block_size,
+            has_skipped_slots=True,
         )
         ids = torch.tensor(token_ids, dtype=torch.int64, device=self.device)
         pos = torch.arange(n, device=self.device)

@@ -14,8 +14,10 @@ import hmac
 import json
 import logging
 import signal
+import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from fastapi import FastAPI, Request
@@ -295,27 +297,132 @@ def build_app(llm: AsyncLLM, *, api_key: str | None = None, served_model_name: s
     return app
 
 
+def _uvicorn_server(app: FastAPI, host: str, port: int, grace_s: float, log_level: str):
+    """A uvicorn.Server that leaves signals alone: its owner decides when to drain and stop."""
+    import uvicorn
+
+    class _Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self):  # SIGTERM drains first (serve_command); a thread owns no signals
+            yield
+
+    return _Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
+                                  timeout_graceful_shutdown=int(grace_s) + 5))
+
+
+async def _serve(llm: AsyncLLM, server, *, stopping: asyncio.Event, forced: asyncio.Event, grace_s: float,
+                 on_ready: Callable[[], None]) -> int:
+    """Serve until `stopping`: uvicorn and `llm.start()` (load + warm-up) together; `on_ready` once
+    both run; then stop accepting, drain in-flight requests for up to grace_s (`forced` cuts the
+    drain short, aborting what is left) and stop uvicorn.
+
+    Returns 0, or 1 when uvicorn stopped before serving (uvicorn logged why; a port that is taken
+    raises uvicorn's SystemExit out of the loop instead).
+    """
+    serve_task = asyncio.create_task(server.serve())
+    start_task = asyncio.create_task(llm.start())
+    await asyncio.wait({serve_task, start_task}, return_when=asyncio.FIRST_COMPLETED)
+    if serve_task.done():
+        start_task.cancel()
+        return 1
+    await start_task
+    while not server.started and not serve_task.done():  # the model may be ready before the socket
+        await asyncio.sleep(0.01)
+    if serve_task.done():
+        await llm.shutdown(grace_s=0)
+        return 1
+    on_ready()
+    stop_wait = asyncio.create_task(stopping.wait())
+    await asyncio.wait({serve_task, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+    drain = asyncio.create_task(llm.shutdown(grace_s=grace_s))
+    force_wait = asyncio.create_task(forced.wait())
+    await asyncio.wait({drain, force_wait}, return_when=asyncio.FIRST_COMPLETED)
+    if not drain.done():
+        drain.cancel()
+        await llm.shutdown(grace_s=0)
+    force_wait.cancel()
+    stop_wait.cancel()
+    server.should_exit = True
+    with contextlib.suppress(SystemExit):
+        await serve_task
+    return 0
+
+
+@contextlib.contextmanager
+def serve_in_thread(llm: AsyncLLM, app: FastAPI, *, host: str = "127.0.0.1", port: int = 0,
+                    grace_s: float = 0.0, log_level: str = "warning") -> Iterator[str]:
+    """Serve `app` (over `llm`) from a background thread as `tune serve` does; yields the base URL.
+
+    The same sequence as `serve_command` (`_serve`), stopped by leaving the block instead of by a
+    signal: the block runs once /ready would answer 200; on exit new requests are refused,
+    in-flight ones get grace_s to finish, the rest are aborted, and the thread is joined. The
+    loaded model stays usable afterwards (`AsyncLLM(cfg, llm=llm)` then `llm` alone).
+
+    Args:
+        llm: the AsyncLLM to start (a given `llm=` skips the load, not the warm-up).
+        app: `build_app(llm, ...)`.
+        host, port: where to listen; port 0 takes a free port (the yielded URL names it).
+        grace_s: drain time on exit.
+    Raises:
+        RuntimeError: the server did not start (the engine failed to start, or uvicorn could not
+            listen), or its thread did not stop.
+    """
+    server = _uvicorn_server(app, host, port, grace_s, log_level)
+    is_ready = threading.Event()
+    box: dict = {}  # loop + stopping event (set by the thread), outcome
+
+    async def main() -> int:
+        box["loop"], box["stopping"] = asyncio.get_running_loop(), asyncio.Event()
+
+        def on_ready() -> None:
+            box["port"] = server.servers[0].sockets[0].getsockname()[1]
+            is_ready.set()
+
+        return await _serve(llm, server, stopping=box["stopping"], forced=asyncio.Event(), grace_s=grace_s,
+                            on_ready=on_ready)
+
+    def run() -> None:
+        try:
+            box["code"] = asyncio.run(main())
+        except BaseException as exc:  # uvicorn's SystemExit too; raised again in the caller's thread
+            box["error"] = exc
+        finally:
+            is_ready.set()  # wakes the caller if we end before serving
+
+    thread = threading.Thread(target=run, name="slotune-server", daemon=True)
+    thread.start()
+    is_ready.wait()
+    if "port" not in box:
+        thread.join()
+        err = box.get("error")
+        why = f"{type(err).__name__}: {err}" if err is not None else "uvicorn could not listen (it logged why)"
+        raise RuntimeError(f"server did not start on {host}:{port}: {why}") from err
+    try:
+        yield f"http://{host}:{box['port']}"
+    finally:
+        with contextlib.suppress(RuntimeError):  # the loop already closed: the thread is ending anyway
+            box["loop"].call_soon_threadsafe(box["stopping"].set)
+        thread.join(grace_s + 30)
+    if thread.is_alive():
+        raise RuntimeError(f"server thread on {host}:{box['port']} did not stop within {grace_s + 30:g}s")
+    if "error" in box:
+        err = box["error"]
+        raise RuntimeError(f"server on {host}:{box['port']} failed while stopping: {type(err).__name__}: {err}") from err
+
+
 def serve_command(config: Path | None, host: str, port: int, api_key: str | None, served_model_name: str | None,
                   grace_s: float = 20.0) -> None:
     """Load, warm up, serve; on SIGTERM stop accepting, drain for grace_s, exit 0.
 
     A second SIGTERM/SIGINT skips the rest of the grace period (aborts what is left).
     """
-    import uvicorn
-
     cfg = EngineConfig.from_yaml(config) if config else EngineConfig()
     llm = AsyncLLM(cfg)
     app = build_app(llm, api_key=api_key, served_model_name=served_model_name)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-    class _Server(uvicorn.Server):
-        @contextlib.contextmanager
-        def capture_signals(self):  # we own SIGTERM: drain first, then stop uvicorn
-            yield
-
     async def main() -> int:
-        server = _Server(uvicorn.Config(app, host=host, port=port, log_level="info", access_log=False,
-                                        timeout_graceful_shutdown=int(grace_s) + 5))
+        server = _uvicorn_server(app, host, port, grace_s, log_level="info")
         loop = asyncio.get_running_loop()
         stopping, forced = asyncio.Event(), asyncio.Event()
 
@@ -330,28 +437,9 @@ def serve_command(config: Path | None, host: str, port: int, api_key: str | None
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, on_signal)
-        serve_task = asyncio.create_task(server.serve())
         log.info("loading %s", cfg.model)
-        start_task = asyncio.create_task(llm.start())
-        await asyncio.wait({serve_task, start_task}, return_when=asyncio.FIRST_COMPLETED)
-        if serve_task.done():  # e.g. the port is taken: uvicorn logged why
-            start_task.cancel()
-            return 1
-        await start_task
-        log.info("ready on http://%s:%d (model %s)", host, port, served_model_name or cfg.model)
-        stop_wait = asyncio.create_task(stopping.wait())
-        await asyncio.wait({serve_task, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
-        drain = asyncio.create_task(llm.shutdown(grace_s=grace_s))
-        force_wait = asyncio.create_task(forced.wait())
-        await asyncio.wait({drain, force_wait}, return_when=asyncio.FIRST_COMPLETED)
-        if not drain.done():
-            drain.cancel()
-            await llm.shutdown(grace_s=0)
-        force_wait.cancel()
-        server.should_exit = True
-        with contextlib.suppress(SystemExit):
-            await serve_task
-        return 0
+        return await _serve(llm, server, stopping=stopping, forced=forced, grace_s=grace_s, on_ready=lambda: log.info(
+            "ready on http://%s:%d (model %s)", host, port, served_model_name or cfg.model))
 
     code = asyncio.run(main())
     if code:

@@ -187,7 +187,10 @@ def _fmt(v: float | None, scale: float = 1.0) -> str:
 
 
 def print_result(res: BenchResult, title: str = "benchmark", percentiles: tuple[float, ...] = PERCENTILES) -> None:
-    """Rich tables: latency percentiles (ms), then throughput, goodput and engine stats."""
+    """Rich tables: latency percentiles (ms), then throughput, goodput, engine stats and failures.
+
+    Rows whose metric the run did not produce (engine stats over HTTP) are left out.
+    """
     from rich.console import Console
     from rich.table import Table
 
@@ -210,9 +213,14 @@ def print_result(res: BenchResult, title: str = "benchmark", percentiles: tuple[
             ("prefix-cache hit rate", "prefix_cache_hit_rate", 1),
             ("spec acceptance rate", "spec_acceptance_rate", 1), ("spec mean accepted length", "spec_mean_accepted_length", 1),
             ("preemptions", "num_preemptions", 1), ("rejected", "num_rejected", 1),
-            ("peak memory (MB)", "peak_memory_mb", 1), ("weights (MB)", "weight_bytes", 1e-6)]
+            ("peak memory (MB)", "peak_memory_mb", 1), ("weights (MB)", "weight_bytes", 1e-6),
+            ("short outputs (ignore_eos not honoured?)", "num_short_outputs", 1),
+            ("client CPU (s)", "client_cpu_s", 1), ("failed", "num_failed", 1)]
     for label, key, scale in rows:
-        s.add_row(label, _fmt(m.get(key), scale))
+        if key in m:
+            s.add_row(label, _fmt(m[key], scale))
+    for key in sorted(k for k in m if k.startswith("num_failed_")):  # by HTTP status or cause (tuner/http_bench.py)
+        s.add_row(f"  failed: {key.removeprefix('num_failed_')}", _fmt(m[key]))
     console.print(s)
 
 
@@ -229,27 +237,60 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
     return out
 
 
+def load_tokenizer(model: str):
+    """The tokenizer of a model reference as `EngineConfig.model` takes it, without the weights."""
+    # engine.loader imports torch (it also reads weights): only `tune bench --url` pays for it here.
+    from slotune.engine.loader import resolve_model_path
+    from slotune.engine.tokenizer import Tokenizer
+
+    return Tokenizer.from_model_path(resolve_model_path(model))
+
+
 def bench_command(config: Path | None, workload: Path | str | None, json_out: Path | None, overrides: list[str],
-                  seed: int | None, ttft_limit_s: float | None = None, tpot_limit_s: float | None = None) -> BenchResult:
-    """`tune bench`: load config (+ overrides) and workload, replay, print tables, write JSON."""
+                  seed: int | None, ttft_limit_s: float | None = None, tpot_limit_s: float | None = None, *,
+                  url: str | None = None, api_key: str | None = None, model: str | None = None,
+                  api: str | None = None, tokenizer: str | None = None) -> BenchResult:
+    """`tune bench`: load config (+ overrides) and workload, replay, print tables, write JSON.
+
+    With `url`, no engine is built: the workload is replayed against that OpenAI-compatible
+    server (tuner/http_bench.py), its prompts made with the tokenizer of `tokenizer` (a model
+    reference), else of CONFIG's model, else of the default model.
+    """
     from rich.console import Console
 
     from slotune.engine.config import EngineConfig
 
+    if url is None:
+        for flag, value in (("--model", model), ("--api", api), ("--tokenizer", tokenizer)):
+            if value is not None:
+                raise ValueError(f"{flag}: only applies with --url (measuring a running server)")
+    elif overrides:
+        raise ValueError(f"--set: changes the engine config, but --url measures a running server; configure that "
+                         f"server instead (got {', '.join(overrides)})")
     cfg = EngineConfig.from_yaml(config) if config else EngineConfig()
     if overrides:
         cfg = cfg.with_updates(parse_overrides(overrides))
     wl = WorkloadSpec.load(workload if workload else DEFAULT_WORKLOAD)
     total = wl.num_requests
-    with Console(stderr=True).status(f"replaying {wl.name}") as status:
+    where = f" @ {url}" if url else ""
+    with Console(stderr=True).status(f"replaying {wl.name}{where}") as status:
         def progress(done: int, n: int | None) -> None:
-            status.update(f"replaying {wl.name}: {done}/{n if n else '?'} requests")
+            status.update(f"replaying {wl.name}{where}: {done}/{n if n else '?'} requests")
 
-        res = run_benchmark(cfg, wl, seed=seed, ttft_limit_s=ttft_limit_s, tpot_limit_s=tpot_limit_s,
-                            on_progress=progress)
-    print_result(res, title=f"tune bench: {wl.name}" + (f" ({total} requests)" if total else ""))
+        if url is None:
+            res = run_benchmark(cfg, wl, seed=seed, ttft_limit_s=ttft_limit_s, tpot_limit_s=tpot_limit_s,
+                                on_progress=progress)
+        else:
+            # Imported here: httpx is only needed with --url, and http_bench builds on this module.
+            from slotune.tuner.http_bench import run_http_benchmark
+
+            status.update(f"loading the tokenizer of {tokenizer or cfg.model}")
+            tok = load_tokenizer(tokenizer or cfg.model)
+            res = run_http_benchmark(url, wl, tokenizer=tok, api_key=api_key, model=model, api=api or "completions",
+                                     seed=seed, ttft_limit_s=ttft_limit_s, tpot_limit_s=tpot_limit_s,
+                                     on_progress=progress)
+    print_result(res, title=f"tune bench: {wl.name}" + (f" ({total} requests)" if total else "") + where)
     if json_out:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(res.to_dict(), indent=1))
     return res
-

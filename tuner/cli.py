@@ -8,7 +8,7 @@ stays fast.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Literal, Optional
 
 import typer
 
@@ -42,14 +42,27 @@ def bench(
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write the full result as JSON here")] = None,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="override a config field: --set max_num_seqs=8")] = None,
     seed: Annotated[Optional[int], typer.Option(help="override the workload seed")] = None,
+    url: Annotated[Optional[str], typer.Option("--url", help="measure this OpenAI-compatible server (http://host:port) "
+                                                             "instead of building an engine")] = None,
+    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="SLOTUNE_API_KEY",
+                                                   help="with --url: send 'Authorization: Bearer KEY'")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", help="with --url: model id to request; "
+                                                                  "default: the first of GET /v1/models")] = None,
+    api: Annotated[Optional[Literal["completions", "chat"]], typer.Option(
+        "--api", help="with --url: completions (token-id prompts, exact lengths) or chat (text as a user message); "
+                      "default: completions")] = None,
+    tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", help="with --url: model whose tokenizer makes the "
+                                                                          "prompts ('smollm2-135m', a .gguf, an HF dir); "
+                                                                          "default: CONFIG's model")] = None,
 ) -> None:
-    """Replay a workload against the engine and report TTFT/TPOT/ITL/e2e, tokens/s, goodput."""
+    """Replay a workload against the engine (or a server, --url) and report TTFT/TPOT/ITL/e2e, tokens/s, goodput."""
     try:
         from slotune.tuner.bench import bench_command
     except ImportError as exc:  # pragma: no cover - install problem
         _fail(exc)
     try:
-        bench_command(config=config, workload=workload, json_out=json_out, overrides=set_ or [], seed=seed)
+        bench_command(config=config, workload=workload, json_out=json_out, overrides=set_ or [], seed=seed, url=url,
+                      api_key=api_key, model=model, api=api, tokenizer=tokenizer)
     except _USER_ERRORS as exc:
         _fail(exc)
 

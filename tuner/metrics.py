@@ -37,7 +37,7 @@ class RequestRecord:
     e2e: float | None
     queue_time: float | None
     itls: list[float]
-    finish_reason: str | None  # stop | length | abort | rejected
+    finish_reason: str | None  # stop | length | abort | rejected | error (over HTTP: the request broke)
     cached_prompt_tokens: int = 0
     num_preemptions: int = 0
     num_draft_tokens: int = 0
@@ -139,6 +139,7 @@ def summarize(records: list[RequestRecord], duration_s: float, *, ttft_limit_s: 
         num_completed=float(len(done)),
         num_rejected=float(sum(r.finish_reason == "rejected" for r in records)),
         num_aborted=float(sum(r.finish_reason == "abort" for r in records)),
+        num_errors=float(sum(r.finish_reason == "error" for r in records)),
         duration_s=duration_s,
         prompt_tokens=float(sum(r.prompt_tokens for r in done)),
         output_tokens=float(out_tokens),

@@ -102,7 +102,7 @@ def run_trial_process(request: dict[str, Any], *, timeout_s: float, memory_gb: f
         threads: CPU threads of the child (OMP_NUM_THREADS); None = torch's default.
 
     Returns:
-        The child's result dict: metrics, violations, early_stopped, gates, latencies.
+        The child's result dict: metrics, violations, early_stopped, gates, latencies, measure.
     """
     with tempfile.TemporaryDirectory(prefix="slotune-trial-") as d:
         src, dst, phase_file = Path(d) / "in.json", Path(d) / "out.json", Path(d) / "phase.txt"
@@ -142,7 +142,8 @@ def run_trial_process(request: dict[str, Any], *, timeout_s: float, memory_gb: f
 
 
 def trial_request(spec, config, seed: int | None = None, early_stop: bool = True) -> dict[str, Any]:
-    """Everything the child needs, as JSON: config, workload, objective, gates, early stop."""
+    """Everything the child needs, as JSON: config, workload, objective, gates, early stop, and
+    how to measure (`budget.measure`: served over HTTP or in process)."""
     es = spec.early_stop.model_dump(mode="json")
     es["enabled"] = es["enabled"] and early_stop
     return {
@@ -153,6 +154,7 @@ def trial_request(spec, config, seed: int | None = None, early_stop: bool = True
         "early_stop": es,
         "seed": seed,
         "cache_dir": str(spec.resolved_output_dir() / "cache"),
+        "measure": spec.budget.measure,
     }
 
 
@@ -197,6 +199,7 @@ class Objective:
 
         trial.set_user_attr("host", socket.gethostname())
         trial.set_user_attr("pid", os.getpid())
+        trial.set_user_attr("measure", self.spec.budget.measure)
         params = self.space.sample(trial)
         reason = self.space.forbidden_reason(params)
         if reason:  # costs nothing to measure, so it does not count against the budget

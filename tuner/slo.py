@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from slotune.tuner.metrics import RequestRecord, summarize
+
 # One key per constraint; `early_stop` and `quality_gates` are 0/1 flags set by the trial.
 CONSTRAINT_KEYS = ("ttft", "tpot", "throughput", "early_stop", "quality_gates")
 
@@ -81,3 +83,15 @@ def certain_violations(in_flight, now: float, objective: Mapping[str, Any], fact
             if (now - m.first_token_time) / max(1, seq.params.max_tokens - 1) > factor * tpot_limit:
                 n += 1
     return n
+
+
+def breaks_slo_so_far(records: list[RequestRecord], objective: dict[str, Any], es: dict[str, Any]) -> bool:
+    """The early-stop rule: at least `es.min_requests` requests have finished (aborted and broken
+    ones do not count) and their pXX already misses a latency limit by `es.factor` x.
+
+    Used by both replays: `run_benchmark`'s should_stop in tuner/trial_runner.py, the HTTP
+    client's in tuner/http_bench.py `main`.
+    """
+    done = [r for r in records if r.finish_reason not in ("abort", "error")]
+    return len(done) >= es["min_requests"] and breaks_slo_early(
+        summarize(done, 1.0, percentiles=(objective["percentile"],)), objective, es["factor"])

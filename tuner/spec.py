@@ -70,6 +70,11 @@ class Budget(_Strict):
         "auto", description="OpenMP idle threads of a trial: active (spin, as `tune serve` runs; fastest on a "
         "dedicated machine) or passive (sleep; robust when the CPU is shared); auto = passive when more than "
         "half the CPU is busy before the first trial")
+    measure: Literal["served", "in_process"] = Field(
+        "served", description="how a trial measures its config: served = as a client of `tune serve` sees it (the "
+        "engine behind the OpenAI-compatible HTTP server, the workload replayed over loopback by a client in its own "
+        "process: the numbers `tune serve` delivers); in_process = the workload replayed on the engine directly "
+        "(faster trials, no HTTP or client cost: its numbers can be better than what serving delivers)")
 
 
 class EarlyStop(_Strict):
@@ -224,6 +229,6 @@ def validate_command(spec: Path) -> TuningSpec:
             highlight=False)
     c.print(f"  workload: {wl.name} ({wl.arrivals}, {wl.num_requests} requests); search space: {space.name} "
             f"({len(space.knobs)} knobs); gates: {len(s.quality_gates)}; sampler: {s.sampler}; "
-            f"budget: {s.budget.n_trials} trials", highlight=False)
+            f"budget: {s.budget.n_trials} trials, measured {s.budget.measure.replace('_', ' ')}", highlight=False)
     c.print(Syntax(yaml.safe_dump(resolved_dict(s), sort_keys=False), "yaml", theme="ansi_dark", background_color="default"))
     return s

@@ -43,6 +43,7 @@ class MLflowTracker:
             self.client.log_param(parent, "search_space", spec.space().name)
         self.parent_run_id = parent
         self.client.set_tag(parent, "slotune.omp_wait_policy", spec.budget.trial_omp_wait_policy)
+        self.client.set_tag(parent, "slotune.measure", spec.budget.measure)
 
     def __call__(self, study, trial) -> None:
         try:
@@ -74,6 +75,8 @@ class MLflowTracker:
         c.set_tag(rid, "slotune.early_stopped", str(bool(ua.get("early_stopped"))))
         if ua.get("tag"):
             c.set_tag(rid, "slotune.tag", ua["tag"])
+        if ua.get("measure"):
+            c.set_tag(rid, "slotune.measure", ua["measure"])
         if ua.get("fail_reason"):
             c.set_tag(rid, "slotune.fail_reason", ua["fail_reason"][:5000])
         gates = ua.get("gates")

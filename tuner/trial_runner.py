@@ -1,10 +1,21 @@
-"""One trial in its own process: build the engine, warm up, replay the workload, check the SLO,
-run the quality gates.
+"""One trial in its own process: build the engine, replay the workload, check the SLO, run the
+quality gates.
 
 Run as `python -m slotune.tuner.trial_runner IN.json OUT.json`. A crash, an OOM kill or a
 hang takes down only this process; the parent (`tuner/objective.py`) records the trial as
 failed with the reason and the study goes on. Progress is written to the request's
 `phase_file` so the parent can show the current phase.
+
+How the replay is measured (`budget.measure`, the request's `measure`):
+- served (default): the numbers a client of `tune serve` gets. The loaded engine is served as
+  `tune serve` serves it (`AsyncLLM` + `build_app` on a free loopback port, `serve_in_thread`)
+  and the workload is replayed by a client in its own process (`python -m
+  slotune.tuner.http_bench`), which measures latency and throughput on its clock and applies
+  the early-stop rule. Between the client's warm-up and its measured run the two processes
+  hand-shake, so the engine counters (prefix cache, speculation, preemptions, KV peak, steps,
+  rejections) and peak memory, which HTTP does not show, cover the measured requests only.
+- in_process: `run_benchmark` drives the engine directly, with no server, HTTP or second
+  process (10-40% better latency than served on the 2-core box: fast, but not what users get).
 
 Test hooks (environment variables, read only here):
 - SLOTUNE_TEST_TRIAL_FAULT=crash|hang|oom|raise: simulate a crashing, hanging, memory-hungry
@@ -16,15 +27,23 @@ Test hooks (environment variables, read only here):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import pickle
+import subprocess
 import sys
+import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from slotune.tuner.slo import breaks_slo_early, certain_violations, is_feasible, slo_violations
+from slotune.tuner.bench import BenchResult, run_benchmark
+from slotune.tuner.metrics import MemoryTracker, engine_stats_delta
+from slotune.tuner.slo import breaks_slo_so_far, certain_violations, is_feasible, slo_violations
+from slotune.tuner.workload import WorkloadSpec
 
 
 def _fake_metrics(cfg) -> dict[str, float]:
@@ -53,11 +72,12 @@ def _fault_hook() -> None:
 class _InFlightWatchdog:
     """Early stop for requests that have not finished yet.
 
-    `run_benchmark` asks `should_stop` only when a request finishes; a static batch or a long
+    The replay asks `should_stop` only when a request finishes; a static batch or a long
     prefill can keep that from happening for minutes while the SLO is already lost. This wraps
     `engine.step`: once `min_requests` in-flight requests are certain to miss a limit by
-    `factor` x, it aborts everything in flight; the aborted outputs reach `should_stop`, which
-    then ends the replay as early-stopped.
+    `factor` x, it aborts everything in flight. In process, the aborted outputs reach
+    `should_stop`, which then ends the replay as early-stopped; served, they reach the client as
+    aborted streams, which end its replay, and the trial reads `is_hopeless`.
     """
 
     def __init__(self, engine, objective: dict[str, Any], es: dict[str, Any]) -> None:
@@ -85,9 +105,8 @@ class _InFlightWatchdog:
 
 
 def run_trial(req: dict[str, Any]) -> dict[str, Any]:
-    """Measure one config. Returns metrics, SLO violations, early_stopped, gates, latencies."""
+    """Measure one config. Returns metrics, SLO violations, early_stopped, gates, latencies, measure."""
     from slotune.engine.config import EngineConfig
-    from slotune.tuner.workload import WorkloadSpec
 
     phase_file = req.get("phase_file")
 
@@ -99,43 +118,25 @@ def run_trial(req: dict[str, Any]) -> dict[str, Any]:
 
     cfg = EngineConfig.model_validate(req["config"])
     objective = req["objective"]
+    measure = req.get("measure", "served")  # validated as budget.measure (tuner/spec.py)
     _fault_hook()
     if os.environ.get("SLOTUNE_FAKE_TRIAL") == "1":
         phase("fake measurement")
         time.sleep(float(os.environ.get("SLOTUNE_FAKE_TRIAL_SLEEP", "0")))
         metrics = _fake_metrics(cfg)
-        return {"metrics": metrics, "violations": slo_violations(metrics, objective), "early_stopped": False, "gates": None}
+        return {"metrics": metrics, "violations": slo_violations(metrics, objective), "early_stopped": False,
+                "gates": None, "measure": measure}
 
     from slotune.engine import LLM
-    from slotune.tuner.bench import run_benchmark
-    from slotune.tuner.metrics import summarize
 
     phase("loading model")
     t0 = time.perf_counter()
-    llm = LLM(cfg)
-    load_s = time.perf_counter() - t0
-    wl = WorkloadSpec.model_validate(req["workload"])
-    es = req.get("early_stop") or {}
-    pct = (objective["percentile"],)
-    watchdog = _InFlightWatchdog(llm.engine, objective, es) if es.get("enabled") else None
-
-    def should_stop(records) -> bool:
-        if not es.get("enabled"):
-            return False
-        if watchdog is not None and watchdog.is_hopeless:
-            return True
-        done = [r for r in records if r.finish_reason != "abort"]
-        return len(done) >= es["min_requests"] and breaks_slo_early(summarize(done, 1.0, percentiles=pct),
-                                                                    objective, es["factor"])
-
-    phase("warm-up + replay")
-    if watchdog is not None:
-        watchdog.install()
-    res = run_benchmark(cfg, wl, llm=llm, ttft_limit_s=objective.get("ttft_limit_s"),
-                        tpot_limit_s=objective.get("tpot_limit_s"), seed=req.get("seed"), percentiles=pct,
-                        should_stop=should_stop, on_progress=lambda done, total: phase(f"replay {done}/{total}"))
-    if watchdog is not None:
-        watchdog.uninstall()
+    if measure == "served":  # the server's engine thread loads it: see engine/async_llm.py for why
+        llm, res, load_s = _replay_served(cfg, req, phase)
+    else:
+        llm = LLM(cfg)
+        load_s = time.perf_counter() - t0
+        res = _replay_in_process(llm, req, phase)
     metrics = {**res.metrics, "load_time_s": load_s}
     violations = slo_violations(metrics, objective)
     violations["early_stop"] = 1.0 if res.early_stopped else 0.0
@@ -143,14 +144,147 @@ def run_trial(req: dict[str, Any]) -> dict[str, Any]:
     if req.get("gates") and is_feasible(violations):  # cheap first: gates only for SLO-meeting trials
         from slotune.evals.gates import GateSpec, evaluate_gates
 
-        phase("quality gates")
+        phase("quality gates")  # served: the server has stopped; the same engine, idle
         report = evaluate_gates(cfg, [GateSpec.model_validate(g) for g in req["gates"]], llm=llm,
                                 cache_dir=req.get("cache_dir"))
         gates = report.to_dict()
         violations["quality_gates"] = 0.0 if report.passed else 1.0
     return {"metrics": metrics, "violations": violations, "early_stopped": res.early_stopped, "gates": gates,
+            "measure": measure,
             "latencies": {"ttft": [r.ttft for r in res.records if r.ttft is not None],
                           "tpot": [r.tpot for r in res.records if r.tpot is not None]}}
+
+
+def _replay_in_process(llm, req: dict[str, Any], phase: Callable[[str], None]):
+    """`run_benchmark` on the loaded engine (budget.measure: in_process)."""
+    objective, es = req["objective"], req.get("early_stop") or {}
+    watchdog = _InFlightWatchdog(llm.engine, objective, es) if es.get("enabled") else None
+
+    def should_stop(records) -> bool:
+        if not es.get("enabled"):
+            return False
+        return (watchdog is not None and watchdog.is_hopeless) or breaks_slo_so_far(records, objective, es)
+
+    phase("warm-up + replay")
+    if watchdog is not None:
+        watchdog.install()
+    try:
+        return run_benchmark(llm.config, WorkloadSpec.model_validate(req["workload"]), llm=llm,
+                             ttft_limit_s=objective.get("ttft_limit_s"), tpot_limit_s=objective.get("tpot_limit_s"),
+                             seed=req.get("seed"), percentiles=(objective["percentile"],), should_stop=should_stop,
+                             on_progress=lambda done, total: phase(f"replay {done}/{total}"))
+    finally:
+        if watchdog is not None:
+            watchdog.uninstall()
+
+
+def _replay_served(cfg, req: dict[str, Any], phase: Callable[[str], None]):
+    """Load and serve `cfg` as `tune serve` does; replay from a client process over HTTP.
+
+    Latency and throughput metrics (and the records) are the client's; the engine counters and
+    peak memory are this process's, taken over the client's measured run only (see
+    `_run_client`), as `run_benchmark` takes them. Returns (llm, result, seconds to ready).
+    """
+    from slotune.engine.async_llm import AsyncLLM
+    from slotune.engine.server import build_app, serve_in_thread  # imports the engine, hence torch
+
+    t0 = time.perf_counter()
+    objective, es = req["objective"], req.get("early_stop") or {}
+    served = AsyncLLM(cfg)
+    start: dict[str, Any] = {}
+    watchdog = None
+
+    def on_measured_start() -> None:
+        # The client's warm-up has finished and nothing is in flight; its clock starts next.
+        start["peak_blocks"] = bm.peak_blocks_used
+        bm.peak_blocks_used = bm.num_used_blocks  # peak of the measured run only
+        start["stats"] = engine.stats()
+        start["memory"] = MemoryTracker(str(engine.runner.device))
+        if watchdog is not None:  # installed after the warm-up: HTTP request ids do not mark it
+            watchdog.install()
+
+    def on_poll() -> None:
+        if "memory" in start:
+            start["memory"].sample()
+
+    phase("starting server")
+    try:
+        with serve_in_thread(served, build_app(served)) as url:
+            load_s = time.perf_counter() - t0
+            llm = served.llm
+            engine = llm.engine
+            bm = engine.block_manager
+            watchdog = _InFlightWatchdog(engine, objective, es) if es.get("enabled") else None
+            client = _run_client(url, req, llm.tokenizer, on_measured_start, on_poll)
+    finally:
+        if watchdog is not None:
+            watchdog.uninstall()
+    if served.error is not None:
+        raise RuntimeError(f"the engine loop died while serving: {type(served.error).__name__}: {served.error}")
+    is_hopeless = watchdog is not None and watchdog.is_hopeless
+    num_broken = client.metrics.get("num_errors", 0.0)
+    if num_broken and not is_hopeless:  # loopback to our own server: a bug, not a measurement
+        causes = {k: v for k, v in client.metrics.items() if k.startswith("num_failed_") and not k[11:].isdigit()}
+        raise RuntimeError(f"{num_broken:g} requests broke over HTTP without an early stop: {causes}")
+    metrics = dict(client.metrics)
+    metrics.update(engine_stats_delta(start["stats"], engine.stats()))
+    bm.peak_blocks_used = max(start["peak_blocks"], bm.peak_blocks_used)  # the engine's lifetime peak, for its owner
+    metrics.update(start["memory"].metrics())
+    metrics["weight_bytes"] = float(engine.weight_bytes)
+    metrics["kv_bytes_per_token"] = float(engine.kv_bytes_per_token)
+    return llm, BenchResult(config=llm.config.model_dump(mode="json"), workload=client.workload, metrics=metrics,
+                            records=client.records, early_stopped=client.early_stopped or is_hopeless,
+                            device=client.device, started_at=client.started_at), load_s
+
+
+def _run_client(url: str, req: dict[str, Any], tokenizer, on_measured_start: Callable[[], None],
+                on_poll: Callable[[], None]):
+    """Run `python -m slotune.tuner.http_bench` against `url` with the server's `tokenizer`;
+    returns its BenchResult.
+
+    Handshake: the client creates its `warm_file` after its warm-up and waits for a line on its
+    stdin; `on_measured_start` runs in between. `on_poll` runs about every 0.1 s while the
+    client runs. The client exits by itself if this process dies (its stdin closes).
+    """
+    with tempfile.TemporaryDirectory(prefix="slotune-client-") as d:
+        src, dst, warm, tok = (Path(d) / name for name in ("in.json", "out.json", "warm", "tokenizer.pkl"))
+        tok.write_bytes(pickle.dumps(tokenizer))
+        src.write_text(json.dumps({
+            "url": url, "workload": req["workload"], "tokenizer_file": str(tok), "seed": req.get("seed"),
+            "objective": req["objective"], "early_stop": req.get("early_stop") or {},
+            "phase_file": req.get("phase_file"), "warm_file": str(warm)}))
+        with open(Path(d) / "log.txt", "w+") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "slotune.tuner.http_bench", str(src), str(dst)],
+                                    stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT)
+            try:
+                is_started = False
+                while proc.poll() is None:
+                    if not is_started and warm.exists():
+                        on_measured_start()
+                        is_started = True
+                        with contextlib.suppress(OSError):  # the client died: poll() tells
+                            proc.stdin.write(b"go\n")
+                            proc.stdin.flush()
+                    on_poll()
+                    time.sleep(0.1 if is_started else 0.02)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+                with contextlib.suppress(OSError):
+                    proc.stdin.close()
+            if proc.returncode != 0 or not dst.exists():
+                log.seek(0)
+                tail = log.read()[-800:].strip()
+                raise RuntimeError(f"HTTP client process exited with code {proc.returncode}" + (f": {tail}" if tail else ""))
+        out = json.loads(dst.read_text())
+    if out["status"] != "ok":
+        raise RuntimeError(f"HTTP client: {out['error']}")
+    if not is_started:
+        raise RuntimeError("HTTP client finished without starting its measured run")
+    return BenchResult.from_dict(out["result"])
+
+
 
 
 def main(argv: list[str]) -> int:

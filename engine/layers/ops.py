@@ -11,11 +11,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     """Returns (normed, new_residual); new_residual = x + residual (or x) in input dtype."""
     if residual is not None:
         x = x + residual
-    if x.dtype == torch.float32:  # one fused op; half types upcast below for accuracy
-        return F.rms_norm(x, weight.shape, weight, eps), x
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return (xf.to(x.dtype) * weight), x
+    # One fused op for every dtype: for bf16/fp16 it accumulates and applies the weight in
+    # float32 and rounds once (checked against an all-float32 reference: exact), one rounding
+    # fewer than normalising, rounding, then multiplying by the weight.
+    return F.rms_norm(x, weight.shape, weight, eps), x
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

@@ -97,3 +97,27 @@ def test_quantized_kv_generation_tracks_the_full_precision_cache(engines, refere
     assert agree >= 0.5
     st = engines[kv_dtype].engine.stats()
     assert st.num_free_blocks == st.num_total_blocks
+
+
+@pytest.mark.parametrize(("dtype", "atol"), [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_decode_attention_matches_a_float64_reference(dtype, atol, batch):
+    """The decode path (SDPA at fp32 batch 1, grouped matmuls otherwise) over a paged cache, GQA 9:3."""
+    torch.manual_seed(0)
+    L, nb, bs, h, hkv, d = 1, 12, 4, 9, 3, 16
+    cache = KVCache(L, nb, bs, hkv, d, dtype, "auto", torch.device("cpu"))
+    cache.k.normal_()
+    cache.v.normal_()
+    tables = torch.tensor([[5, 1, 7], [2, 0, 9], [11, 4, 3]], dtype=torch.int32)[:batch]
+    ctx = [9, 5, 12][:batch]
+    mask = (torch.arange(3 * bs)[None, :] < torch.tensor(ctx)[:, None])[:, None, None, :]
+    meta = AttentionMetadata(slot_mapping=torch.empty(0, dtype=torch.int64), num_extend_tokens=0, extend_query_lens=[],
+                             extend_context_lens=[], extend_block_tables=None, extend_mask=None, decode_block_tables=tables,
+                             decode_context_lens=torch.tensor(ctx, dtype=torch.int32), decode_mask=mask, block_size=bs)
+    q = torch.randn(batch, h, d, dtype=dtype)
+    out = TorchAttentionBackend()._decode(cache, 0, q, meta, d ** -0.5)
+    for i in range(batch):
+        k = cache.k[0, tables[i].long()].reshape(-1, hkv, d)[: ctx[i]].double().repeat_interleave(h // hkv, dim=1)
+        v = cache.v[0, tables[i].long()].reshape(-1, hkv, d)[: ctx[i]].double().repeat_interleave(h // hkv, dim=1)
+        p = torch.einsum("hd,thd->ht", q[i].double(), k).mul(d ** -0.5).softmax(-1)
+        torch.testing.assert_close(out[i].double(), torch.einsum("ht,thd->hd", p, v), atol=atol, rtol=0)

@@ -38,9 +38,19 @@ def test_validate_cli_exit_codes(tmp_path):
     assert r.exit_code == 0 and "ok" in r.output
     # the resolved spec: built-in workload and space expanded, default storage and tracking paths
     assert "chat-small" in r.output and "knobs:" in r.output and "study.db" in r.output and "mlflow.db" in r.output
+    assert "measured served" in r.output and "measure: served" in r.output  # budget.measure, the default
     bad = tmp_path / "b.yaml"
     bad.write_text("name: ok\nobjective: {kind: latency, metric: ttft}\nsampler: annealing\n")
     r = CliRunner().invoke(app, ["validate", str(bad)])
     assert r.exit_code == 2 and "sampler" in r.output
     r = CliRunner().invoke(app, ["validate", str(tmp_path / "missing.yaml")])
     assert r.exit_code == 2 and "not found" in r.output
+
+
+def test_budget_measure_defaults_to_served_and_names_the_field():
+    base = {"name": "x", "objective": {"kind": "latency", "metric": "tpot"}}
+    assert TuningSpec.model_validate(base).budget.measure == "served"
+    assert TuningSpec.model_validate({**base, "budget": {"measure": "in_process"}}).budget.measure == "in_process"
+    with pytest.raises(ValidationError) as exc:
+        TuningSpec.model_validate({**base, "budget": {"measure": "http"}})
+    assert "budget.measure" in format_error(exc.value)

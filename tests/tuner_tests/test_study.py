@@ -42,6 +42,9 @@ def test_study_writes_best_report_and_mlflow_runs(tmp_path, fake_trials):
     assert len(trials) == 4 and all("tpot_p95" in r["metrics"] for r in trials)
     parent = [r for r in runs if r["tags"].get("slotune.role") == "study"][0]
     assert parent["tags"]["slotune.best_trial"] == str(summary["trial"])
+    # How trials measure (budget.measure, default served) is on every trial and run.
+    assert parent["tags"]["slotune.measure"] == "served" and all(r["tags"]["slotune.measure"] == "served" for r in trials)
+    assert all(t.user_attrs["measure"] == "served" for t in study.trials)
 
 
 @pytest.mark.parametrize(("fault", "budget", "reason"), [
@@ -117,6 +120,7 @@ def test_real_trial_end_to_end(tmp_path):
     assert summary is not None
     m = summary["metrics"]
     assert m["num_completed"] == 3 and m["output_tokens"] == 12 and m["tpot_p95"] > 0
+    assert m["client_cpu_s"] > 0 and m["num_engine_steps"] > 0  # served over HTTP; engine stats from the trial
     trial = _study(tmp_path / "out").trials[0]
     assert trial.user_attrs["gates"]["passed"] is True
     assert yaml.safe_load((tmp_path / "out" / "best.yaml").read_text())["max_num_seqs"] == 2
@@ -158,6 +162,7 @@ def test_hopeless_trial_stops_early_and_is_infeasible(tmp_path):
     t = _study(tmp_path / "out").trials[0]
     assert t.state.name == "COMPLETE" and t.user_attrs["early_stopped"] is True and t.user_attrs["feasible"] is False
     assert t.user_attrs["metrics"]["num_completed"] < 12
+    assert "client_cpu_s" in t.user_attrs["metrics"]  # served (the default): the client's rule stopped it
     assert t.user_attrs["violations"]["early_stop"] == 1.0
     assert "early-stopped" in (tmp_path / "out" / "report.md").read_text()
 

@@ -1,0 +1,161 @@
+"""Does a study's winner keep, under `tune serve`, the numbers its trial measured?
+
+For each tuning spec: run the study if its output is missing (`tune run SPEC -o DIR`), then
+serve `DIR/best.yaml` with `tune serve` (a separate process, as a user runs it) and replay the
+spec's workload with the HTTP client (`tune bench --url`'s `run_http_benchmark`, a separate
+process too), `--repeats` times, on the workload seed the trials used. Reports, for the
+objective metric and output tokens/s, served / trial ratios (median over repeats) against the
+winning trial's own measurement (`best_metrics.json` `metrics`). Goal: within 10%.
+
+    python bench/serve_vs_trial/run.py                      # examples 01 and 02
+    python bench/serve_vs_trial/run.py --specs examples/01-chat-latency/spec.yaml --repeats 5
+
+Writes bench/serve_vs_trial/results-DATE.{json,md}. Not part of CI (minutes per spec).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+DEFAULT_SPECS = ["examples/01-chat-latency/spec.yaml", "examples/02-batch-throughput/spec.yaml"]
+TUNE = [sys.executable, "-m", "slotune.tuner.cli_main"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _machine() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+        name = next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
+    except Exception:
+        name = platform.processor()
+    return f"{name}, {os.cpu_count()} CPUs"
+
+
+def _serve(best: Path, log: Path):
+    port = _free_port()
+    proc = subprocess.Popen([*TUNE, "serve", str(best), "--port", str(port)], stdout=log.open("w"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"tune serve exited with {proc.returncode}; see {log}")
+        try:
+            if httpx.get(url + "/ready", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    proc.terminate()
+    raise RuntimeError(f"tune serve did not become ready; see {log}")
+
+
+def _stop(proc) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _replay(url: str, spec, out: Path, seed: int) -> dict:
+    """One replay in a client process of its own (as a user's client is)."""
+    code = (
+        "import json, sys\n"
+        "from slotune.tuner.spec import TuningSpec\n"
+        "from slotune.tuner.bench import load_tokenizer\n"
+        "from slotune.tuner.http_bench import run_http_benchmark\n"
+        "spec = TuningSpec.from_yaml(sys.argv[1]); o = spec.objective\n"
+        "res = run_http_benchmark(sys.argv[2], spec.workload_spec(), tokenizer=load_tokenizer(spec.model),\n"
+        "    ttft_limit_s=o.ttft_limit_s, tpot_limit_s=o.tpot_limit_s, seed=int(sys.argv[4]), percentiles=(o.percentile,))\n"
+        "open(sys.argv[3], 'w').write(json.dumps(res.metrics))\n")
+    subprocess.run([sys.executable, "-c", code, str(spec["path"]), url, str(out), str(seed)], check=True)
+    return json.loads(out.read_text())
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--specs", default=",".join(DEFAULT_SPECS))
+    ap.add_argument("--runs-dir", default="runs/serve_vs_trial", help="study outputs, one folder per spec")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--n-trials", type=int, default=None, help="override the specs' budget.n_trials (a quicker study)")
+    args = ap.parse_args()
+    sys.path.insert(0, str(ROOT))
+    from slotune.tuner.spec import TuningSpec
+
+    rows, raw = [], []
+    for spec_path in args.specs.split(","):
+        spec_path = Path(spec_path)
+        spec = TuningSpec.from_yaml(spec_path)
+        out_dir = Path(args.runs_dir) / spec.name
+        if not (out_dir / "best_metrics.json").exists():
+            print(f"[{spec.name}] tune run -> {out_dir}", flush=True)
+            t0 = time.perf_counter()
+            extra = ["--n-trials", str(args.n_trials)] if args.n_trials else []
+            subprocess.run([*TUNE, "run", str(spec_path), "-o", str(out_dir), "--no-progress", *extra], check=True)
+            print(f"[{spec.name}] study took {time.perf_counter() - t0:.0f} s", flush=True)
+        best = json.loads((out_dir / "best_metrics.json").read_text())
+        key, trial_m = best["objective"], best["metrics"]
+        seed = spec.workload_spec().seed
+        proc, url = _serve(out_dir / "best.yaml", out_dir / "serve.log")
+        served = []
+        try:
+            for r in range(args.repeats):
+                m = _replay(url, {"path": spec_path}, out_dir / f"served-{r}.json", seed)
+                served.append(m)
+                print(f"[{spec.name}] served #{r}: {key} {m.get(key)}, tok/s {m['output_tokens_per_s']:.1f} "
+                      f"(trial: {trial_m.get(key)}, {trial_m['output_tokens_per_s']:.1f})", flush=True)
+        finally:
+            _stop(proc)
+        med = {k: statistics.median(m[k] for m in served if m.get(k) is not None) for k in (key, "output_tokens_per_s")}
+        lower_better = best["direction"] == "minimize"
+        ratio = med[key] / trial_m[key]
+        rows.append({"spec": spec.name, "objective": key, "direction": best["direction"], "trial": trial_m[key],
+                     "served": med[key], "ratio": ratio,
+                     "is_within_10pct": (ratio <= 1.10) if lower_better else (ratio >= 0.90),
+                     "trial_tok_s": trial_m["output_tokens_per_s"], "served_tok_s": med["output_tokens_per_s"],
+                     "tok_s_ratio": med["output_tokens_per_s"] / trial_m["output_tokens_per_s"],
+                     "trial_measure": trial_m.get("measure", "served" if "client_cpu_s" in trial_m else "in_process")})
+        raw.append({"spec": spec.name, "best": best, "served": served})
+
+    stamp = date.today().isoformat()
+    meta = {"date": stamp, "machine": _machine(), "python": platform.python_version(), "repeats": args.repeats,
+            "command": "python bench/serve_vs_trial/run.py " + " ".join(sys.argv[1:])}
+    (HERE / f"results-{stamp}.json").write_text(json.dumps({"meta": meta, "rows": rows, "raw": raw}, indent=1))
+    md = [f"# Served winner vs its trial ({stamp}, {meta['machine']})", "",
+          f"`{meta['command']}`; served = median of {args.repeats} replays of the spec's workload (trial seed) "
+          "against `tune serve best.yaml`, client in its own process. Ratio = served / trial.", "",
+          "| spec | objective | trial | served | ratio | within 10% | trial tok/s | served tok/s | tok/s ratio |",
+          "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        md.append(f"| {r['spec']} | {r['objective']} ({r['direction']}) | {r['trial']:.4g} | {r['served']:.4g} | "
+                  f"{r['ratio']:.2f} | {'yes' if r['is_within_10pct'] else 'no'} | {r['trial_tok_s']:.1f} | "
+                  f"{r['served_tok_s']:.1f} | {r['tok_s_ratio']:.2f} |")
+    (HERE / f"results-{stamp}.md").write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
