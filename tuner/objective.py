@@ -75,12 +75,13 @@ def trial_env(threads: int | None = None, wait_policy: str = "auto") -> dict[str
     """Environment of a trial process.
 
     The OpenMP wait policy decides what idle worker threads do between torch ops. Spinning
-    (active, the OpenMP default and what `tune serve` runs with) is fastest on a dedicated
+    (active) is fastest on a dedicated
     machine: passive costs a thread wake-up per op, measured on the 2-core Xeon as 59.8 ->
     88.7 ms p95 TPOT (fp32, chat-small). But spinning threads collapse when the CPU is shared
     (other trials, workers, CI jobs): under load one trial ran at 2.8 tokens/s spinning and 28
     tokens/s passive. Hence `budget.trial_omp_wait_policy` (auto: passive only on a loaded
-    machine). A user's own OMP_WAIT_POLICY wins.
+    machine). A user's own OMP_WAIT_POLICY wins. Note: `tune serve` sets no policy, so it runs
+    with libgomp's default (spin briefly, then sleep), which is neither of the two.
     """
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env["OMP_WAIT_POLICY"] = omp_wait_policy(wait_policy).upper()
