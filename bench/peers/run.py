@@ -51,6 +51,19 @@ import torch
 import yaml
 
 from report import fmt_ms, medians, to_markdown  # bench/peers/report.py (this folder is sys.path[0])
+
+def _engine_bench():
+    """bench/engine/run.py, which owns the copy-bandwidth measurement both rooflines use."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_engine_run", Path(__file__).parents[1] / "engine" / "run.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # as an import would (dataclasses look their module up)
+    spec.loader.exec_module(module)
+    return module
+
+
+copy_bandwidth_gbs = _engine_bench().copy_bandwidth_gbs  # 256 MiB float32 copy, read + write, best of 5
 from slotune.engine import EngineConfig, LLMEngine
 from slotune.engine.config import load_yaml
 from slotune.engine.loader import resolve_model_path
@@ -208,20 +221,6 @@ def stop(proc: subprocess.Popen, timeout_s: float = 30) -> int:
 
 
 # --- measuring ----------------------------------------------------------------------------
-def copy_bandwidth_gbs(repeats: int = 5) -> float:
-    """Best-of-N 256 MiB float32 copy, read + write bytes (as bench/engine/run.py measures it)."""
-    x = torch.randn(64 * 2**20)
-    y = torch.empty_like(x)
-    y.copy_(x)  # fault the pages in
-    ts = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        y.copy_(x)
-        ts.append(time.perf_counter() - t)
-    del x, y
-    return 2 * 64 * 2**20 * 4 / min(ts) / 1e9
-
-
 def measure(url: str, point: Point, tokenizer, num_requests: int | None, seed: int) -> dict[str, Any]:
     wl = WorkloadSpec.load(point.workload(num_requests, seed))
     res = run_http_benchmark(url, wl, tokenizer=tokenizer, api="completions")
