@@ -55,6 +55,35 @@ class BenchResult:
         return self.metrics.get(key)
 
 
+class EngineWindow:
+    """What the engine itself saw over one measured run, which a client cannot see: engine
+    counters (prefix cache, speculation, preemptions, steps, rejections by reason), the KV-block
+    peak of this run, peak memory, weight and KV bytes. Open it when the measured run starts
+    (after warm-up, nothing in flight), `sample()` as it goes, read `metrics()` at the end.
+    Used by the in-process replay and by a served trial (tuner/trial_runner.py) alike.
+    """
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        bm = engine.block_manager
+        self._peak_blocks_before = bm.peak_blocks_used
+        bm.peak_blocks_used = bm.num_used_blocks  # peak of this run only
+        self._stats0 = engine.stats()
+        self._memory = MemoryTracker(str(engine.runner.device))
+
+    def sample(self) -> None:
+        self._memory.sample()
+
+    def metrics(self) -> dict[str, float]:
+        engine, bm = self.engine, self.engine.block_manager
+        m = engine_stats_delta(self._stats0, engine.stats())
+        bm.peak_blocks_used = max(self._peak_blocks_before, bm.peak_blocks_used)  # the engine's lifetime peak, for its owner
+        m.update(self._memory.metrics())
+        m["weight_bytes"] = float(engine.weight_bytes)
+        m["kv_bytes_per_token"] = float(engine.kv_bytes_per_token)
+        return m
+
+
 def _run_warmup(engine, warmup: list[BenchRequest], params_for) -> None:
     # First-call allocations, caches and lazy compilation happen here, outside the measurement.
     for r in warmup:
@@ -103,10 +132,7 @@ def run_benchmark(cfg, workload: WorkloadSpec, *, llm=None, ttft_limit_s: float 
     warmup = [next(stream) for _ in range(workload.warmup_requests)]
     _run_warmup(engine, warmup, params_for)
 
-    peak_blocks_before = engine.block_manager.peak_blocks_used
-    engine.block_manager.peak_blocks_used = engine.block_manager.num_used_blocks  # peak of this run only
-    stats0 = engine.stats()
-    memory = MemoryTracker(str(engine.runner.device))
+    window = EngineWindow(engine)
     started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
     total = workload.num_requests
     records: list[RequestRecord] = []
@@ -150,7 +176,7 @@ def run_benchmark(cfg, workload: WorkloadSpec, *, llm=None, ttft_limit_s: float 
             time.sleep(max(0.0, t0 + next_req.arrival_offset_s - time.perf_counter()))
             continue
         outputs = engine.step()
-        memory.sample()
+        window.sample()
         for out in outputs:
             if not out.finished:
                 continue
@@ -168,12 +194,7 @@ def run_benchmark(cfg, workload: WorkloadSpec, *, llm=None, ttft_limit_s: float 
 
     metrics = summarize(records, duration, ttft_limit_s=ttft_limit_s, tpot_limit_s=tpot_limit_s,
                         percentiles=tuple(dict.fromkeys((*PERCENTILES, *percentiles))))
-    metrics.update(engine_stats_delta(stats0, engine.stats()))
-    bm = engine.block_manager
-    bm.peak_blocks_used = max(peak_blocks_before, bm.peak_blocks_used)  # the engine's lifetime peak, for its owner
-    metrics.update(memory.metrics())
-    metrics["weight_bytes"] = float(engine.weight_bytes)
-    metrics["kv_bytes_per_token"] = float(engine.kv_bytes_per_token)
+    metrics.update(window.metrics())
     return BenchResult(config=llm.config.model_dump(mode="json"), workload=workload.model_dump(mode="json"),
                        metrics=metrics, records=records, early_stopped=is_early, device=str(engine.runner.device),
                        started_at=started_at)

@@ -7,15 +7,15 @@ failed with the reason and the study goes on. Progress is written to the request
 `phase_file` so the parent can show the current phase.
 
 How the replay is measured (`budget.measure`, the request's `measure`):
-- served (default): the numbers a client of `tune serve` gets. The loaded engine is served as
-  `tune serve` serves it (`AsyncLLM` + `build_app` on a free loopback port, `serve_in_thread`)
+- served (default): the numbers a client of `tune serve` gets. The engine is loaded and served
+  as `tune serve` does it (`AsyncLLM` + `build_app` on a free loopback port, `serve_in_thread`)
   and the workload is replayed by a client in its own process (`python -m
   slotune.tuner.http_bench`), which measures latency and throughput on its clock and applies
   the early-stop rule. Between the client's warm-up and its measured run the two processes
   hand-shake, so the engine counters (prefix cache, speculation, preemptions, KV peak, steps,
   rejections) and peak memory, which HTTP does not show, cover the measured requests only.
 - in_process: `run_benchmark` drives the engine directly, with no server, HTTP or second
-  process (10-40% better latency than served on the 2-core box: fast, but not what users get).
+  process (quicker trials, but without the serving cost users pay).
 
 Test hooks (environment variables, read only here):
 - SLOTUNE_TEST_TRIAL_FAULT=crash|hang|oom|raise: simulate a crashing, hanging, memory-hungry
@@ -40,8 +40,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from slotune.tuner.bench import BenchResult, run_benchmark
-from slotune.tuner.metrics import MemoryTracker, engine_stats_delta
+from slotune.tuner.bench import BenchResult, EngineWindow, run_benchmark
 from slotune.tuner.slo import breaks_slo_so_far, certain_violations, is_feasible, slo_violations
 from slotune.tuner.workload import WorkloadSpec
 
@@ -191,21 +190,19 @@ def _replay_served(cfg, req: dict[str, Any], phase: Callable[[str], None]):
     t0 = time.perf_counter()
     objective, es = req["objective"], req.get("early_stop") or {}
     served = AsyncLLM(cfg)
-    start: dict[str, Any] = {}
+    window: EngineWindow | None = None
     watchdog = None
 
     def on_measured_start() -> None:
         # The client's warm-up has finished and nothing is in flight; its clock starts next.
-        start["peak_blocks"] = bm.peak_blocks_used
-        bm.peak_blocks_used = bm.num_used_blocks  # peak of the measured run only
-        start["stats"] = engine.stats()
-        start["memory"] = MemoryTracker(str(engine.runner.device))
+        nonlocal window
+        window = EngineWindow(engine)
         if watchdog is not None:  # installed after the warm-up: HTTP request ids do not mark it
             watchdog.install()
 
     def on_poll() -> None:
-        if "memory" in start:
-            start["memory"].sample()
+        if window is not None:
+            window.sample()
 
     phase("starting server")
     try:
@@ -213,7 +210,6 @@ def _replay_served(cfg, req: dict[str, Any], phase: Callable[[str], None]):
             load_s = time.perf_counter() - t0
             llm = served.llm
             engine = llm.engine
-            bm = engine.block_manager
             watchdog = _InFlightWatchdog(engine, objective, es) if es.get("enabled") else None
             client = _run_client(url, req, llm.tokenizer, on_measured_start, on_poll)
     finally:
@@ -226,12 +222,7 @@ def _replay_served(cfg, req: dict[str, Any], phase: Callable[[str], None]):
     if num_broken and not is_hopeless:  # loopback to our own server: a bug, not a measurement
         causes = {k: v for k, v in client.metrics.items() if k.startswith("num_failed_") and not k[11:].isdigit()}
         raise RuntimeError(f"{num_broken:g} requests broke over HTTP without an early stop: {causes}")
-    metrics = dict(client.metrics)
-    metrics.update(engine_stats_delta(start["stats"], engine.stats()))
-    bm.peak_blocks_used = max(start["peak_blocks"], bm.peak_blocks_used)  # the engine's lifetime peak, for its owner
-    metrics.update(start["memory"].metrics())
-    metrics["weight_bytes"] = float(engine.weight_bytes)
-    metrics["kv_bytes_per_token"] = float(engine.kv_bytes_per_token)
+    metrics = {**client.metrics, **window.metrics()}  # _run_client raised unless the measured run started
     return llm, BenchResult(config=llm.config.model_dump(mode="json"), workload=client.workload, metrics=metrics,
                             records=client.records, early_stopped=client.early_stopped or is_hopeless,
                             device=client.device, started_at=client.started_at), load_s
@@ -283,8 +274,6 @@ def _run_client(url: str, req: dict[str, Any], tokenizer, on_measured_start: Cal
     if not is_started:
         raise RuntimeError("HTTP client finished without starting its measured run")
     return BenchResult.from_dict(out["result"])
-
-
 
 
 def main(argv: list[str]) -> int:
