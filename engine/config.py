@@ -53,8 +53,15 @@ class PrefillAttentionTiles(_Strict):
 class KernelConfig(_Strict):
     """Which operator implementation runs, and the tile sizes of our Triton kernels."""
 
-    backend: Literal["auto", "torch", "triton"] = Field(
-        "auto", description="auto = Triton on CUDA, torch elsewhere"
+    backend: Literal["auto", "torch", "triton", "native"] = Field(
+        "auto", description="auto = Triton on CUDA; on CPU, decode steps in one native call "
+        "(kernels/cpu_decode.c) where the machine and model allow it, torch otherwise. "
+        "native = the same, required (an error says why it cannot run)"
+    )
+    int8_activations: bool = Field(
+        False, description="CPU native decode, int4 layers: quantize activations to int8 per 32 inputs and "
+        "multiply with VNNI integer dot products (llama.cpp's Q4 x Q8). Faster at larger batches, less "
+        "exact (logit error ~4x the bf16 path's on SmolLM2): a lever for the quality gates to judge"
     )
     decode_attention: DecodeAttentionTiles = DecodeAttentionTiles()
     prefill_attention: PrefillAttentionTiles = PrefillAttentionTiles()

@@ -1,10 +1,13 @@
 """Turns a scheduled batch into tensors, runs the model, returns logits where they are needed.
 
-Owns the torch side: device, dtype, the model, and the one preallocated paged KV cache.
+Owns the torch side: device, dtype, the model, and the one preallocated paged KV cache. On CPU
+(kernels.backend auto|native) a step's rows go to the native step (kernels/cpu_decode.py) when
+they fit its row limit; what does not fit, and speculative verification, runs through torch.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 
@@ -15,6 +18,8 @@ from slotune.engine.layers.attention import AttentionMetadata, KVCache
 from slotune.engine.loader import ModelConfig, load_model
 from slotune.engine.models.llama import LlamaModel
 from slotune.engine.scheduler import ScheduledSeq
+
+log = logging.getLogger(__name__)
 
 
 def resolve_device(cfg: EngineConfig) -> torch.device:
@@ -79,11 +84,31 @@ class ModelRunner:
         self.kv_cache = KVCache(mc.num_layers, num_blocks, cfg.block_size, mc.num_kv_heads, mc.head_dim,
                                 self.dtype, cfg.kv_dtype, self.device)
         self.block_size = cfg.block_size
+        self.native = self._native_decoder(cfg)
         self.graphs = None
         if cfg.use_cuda_graph and self.device.type == "cuda" and self.backend == "triton":
             from slotune.engine.cuda_graph import DecodeGraphs
 
             self.graphs = DecodeGraphs(self, cfg.max_num_seqs)
+
+    def _native_decoder(self, cfg: EngineConfig):
+        """The native CPU decode step (kernels/cpu_decode.py) when chosen and possible, else None."""
+        if self.device.type != "cpu" or cfg.kernels.backend not in ("auto", "native"):
+            return None
+        from slotune.kernels.cpu_decode import CpuDecoder
+
+        reason = CpuDecoder.unsupported(self.model, self.kv_cache)
+        if reason is not None:
+            if cfg.kernels.backend == "native":
+                raise ValueError(f"kernels.backend: native cannot run this config: {reason}; use kernels.backend: torch")
+            log.info("decode steps stay on torch ops: %s", reason)
+            return None
+        self.backend = "native"
+        from slotune.kernels.cpu_decode import PREFILL_ROWS
+
+        rows = cfg.max_num_seqs + min(PREFILL_ROWS, cfg.max_num_batched_tokens)
+        return CpuDecoder(self.model, self.kv_cache, max_rows=rows, max_ctx=cfg.max_model_len,
+                          int8_activations=cfg.kernels.int8_activations)
 
     # --- input preparation ---------------------------------------------------------------
     def _prepare(self, batch: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[tuple[int, int]], torch.Tensor]:
@@ -163,10 +188,64 @@ class ModelRunner:
     def execute(self, batch: list[ScheduledSeq], num_layers: int | None = None) -> StepResult:
         if self.graphs is not None and num_layers is None and self.graphs.can_run(batch):
             return StepResult(logits=self.graphs.run(batch), row_ranges=[(i, i + 1) for i in range(len(batch))])
+        if self.native is not None and num_layers is None:
+            native = self._native_group(batch)
+            if native:
+                return self._execute_split(batch, native)
+        return self._execute_torch(batch, num_layers)
+
+    def _native_group(self, batch: list[ScheduledSeq]) -> list[ScheduledSeq]:
+        """The sequences whose rows run natively this step: every one without draft tokens when
+        their rows fit, else the decodes alone, else none."""
+        limit = self.native.max_native_rows
+        plain = [s for s in batch if s.num_draft_tokens == 0]
+        if sum(s.num_new_tokens for s in plain) <= limit:
+            return plain
+        decode = [s for s in batch if s.num_new_tokens == 1]
+        return decode if len(decode) <= limit else []
+
+    def _execute_split(self, batch: list[ScheduledSeq], native: list[ScheduledSeq]) -> StepResult:
+        """`native` sequences' rows in one native call; the rest (long prefill chunks, speculative
+        verification), if any, through torch.
+
+        Under continuous batching most steps mix a new request's prefill into the running
+        decodes; sending the whole step to torch cost every decode its native speed. The groups
+        are different sequences writing disjoint KV slots.
+        """
+        native_logits, native_ranges = self._native_step(native)  # a view, valid until the next step
+        if len(native) == len(batch):
+            return StepResult(logits=native_logits, row_ranges=native_ranges)
+        chosen = {id(s) for s in native}
+        rest = [s for s in batch if id(s) not in chosen]
+        res = self._execute_torch(rest)
+        n = res.logits.shape[0]
+        where = {id(s): r for s, r in zip(rest, res.row_ranges)}
+        where |= {id(s): (a + n, b + n) if b > a else (0, 0) for s, (a, b) in zip(native, native_ranges)}
+        logits = torch.cat([res.logits.view(n, -1), native_logits]) if n else native_logits
+        return StepResult(logits=logits, row_ranges=[where[id(s)] for s in batch])
+
+    def _execute_torch(self, batch: list[ScheduledSeq], num_layers: int | None = None) -> StepResult:
         input_ids, positions, meta, ranges, rows = self._prepare(batch)
         hidden = self.model(input_ids, positions, self.kv_cache, meta, num_layers=num_layers)
         logits = self.model.compute_logits(hidden[rows]) if rows.numel() else hidden.new_zeros(0, 0).float()
         return StepResult(logits=logits, row_ranges=ranges)
+
+    def _native_step(self, group: list[ScheduledSeq]) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+        """Every new token of `group` as one row; logits for the rows that reach a sequence's end."""
+        bs = self.block_size
+        ids, pos, slots, tables, logit_rows, ranges = [], [], [], [], [], []
+        for s in group:
+            seq, start, n = s.seq, s.seq.num_computed_tokens, s.num_new_tokens
+            ids += seq.token_ids[start : start + n]
+            pos += range(start, start + n)
+            slots += [seq.block_table[p // bs] * bs + p % bs for p in range(start, start + n)]
+            tables += [seq.block_table] * n
+            if start + n >= seq.num_tokens:  # reaches the end: samples
+                ranges.append((len(logit_rows), len(logit_rows) + 1))
+                logit_rows.append(len(ids) - 1)
+            else:
+                ranges.append((0, 0))
+        return self.native.step(ids, pos, slots, tables, logit_rows), ranges
 
     @torch.inference_mode()
     def run_decode(self, seqs: list, token_ids: list[int], positions: list[int], num_layers: int | None = None) -> torch.Tensor:

@@ -4,7 +4,9 @@ gpt-fast's two steps: quantize each dense `Linear` once at load into a compact s
 swap in a module with the same `forward(x)`. Quantized weights stay quantized in memory —
 the point is fewer bytes moved per decode step.
 
-CPU: int8/int4 use torch's packed CPU kernels (`_weight_int8pack_mm`,
+CPU: steps of up to a few dozen rows (decodes, short prefill chunks) run in the native step
+(kernels/cpu_decode.c), which reads these same buffers in place; the torch paths below serve
+longer prefill chunks and the larger batches. int8/int4 use torch's packed CPU kernels (`_weight_int8pack_mm`,
 `_weight_int4pack_mm_for_cpu`), which are fast with bfloat16 activations, so activations are
 cast to bf16 around the call. Those kernels are GEMV loops: their cost grows linearly with
 the rows, so at prefill sizes (128 rows: 8-9x slower than a bf16 GEMM of the same shape) the weight
@@ -112,7 +114,12 @@ class Int4Linear(nn.Module):
 
     def dequantize(self) -> torch.Tensor:
         """[N, K] float32 weights the kernel computes with (padding dropped)."""
-        if self.on_cpu:  # layout-agnostic: multiply by the identity through the kernel itself
+        if self.on_cpu and self.n % 64 == 0:  # unpack the CPU layout (see _dequant_gemm), exactly in float32
+            p = self.packed.view(self.n // 64, self.k, 32)
+            q = torch.cat([p & 15, p >> 4], dim=-1).permute(0, 2, 1).reshape(self.n, self.k).float()
+            sz = self.scales_and_zeros.float().transpose(0, 1).repeat_interleave(self.group_size, dim=1)  # [N, K, 2]
+            w = (q - 8) * sz[..., 0] + sz[..., 1]
+        elif self.on_cpu:  # layout-agnostic: multiply by the identity through the kernel (output rounded to bf16)
             eye = torch.eye(self.k, dtype=torch.bfloat16)
             w = torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.packed, self.group_size,
                                                            self.scales_and_zeros).float().t()

@@ -124,6 +124,31 @@ def _every(rep: dict[str, Any], med: dict, ref: str) -> list[str]:
     return lines
 
 
+def _overhead(rep: dict[str, Any], med: dict) -> list[str]:
+    """Served / in-process for each config run with --in-process."""
+    names = rep.get("in_process") or []
+    if not names:
+        return []
+    lines = [
+        "", "## The server's cost: served / in-process, same config and points", "",
+        "In-process: the same workload replayed on the engine inside the bench process (`tune bench`, "
+        "no HTTP). Goal: served keeps >= 0.95x the in-process tok/s and TPOT.", "",
+        "| point | config | served tok/s | in-process tok/s | tok/s served / in-process | served TPOT p50 ms "
+        "| in-process TPOT p50 ms | TPOT in-process / served |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for p in rep["points"]:
+        for s in names:
+            a, b = med.get(s, {}).get(p["key"]), med.get(s + "@in-process", {}).get(p["key"])
+            if not a or not b:
+                continue
+            lines.append(
+                f"| {p['key']} | {s} | {a['output_tokens_per_s']:.1f} | {b['output_tokens_per_s']:.1f} | "
+                f"{_ratio(a['output_tokens_per_s'], b['output_tokens_per_s'])} | {fmt_ms(a.get('tpot_p50'))} | "
+                f"{fmt_ms(b.get('tpot_p50'))} | {_ratio(b.get('tpot_p50'), a.get('tpot_p50'))} |")
+    return lines
+
+
 def _checks(rep: dict[str, Any]) -> list[str]:
     rounds = rep["rounds"]
     inexact = [f"{e['server']} {r['point']} (round {e['round'] + 1})" for e in rounds for r in e["results"]
@@ -153,7 +178,7 @@ def to_markdown(rep: dict[str, Any]) -> str:
     lines = _header(rep)
     if ref in rep["servers"] and ours:
         lines += _versus(rep, med, ref, ours)
-    lines += _roofline(rep, med) + _every(rep, med, ref) + _checks(rep)
+    lines += _roofline(rep, med) + _overhead(rep, med) + _every(rep, med, ref) + _checks(rep)
     return "\n".join(lines) + "\n"
 
 

@@ -263,6 +263,35 @@ def run_round(server: Server, points: list[Point], *, port: int, tokenizer, num_
     return entry
 
 
+IN_PROCESS = "@in-process"  # suffix of a config's in-process rows
+
+
+def run_in_process(server: Server, points: list[Point], *, num_requests: int | None, seed: int,
+                   round_index: int) -> dict[str, Any]:
+    """The same points replayed on the engine in this process (`tune bench` without HTTP): what the
+    server costs is the served / in-process ratio."""
+    from slotune.engine import LLM
+    from slotune.tuner.bench import run_benchmark
+
+    entry: dict[str, Any] = {"server": server.name + IN_PROCESS, "round": round_index,
+                             "copy_bandwidth_gbs": copy_bandwidth_gbs(), "load_avg_before": os.getloadavg(),
+                             "log": None, "results": []}
+    llm = LLM(EngineConfig.from_dict(server.config))
+    for point in points:
+        wl = WorkloadSpec.load(point.workload(num_requests, seed))
+        res = run_benchmark(None, wl, llm=llm)
+        m = res.metrics
+        done = m["num_completed"]
+        is_exact = m["num_failed"] == 0 and done == wl.num_requests and m["output_tokens"] == done * OUTPUT_LEN
+        entry["results"].append({"point": point.key, "started_at": res.started_at, "model": MODEL,
+                                 "is_exact": is_exact, "cached_prompt_tokens": 0, "workload": res.workload, "metrics": m})
+        print(f"  [{round_index + 1}] {entry['server']:>12} {point.key:>9}: {m['output_tokens_per_s']:7.1f} tok/s, "
+              f"TPOT p50 {fmt_ms(m.get('tpot_p50'))} ms, TTFT p50 {fmt_ms(m.get('ttft_p50'))} ms", flush=True)
+    del llm
+    gc.collect()
+    return entry
+
+
 # --- context ------------------------------------------------------------------------------
 def machine_info() -> dict[str, Any]:
     info: dict[str, Any] = {"platform": platform.platform(), "python": platform.python_version(),
@@ -322,6 +351,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--num-requests", type=int, default=None, help="per point (default max(2 x concurrency, 8))")
     ap.add_argument("--quick", action="store_true", help="smoke run: concurrency 1,4, short prompts, 8 requests, fp32")
     ap.add_argument("--no-llama", action="store_true", help="measure only the slotune configs")
+    ap.add_argument("--in-process", action="store_true",
+                    help="after each config's served round, replay the same points on its engine in-process "
+                         "(the server's overhead: served / in-process)")
     ap.add_argument("--threads", type=int, default=os.cpu_count(),
                     help="llama-server -t, and OMP_NUM_THREADS for tune serve (default: every CPU)")
     ap.add_argument("--llama-bin", type=Path, default=LLAMA_CACHE / "llama.cpp-build" / "bin")
@@ -379,6 +411,9 @@ def main(argv: list[str] | None = None) -> int:
             for server in servers if i % 2 == 0 else servers[::-1]:
                 rounds.append(run_round(server, points, port=port, tokenizer=tokenizer, num_requests=args.num_requests,
                                         seed=args.seed, log_path=workdir / f"{server.name}-{i}.log", round_index=i))
+                if args.in_process and server.config is not None:
+                    rounds.append(run_in_process(server, points, num_requests=args.num_requests, seed=args.seed,
+                                                 round_index=i))
     except KeyboardInterrupt:
         print("interrupted: every server started is stopped; nothing written", file=sys.stderr)
         return 130
@@ -390,7 +425,8 @@ def main(argv: list[str] | None = None) -> int:
                        "concurrency": p.concurrency, "seed": p.seed(args.seed)} for p in points],
            "server_commands": {s.name: s.command for s in servers},
            "slotune_configs": {s.name: s.config for s in servers if s.config is not None},
-           "weight_bytes": {s.name: s.weight_bytes for s in servers}, "logs": str(workdir), "rounds": rounds}
+           "weight_bytes": {s.name: s.weight_bytes for s in servers}, "logs": str(workdir), "rounds": rounds,
+           "in_process": [s.name for s in servers if args.in_process and s.config is not None]}
     rep["medians"] = medians(rounds)
     args.out.mkdir(parents=True, exist_ok=True)
     json_path, md_path = args.out / f"results-{date}-{label}.json", args.out / f"results-{date}-{label}.md"

@@ -50,6 +50,20 @@ def test_int4_group_wise_matches_reference_for_every_group_size(group_size):
     assert m.weight_bytes() == 48 * k_pad // 2 + 48 * (k_pad // group_size) * 2 * 2  # codes + bf16 scale/min
 
 
+@pytest.mark.parametrize("group_size", [32, 128])
+def test_int4_exact_unpack_agrees_with_torchs_own_kernel(group_size):
+    """dequantize() unpacks torch's CPU layout in float32 (what kernels/cpu_decode.c reads);
+    the identity pushed through torch's int4 kernel must give the same weights up to its bf16 output."""
+    torch.manual_seed(0)
+    m = Int4Linear(torch.randn(192, 576), group_size)
+    exact = m.dequantize()
+    eye = torch.eye(m.k, dtype=torch.bfloat16)
+    via_kernel = torch.ops.aten._weight_int4pack_mm_for_cpu(eye, m.packed, group_size, m.scales_and_zeros).float().t()
+    via_kernel = via_kernel[:, :576]
+    assert ((exact - via_kernel).abs() <= 2**-8 * exact.abs() + 1e-6).all()
+    assert not torch.equal(exact, exact.to(torch.bfloat16).float())  # float32, not rounded to bf16
+
+
 @pytest.mark.parametrize(("n", "k", "group_size"), [(128, 576, 32), (192, 576, 128), (64, 1536, 64)])
 def test_prefill_sized_inputs_take_the_dequantized_gemm_path_with_the_same_result(n, k, group_size):
     """Past CPU_GEMM_MIN_ROWS rows the CPU path dequantizes (int4: unpacking torch's packed

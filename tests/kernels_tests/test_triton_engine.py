@@ -79,6 +79,7 @@ def prefill_calls(monkeypatch):
 
 
 PROMPTS = [[(7 * j + 3) % 256 for j in range(21)], [(11 * j + 5) % 256 for j in range(9)]]
+TORCH = {"backend": "torch"}  # on CPU, auto would run decode steps natively (kernels/cpu_decode.c)
 TRITON = {"backend": "triton", "decode_attention": {"block_n": 16, "num_splits": 2},
           "prefill_attention": {"block_m": 16, "block_n": 16}}
 
@@ -89,7 +90,7 @@ TRITON = {"backend": "triton", "decode_attention": {"block_n": 16, "num_splits":
     {"quantization": "fp8"},  # weight-only fp8 matmul kernel at decode
 ], ids=["batched", "chunked-int8kv", "fp8"])
 def test_triton_engine_matches_torch_engine(overrides, prefill_calls):
-    torch_engine, triton_engine = _engine(**overrides), _engine(kernels=TRITON, **overrides)
+    torch_engine, triton_engine = _engine(kernels=TORCH, **overrides), _engine(kernels=TRITON, **overrides)
     assert (torch_engine.runner.backend, triton_engine.runner.backend) == ("torch", "triton")
     expected = _generate(torch_engine, PROMPTS, 4)
     assert _generate(triton_engine, PROMPTS, 4) == expected
@@ -104,7 +105,7 @@ def test_triton_engine_prefix_cache_hit_matches_torch_engine(prefill_calls):
     shared = [(5 * j + 1) % 256 for j in range(16)]
     a, b = shared + [9, 8, 7], shared + [1, 2, 3, 4, 5]
     outs = []
-    for kw in ({}, {"kernels": TRITON}):
+    for kw in ({"kernels": TORCH}, {"kernels": TRITON}):
         engine = _engine(enable_prefix_caching=True, **kw)
         outs.append([_generate(engine, [a], 3), _generate(engine, [b], 3)])
     assert outs[0] == outs[1]
