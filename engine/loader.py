@@ -35,6 +35,9 @@ class ModelConfig:
     tie_word_embeddings: bool
     bos_token_id: int | None
     eos_token_id: int | None
+    # None = plain RoPE; else {"rope_type": linear | llama3 | yarn | freq_factors, ...} (layers/ops.py)
+    rope_scaling: dict | None = None
+    sliding_window: int | None = None  # attention window (Mistral); the runner refuses contexts past it
 
 
 def resolve_model_path(model: str) -> Path:
@@ -86,7 +89,7 @@ def _load_gguf_cached(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]
     from safetensors.torch import load_file, save_file
 
     st = path.stat()
-    key = hashlib.sha256(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}:v1".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}:v2".encode()).hexdigest()[:16]
     d = cache_dir() / "weights"
     weights, meta = d / f"{path.stem}-{key}.safetensors", d / f"{path.stem}-{key}.json"
     if weights.exists() and meta.exists():
@@ -123,6 +126,10 @@ _GGUF_LAYER_NAMES = {
     "ffn_gate.weight": "mlp.gate_proj.weight",
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.bias": "self_attn.o_proj.bias",
 }
 
 
@@ -162,21 +169,27 @@ def _load_gguf(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     n_kv = int(meta.get("llama.attention.head_count_kv", n_head))
     hidden = int(meta["llama.embedding_length"])
     sd: dict[str, torch.Tensor] = {}
+    rope_scaling = _gguf_rope_scaling(path, meta)
     for t in reader.tensors:
         arr = dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
         # GGUF lists dims fastest-first; numpy data is already [rows, cols] = HF [out, in].
         arr = arr.reshape([int(d) for d in reversed(t.shape)])
+        if t.name == "rope_freqs.weight":  # Llama 3.x: per-dimension frequency divisors
+            rope_scaling = {"rope_type": "freq_factors", "factors": [float(v) for v in arr.reshape(-1)]}
+            continue
         if t.name.startswith("blk."):
             _, idx, rest = t.name.split(".", 2)
+            if rest not in _GGUF_LAYER_NAMES:
+                raise ValueError(f"{path}: tensor '{t.name}' is not part of the llama layout this engine implements")
             name = f"model.layers.{idx}.{_GGUF_LAYER_NAMES[rest]}"
-            if rest == "attn_q.weight":
+            if rest.startswith("attn_q."):
                 arr = _unpermute_rope_rows(arr, n_head)
-            elif rest == "attn_k.weight":
+            elif rest.startswith("attn_k."):
                 arr = _unpermute_rope_rows(arr, n_kv)
         elif t.name in _GGUF_NAMES:
             name = _GGUF_NAMES[t.name]
         else:
-            continue  # e.g. rope_freqs: recomputed from metadata
+            raise ValueError(f"{path}: tensor '{t.name}' is not part of the llama layout this engine implements")
         sd[name] = torch.from_numpy(np.array(arr, dtype=np.float32, order="C", copy=True))
     vocab = sd["model.embed_tokens.weight"].shape[0]
     head_dim = int(meta.get("llama.rope.dimension_count", hidden // n_head))
@@ -194,8 +207,23 @@ def _load_gguf(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
         tie_word_embeddings="lm_head.weight" not in sd,
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
         eos_token_id=meta.get("tokenizer.ggml.eos_token_id"),
+        rope_scaling=rope_scaling,
     )
     return cfg, sd
+
+
+def _gguf_rope_scaling(path: Path, meta: dict[str, Any]) -> dict | None:
+    """llama.rope.scaling.* metadata -> the rope_scaling dict (layers/ops.py), or an error naming it."""
+    kind = meta.get("llama.rope.scaling.type")
+    if kind in (None, "none"):
+        return None
+    factor = float(meta.get("llama.rope.scaling.factor", 1.0))
+    if kind == "linear":
+        return {"rope_type": "linear", "factor": factor}
+    if kind == "yarn":
+        return {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings":
+                int(meta["llama.rope.scaling.original_context_length"])}
+    raise ValueError(f"{path}: llama.rope.scaling.type '{kind}' is not implemented (supported: none, linear, yarn)")
 
 
 # --- Hugging Face checkpoint dir ----------------------------------------------------------
@@ -216,9 +244,19 @@ def _load_hf_dir(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
         for k, v in load_file(str(f)).items():
             sd[k] = v.float()
     n_head = hf["num_attention_heads"]
-    rope_type = (hf.get("rope_scaling") or hf.get("rope_parameters") or {}).get("rope_type", "default")
-    if rope_type not in ("default", None):
-        raise ValueError(f"{path}: rope scaling '{rope_type}' is not supported yet (only default RoPE)")
+    _refuse_unimplemented_math(path, hf)
+    rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})  # transformers >= 5: rope_parameters
+    rope_type = rope.get("rope_type") or rope.get("type") or "default"
+    rope_scaling = None
+    if rope_type != "default":
+        from slotune.engine.layers.ops import ROPE_TYPES
+
+        if rope_type not in ROPE_TYPES:
+            raise ValueError(f"{path}: rope_scaling type '{rope_type}' is not implemented (supported: default, "
+                             f"{', '.join(t for t in ROPE_TYPES if t != 'freq_factors')})")
+        rope_scaling = {k: v for k, v in rope.items() if k not in ("type", "rope_theta")} | {"rope_type": rope_type}
+        rope_scaling.setdefault("original_max_position_embeddings", hf.get("max_position_embeddings", 2048))
+    window = hf.get("sliding_window") if hf.get("use_sliding_window", hf.get("model_type") != "qwen2") else None
     eos = hf.get("eos_token_id")
     cfg = ModelConfig(
         vocab_size=hf["vocab_size"],
@@ -229,11 +267,29 @@ def _load_hf_dir(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
         num_kv_heads=hf.get("num_key_value_heads", n_head),
         head_dim=hf.get("head_dim") or hf["hidden_size"] // n_head,
         # transformers >= 5 nests it under rope_parameters
-        rope_theta=float(hf.get("rope_theta") or (hf.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
+        rope_theta=float(hf.get("rope_theta") or rope.get("rope_theta", 10000.0)),
         rms_norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
         max_position_embeddings=hf.get("max_position_embeddings", 2048),
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", "lm_head.weight" not in sd)),
         bos_token_id=hf.get("bos_token_id"),
         eos_token_id=eos[0] if isinstance(eos, list) else eos,
+        rope_scaling=rope_scaling,
+        sliding_window=window,
     )
     return cfg, sd
+
+
+def _refuse_unimplemented_math(path: Path, hf: dict[str, Any]) -> None:
+    """Config fields that change the math and that this engine does not implement: an error naming
+    the field, never a quietly different model."""
+    problems = []
+    if hf.get("hidden_act", "silu") != "silu":
+        problems.append(f"hidden_act '{hf['hidden_act']}' (only silu)")
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if hf.get(key):
+            problems.append(f"{key} {hf[key]}")
+    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    if float(rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)) or 1.0) != 1.0:
+        problems.append("partial_rotary_factor (rotary on part of each head)")
+    if problems:
+        raise ValueError(f"{path} ({hf.get('model_type')}): not implemented: {'; '.join(problems)}")

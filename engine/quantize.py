@@ -50,9 +50,21 @@ def _rows(x: torch.Tensor) -> int:
     return x.numel() // max(x.shape[-1], 1)
 
 
-class Int8Linear(nn.Module):
-    def __init__(self, weight: torch.Tensor) -> None:
+class _QuantLinear(nn.Module):
+    """Common part of the quantized layers: an optional float bias added after the matmul."""
+
+    def __init__(self, bias: torch.Tensor | None) -> None:
         super().__init__()
+        self.register_buffer("bias", None if bias is None else bias.detach().clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self._matmul(x)
+        return out if self.bias is None else out + self.bias.to(out.dtype)
+
+
+class Int8Linear(_QuantLinear):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        super().__init__(bias)
         w = weight.float()
         # Round the scale to its stored bf16 first, then the codes against it: |error| <= half a step.
         scale = (w.abs().amax(dim=1) / 127.0).clamp_min(1e-10).to(torch.bfloat16)
@@ -60,7 +72,7 @@ class Int8Linear(nn.Module):
         self.register_buffer("scales", scale)  # [N]
         self.triton_tiles = None  # set by the Triton backend: use kernels/quant_matmul.py
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         if self.triton_tiles is not None:
             from slotune.kernels.quant_matmul import int8_matmul
 
@@ -80,9 +92,9 @@ class Int8Linear(nn.Module):
         return self.qweight.numel() + self.scales.numel() * 2
 
 
-class Int4Linear(nn.Module):
-    def __init__(self, weight: torch.Tensor, group_size: int) -> None:
-        super().__init__()
+class Int4Linear(_QuantLinear):
+    def __init__(self, weight: torch.Tensor, group_size: int, bias: torch.Tensor | None = None) -> None:
+        super().__init__(bias)
         n, k = weight.shape
         self.pad = -k % group_size  # zero columns appended to K (and to x in forward)
         k += self.pad
@@ -128,7 +140,7 @@ class Int4Linear(nn.Module):
             w = (q * self.scales.float()[..., None] + self.mins.float()[..., None]).view(self.n, self.k)
         return w[:, : self.k - self.pad].contiguous()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         if self.pad:
             x = F.pad(x, (0, self.pad))
         if self.triton_tiles is not None and not self.on_cpu:
@@ -171,9 +183,9 @@ class Int4Linear(nn.Module):
         return self.packed.numel() + (self.scales.numel() + self.mins.numel()) * self.scales.element_size()
 
 
-class FP8Linear(nn.Module):
-    def __init__(self, weight: torch.Tensor) -> None:
-        super().__init__()
+class FP8Linear(_QuantLinear):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        super().__init__(bias)
         w = weight.float()
         scale = (w.abs().amax(dim=1) / FP8_MAX).clamp_min(1e-12)
         self.register_buffer("qweight", (w / scale[:, None]).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn))
@@ -183,7 +195,7 @@ class FP8Linear(nn.Module):
     def _use_scaled_mm(self, x: torch.Tensor) -> bool:
         return x.device.type == "cuda" and torch.cuda.get_device_capability(x.device) >= (8, 9)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         if self.triton_tiles is not None and x.numel() <= 16 * x.shape[-1]:
             # Decode: weight-only fp8 (bf16 activations, no per-call activation quantization).
             from slotune.kernels.quant_matmul import fp8_matmul
@@ -206,13 +218,13 @@ class FP8Linear(nn.Module):
 
 
 def quantize_linear(lin: Linear, method: str, group_size: int) -> nn.Module:
-    w = lin.weight.data
+    w, b = lin.weight.data, None if lin.bias is None else lin.bias.data
     if method == "int8":
-        return Int8Linear(w)
+        return Int8Linear(w, b)
     if method == "int4":
-        return Int4Linear(w, group_size)
+        return Int4Linear(w, group_size, b)
     if method == "fp8":
-        return FP8Linear(w)
+        return FP8Linear(w, b)
     raise ValueError(f"unknown quantization '{method}' (none|int8|int4|fp8)")
 
 

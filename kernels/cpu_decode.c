@@ -27,6 +27,7 @@ typedef struct {
     int32_t kind, n, k, group; /* k: real in_features (int4 may store K padded to the group) */
     const void *w;             /* weights (int4: packed bytes) */
     const uint16_t *scales;    /* bf16: int8 [N]; int4 [K/g, N, 2] */
+    const float *bias;         /* [N] float32, or NULL */
 } Lin;
 
 typedef struct {
@@ -281,7 +282,7 @@ static void int4_block_rows(const Lin *L, const float *x, int ldx, float *out, i
 }
 
 /* out[M, N] = x[M, K] @ W^T, shared by the threads of the enclosing parallel region. */
-static void matmul(const Model *md, const Lin *L, const float *x, int ldx, float *out, int ldo, int M) {
+static void matmul_nobias(const Model *md, const Lin *L, const float *x, int ldx, float *out, int ldo, int M) {
 #ifdef HAVE_VNNI
     if (md->int8_activations && L->kind == W_INT4 && L->k % 32 == 0 && L->group % 32 == 0) {
         quantize_rows(md, x, ldx, M, L->k);
@@ -421,6 +422,15 @@ static inline float dot(const float *a, const float *b, int n) {
     float t = _mm512_reduce_add_ps(acc);
     for (; i < n; i++) t += a[i] * b[i];
     return t;
+}
+
+static void matmul(const Model *md, const Lin *L, const float *x, int ldx, float *out, int ldo, int M) {
+    matmul_nobias(md, L, x, ldx, out, ldo, M);
+    if (L->bias) {
+#pragma omp for schedule(static)
+        for (int m = 0; m < M; m++)
+            for (int n = 0; n < L->n; n++) out[(int64_t)m * ldo + n] += L->bias[n];
+    }
 }
 
 /* out[M, N] = x[M, K] @ W^T on its own: the matmul kernels' test entry (tests/kernels_tests). */

@@ -34,7 +34,7 @@ MAX_HEAD_DIM = 512  # the kernel widens one bf16 cache row into a stack buffer o
 
 class _Lin(ctypes.Structure):
     _fields_ = [("kind", ctypes.c_int32), ("n", ctypes.c_int32), ("k", ctypes.c_int32), ("group", ctypes.c_int32),
-                ("w", ctypes.c_void_p), ("scales", ctypes.c_void_p)]
+                ("w", ctypes.c_void_p), ("scales", ctypes.c_void_p), ("bias", ctypes.c_void_p)]
 
 
 class _Layer(ctypes.Structure):
@@ -60,12 +60,17 @@ def cache_dir() -> Path:
     return Path(os.environ.get("SLOTUNE_CACHE_DIR", Path.home() / ".cache" / "slotune")) / "native"
 
 
-def _cpu_has_avx512() -> bool:
+def _cpu_flags() -> str:
+    """The CPU's feature flags (the first `flags` line of /proc/cpuinfo), '' where unknown."""
     try:
-        flags = Path("/proc/cpuinfo").read_text()
+        return next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
     except OSError:
-        return False
-    return all(f" {f}" in flags for f in ("avx512f", "avx512bw", "avx512vl", "avx512dq"))
+        return ""
+
+
+def _cpu_has_avx512() -> bool:
+    flags = _cpu_flags() + " "
+    return all(f" {f} " in flags for f in ("avx512f", "avx512bw", "avx512vl", "avx512dq"))
 
 
 @functools.cache
@@ -78,7 +83,8 @@ def load_library() -> ctypes.CDLL | str:
         cc = subprocess.run(["gcc", "--version"], capture_output=True, text=True, check=True).stdout.splitlines()[0]
     except (OSError, subprocess.CalledProcessError) as e:
         return f"no working gcc ({e})"
-    key = hashlib.sha256(src + " ".join(CFLAGS).encode() + cc.encode()).hexdigest()[:16]
+    # -march=native: a cache shared by machines with other CPUs must not hand over this build
+    key = hashlib.sha256(src + " ".join(CFLAGS).encode() + cc.encode() + _cpu_flags().encode()).hexdigest()[:16]
     out = cache_dir() / f"cpu_decode-{key}.so"
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -101,15 +107,16 @@ def load_library() -> ctypes.CDLL | str:
 
 def has_vnni() -> bool:
     """The int8-activation int4 kernel is compiled in (AVX512-VNNI and AVX512-VBMI)."""
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    return " avx512_vnni" in flags and " avx512vbmi" in flags
+    flags = _cpu_flags() + " "
+    return " avx512_vnni " in flags and " avx512vbmi " in flags
 
 
 def matmul(mod, x: torch.Tensor, int8_activations: bool = False) -> torch.Tensor:
     """x [M, K] float32 @ W^T through the native kernel for one engine linear layer -> [M, N]."""
     lib = load_library()
     assert not isinstance(lib, str), lib
-    lin = _lin(mod)
+    keep: list[torch.Tensor] = []
+    lin = _lin(mod, keep)
     assert not isinstance(lin, str), lin
     x = x.float().contiguous()
     m, k = x.shape
@@ -126,8 +133,18 @@ def _dtype_code(t: torch.Tensor) -> int | None:
     return {torch.float32: W_F32, torch.bfloat16: W_BF16}.get(t.dtype)
 
 
-def _lin(mod) -> _Lin | str:
-    """ctypes view of one projection, or why the kernel cannot read it."""
+def _lin(mod, keep: list[torch.Tensor] | None = None) -> _Lin | str:
+    """ctypes view of one projection, or why the kernel cannot read it. A bias is read as a float32
+    copy appended to `keep` (the caller keeps it alive)."""
+    lin = _weights(mod)
+    if isinstance(lin, _Lin) and getattr(mod, "bias", None) is not None and keep is not None:
+        b = mod.bias.detach().float().contiguous()
+        keep.append(b)
+        lin.bias = b.data_ptr()
+    return lin
+
+
+def _weights(mod) -> _Lin | str:
     from slotune.engine.layers.linear import Linear
     from slotune.engine.quantize import Int4Linear, Int8Linear
 
@@ -136,15 +153,17 @@ def _lin(mod) -> _Lin | str:
         code = _dtype_code(w)
         if code is None or not w.is_contiguous():
             return f"dense weight of dtype {w.dtype}"
-        return _Lin(code, w.shape[0], w.shape[1], 0, w.data_ptr(), None)
+        return _Lin(code, w.shape[0], w.shape[1], 0, w.data_ptr(), None, None)
     if isinstance(mod, Int8Linear):
         if mod.triton_tiles is not None:
             return "Triton int8 layer"
-        return _Lin(W_INT8, mod.qweight.shape[0], mod.qweight.shape[1], 0, mod.qweight.data_ptr(), mod.scales.data_ptr())
+        return _Lin(W_INT8, mod.qweight.shape[0], mod.qweight.shape[1], 0, mod.qweight.data_ptr(), mod.scales.data_ptr(),
+                    None)
     if isinstance(mod, Int4Linear):
         if not mod.on_cpu or mod.n % 64:
             return f"int4 layer with {mod.n} output channels (the CPU pack needs a multiple of 64)"
-        return _Lin(W_INT4, mod.n, mod.k - mod.pad, mod.group_size, mod.packed.data_ptr(), mod.scales_and_zeros.data_ptr())
+        return _Lin(W_INT4, mod.n, mod.k - mod.pad, mod.group_size, mod.packed.data_ptr(), mod.scales_and_zeros.data_ptr(),
+                    None)
     return f"{type(mod).__name__} weights"
 
 
@@ -174,10 +193,12 @@ class CpuDecoder:
         self.lib = load_library()
         cfg = model.cfg
         self.max_rows, self.max_ctx = max_rows, max_ctx
+        self._keep: list[torch.Tensor] = []  # float32 biases the kernel reads
+        lin = lambda m: _lin(m, self._keep)  # noqa: E731
         self._layers = (_Layer * cfg.num_layers)()
         for i, ly in enumerate(model.layers):
-            self._layers[i] = _Layer(ly.input_norm.data_ptr(), ly.post_norm.data_ptr(), _lin(ly.qkv_proj),
-                                     _lin(ly.o_proj), _lin(ly.gate_up_proj), _lin(ly.down_proj))
+            self._layers[i] = _Layer(ly.input_norm.data_ptr(), ly.post_norm.data_ptr(), lin(ly.qkv_proj),
+                                     lin(ly.o_proj), lin(ly.gate_up_proj), lin(ly.down_proj))
         inter = cfg.intermediate_size
         d, h, hkv, hd = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         f32 = dict(dtype=torch.float32)
@@ -199,7 +220,7 @@ class CpuDecoder:
         self._m = _Model(
             cfg.num_layers, d, h, hkv, hd, inter, self.logits.shape[1], _dtype_code(model.embed), cache.block_size,
             cfg.rms_norm_eps, hd ** -0.5, cache.k.shape[1],
-            model.embed.data_ptr(), model.norm.data_ptr(), model.cos_sin.data_ptr(), self._layers, _lin(model.lm_head),
+            model.embed.data_ptr(), model.norm.data_ptr(), model.cos_sin.data_ptr(), self._layers, lin(model.lm_head),
             cache.k.data_ptr(), cache.v.data_ptr(),
             *[self._scratch[n].data_ptr() for n in ("x", "res", "h", "qkv", "att", "gu", "act", "probs")], max_ctx,
             *[self._scratch[n].data_ptr() for n in ("xq", "xscale", "xsum")], max_k, int(int8_activations),

@@ -282,7 +282,7 @@ def run_in_process(server: Server, points: list[Point], *, num_requests: int | N
         res = run_benchmark(None, wl, llm=llm)
         m = res.metrics
         done = m["num_completed"]
-        is_exact = m["num_failed"] == 0 and done == wl.num_requests and m["output_tokens"] == done * OUTPUT_LEN
+        is_exact = m.get("num_failed", 0) == 0 and done == wl.num_requests and m["output_tokens"] == done * OUTPUT_LEN
         entry["results"].append({"point": point.key, "started_at": res.started_at, "model": MODEL,
                                  "is_exact": is_exact, "cached_prompt_tokens": 0, "workload": res.workload, "metrics": m})
         print(f"  [{round_index + 1}] {entry['server']:>12} {point.key:>9}: {m['output_tokens_per_s']:7.1f} tok/s, "

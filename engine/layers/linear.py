@@ -9,9 +9,10 @@ from torch import nn
 
 
 class Linear(nn.Module):
-    def __init__(self, weight: torch.Tensor) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         super().__init__()
         self.weight = nn.Parameter(weight, requires_grad=False)  # [N, K]
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)  # [N] (Qwen2's q/k/v)
 
     @property
     def out_features(self) -> int:
@@ -22,7 +23,7 @@ class Linear(nn.Module):
         return self.weight.shape[1]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight)
+        return F.linear(x, self.weight, self.bias)
 
     def weight_bytes(self) -> int:
         return self.weight.numel() * self.weight.element_size()

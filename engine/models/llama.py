@@ -19,12 +19,23 @@ class LlamaLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, sd: dict[str, torch.Tensor], prefix: str, dtype: torch.dtype) -> None:
         super().__init__()
         g = lambda n: sd.pop(prefix + n).to(dtype)  # noqa: E731 - pop: free float32 copies as we go
+
+        def fused(names: list[str]) -> Linear:
+            """One Linear over several projections; biases (Qwen2's q/k/v, attention_bias, mlp_bias)
+            are present for all of them or none."""
+            biases = [prefix + n + ".bias" in sd for n in names]
+            if any(biases) and not all(biases):
+                raise ValueError(f"{prefix}: biases on {[n for n, b in zip(names, biases) if b]} but not on the "
+                                 f"rest of {names}: a layout this engine does not implement")
+            weight = torch.cat([g(n + ".weight") for n in names])
+            return Linear(weight, torch.cat([g(n + ".bias") for n in names]) if all(biases) else None)
+
         self.input_norm = nn.Parameter(g("input_layernorm.weight"), requires_grad=False)
         self.post_norm = nn.Parameter(g("post_attention_layernorm.weight"), requires_grad=False)
-        self.qkv_proj = Linear(torch.cat([g("self_attn.q_proj.weight"), g("self_attn.k_proj.weight"), g("self_attn.v_proj.weight")]))
-        self.o_proj = Linear(g("self_attn.o_proj.weight"))
-        self.gate_up_proj = Linear(torch.cat([g("mlp.gate_proj.weight"), g("mlp.up_proj.weight")]))
-        self.down_proj = Linear(g("mlp.down_proj.weight"))
+        self.qkv_proj = fused(["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"])
+        self.o_proj = fused(["self_attn.o_proj"])
+        self.gate_up_proj = fused(["mlp.gate_proj", "mlp.up_proj"])
+        self.down_proj = fused(["mlp.down_proj"])
         self.num_heads = cfg.num_heads
         self.num_kv_heads = cfg.num_kv_heads
         self.head_dim = cfg.head_dim
@@ -44,10 +55,16 @@ class LlamaModel(nn.Module):
         self.norm = nn.Parameter(sd.pop("model.norm.weight").to(dtype), requires_grad=False)
         lm_head = sd.pop("lm_head.weight", None)
         self.lm_head = Linear(self.embed.data if lm_head is None else lm_head.to(dtype))
+        unused = sorted(k for k in sd if not k.endswith("rotary_emb.inv_freq"))  # derived buffers of old checkpoints
+        if unused:
+            raise ValueError(f"model weights this engine does not use (a layout it does not implement; refusing "
+                             f"rather than computing something else): {', '.join(unused[:8])}"
+                             + (f" and {len(unused) - 8} more" if len(unused) > 8 else ""))
         self.to(device)
         if lm_head is None:  # tied: share storage after the move
             self.lm_head.weight = self.embed
-        self.register_buffer("cos_sin", rope_cos_sin(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, device), persistent=False)
+        self.register_buffer("cos_sin", rope_cos_sin(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, device,
+                                                     cfg.rope_scaling), persistent=False)
         self.attn = TorchAttentionBackend()
         self.ops = _TorchOps()
 
