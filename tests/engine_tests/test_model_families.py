@@ -110,7 +110,10 @@ def test_family_matches_transformers(family, tmp_path):
     prompts = [ids[:9], ids[:23]]
     ref = _hf(tmp_path, config, ids=ids, prompts=prompts, **kw)
     torch.testing.assert_close(_logits(tmp_path, ids), ref["logits"], atol=1e-4, rtol=1e-4)
-    for backend in ("torch", "native"):
+    from slotune.kernels.cpu_decode import load_library
+
+    backends = ["torch"] + ([] if isinstance(load_library(), str) else ["native"])  # native: AVX-512 + gcc
+    for backend in backends:
         assert _greedy(tmp_path, backend, prompts, 12) == ref["greedy"], backend
 
 
