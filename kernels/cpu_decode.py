@@ -78,6 +78,8 @@ def load_library() -> ctypes.CDLL | str:
     """The compiled kernel, or a string saying why it cannot be had on this machine."""
     if not _cpu_has_avx512():
         return "this CPU lacks AVX-512 (avx512f/bw/vl/dq)"
+    if not SOURCE.exists():
+        return f"{SOURCE} is missing from this install"
     src = SOURCE.read_bytes()
     try:
         cc = subprocess.run(["gcc", "--version"], capture_output=True, text=True, check=True).stdout.splitlines()[0]
