@@ -101,7 +101,7 @@ class ModelRunner:
         """The native CPU decode step (kernels/cpu_decode.py) when chosen and possible, else None."""
         if self.device.type != "cpu" or cfg.kernels.backend not in ("auto", "native"):
             return None
-        from slotune.kernels.cpu_decode import CpuDecoder
+        from slotune.kernels.cpu_decode import PREFILL_ROWS, CpuDecoder
 
         reason = CpuDecoder.unsupported(self.model, self.kv_cache)
         if reason is not None:
@@ -110,8 +110,6 @@ class ModelRunner:
             log.info("decode steps stay on torch ops: %s", reason)
             return None
         self.backend = "native"
-        from slotune.kernels.cpu_decode import PREFILL_ROWS
-
         rows = cfg.max_num_seqs + min(PREFILL_ROWS, cfg.max_num_batched_tokens)
         return CpuDecoder(self.model, self.kv_cache, max_rows=rows, max_ctx=cfg.max_model_len,
                           int8_activations=cfg.kernels.int8_activations)
