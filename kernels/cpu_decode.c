@@ -128,9 +128,21 @@ static void dense_rows(const Lin *L, const float *x, int ldx, float *out, int ld
     else { DENSE_CASE(W_INT8) }
 }
 
+/* Scale and offset (zero - 8 * scale) of the 64 channels of block b for the group starting at k0:
+ * sc[j], off[j] cover channels 16j..16j+15. The pack stores (scale, zero) bf16 pairs [K/g, N, 2]. */
+INLINE void int4_group_scales(const Lin *L, int b, int k0, __m512 sc[4], __m512 off[4]) {
+    const uint16_t *sz = L->scales + ((int64_t)(k0 / L->group) * L->n + (int64_t)b * 64) * 2;
+    for (int j = 0; j < 4; j++) {
+        const __m512i pairs = _mm512_loadu_si512((const void *)(sz + j * 32)); /* 16 x (scale, zero) */
+        sc[j] = _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16));
+        const __m512 ze = _mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32((int)0xffff0000u)));
+        off[j] = _mm512_fnmadd_ps(_mm512_set1_ps(8.0f), sc[j], ze);
+    }
+}
+
 /* One 64-channel block `b` of an int4 weight; K stored padded to the group, the real K's tail skipped. */
 INLINE void int4_block_rows_t(const Lin *L, const float *x, int ldx, float *out, int ldo, const int M, int b) {
-    const int K = L->k, g = L->group, Kp = (K + g - 1) / g * g, N = L->n;
+    const int K = L->k, g = L->group, Kp = (K + g - 1) / g * g;
     const uint8_t *p = (const uint8_t *)L->w + (int64_t)b * Kp * 32;
     const __m256i nib = _mm256_set1_epi8(0x0f);
     __m512 tot[MAX_ROWS][4];
@@ -163,18 +175,13 @@ INLINE void int4_block_rows_t(const Lin *L, const float *x, int ldx, float *out,
                 for (int j = 0; j < 4; j++) acc[m][j] = _mm512_fmadd_ps(w[j], xb, acc[m][j]);
             }
         }
-        /* scale and zero of these 64 channels for this group: (scale, zero) pairs, bf16 */
-        const uint16_t *sz = L->scales + ((int64_t)(k0 / g) * N + (int64_t)b * 64) * 2;
-        for (int j = 0; j < 4; j++) {
-            __m512i pairs = _mm512_loadu_si512((const void *)(sz + j * 32)); /* 16 x (scale, zero) */
-            __m512 sc = _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16));
-            __m512 ze = _mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32((int)0xffff0000u)));
-            __m512 off = _mm512_fnmadd_ps(_mm512_set1_ps(8.0f), sc, ze); /* zero - 8 * scale */
+        __m512 sc[4], off[4];
+        int4_group_scales(L, b, k0, sc, off);
+        for (int j = 0; j < 4; j++)
             for (int m = 0; m < M; m++) {
-                tot[m][j] = _mm512_fmadd_ps(sc, acc[m][j], tot[m][j]);
-                tot[m][j] = _mm512_fmadd_ps(off, _mm512_set1_ps(sx[m]), tot[m][j]);
+                tot[m][j] = _mm512_fmadd_ps(sc[j], acc[m][j], tot[m][j]);
+                tot[m][j] = _mm512_fmadd_ps(off[j], _mm512_set1_ps(sx[m]), tot[m][j]);
             }
-        }
     }
     for (int m = 0; m < M; m++)
         for (int j = 0; j < 4; j++) _mm512_storeu_ps(out + (int64_t)m * ldo + b * 64 + j * 16, tot[m][j]);
@@ -214,7 +221,7 @@ static void quantize_rows(const Model *md, const float *x, int ldx, int M, int K
  * VNNI order (8 quads x 4 vectors, 2 KB, stays in L1), then every row streams over it with four
  * accumulators, so the unpacking is shared by all rows and nothing spills. */
 static void int4_vnni_block(const Model *md, const Lin *L, float *out, int ldo, int M, int b) {
-    const int K = L->k, g = L->group, Kp = (K + g - 1) / g * g, N = L->n, ldq = md->max_k, lds = md->max_k / 32;
+    const int K = L->k, g = L->group, Kp = (K + g - 1) / g * g, ldq = md->max_k, lds = md->max_k / 32;
     const uint8_t *p = (const uint8_t *)L->w + (int64_t)b * Kp * 32;
     /* lane c of the output takes byte c of rows k, k+1 (first source) and k+2, k+3 (second) */
     uint8_t lo[64], hi[64];
@@ -228,14 +235,8 @@ static void int4_vnni_block(const Model *md, const Lin *L, float *out, int ldo, 
     for (int m = 0; m < M; m++) memset(out + (int64_t)m * ldo + b * 64, 0, 64 * sizeof(float));
     for (int k0 = 0; k0 < K; k0 += g) {
         const int k1 = k0 + g < K ? k0 + g : K;
-        const uint16_t *sz = L->scales + ((int64_t)(k0 / g) * N + (int64_t)b * 64) * 2;
         __m512 sc[4], off[4];
-        for (int j = 0; j < 4; j++) {
-            __m512i pairs = _mm512_loadu_si512((const void *)(sz + j * 32)); /* 16 x (scale, zero) */
-            sc[j] = _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16));
-            off[j] = _mm512_fnmadd_ps(_mm512_set1_ps(8.0f), sc[j],
-                                      _mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32((int)0xffff0000u))));
-        }
+        int4_group_scales(L, b, k0, sc, off);
         for (int kb = k0; kb < k1; kb += 32) {
             for (int q = 0; q < 8; q++) {
                 const __m512i r01 = _mm512_loadu_si512((const void *)(p + (int64_t)(kb + 4 * q) * 32));

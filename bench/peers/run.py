@@ -221,14 +221,18 @@ def stop(proc: subprocess.Popen, timeout_s: float = 30) -> int:
 
 
 # --- measuring ----------------------------------------------------------------------------
+def _is_exact(m: dict[str, Any], wl: WorkloadSpec, point: Point) -> bool:
+    """Every request completed with exactly prompt_len tokens in and OUTPUT_LEN out."""
+    done = m["num_completed"]
+    return (m.get("num_failed", 0) == 0 and done == wl.num_requests and m["output_tokens"] == done * OUTPUT_LEN
+            and m["prompt_tokens"] == done * PROMPT_LENS[point.prompt])
+
+
 def measure(url: str, point: Point, tokenizer, num_requests: int | None, seed: int) -> dict[str, Any]:
     wl = WorkloadSpec.load(point.workload(num_requests, seed))
     res = run_http_benchmark(url, wl, tokenizer=tokenizer, api="completions")
     m = res.metrics
-    # What the servers' usage says they did: every request exactly prompt_len in, OUTPUT_LEN out.
-    done = m["num_completed"]
-    is_exact = (m["num_failed"] == 0 and done == wl.num_requests and m["output_tokens"] == done * OUTPUT_LEN
-                and m["prompt_tokens"] == done * PROMPT_LENS[point.prompt])
+    is_exact = _is_exact(m, wl, point)  # what the servers' usage says they did
     cached = sum(r.cached_prompt_tokens for r in res.records)  # usage.prompt_tokens_details, where sent
     return {"point": point.key, "started_at": res.started_at, "model": res.config["model"], "is_exact": is_exact,
             "cached_prompt_tokens": cached, "workload": res.workload, "metrics": m}
@@ -281,10 +285,8 @@ def run_in_process(server: Server, points: list[Point], *, num_requests: int | N
         wl = WorkloadSpec.load(point.workload(num_requests, seed))
         res = run_benchmark(None, wl, llm=llm)
         m = res.metrics
-        done = m["num_completed"]
-        is_exact = m.get("num_failed", 0) == 0 and done == wl.num_requests and m["output_tokens"] == done * OUTPUT_LEN
         entry["results"].append({"point": point.key, "started_at": res.started_at, "model": MODEL,
-                                 "is_exact": is_exact, "cached_prompt_tokens": 0, "workload": res.workload, "metrics": m})
+                                 "is_exact": _is_exact(m, wl, point), "cached_prompt_tokens": 0, "workload": res.workload, "metrics": m})
         print(f"  [{round_index + 1}] {entry['server']:>12} {point.key:>9}: {m['output_tokens_per_s']:7.1f} tok/s, "
               f"TPOT p50 {fmt_ms(m.get('tpot_p50'))} ms, TTFT p50 {fmt_ms(m.get('ttft_p50'))} ms", flush=True)
     del llm

@@ -15,12 +15,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from slotune.engine import EngineConfig, SamplingParams
-from slotune.engine.layers.attention import AttentionMetadata, KVCache
+from slotune.engine import EngineConfig
 from slotune.engine.llm_engine import LLMEngine
 from slotune.engine.loader import load_model
 from slotune.engine.model_runner import ModelRunner
 from slotune.engine.models.llama import LlamaModel
+from tests.engine_driver import IdsTokenizer, generate
 
 transformers = pytest.importorskip("transformers")
 
@@ -66,28 +66,20 @@ def _hf(tmp_path, config: str, ids=None, prompts=(), **kw) -> dict:
     return torch.load(tmp_path / "ref.pt")
 
 
-class _Tokenizer:  # prompts are token ids; decoded text is not compared
-    eos_token_id = None
-
-    def decode(self, ids, skip_special_tokens=True):
-        return ""
+def _config(path, backend: str = "torch", **kw) -> EngineConfig:
+    return EngineConfig(model=str(path), device="cpu", num_kv_blocks=64, block_size=8, max_model_len=128,
+                        kernels={"backend": backend}, **kw)
 
 
 def _greedy(path, backend: str, prompts: list[list[int]], n: int) -> list[list[int]]:
-    cfg = EngineConfig(model=str(path), device="cpu", num_kv_blocks=64, block_size=8, max_model_len=128,
-                       kernels={"backend": backend})
-    mcfg, sd, _ = load_model(str(path))
-    runner = ModelRunner(cfg, model=LlamaModel(mcfg, sd, torch.float32, torch.device("cpu")), model_cfg=mcfg)
-    assert runner.backend == backend
-    engine = LLMEngine(cfg, runner=runner, tokenizer=_Tokenizer())
-    for i, p in enumerate(prompts):
-        engine.add_request(f"r{i}", p, SamplingParams(max_tokens=n, ignore_eos=True))
-    done = {}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = out.output_token_ids
-    return [done[f"r{i}"] for i in range(len(prompts))]
+    engine = LLMEngine(_config(path, backend), tokenizer=IdsTokenizer())
+    assert engine.runner.backend == backend
+    return generate(engine, prompts, n)
+
+
+def _logits(path, ids: list[int]) -> torch.Tensor:
+    """float32 logits at every position, the torch path (no cache)."""
+    return ModelRunner(_config(path)).full_logits(ids)
 
 
 FAMILIES = {
@@ -130,12 +122,10 @@ def test_unimplemented_math_is_refused_by_name(config_cls, kw, match, tmp_path):
 
 def test_mistral_past_its_window_is_refused(tmp_path):
     _hf(tmp_path, "MistralConfig", sliding_window=32)
-    mcfg, sd, _ = load_model(str(tmp_path))
-    model = LlamaModel(mcfg, sd, torch.float32, torch.device("cpu"))
-    cfg = EngineConfig(model=str(tmp_path), device="cpu", num_kv_blocks=16, max_model_len=128)
+    cfg = _config(tmp_path)
     with pytest.raises(ValueError, match=r"sliding_window \(32\).*set max_model_len <= 32"):
-        ModelRunner(cfg, model=model, model_cfg=mcfg)
-    ModelRunner(cfg.with_updates({"max_model_len": 32}), model=model, model_cfg=mcfg)  # within it: fine
+        ModelRunner(cfg)
+    ModelRunner(cfg.with_updates({"max_model_len": 32}))  # within it: fine
 
 
 def test_a_weight_the_model_does_not_use_is_refused(tmp_path):
@@ -195,19 +185,6 @@ def _write_gguf(path, state_dict: dict[str, torch.Tensor], rope_freqs: torch.Ten
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-
-
-def _logits(path, ids: list[int]) -> torch.Tensor:
-    mcfg, sd, _ = load_model(str(path))
-    model = LlamaModel(mcfg, sd, torch.float32, torch.device("cpu"))
-    n = len(ids)
-    meta = AttentionMetadata(slot_mapping=torch.full((n,), -1), num_extend_tokens=n, extend_query_lens=[n],
-                             extend_context_lens=[n], extend_block_tables=None, extend_mask=None,
-                             decode_block_tables=None, decode_context_lens=None, decode_mask=None, block_size=8,
-                             has_skipped_slots=True)
-    cache = KVCache(mcfg.num_layers, 1, 8, mcfg.num_kv_heads, mcfg.head_dim, torch.float32, "auto", torch.device("cpu"))
-    with torch.inference_mode():
-        return model.compute_logits(model(torch.tensor(ids), torch.arange(n), cache, meta))
 
 
 def test_llama3_gguf_with_rope_freqs_matches_transformers(tmp_path):

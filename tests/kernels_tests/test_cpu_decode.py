@@ -16,8 +16,10 @@ import torch
 from slotune.engine import LLM, EngineConfig
 from slotune.engine.layers.linear import Linear
 from slotune.engine.loader import load_model
+from slotune.engine.model_runner import ModelRunner
 from slotune.engine.models.llama import LlamaModel
 from slotune.kernels.cpu_decode import load_library
+from tests.engine_driver import generate
 
 pytestmark = pytest.mark.skipif(isinstance(load_library(), str), reason=f"native kernel unavailable: {load_library()}")
 
@@ -69,8 +71,10 @@ def test_native_decode_matches_dequantized_torch_reference(overrides):
         for row, i in enumerate(live):
             got[i].append(logits[row].clone())
     ref = _reference(llm)
+    reference = ModelRunner(EngineConfig(device="cpu", num_kv_blocks=2, max_model_len=128, kernels={"backend": "torch"}),
+                            model=ref, model_cfg=ref.cfg)
     for i, ids in enumerate(seqs):
-        want = ref.compute_logits(_full_hidden(ref, ids, runner))
+        want = reference.full_logits(ids)
         mine = torch.stack(got[i])
         err = (mine - want).abs()
         if cfg.dtype == "float32" or cfg.dtype == "auto":
@@ -79,18 +83,6 @@ def test_native_decode_matches_dequantized_torch_reference(overrides):
             torch_err = (runner.full_logits(ids) - want).abs()  # the torch path this kernel replaces
             assert err.max() < 0.5 * torch_err.max() and err.mean() < 0.5 * torch_err.mean(), (err, torch_err)
         assert (mine.argmax(-1) == want.argmax(-1)).float().mean() >= 0.9
-
-
-def _full_hidden(ref: LlamaModel, ids: list[int], runner) -> torch.Tensor:
-    from slotune.engine.layers.attention import AttentionMetadata, KVCache
-
-    n = len(ids)
-    cache = KVCache(ref.cfg.num_layers, 1, 4, ref.cfg.num_kv_heads, ref.cfg.head_dim, torch.float32, "auto", torch.device("cpu"))
-    meta = AttentionMetadata(slot_mapping=torch.full((n,), -1), num_extend_tokens=n, extend_query_lens=[n],
-                             extend_context_lens=[n], extend_block_tables=None, extend_mask=None, decode_block_tables=None,
-                             decode_context_lens=None, decode_mask=None, block_size=4, has_skipped_slots=True)
-    with torch.inference_mode():
-        return ref(torch.tensor(ids), torch.arange(n), cache, meta)
 
 
 def test_native_backend_refuses_what_it_cannot_read():
@@ -157,7 +149,7 @@ def test_native_engine_matches_torch_engine_on_a_tiny_gqa_model(overrides, max_n
     decode batches that shrink as requests end, float32 — the same greedy tokens as torch.
     Prefill chunks run natively beside the decodes; with the native row limit lowered to 2, steps
     split: the decodes natively, the prefill chunks through torch, in the same step."""
-    from tests.kernels_tests.test_triton_engine import _engine, _generate
+    from tests.kernels_tests.test_triton_engine import _engine
 
     prompts = [[(7 * j + 3) % 256 for j in range(n)] for n in (5, 19, 33)]
     native, plain = _engine(kernels={"backend": "native"}, **overrides), _engine(kernels={"backend": "torch"}, **overrides)
@@ -167,7 +159,7 @@ def test_native_engine_matches_torch_engine_on_a_tiny_gqa_model(overrides, max_n
     groups = []
     real = native.runner._native_step
     native.runner._native_step = lambda group: groups.append([s.num_new_tokens for s in group]) or real(group)
-    assert _generate(native, prompts, 24) == _generate(plain, prompts, 24)
+    assert generate(native, prompts, 24) == generate(plain, prompts, 24)
     if max_native_rows:
         assert all(sum(g) <= 2 for g in groups) and any(len(g) == 2 for g in groups)
     else:

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from slotune.engine import EngineConfig, SamplingParams
+from tests.engine_driver import IdsTokenizer, generate
 from slotune.engine.llm_engine import LLMEngine
 from slotune.engine.loader import ModelConfig
 from slotune.engine.model_runner import ModelRunner
@@ -21,13 +22,6 @@ from slotune.engine.models.llama import LlamaModel
 TINY = ModelConfig(vocab_size=256, hidden_size=128, intermediate_size=192, num_layers=2, num_heads=4, num_kv_heads=2,
                    head_dim=32, rope_theta=10000.0, rms_norm_eps=1e-5, max_position_embeddings=256,
                    tie_word_embeddings=False, bos_token_id=None, eos_token_id=None)
-
-
-class _Tokenizer:  # prompts are token ids; nothing to encode, decoded text is not compared
-    eos_token_id = None
-
-    def decode(self, ids, skip_special_tokens=True):
-        return ""
 
 
 def _state_dict(cfg: ModelConfig) -> dict[str, torch.Tensor]:
@@ -48,19 +42,7 @@ def _state_dict(cfg: ModelConfig) -> dict[str, torch.Tensor]:
 def _engine(**overrides) -> LLMEngine:
     cfg = EngineConfig(device="cpu", num_kv_blocks=48, block_size=8, max_model_len=256, **overrides)
     model = LlamaModel(TINY, _state_dict(TINY), torch.float32, torch.device("cpu"))
-    return LLMEngine(cfg, runner=ModelRunner(cfg, model=model, model_cfg=TINY), tokenizer=_Tokenizer())
-
-
-def _generate(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
-    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-    for i, p in enumerate(prompts):
-        engine.add_request(f"r{i}", p, params)
-    done = {}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = out.output_token_ids
-    return [done[f"r{i}"] for i in range(len(prompts))]
+    return LLMEngine(cfg, runner=ModelRunner(cfg, model=model, model_cfg=TINY), tokenizer=IdsTokenizer())
 
 
 @pytest.fixture
@@ -92,8 +74,8 @@ TRITON = {"backend": "triton", "decode_attention": {"block_n": 16, "num_splits":
 def test_triton_engine_matches_torch_engine(overrides, prefill_calls):
     torch_engine, triton_engine = _engine(kernels=TORCH, **overrides), _engine(kernels=TRITON, **overrides)
     assert (torch_engine.runner.backend, triton_engine.runner.backend) == ("torch", "triton")
-    expected = _generate(torch_engine, PROMPTS, 4)
-    assert _generate(triton_engine, PROMPTS, 4) == expected
+    expected = generate(torch_engine, PROMPTS, 4)
+    assert generate(triton_engine, PROMPTS, 4) == expected
     assert len(set(map(tuple, expected))) == 2  # not a degenerate model
     assert prefill_calls  # the paged prefill kernel ran
     if "max_num_batched_tokens" in overrides:
@@ -107,7 +89,7 @@ def test_triton_engine_prefix_cache_hit_matches_torch_engine(prefill_calls):
     outs = []
     for kw in ({"kernels": TORCH}, {"kernels": TRITON}):
         engine = _engine(enable_prefix_caching=True, **kw)
-        outs.append([_generate(engine, [a], 3), _generate(engine, [b], 3)])
+        outs.append([generate(engine, [a], 3), generate(engine, [b], 3)])
     assert outs[0] == outs[1]
     assert ([5], [21]) in prefill_calls  # b's 5 new tokens over 16 cached ones
 
