@@ -11,9 +11,12 @@
  *   int4: torch's CPU pack (_convert_weight_to_int4pack_for_cpu, innerKTiles=1): blocks of
  *   64 output channels, for each k 32 bytes (low nibbles = channels 0-31 of the block, high
  *   = 32-63); scales_and_zeros bf16 [K/g, N, 2] with w = (q - 8) * scale + zero.
+ *   int8 VNNI (only with int8_activations): an int8 weight repacked once by cpu_decode.py into
+ *   [N/16, K/4, 16, 4] bytes w + 128, and the same per-channel scales. (The same repack of int4
+ *   codes measured 1.3-1.6x faster alone, in cache, but 5-10% slower inside whole steps: dropped.)
  *   KV cache [L, num_blocks, block_size, Hkv, D] in fp32 or bf16 (the model dtype).
  * Activations are fp32 throughout and weights are widened in registers, except that with
- * int8_activations the int4 layers quantize their input to int8 per 32 values (VNNI kernel).
+ * int8_activations the int4 and int8 layers quantize their input to int8 per 32 values (VNNI kernels).
  */
 #include <immintrin.h>
 #include <math.h>
@@ -21,7 +24,7 @@
 #include <stdint.h>
 #include <string.h>
 
-enum { W_F32 = 0, W_BF16 = 1, W_INT8 = 2, W_INT4 = 3 };
+enum { W_F32 = 0, W_BF16 = 1, W_INT8 = 2, W_INT4 = 3, W_INT8_VNNI = 4 };
 
 typedef struct {
     int32_t kind, n, k, group; /* k: real in_features (int4 may store K padded to the group) */
@@ -197,8 +200,10 @@ INLINE void int4_block_rows_t(const Lin *L, const float *x, int ldx, float *out,
  * float32, and the same work serves every row of the batch.
  *   sum_k w x = scale * sum_b dx_b * sum_{k in b} q_k qx_k + (zero - 8 scale) * sum_k x_k   */
 
-/* x [M, K] -> codes, a scale and an exact float sum per 32 inputs (K % 32 == 0). */
-static void quantize_rows(const Model *md, const float *x, int ldx, int M, int K) {
+/* x [M, K] -> codes and a scale per 32 inputs (K % 32 == 0), and per 32 a sum: of the float inputs
+ * when exact_sum (the int4 kernel's zero-point term), else of the codes times the scale (the int8
+ * kernel's correction for its unsigned weights, exact in integers). */
+static void quantize_rows(const Model *md, const float *x, int ldx, int M, int K, int exact_sum) {
     const int nb = K / 32;
 #pragma omp for schedule(static)
     for (int t = 0; t < M * nb; t++) {
@@ -213,9 +218,57 @@ static void quantize_rows(const Model *md, const float *x, int ldx, int M, int K
         _mm_storeu_si128((__m128i *)dst, _mm512_cvtsepi32_epi8(q0));
         _mm_storeu_si128((__m128i *)(dst + 16), _mm512_cvtsepi32_epi8(q1));
         md->xscale[(int64_t)m * (md->max_k / 32) + b] = d;
-        md->xsum[(int64_t)m * (md->max_k / 32) + b] = _mm512_reduce_add_ps(_mm512_add_ps(v0, v1));
+        md->xsum[(int64_t)m * (md->max_k / 32) + b] =
+            exact_sum ? _mm512_reduce_add_ps(_mm512_add_ps(v0, v1)) : d * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
     }
 }
+
+/* int8 weights x int8 activations, 16 channels (block c) for rows m0..m0+M-1. One vector of the
+ * repacked weight holds 16 channels x 4 inputs, so `vpdpbusd` against 4 broadcast activation codes
+ * accumulates 16 outputs with no horizontal reduction (the row-major layout needed one per output
+ * and lost to float FMAs: 39 vs 32 ms for the LM head at 64 rows). Weights are stored + 128 since
+ * vpdpbusd multiplies unsigned by signed bytes:
+ *   sum_k w x = ws_n * sum_b dx_b (sum_{k in b} (w + 128) qx  -  128 sum_{k in b} qx)          */
+INLINE void int8_vnni_rows_t(const Model *md, const Lin *L, float *out, int ldo, const int M, int m0, int c) {
+    const int nb = L->k / 32, ldq = md->max_k, lds = md->max_k / 32;
+    const __m512i *w = (const __m512i *)((const uint8_t *)L->w + (int64_t)c * L->k * 16);
+    __m512 tot[8];
+    for (int m = 0; m < M; m++) tot[m] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        __m512i acc[8];
+        for (int m = 0; m < M; m++) acc[m] = _mm512_setzero_si512();
+        for (int q = 0; q < 8; q++) {
+            const __m512i wv = _mm512_loadu_si512(w + b * 8 + q);
+            for (int m = 0; m < M; m++)
+                acc[m] = _mm512_dpbusd_epi32(acc[m], wv, _mm512_set1_epi32(*(const int32_t *)(md->xq + (int64_t)(m0 + m) * ldq + b * 32 + 4 * q)));
+        }
+        for (int m = 0; m < M; m++)
+            tot[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[m]), _mm512_set1_ps(md->xscale[(int64_t)(m0 + m) * lds + b]), tot[m]);
+    }
+    const __m512 ws = load16_bf16(L->scales + c * 16);
+    for (int m = 0; m < M; m++) {
+        float corr = 0.0f;
+        for (int b = 0; b < nb; b++) corr += md->xsum[(int64_t)(m0 + m) * lds + b];
+        const __m512 t = _mm512_fnmadd_ps(_mm512_set1_ps(128.0f), _mm512_set1_ps(corr), tot[m]);
+        _mm512_storeu_ps(out + (int64_t)(m0 + m) * ldo + c * 16, _mm512_mul_ps(ws, t));
+    }
+}
+
+#define ROWS_SWITCH(FN)                                                   \
+    for (int m0 = 0; m0 < M; m0 += 8) {                                   \
+        switch (M - m0 < 8 ? M - m0 : 8) {                                \
+        case 1: FN(md, L, out, ldo, 1, m0, c); break;                     \
+        case 2: FN(md, L, out, ldo, 2, m0, c); break;                     \
+        case 3: FN(md, L, out, ldo, 3, m0, c); break;                     \
+        case 4: FN(md, L, out, ldo, 4, m0, c); break;                     \
+        case 5: FN(md, L, out, ldo, 5, m0, c); break;                     \
+        case 6: FN(md, L, out, ldo, 6, m0, c); break;                     \
+        case 7: FN(md, L, out, ldo, 7, m0, c); break;                     \
+        default: FN(md, L, out, ldo, 8, m0, c); break;                    \
+        }                                                                 \
+    }
+
+static void int8_vnni_rows(const Model *md, const Lin *L, float *out, int ldo, int M, int c) { ROWS_SWITCH(int8_vnni_rows_t) }
 
 /* One 64-channel block b for every row: each 32-input slice of the weights is unpacked once into
  * VNNI order (8 quads x 4 vectors, 2 KB, stays in L1), then every row streams over it with four
@@ -285,8 +338,14 @@ static void int4_block_rows(const Lin *L, const float *x, int ldx, float *out, i
 /* out[M, N] = x[M, K] @ W^T, shared by the threads of the enclosing parallel region. */
 static void matmul_nobias(const Model *md, const Lin *L, const float *x, int ldx, float *out, int ldo, int M) {
 #ifdef HAVE_VNNI
+    if (L->kind == W_INT8_VNNI) { /* repacked (cpu_decode.py) only with int8_activations, K % 32 == 0, N % 16 == 0 */
+        quantize_rows(md, x, ldx, M, L->k, 0);
+#pragma omp for schedule(static)
+        for (int c = 0; c < L->n / 16; c++) int8_vnni_rows(md, L, out, ldo, M, c);
+        return;
+    }
     if (md->int8_activations && L->kind == W_INT4 && L->k % 32 == 0 && L->group % 32 == 0) {
-        quantize_rows(md, x, ldx, M, L->k);
+        quantize_rows(md, x, ldx, M, L->k, 1);
 #pragma omp for schedule(static)
         for (int b = 0; b < L->n / 64; b++) int4_vnni_block(md, L, out, ldo, M, b);
         return;

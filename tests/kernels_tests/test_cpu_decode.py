@@ -101,9 +101,9 @@ def _fake_quant_rows(x: torch.Tensor) -> torch.Tensor:
     return (torch.round(xb / torch.where(d > 0, d, 1)).clamp(-127, 127) * d).reshape(x.shape)
 
 
-@pytest.mark.parametrize("rows", [1, 3, 4, 7])
+@pytest.mark.parametrize("rows", [1, 3, 4, 7, 9])
 @pytest.mark.parametrize(("kind", "k"), [("fp32", 72), ("bf16", 100), ("int8", 77), ("int4-g32", 576), ("int4-g128", 576),
-                                         ("int4-g32-int8act", 576), ("int4-g64-int8act", 320)])
+                                         ("int4-g32-int8act", 576), ("int4-g64-int8act", 320), ("int8-int8act", 160)])
 def test_matmul_kernels_match_torch(kind, k, rows):
     """Each weight format's matmul against x @ dequantized W^T, odd K tails and row counts included."""
     from slotune.engine.quantize import Int4Linear, Int8Linear
@@ -117,7 +117,7 @@ def test_matmul_kernels_match_torch(kind, k, rows):
         mod = Linear(w)
     elif kind == "bf16":
         mod = Linear(w.to(torch.bfloat16))
-    elif kind == "int8":
+    elif kind.startswith("int8"):
         mod = Int8Linear(w)
     else:
         mod = Int4Linear(w, int(kind.split("-g")[1].split("-")[0]))
@@ -130,12 +130,12 @@ def test_matmul_kernels_match_torch(kind, k, rows):
     if not int8act:
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
     else:  # exact up to the activation codes: against the fake-quantized input, and far from the float input
-        # w = q * scale + offset; the kernel takes the offset's sum_k x from the float x, exactly
         xq = _fake_quant_rows(x)
-        sz = mod.scales_and_zeros.double()  # [K/g, N, 2]
-        offset = sz[..., 1] - 8 * sz[..., 0]
-        g = mod.group_size
-        fq = xq.double() @ dense.double().T + (x - xq).double().reshape(rows, -1, g).sum(-1) @ offset
+        fq = xq.double() @ dense.double().T
+        if isinstance(mod, Int4Linear):  # w = q * scale + offset; the offset's sum_k x is taken from the float x
+            sz = mod.scales_and_zeros.double()  # [K/g, N, 2]
+            offset = sz[..., 1] - 8 * sz[..., 0]
+            fq = fq + (x - xq).double().reshape(rows, -1, mod.group_size).sum(-1) @ offset
         fq = fq.float()
         torch.testing.assert_close(got, fq, atol=2e-3, rtol=1e-4)
         assert (got - want).abs().max() > 10 * (got - fq).abs().max()
