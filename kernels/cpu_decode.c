@@ -56,7 +56,8 @@ typedef struct {
     int8_t *xq;
     float *xscale, *xsum;
     int32_t max_k;
-    int32_t int8_activations; /* int4 layers through the VNNI kernel (kernels.int8_activations) */
+    int32_t int8_activations; /* int4/int8 layers through the VNNI kernels (kernels.int8_activations) */
+    int32_t window;           /* sliding window in keys (Mistral), 0 = none */
 } Model;
 
 static inline float bf16_to_f32(uint16_t v) {
@@ -455,13 +456,6 @@ static inline void put_kv(void *cache, int dtype, int64_t off, const float *src,
         for (int i = 0; i < n; i++) ((uint16_t *)cache)[off + i] = f32_to_bf16(src[i]);
 }
 
-static inline const float *kv_row(const void *cache, int dtype, int64_t off, int n, float *tmp) {
-    if (dtype == W_F32) return (const float *)cache + off;
-    for (int i = 0; i + 16 <= n; i += 16) _mm512_storeu_ps(tmp + i, load16_bf16((const uint16_t *)cache + off + i));
-    for (int i = n / 16 * 16; i < n; i++) tmp[i] = bf16_to_f32(((const uint16_t *)cache)[off + i]);
-    return tmp;
-}
-
 /* Element offset of key/value j of a sequence (block table bt) for one head, in one layer. */
 static inline int64_t kv_off(int64_t layer_base, const int32_t *bt, int bs, int j, int row, int head) {
     return layer_base + ((int64_t)bt[j / bs] * bs + j % bs) * row + head;
@@ -475,13 +469,77 @@ static inline void prefetch_row(const void *cache, int dtype, int64_t off, int n
     for (int b = 0; b < n * (dtype == W_F32 ? 4 : 2); b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
 }
 
-static inline float dot(const float *a, const float *b, int n) {
-    __m512 acc = _mm512_setzero_ps();
-    int i = 0;
-    for (; i + 16 <= n; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
-    float t = _mm512_reduce_add_ps(acc);
-    for (; i < n; i++) t += a[i] * b[i];
-    return t;
+/* r[i] = sum of the 16 lanes of a[i]: a transpose-and-add tree, 45 shuffles and adds for 16 sums
+ * (a horizontal reduce per key cost ~8 dependent ops each). */
+static inline __m512 hsum16(const __m512 a[16]) {
+    __m512 t[8], u[4], v[2];
+    for (int i = 0; i < 8; i++) t[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+    for (int i = 0; i < 4; i++)
+        u[i] = _mm512_add_ps(_mm512_shuffle_ps(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    for (int i = 0; i < 2; i++)
+        v[i] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(v[0], v[1], _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_f32x4(v[0], v[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+#define ATT_CHUNK 16
+/* One (sequence, kv head) task: its G query heads q [G, hd] over keys j0..L-1 of the paged cache
+ * -> o [G, hd]. Keys go 16 at a time: the chunk's K rows are widened to float32 once into kt, each
+ * query head's 16 scores come out of one hsum16; then softmax; then V with the output held in
+ * registers, 64 dims x up to 4 heads at a time. p: [G, max_ctx] scratch. */
+static void attend(const Model *md, const float *q, float *o, float *p, float *kt, int64_t base, const int32_t *bt,
+                   int kh, int j0, int L) {
+    const int hd = md->head_dim, G = md->num_heads / md->num_kv_heads, bs = md->block_size, row = md->num_kv_heads * hd;
+    const int nv = hd / 16, n = L - j0; /* hd % 16 == 0 (checked by cpu_decode.py) */
+    for (int c = 0; c < n; c += ATT_CHUNK) {
+        const int cn = n - c < ATT_CHUNK ? n - c : ATT_CHUNK;
+        for (int jj = 0; jj < cn; jj++) {
+            const int j = j0 + c + jj;
+            const int ja = j + ATT_CHUNK < L ? j + ATT_CHUNK : j;
+            prefetch_row(md->k_cache, md->dtype, kv_off(base, bt, bs, ja, row, kh * hd), hd);
+            const int64_t off = kv_off(base, bt, bs, j, row, kh * hd);
+            for (int v = 0; v < nv; v++)
+                _mm512_storeu_ps(kt + jj * hd + v * 16, md->dtype == W_F32 ? _mm512_loadu_ps((const float *)md->k_cache + off + v * 16)
+                                                                           : load16_bf16((const uint16_t *)md->k_cache + off + v * 16));
+        }
+        for (int g = 0; g < G; g++) {
+            __m512 acc[ATT_CHUNK];
+            for (int jj = 0; jj < ATT_CHUNK; jj++) {
+                acc[jj] = _mm512_setzero_ps();
+                if (jj < cn)
+                    for (int v = 0; v < nv; v++) acc[jj] = _mm512_fmadd_ps(_mm512_loadu_ps(q + g * hd + v * 16), _mm512_loadu_ps(kt + jj * hd + v * 16), acc[jj]);
+            }
+            const __mmask16 k = cn == 16 ? 0xffff : (__mmask16)((1u << cn) - 1);
+            _mm512_mask_storeu_ps(p + g * md->max_ctx + c, k, _mm512_mul_ps(hsum16(acc), _mm512_set1_ps(md->scale)));
+        }
+    }
+    for (int g = 0; g < G; g++) softmax(p + g * md->max_ctx, n);
+    for (int d0 = 0; d0 < hd; d0 += 64) {
+        const int vn = (hd - d0) / 16 < 4 ? (hd - d0) / 16 : 4;
+        for (int g0 = 0; g0 < G; g0 += 4) {
+            const int gn = G - g0 < 4 ? G - g0 : 4;
+            __m512 acc[4][4];
+            for (int g = 0; g < 4; g++)
+                for (int v = 0; v < 4; v++) acc[g][v] = _mm512_setzero_ps();
+            for (int jj = 0; jj < n; jj++) {
+                const int j = j0 + jj;
+                const int ja = j + ATT_CHUNK < L ? j + ATT_CHUNK : j;
+                if (d0 == 0 && g0 == 0) prefetch_row(md->v_cache, md->dtype, kv_off(base, bt, bs, ja, row, kh * hd), hd);
+                const int64_t off = kv_off(base, bt, bs, j, row, kh * hd) + d0;
+                __m512 vr[4];
+                for (int v = 0; v < vn; v++)
+                    vr[v] = md->dtype == W_F32 ? _mm512_loadu_ps((const float *)md->v_cache + off + v * 16)
+                                               : load16_bf16((const uint16_t *)md->v_cache + off + v * 16);
+                for (int g = 0; g < gn; g++) {
+                    const __m512 pj = _mm512_set1_ps(p[(g0 + g) * md->max_ctx + jj]);
+                    for (int v = 0; v < vn; v++) acc[g][v] = _mm512_fmadd_ps(pj, vr[v], acc[g][v]);
+                }
+            }
+            for (int g = 0; g < gn; g++)
+                for (int v = 0; v < vn; v++) _mm512_storeu_ps(o + (g0 + g) * hd + d0 + v * 16, acc[g][v]);
+        }
+    }
 }
 
 static void matmul(const Model *md, const Lin *L, const float *x, int ldx, float *out, int ldo, int M) {
@@ -513,7 +571,7 @@ void slotune_decode_step(const Model *md, int M, const int64_t *ids, const int64
     const int64_t layer_stride = md->num_blocks * bs * Hkv * hd;
 #pragma omp parallel num_threads(num_threads)
     {
-        float tmp[512]; /* one widened bf16 cache row (head_dim <= 512) */
+        float kt[ATT_CHUNK * 512]; /* one chunk of K rows widened to float32 (head_dim <= 512) */
 #pragma omp for schedule(static)
         for (int m = 0; m < M; m++)
             for (int i = 0; i < D; i++) md->x[(int64_t)m * D + i] = load_w(md->embed, md->dtype, ids[m] * D + i);
@@ -533,34 +591,15 @@ void slotune_decode_step(const Model *md, int M, const int64_t *ids, const int64
                     put_kv(md->v_cache, md->dtype, off, r + (H + Hkv) * hd, Hkv * hd);
                 }
             }
-            /* attention: one task per (sequence, kv head), its G query heads together */
+            /* attention: one task per (sequence, kv head), its G query heads together; a sliding
+             * window keeps the last `window` keys (the token itself included) */
 #pragma omp for schedule(static)
             for (int t = 0; t < M * Hkv; t++) {
                 const int m = t / Hkv, kh = t % Hkv, L = (int)pos[m] + 1;
-                const float *q = md->qkv + (int64_t)m * qkv_n + kh * G * hd;
-                float *p = md->probs + (int64_t)t * G * md->max_ctx;
-                float *o = md->att + (int64_t)m * H * hd + kh * G * hd;
-                const int32_t *bt = block_tables + (int64_t)m * bt_width;
-                for (int j = 0; j < L; j++) {
-                    const int64_t off = kv_off(l * layer_stride, bt, bs, j, Hkv * hd, kh * hd);
-                    prefetch_row(md->k_cache, md->dtype, kv_off(l * layer_stride, bt, bs, j + PREFETCH_AHEAD < L ? j + PREFETCH_AHEAD : j, Hkv * hd, kh * hd), hd);
-                    const float *kr = kv_row(md->k_cache, md->dtype, off, hd, tmp);
-                    for (int g = 0; g < G; g++) p[g * md->max_ctx + j] = dot(q + g * hd, kr, hd) * md->scale;
-                }
-                for (int g = 0; g < G; g++) {
-                    softmax(p + g * md->max_ctx, L);
-                    memset(o + g * hd, 0, (size_t)hd * sizeof(float));
-                }
-                for (int j = 0; j < L; j++) {
-                    const int64_t off = kv_off(l * layer_stride, bt, bs, j, Hkv * hd, kh * hd);
-                    prefetch_row(md->v_cache, md->dtype, kv_off(l * layer_stride, bt, bs, j + PREFETCH_AHEAD < L ? j + PREFETCH_AHEAD : j, Hkv * hd, kh * hd), hd);
-                    const float *vr = kv_row(md->v_cache, md->dtype, off, hd, tmp);
-                    for (int g = 0; g < G; g++) {
-                        const float pj = p[g * md->max_ctx + j];
-                        float *og = o + g * hd;
-                        for (int i = 0; i < hd; i++) og[i] += pj * vr[i];
-                    }
-                }
+                const int j0 = md->window > 0 && L > md->window ? L - md->window : 0;
+                attend(md, md->qkv + (int64_t)m * qkv_n + kh * G * hd, md->att + (int64_t)m * H * hd + kh * G * hd,
+                       md->probs + (int64_t)t * G * md->max_ctx, kt, l * layer_stride, block_tables + (int64_t)m * bt_width,
+                       kh, j0, L);
             }
             matmul(md, &ly->o, md->att, H * hd, md->x, D, M);
             add_rms_norm(md, ly->post_norm, md->x, md->res, md->h, M, 0);

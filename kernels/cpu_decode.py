@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("cpu_decode.c")
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-math-errno"]
 W_F32, W_BF16, W_INT8, W_INT4, W_INT8_VNNI = 0, 1, 2, 3, 4
-MAX_HEAD_DIM = 512  # the kernel widens one bf16 cache row into a stack buffer of this size
+MAX_HEAD_DIM = 512  # the kernel widens 16 K rows into a stack buffer of this size
 
 
 class _Lin(ctypes.Structure):
@@ -52,7 +52,7 @@ class _Model(ctypes.Structure):
         *[(n, ctypes.c_void_p) for n in ("x", "res", "h", "qkv", "att", "gu", "act", "probs")],
         ("max_ctx", ctypes.c_int32),
         ("xq", ctypes.c_void_p), ("xscale", ctypes.c_void_p), ("xsum", ctypes.c_void_p), ("max_k", ctypes.c_int32),
-        ("int8_activations", ctypes.c_int32),
+        ("int8_activations", ctypes.c_int32), ("window", ctypes.c_int32),
     ]
 
 
@@ -239,6 +239,7 @@ class CpuDecoder:
             cache.k.data_ptr(), cache.v.data_ptr(),
             *[self._scratch[n].data_ptr() for n in ("x", "res", "h", "qkv", "att", "gu", "act", "probs")], max_ctx,
             *[self._scratch[n].data_ptr() for n in ("xq", "xscale", "xsum")], max_k, int(int8_activations),
+            cfg.sliding_window or 0,
         )
 
     @staticmethod
@@ -253,7 +254,7 @@ class CpuDecoder:
             return f"model dtype {model.embed.dtype} (the kernel reads float32 and bfloat16)"
         if cache.is_quantized or cache.k.dtype != model.embed.dtype:
             return f"kv_dtype {cache.kv_dtype} (the kernel reads a cache in the model dtype)"
-        if model.cfg.head_dim > MAX_HEAD_DIM or model.cfg.num_heads % model.cfg.num_kv_heads:
+        if model.cfg.head_dim > MAX_HEAD_DIM or model.cfg.head_dim % 16 or model.cfg.num_heads % model.cfg.num_kv_heads:
             return f"head_dim {model.cfg.head_dim} / heads {model.cfg.num_heads}:{model.cfg.num_kv_heads}"
         for ly in model.layers:
             for mod in (ly.qkv_proj, ly.o_proj, ly.gate_up_proj, ly.down_proj):
