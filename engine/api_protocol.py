@@ -101,9 +101,11 @@ class ChatMessage(BaseModel):
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[TextPart]
 
-    def as_template_input(self) -> dict[str, str]:
+    def as_template_input(self) -> dict[str, Any]:
+        """The message as transformers hands it to a chat template: every field the client sent
+        (templates read e.g. `tool_calls` or `name` when present), text parts joined into one string."""
         text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
-        return {"role": self.role, "content": text}
+        return {**(self.model_extra or {}), "role": self.role, "content": text}
 
 
 class ChatRequest(_Request):

@@ -9,6 +9,7 @@ import torch
 
 from slotune.engine.block_manager import BlockManager
 from slotune.engine.config import EngineConfig
+from slotune.engine.loader import resolve_model_path
 from slotune.engine.model_runner import ModelRunner
 from slotune.engine.outputs import RequestOutput
 from slotune.engine.sampler import Sampler
@@ -61,8 +62,9 @@ class EngineStats:
 class LLMEngine:
     def __init__(self, cfg: EngineConfig, runner: ModelRunner | None = None, tokenizer: Tokenizer | None = None) -> None:
         self.cfg = cfg
+        # The tokenizer before the weights: a vocabulary the engine refuses costs no weight load.
+        self.tokenizer = tokenizer or Tokenizer.from_model_path(resolve_model_path(cfg.model))
         self.runner = runner or ModelRunner(cfg)
-        self.tokenizer = tokenizer or Tokenizer.from_model_path(self.runner.model_path)
         self.block_manager = BlockManager(self.runner.num_blocks, cfg.block_size, cfg.enable_prefix_caching)
         self.scheduler = Scheduler(
             self.block_manager,
@@ -83,8 +85,7 @@ class LLMEngine:
             from slotune.engine.speculative import build_proposer
 
             self.proposer = build_proposer(cfg, self)
-        stop_ids = {self.tokenizer.eos_token_id, self.runner.model_cfg.eos_token_id} - {None}
-        self.eos_token_ids: frozenset[int] = frozenset(stop_ids)
+        self.eos_token_ids: frozenset[int] = self.tokenizer.eos_token_ids  # every end-of-turn id the model declares
 
     @property
     def weight_bytes(self) -> int:

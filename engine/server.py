@@ -28,6 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from slotune.engine.api_protocol import ChatRequest, CompletionRequest, _Request, error_response, validation_message
 from slotune.engine.async_llm import AsyncLLM, EngineDeadError
+from slotune.engine.chat_template import ChatTemplateError
 from slotune.engine.config import EngineConfig
 from slotune.engine.llm_engine import RequestRejected
 from slotune.engine.sampling_params import SamplingParams
@@ -289,9 +290,8 @@ def build_app(llm: AsyncLLM, *, api_key: str | None = None, served_model_name: s
     async def chat(req: ChatRequest, request: Request):
         try:
             prompt = await asyncio.to_thread(llm.tokenizer.apply_chat_template, [m.as_template_input() for m in req.messages])
-        except Exception as exc:  # a template that raises on this conversation (e.g. role order)
-            return refuse(400, "invalid_request", f"messages: chat template rejected them ({type(exc).__name__}: {exc})",
-                          "messages")
+        except ChatTemplateError as exc:  # the model's template refuses this conversation (e.g. role order)
+            return refuse(400, "invalid_request", f"messages: {exc}", "messages")
         return await respond(prompt, req, request, chat=True)
 
     return app

@@ -1,7 +1,15 @@
-"""Tokenizer built with the `tokenizers` library from GGUF metadata or an HF tokenizer.json.
+"""The engine's one tokenizer interface (encode, decode, chat prompt, stop ids), built with the
+`tokenizers` library from an HF directory's tokenizer.json or from a GGUF file's vocabulary
+(engine/gguf_vocab.py says which GGUF vocabularies load and which are refused).
 
-GGUF stores a gpt2-style byte-level BPE (tokens + merges); we rebuild the same pipeline HF
-uses for SmolLM2 (individual digits, then byte-level) and apply the embedded ChatML template.
+Model metadata read here, once:
+- the chat template: chat_template.jinja, else tokenizer_config.json's `chat_template`, else the
+  GGUF's `tokenizer.chat_template`; ChatML only when the model has none (`chat_template_source`
+  says which);
+- the special tokens the template sees (bos_token, eos_token, ...);
+- every id the model ends a turn with (`eos_token_ids`): an HF directory's generation_config.json
+  and config.json `eos_token_id` (an int or a list) and tokenizer_config.json's eos_token; a GGUF's
+  tokenizer.ggml.eos_token_id, eot_token_id and eom_token_id (llama.cpp stops on all three).
 """
 
 from __future__ import annotations
@@ -11,16 +19,20 @@ from pathlib import Path
 from typing import Any
 
 from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import decoders, models, pre_tokenizers
 
-_DEFAULT_CHATML = (
-    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + "
-    "'<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
+from slotune.engine.chat_template import CHATML, render
+from slotune.engine.gguf_vocab import gguf_vocab
+
+# The special tokens transformers hands a chat template (its SPECIAL_TOKENS_ATTRIBUTES).
+_TEMPLATE_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+_GGUF_TOKEN_IDS = {"bos_token": "bos_token_id", "eos_token": "eos_token_id", "unk_token": "unknown_token_id",
+                   "sep_token": "seperator_token_id", "pad_token": "padding_token_id",
+                   "mask_token": "mask_token_id"}  # "seperator" is llama.cpp's spelling of the key
+_GGUF_STOP_KEYS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
 
 
 class Tokenizer:
-    """encode/decode plus chat templating; the one tokenizer interface the engine uses."""
+    """encode/decode, the chat prompt and the stop ids of one model."""
 
     def __init__(
         self,
@@ -28,48 +40,46 @@ class Tokenizer:
         *,
         bos_token_id: int | None,
         eos_token_id: int | None,
+        eos_token_ids: frozenset[int] = frozenset(),
         chat_template: str | None,
+        chat_template_source: str = "",
+        special_tokens: dict[str, str] | None = None,
         add_bos: bool = False,
     ) -> None:
         self._tok = tok
         self.bos_token_id = bos_token_id
-        self.eos_token_id = eos_token_id
-        self.chat_template = chat_template or _DEFAULT_CHATML
+        self.eos_token_id = eos_token_id  # the primary one (lm-eval's end of text, padding)
+        self.eos_token_ids: frozenset[int] = frozenset(eos_token_ids) | ({eos_token_id} - {None})
+        self.chat_template = chat_template or CHATML
+        self.chat_template_source = chat_template_source if chat_template else \
+            "ChatML fallback (the model has no chat template)"
+        self.special_tokens = dict(special_tokens or {})
         self.add_bos = add_bos
         self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
-        self._template = None
 
     # --- construction -------------------------------------------------------------------
     @classmethod
     def from_gguf(cls, path: Path) -> "Tokenizer":
-        from slotune.engine.loader import gguf_metadata
+        from slotune.engine.loader import gguf_metadata  # loader imports torch; only GGUF paths pay for it
 
         meta = gguf_metadata(path)
-        if meta.get("tokenizer.ggml.model") != "gpt2":
-            raise ValueError(f"{path}: tokenizer model '{meta.get('tokenizer.ggml.model')}' unsupported (gpt2 BPE only)")
-        tokens: list[str] = list(meta["tokenizer.ggml.tokens"])
-        merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
-        types = list(meta.get("tokenizer.ggml.token_type") or [1] * len(tokens))
-        vocab = {t: i for i, t in enumerate(tokens)}
-        tok = HFTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
-        tok.pre_tokenizer = pre_tokenizers.Sequence(
-            [
-                pre_tokenizers.Digits(individual_digits=True),
-                pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True),
-            ]
-        )
-        tok.decoder = decoders.ByteLevel()
-        # Control tokens (type 3) must match atomically and never be split by BPE.
-        from tokenizers import AddedToken
-
-        specials = [AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types) if ty == 3]
-        tok.add_special_tokens(specials)
+        vocab = gguf_vocab(meta, path)
+        tokens = meta["tokenizer.ggml.tokens"]
+        for key in {f"tokenizer.ggml.{k}" for k in _GGUF_TOKEN_IDS.values()} | set(_GGUF_STOP_KEYS):
+            if meta.get(key) is not None and not 0 <= int(meta[key]) < len(tokens):
+                raise ValueError(f"{path}: {key} = {meta[key]} is outside the vocabulary of {len(tokens)} tokens")
+        special = {name: tokens[i] for name, key in _GGUF_TOKEN_IDS.items()
+                   if (i := meta.get(f"tokenizer.ggml.{key}")) is not None}
+        template = meta.get("tokenizer.chat_template")
         return cls(
-            tok,
+            vocab.tokenizer,
             bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
             eos_token_id=meta.get("tokenizer.ggml.eos_token_id"),
-            chat_template=meta.get("tokenizer.chat_template"),
-            add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+            eos_token_ids=frozenset(int(meta[k]) for k in _GGUF_STOP_KEYS if meta.get(k) is not None),
+            chat_template=template,
+            chat_template_source=f"{path.name}: tokenizer.chat_template",
+            special_tokens=special,
+            add_bos=vocab.add_bos,
         )
 
     @classmethod
@@ -78,25 +88,36 @@ class Tokenizer:
         if not tok_file.exists():
             raise FileNotFoundError(f"{path}: tokenizer.json missing (needed to load an HF checkpoint dir)")
         tok = HFTokenizer.from_file(str(tok_file))
-        cfg: dict[str, Any] = {}
-        if (path / "tokenizer_config.json").exists():
-            cfg = json.loads((path / "tokenizer_config.json").read_text())
+        cfg = _json(path / "tokenizer_config.json")
+        legacy_map = _json(path / "special_tokens_map.json")  # older repos keep the special tokens here
+        special = {}
+        for name in _TEMPLATE_TOKENS:
+            value = cfg.get(name, legacy_map.get(name))
+            value = value.get("content") if isinstance(value, dict) else value
+            if value is not None:
+                special[name] = str(value)
 
         def _id(name: str) -> int | None:
-            t = cfg.get(name)
-            if isinstance(t, dict):
-                t = t.get("content")
-            return tok.token_to_id(t) if t else None
+            if name not in special:
+                return None
+            i = tok.token_to_id(special[name])
+            if i is None:
+                raise ValueError(f"{path}: {name} '{special[name]}' (tokenizer_config.json) is not in tokenizer.json's "
+                                 "vocabulary")
+            return i
 
-        eos = _id("eos_token")
-        if eos is None and (path / "config.json").exists():
-            eos = json.loads((path / "config.json").read_text()).get("eos_token_id")
-            eos = eos[0] if isinstance(eos, list) else eos
+        declared = [*([_id("eos_token")] if "eos_token" in special else []),
+                    *_token_ids(path / "config.json", "eos_token_id"),
+                    *_token_ids(path / "generation_config.json", "eos_token_id")]
+        template, source = _hf_chat_template(path, cfg)
         return cls(
             tok,
             bos_token_id=_id("bos_token"),
-            eos_token_id=eos,
-            chat_template=cfg.get("chat_template"),
+            eos_token_id=declared[0] if declared else None,
+            eos_token_ids=frozenset(declared),
+            chat_template=template,
+            chat_template_source=source,
+            special_tokens=special,
             add_bos=bool(cfg.get("add_bos_token", False)),
         )
 
@@ -117,13 +138,42 @@ class Tokenizer:
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 
-    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        if self._template is None:
-            from jinja2.sandbox import ImmutableSandboxedEnvironment
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+        """The prompt text, as transformers' `apply_chat_template(..., tokenize=False)` renders it; it
+        already holds the template's own BOS, so encode it without adding one.
 
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-            self._template = env.from_string(self.chat_template)
-        for i, m in enumerate(messages):
-            if not isinstance(m, dict) or "role" not in m or "content" not in m:
-                raise ValueError(f"messages[{i}]: each message needs 'role' and 'content'")
-        return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt)
+        Raises:
+            ChatTemplateError: the template refuses these messages (e.g. roles that do not
+                alternate): a client error.
+        """
+        return render(self.chat_template, messages, add_generation_prompt=add_generation_prompt,
+                      special_tokens=self.special_tokens)
+
+
+def _json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _token_ids(path: Path, key: str) -> list[int]:
+    """`key` of a JSON config as a list of ids: HF writes an int, a list of ints, or null."""
+    value = _json(path).get(key)
+    values = value if isinstance(value, list) else [] if value is None else [value]
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        raise ValueError(f"{path}: {key} must be a token id or a list of token ids, got {value!r}")
+    return values
+
+
+def _hf_chat_template(path: Path, cfg: dict[str, Any]) -> tuple[str | None, str]:
+    """The template transformers would pick with no template name given: chat_template.jinja takes
+    priority over tokenizer_config.json; of several named templates, the one named 'default'."""
+    if (path / "chat_template.jinja").exists():
+        return (path / "chat_template.jinja").read_text(), "chat_template.jinja"
+    template = cfg.get("chat_template")
+    source = "tokenizer_config.json: chat_template"
+    if isinstance(template, list):  # [{"name": ..., "template": ...}, ...]
+        named = {t["name"]: t["template"] for t in template}
+        if "default" not in named:
+            raise ValueError(f"{path}/tokenizer_config.json: chat_template lists {sorted(named)} but none is named "
+                             "'default'; add a chat_template.jinja with the template to serve")
+        template, source = named["default"], "tokenizer_config.json: chat_template 'default'"
+    return template, source

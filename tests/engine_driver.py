@@ -10,6 +10,7 @@ class IdsTokenizer:
     """Prompts are token ids; nothing to encode, decoded text is not compared."""
 
     eos_token_id = None
+    eos_token_ids = frozenset()
 
     def decode(self, ids, skip_special_tokens=True):
         return ""
