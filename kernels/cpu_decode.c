@@ -58,6 +58,7 @@ typedef struct {
     int32_t max_k;
     int32_t int8_activations; /* int4/int8 layers through the VNNI kernels (kernels.int8_activations) */
     int32_t window;           /* sliding window in keys (Mistral), 0 = none */
+    int32_t *ctx_slots;       /* scratch [max_batch, max_ctx]: cache slot of each key of a row */
 } Model;
 
 static inline float bf16_to_f32(uint16_t v) {
@@ -442,23 +443,27 @@ static void add_rms_norm(const Model *md, const void *w, float *x, float *res, f
     }
 }
 
-static void rotate(float *v, const float *cs, int half) {
-    for (int i = 0; i < half; i++) {
-        const float a = v[i], b = v[i + half], c = cs[i], s = cs[i + half];
-        v[i] = a * c - b * s;
-        v[i + half] = b * c + a * s;
+static void rotate(float *v, const float *cs, int half) { /* rotate-half RoPE: cos in cs[:half], sin in cs[half:] */
+    for (int i = 0; i < half; i += 16) {
+        const __mmask16 k = half - i >= 16 ? 0xffff : (__mmask16)((1u << (half - i)) - 1);
+        const __m512 a = _mm512_maskz_loadu_ps(k, v + i), b = _mm512_maskz_loadu_ps(k, v + i + half);
+        const __m512 c = _mm512_maskz_loadu_ps(k, cs + i), sn = _mm512_maskz_loadu_ps(k, cs + i + half);
+        _mm512_mask_storeu_ps(v + i, k, _mm512_fmsub_ps(a, c, _mm512_mul_ps(b, sn)));
+        _mm512_mask_storeu_ps(v + i + half, k, _mm512_fmadd_ps(b, c, _mm512_mul_ps(a, sn)));
     }
 }
 
 static inline void put_kv(void *cache, int dtype, int64_t off, const float *src, int n) {
-    if (dtype == W_F32) memcpy((float *)cache + off, src, (size_t)n * sizeof(float));
-    else
-        for (int i = 0; i < n; i++) ((uint16_t *)cache)[off + i] = f32_to_bf16(src[i]);
-}
-
-/* Element offset of key/value j of a sequence (block table bt) for one head, in one layer. */
-static inline int64_t kv_off(int64_t layer_base, const int32_t *bt, int bs, int j, int row, int head) {
-    return layer_base + ((int64_t)bt[j / bs] * bs + j % bs) * row + head;
+    if (dtype == W_F32) {
+        memcpy((float *)cache + off, src, (size_t)n * sizeof(float));
+        return;
+    }
+    int i = 0;
+#ifdef __AVX512BF16__
+    for (; i + 16 <= n; i += 16) /* round to nearest even, as f32_to_bf16 */
+        _mm256_storeu_si256((__m256i *)((uint16_t *)cache + off + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(src + i)));
+#endif
+    for (; i < n; i++) ((uint16_t *)cache)[off + i] = f32_to_bf16(src[i]);
 }
 
 /* The cache rows of one head are a few hundred bytes apart and scattered over pages: the hardware
@@ -488,17 +493,19 @@ static inline __m512 hsum16(const __m512 a[16]) {
  * -> o [G, hd]. Keys go 16 at a time: the chunk's K rows are widened to float32 once into kt, each
  * query head's 16 scores come out of one hsum16; then softmax; then V with the output held in
  * registers, 64 dims x up to 4 heads at a time. p: [G, max_ctx] scratch. */
-static void attend(const Model *md, const float *q, float *o, float *p, float *kt, int64_t base, const int32_t *bt,
+static void attend(const Model *md, const float *q, float *o, float *p, float *kt, int64_t base, const int32_t *cslot,
                    int kh, int j0, int L) {
-    const int hd = md->head_dim, G = md->num_heads / md->num_kv_heads, bs = md->block_size, row = md->num_kv_heads * hd;
+    const int hd = md->head_dim, G = md->num_heads / md->num_kv_heads, row = md->num_kv_heads * hd;
+    base += (int64_t)kh * hd;
+#define KV_OFF(j) (base + (int64_t)cslot[j] * row)
     const int nv = hd / 16, n = L - j0; /* hd % 16 == 0 (checked by cpu_decode.py) */
     for (int c = 0; c < n; c += ATT_CHUNK) {
         const int cn = n - c < ATT_CHUNK ? n - c : ATT_CHUNK;
         for (int jj = 0; jj < cn; jj++) {
             const int j = j0 + c + jj;
             const int ja = j + ATT_CHUNK < L ? j + ATT_CHUNK : j;
-            prefetch_row(md->k_cache, md->dtype, kv_off(base, bt, bs, ja, row, kh * hd), hd);
-            const int64_t off = kv_off(base, bt, bs, j, row, kh * hd);
+            prefetch_row(md->k_cache, md->dtype, KV_OFF(ja), hd);
+            const int64_t off = KV_OFF(j);
             for (int v = 0; v < nv; v++)
                 _mm512_storeu_ps(kt + jj * hd + v * 16, md->dtype == W_F32 ? _mm512_loadu_ps((const float *)md->k_cache + off + v * 16)
                                                                            : load16_bf16((const uint16_t *)md->k_cache + off + v * 16));
@@ -525,8 +532,8 @@ static void attend(const Model *md, const float *q, float *o, float *p, float *k
             for (int jj = 0; jj < n; jj++) {
                 const int j = j0 + jj;
                 const int ja = j + ATT_CHUNK < L ? j + ATT_CHUNK : j;
-                if (d0 == 0 && g0 == 0) prefetch_row(md->v_cache, md->dtype, kv_off(base, bt, bs, ja, row, kh * hd), hd);
-                const int64_t off = kv_off(base, bt, bs, j, row, kh * hd) + d0;
+                if (d0 == 0 && g0 == 0) prefetch_row(md->v_cache, md->dtype, KV_OFF(ja), hd);
+                const int64_t off = KV_OFF(j) + d0;
                 __m512 vr[4];
                 for (int v = 0; v < vn; v++)
                     vr[v] = md->dtype == W_F32 ? _mm512_loadu_ps((const float *)md->v_cache + off + v * 16)
@@ -541,6 +548,7 @@ static void attend(const Model *md, const float *q, float *o, float *p, float *k
         }
     }
 }
+#undef KV_OFF
 
 static void matmul(const Model *md, const Lin *L, const float *x, int ldx, float *out, int ldo, int M) {
     matmul_nobias(md, L, x, ldx, out, ldo, M);
@@ -573,8 +581,15 @@ void slotune_decode_step(const Model *md, int M, const int64_t *ids, const int64
     {
         float kt[ATT_CHUNK * 512]; /* one chunk of K rows widened to float32 (head_dim <= 512) */
 #pragma omp for schedule(static)
-        for (int m = 0; m < M; m++)
+        for (int m = 0; m < M; m++) {
             for (int i = 0; i < D; i++) md->x[(int64_t)m * D + i] = load_w(md->embed, md->dtype, ids[m] * D + i);
+            /* cache slot of every key of this row, once per step for all layers and heads: a
+             * division per key and head in the attention loop was ~1/2 of its time at 64 rows */
+            const int32_t *bt = block_tables + (int64_t)m * bt_width;
+            int32_t *cs = md->ctx_slots + (int64_t)m * md->max_ctx;
+            for (int j = 0, b = 0; j <= pos[m]; b++)
+                for (int i = 0; i < bs && j <= pos[m]; i++, j++) cs[j] = bt[b] * bs + i;
+        }
         for (int l = 0; l < md->num_layers; l++) {
             const Layer *ly = &md->layers[l];
             add_rms_norm(md, ly->input_norm, md->x, md->res, md->h, M, l == 0);
@@ -598,7 +613,7 @@ void slotune_decode_step(const Model *md, int M, const int64_t *ids, const int64
                 const int m = t / Hkv, kh = t % Hkv, L = (int)pos[m] + 1;
                 const int j0 = md->window > 0 && L > md->window ? L - md->window : 0;
                 attend(md, md->qkv + (int64_t)m * qkv_n + kh * G * hd, md->att + (int64_t)m * H * hd + kh * G * hd,
-                       md->probs + (int64_t)t * G * md->max_ctx, kt, l * layer_stride, block_tables + (int64_t)m * bt_width,
+                       md->probs + (int64_t)t * G * md->max_ctx, kt, l * layer_stride, md->ctx_slots + (int64_t)m * md->max_ctx,
                        kh, j0, L);
             }
             matmul(md, &ly->o, md->att, H * hd, md->x, D, M);

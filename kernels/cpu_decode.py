@@ -52,7 +52,7 @@ class _Model(ctypes.Structure):
         *[(n, ctypes.c_void_p) for n in ("x", "res", "h", "qkv", "att", "gu", "act", "probs")],
         ("max_ctx", ctypes.c_int32),
         ("xq", ctypes.c_void_p), ("xscale", ctypes.c_void_p), ("xsum", ctypes.c_void_p), ("max_k", ctypes.c_int32),
-        ("int8_activations", ctypes.c_int32), ("window", ctypes.c_int32),
+        ("int8_activations", ctypes.c_int32), ("window", ctypes.c_int32), ("ctx_slots", ctypes.c_void_p),
     ]
 
 
@@ -227,6 +227,7 @@ class CpuDecoder:
         self._scratch["xq"] = torch.zeros(max_rows, max_k, dtype=torch.int8)
         self._scratch["xscale"] = torch.zeros(max_rows, max_k // 32, **f32)
         self._scratch["xsum"] = torch.zeros(max_rows, max_k // 32, **f32)
+        self._scratch["ctx_slots"] = torch.zeros(max_rows, max_ctx, dtype=torch.int32)
         self.logits = torch.empty(max_rows, cfg.vocab_size, **f32)
         limit = MAX_NATIVE_ROWS[self._layers[0].gate_up.kind]
         self.max_native_rows = max_rows if limit is None else min(limit, max_rows)
@@ -239,7 +240,7 @@ class CpuDecoder:
             cache.k.data_ptr(), cache.v.data_ptr(),
             *[self._scratch[n].data_ptr() for n in ("x", "res", "h", "qkv", "att", "gu", "act", "probs")], max_ctx,
             *[self._scratch[n].data_ptr() for n in ("xq", "xscale", "xsum")], max_k, int(int8_activations),
-            cfg.sliding_window or 0,
+            cfg.sliding_window or 0, self._scratch["ctx_slots"].data_ptr(),
         )
 
     @staticmethod
@@ -256,6 +257,8 @@ class CpuDecoder:
             return f"kv_dtype {cache.kv_dtype} (the kernel reads a cache in the model dtype)"
         if model.cfg.head_dim > MAX_HEAD_DIM or model.cfg.head_dim % 16 or model.cfg.num_heads % model.cfg.num_kv_heads:
             return f"head_dim {model.cfg.head_dim} / heads {model.cfg.num_heads}:{model.cfg.num_kv_heads}"
+        if model.cfg.qk_norm:
+            return "q/k RMSNorm per head (qk_norm, Qwen3): the native step does not implement it"
         for ly in model.layers:
             for mod in (ly.qkv_proj, ly.o_proj, ly.gate_up_proj, ly.down_proj):
                 r = _lin(mod)
