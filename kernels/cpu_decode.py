@@ -257,8 +257,6 @@ class CpuDecoder:
             return f"kv_dtype {cache.kv_dtype} (the kernel reads a cache in the model dtype)"
         if model.cfg.head_dim > MAX_HEAD_DIM or model.cfg.head_dim % 16 or model.cfg.num_heads % model.cfg.num_kv_heads:
             return f"head_dim {model.cfg.head_dim} / heads {model.cfg.num_heads}:{model.cfg.num_kv_heads}"
-        if model.cfg.qk_norm:
-            return "q/k RMSNorm per head (qk_norm, Qwen3): the native step does not implement it"
         for ly in model.layers:
             for mod in (ly.qkv_proj, ly.o_proj, ly.gate_up_proj, ly.down_proj):
                 r = _lin(mod)
