@@ -105,8 +105,7 @@ class AsyncLLM:
                 if outputs is None:
                     self._wake.wait(0.05)
                     continue
-                for out in outputs:
-                    self._deliver(out)
+                self._deliver_step(outputs)
         except BaseException as exc:  # surface to every waiter, never die silently
             self.error = exc
             self.is_ready = False
@@ -144,6 +143,17 @@ class AsyncLLM:
     @property
     def _is_loop_running(self) -> bool:
         return self._thread is not None and not self._is_closed
+
+    def _deliver_step(self, outputs: list[RequestOutput]) -> None:
+        """A step's outputs in one hand-over per event loop: one wake-up of the HTTP loop per step,
+        not one per sequence (each call_soon_threadsafe writes to the loop's self-pipe)."""
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        for out in outputs:
+            entry = self._queues.get(out.request_id)
+            if entry is not None:
+                by_loop.setdefault(entry[0], []).append((entry[1], out))
+        for loop, items in by_loop.items():
+            loop.call_soon_threadsafe(_put_all, items)
 
     def _deliver(self, out: RequestOutput) -> None:
         entry = self._queues.get(out.request_id)
@@ -254,3 +264,8 @@ class AsyncLLM:
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, 5.0)
         self.is_ready = False
+
+
+def _put_all(items: list[tuple[asyncio.Queue, RequestOutput]]) -> None:
+    for q, out in items:
+        q.put_nowait(out)
