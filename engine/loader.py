@@ -1,4 +1,4 @@
-"""Find and read model weights: the bundled SmolLM2 GGUF, any llama GGUF, or an HF checkpoint dir.
+"""Find and read model weights: the bundled SmolLM2 GGUF, a llama/qwen2/qwen3 GGUF, or an HF checkpoint dir.
 
 Both paths produce the same thing: a `ModelConfig` plus a state dict in Hugging Face naming
 and layout, so one model implementation serves every source.
@@ -37,7 +37,9 @@ class ModelConfig:
     eos_token_id: int | None
     # None = plain RoPE; else {"rope_type": linear | llama3 | yarn | freq_factors, ...} (layers/ops.py)
     rope_scaling: dict | None = None
-    sliding_window: int | None = None  # attention window (Mistral); the runner refuses contexts past it
+    # a query at position q attends keys q - sliding_window < k <= q (Mistral); None = all keys <= q
+    sliding_window: int | None = None
+    qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on each q and k head, before RoPE
 
 
 def resolve_model_path(model: str) -> Path:
@@ -89,7 +91,7 @@ def _load_gguf_cached(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]
     from safetensors.torch import load_file, save_file
 
     st = path.stat()
-    key = hashlib.sha256(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}:v2".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}:v3".encode()).hexdigest()[:16]
     d = cache_dir() / "weights"
     weights, meta = d / f"{path.stem}-{key}.safetensors", d / f"{path.stem}-{key}.json"
     if weights.exists() and meta.exists():
@@ -131,6 +133,22 @@ _GGUF_LAYER_NAMES = {
     "attn_v.bias": "self_attn.v_proj.bias",
     "attn_output.bias": "self_attn.o_proj.bias",
 }
+_GGUF_QK_NORM_NAMES = {"attn_q_norm.weight": "self_attn.q_norm.weight", "attn_k_norm.weight": "self_attn.k_norm.weight"}
+
+
+@dataclass(frozen=True, slots=True)
+class _GgufArch:
+    """How one llama.cpp architecture differs from the llama layout."""
+
+    # llama.cpp's converter permutes q/k rows only for its llama-style models (rope type NORM,
+    # interleaved pairs; convert_hf_to_gguf.py LlamaModel.modify_tensors); Qwen2/Qwen3 keep HF's
+    # row order and run NEOX (rotate-half) rope on it (Qwen2Model/Qwen3Model rename tensors only).
+    is_qk_permuted: bool
+    is_qk_norm: bool = False  # Qwen3: blk.N.attn_q_norm / attn_k_norm
+
+
+GGUF_ARCHS = {"llama": _GgufArch(is_qk_permuted=True), "qwen2": _GgufArch(is_qk_permuted=False),
+              "qwen3": _GgufArch(is_qk_permuted=False, is_qk_norm=True)}
 
 
 def gguf_metadata(path: Path) -> dict[str, Any]:
@@ -162,80 +180,125 @@ def _load_gguf(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
 
     reader = GGUFReader(str(path))
     meta = {k: _field_value(f) for k, f in reader.fields.items()}
-    arch = meta.get("general.architecture")
-    if arch != "llama":
-        raise ValueError(f"{path}: unsupported GGUF architecture '{arch}' (supported: llama)")
-    n_head = int(meta["llama.attention.head_count"])
-    n_kv = int(meta.get("llama.attention.head_count_kv", n_head))
-    hidden = int(meta["llama.embedding_length"])
+    name = meta.get("general.architecture")
+    if name not in GGUF_ARCHS:
+        raise ValueError(f"{path}: unsupported GGUF architecture '{name}' (supported: {', '.join(GGUF_ARCHS)}); "
+                         "a Hugging Face directory of a supported family loads instead")
+    arch = GGUF_ARCHS[name]
+    hp = _gguf_hparams(path, meta, name)  # every metadata check before any tensor is read
+    layer_names = _GGUF_LAYER_NAMES | (_GGUF_QK_NORM_NAMES if arch.is_qk_norm else {})
     sd: dict[str, torch.Tensor] = {}
-    rope_scaling = _gguf_rope_scaling(path, meta)
+    rope_scaling = hp.pop("rope_scaling")
     for t in reader.tensors:
         arr = dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
         # GGUF lists dims fastest-first; numpy data is already [rows, cols] = HF [out, in].
         arr = arr.reshape([int(d) for d in reversed(t.shape)])
         if t.name == "rope_freqs.weight":  # Llama 3.x: per-dimension frequency divisors
+            if rope_scaling is not None:
+                raise ValueError(f"{path}: both rope_freqs.weight and {name}.rope.scaling.type "
+                                 f"'{rope_scaling['rope_type']}': which one applies is not defined")
             rope_scaling = {"rope_type": "freq_factors", "factors": [float(v) for v in arr.reshape(-1)]}
             continue
         if t.name.startswith("blk."):
             _, idx, rest = t.name.split(".", 2)
-            if rest not in _GGUF_LAYER_NAMES:
-                raise ValueError(f"{path}: tensor '{t.name}' is not part of the llama layout this engine implements")
-            name = f"model.layers.{idx}.{_GGUF_LAYER_NAMES[rest]}"
-            if rest.startswith("attn_q."):
-                arr = _unpermute_rope_rows(arr, n_head)
-            elif rest.startswith("attn_k."):
-                arr = _unpermute_rope_rows(arr, n_kv)
+            if rest not in layer_names:
+                raise ValueError(f"{path}: tensor '{t.name}' is not part of the {name} layout this engine implements")
+            hf_name = f"model.layers.{idx}.{layer_names[rest]}"
+            if arch.is_qk_permuted and rest.startswith("attn_q."):
+                arr = _unpermute_rope_rows(arr, hp["num_heads"])
+            elif arch.is_qk_permuted and rest.startswith("attn_k."):
+                arr = _unpermute_rope_rows(arr, hp["num_kv_heads"])
         elif t.name in _GGUF_NAMES:
-            name = _GGUF_NAMES[t.name]
+            hf_name = _GGUF_NAMES[t.name]
         else:
-            raise ValueError(f"{path}: tensor '{t.name}' is not part of the llama layout this engine implements")
-        sd[name] = torch.from_numpy(np.array(arr, dtype=np.float32, order="C", copy=True))
-    vocab = sd["model.embed_tokens.weight"].shape[0]
-    head_dim = int(meta.get("llama.rope.dimension_count", hidden // n_head))
+            raise ValueError(f"{path}: tensor '{t.name}' is not part of the {name} layout this engine implements")
+        sd[hf_name] = torch.from_numpy(np.array(arr, dtype=np.float32, order="C", copy=True))
     cfg = ModelConfig(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=int(meta["llama.feed_forward_length"]),
-        num_layers=int(meta["llama.block_count"]),
-        num_heads=n_head,
-        num_kv_heads=n_kv,
-        head_dim=head_dim,
-        rope_theta=float(meta.get("llama.rope.freq_base", 10000.0)),
-        rms_norm_eps=float(meta.get("llama.attention.layer_norm_rms_epsilon", 1e-5)),
-        max_position_embeddings=int(meta.get("llama.context_length", 2048)),
+        vocab_size=sd["model.embed_tokens.weight"].shape[0],
         tie_word_embeddings="lm_head.weight" not in sd,
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
         eos_token_id=meta.get("tokenizer.ggml.eos_token_id"),
         rope_scaling=rope_scaling,
+        qk_norm=arch.is_qk_norm,
+        **hp,
     )
     return cfg, sd
 
 
-def _gguf_rope_scaling(path: Path, meta: dict[str, Any]) -> dict | None:
-    """llama.rope.scaling.* metadata -> the rope_scaling dict (layers/ops.py), or an error naming it."""
-    kind = meta.get("llama.rope.scaling.type")
+def _gguf_hparams(path: Path, meta: dict[str, Any], arch: str) -> dict[str, Any]:
+    """The `{arch}.*` metadata as ModelConfig fields (besides the ones tensors decide), with an error
+    naming each key that changes the math in a way this engine does not implement."""
+    def key(name: str, default: Any = None) -> Any:
+        value = meta.get(f"{arch}.{name}", default)
+        if value is None:
+            raise ValueError(f"{path}: GGUF metadata key '{arch}.{name}' is missing")
+        return value
+
+    n_head = int(key("attention.head_count"))
+    hidden = int(key("embedding_length"))
+    head_dim = int(key("attention.key_length", hidden // n_head))  # written when the HF config has head_dim
+    problems = []
+    if int(key("attention.value_length", head_dim)) != head_dim:
+        problems.append(f"{arch}.attention.value_length {meta[f'{arch}.attention.value_length']} != key_length "
+                        f"{head_dim} (one head_dim for q, k and v)")
+    if int(key("rope.dimension_count", head_dim)) != head_dim:
+        problems.append(f"{arch}.rope.dimension_count {meta[f'{arch}.rope.dimension_count']} != head_dim {head_dim} "
+                        "(rotary on part of each head)")
+    if f"{arch}.attention.sliding_window_pattern" in meta:
+        problems.append(f"{arch}.attention.sliding_window_pattern (a window on some layers only)")
+    try:
+        rope_scaling = _gguf_rope_scaling(meta, arch)
+    except ValueError as e:
+        problems.append(str(e))
+    if problems:
+        raise ValueError(f"{path} ({arch}): not implemented: {'; '.join(problems)}")
+    return dict(
+        hidden_size=hidden,
+        intermediate_size=int(key("feed_forward_length")),
+        num_layers=int(key("block_count")),
+        num_heads=n_head,
+        num_kv_heads=int(key("attention.head_count_kv", n_head)),
+        head_dim=head_dim,
+        rope_theta=float(key("rope.freq_base", 10000.0)),
+        rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-5)),
+        max_position_embeddings=int(key("context_length", 2048)),
+        sliding_window=int(key("attention.sliding_window", 0)) or None,
+        rope_scaling=rope_scaling,
+    )
+
+
+# rope.scaling.* keys read below; `finetuned` is a note about training, not math.
+_GGUF_ROPE_SCALING_KEYS = ("type", "factor", "original_context_length", "finetuned")
+
+
+def _gguf_rope_scaling(meta: dict[str, Any], arch: str) -> dict | None:
+    """{arch}.rope.scaling.* metadata -> the rope_scaling dict (layers/ops.py), or an error naming it."""
+    prefix = f"{arch}.rope.scaling."
+    unknown = sorted(k for k in meta if k.startswith(prefix) and k[len(prefix):] not in _GGUF_ROPE_SCALING_KEYS)
+    if unknown:  # e.g. yarn_beta_fast, attn_factor: they change the math
+        raise ValueError(f"{', '.join(unknown)} (only {', '.join(prefix + k for k in _GGUF_ROPE_SCALING_KEYS)})")
+    kind = meta.get(prefix + "type")
     if kind in (None, "none"):
         return None
-    factor = float(meta.get("llama.rope.scaling.factor", 1.0))
+    factor = float(meta.get(prefix + "factor", 1.0))
     if kind == "linear":
         return {"rope_type": "linear", "factor": factor}
     if kind == "yarn":
-        return {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings":
-                int(meta["llama.rope.scaling.original_context_length"])}
-    raise ValueError(f"{path}: llama.rope.scaling.type '{kind}' is not implemented (supported: none, linear, yarn)")
+        return {"rope_type": "yarn", "factor": factor,
+                "original_max_position_embeddings": int(meta[prefix + "original_context_length"])}
+    raise ValueError(f"{prefix}type '{kind}' (supported: none, linear, yarn)")
 
 
 # --- Hugging Face checkpoint dir ----------------------------------------------------------
+
+HF_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 
 def _load_hf_dir(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     from safetensors.torch import load_file
 
     hf = json.loads((path / "config.json").read_text())
-    archs = hf.get("architectures") or []
-    if hf.get("model_type") not in ("llama", "mistral", "qwen2") and not any("Llama" in a for a in archs):
-        raise ValueError(f"{path}: model_type '{hf.get('model_type')}' is not a Llama-family model")
+    cfg_without_weights = _hf_config(path, hf)  # every config check before any weight is read
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"{path}: no *.safetensors files (only safetensors checkpoints are loaded)")
@@ -243,8 +306,19 @@ def _load_hf_dir(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     for f in files:
         for k, v in load_file(str(f)).items():
             sd[k] = v.float()
-    n_head = hf["num_attention_heads"]
+    tied = bool(hf.get("tie_word_embeddings", "lm_head.weight" not in sd))
+    return ModelConfig(**cfg_without_weights, tie_word_embeddings=tied), sd
+
+
+def _hf_config(path: Path, hf: dict[str, Any]) -> dict[str, Any]:
+    """config.json -> ModelConfig fields (all but tie_word_embeddings), or an error naming each field
+    that changes the math in a way this engine does not implement."""
+    model_type = hf.get("model_type")
+    if model_type not in HF_MODEL_TYPES and not any("Llama" in a for a in hf.get("architectures") or []):
+        raise ValueError(f"{path}: model_type '{model_type}' is not implemented (supported: "
+                         f"{', '.join(HF_MODEL_TYPES)}, or a LlamaForCausalLM architecture)")
     _refuse_unimplemented_math(path, hf)
+    n_head = hf["num_attention_heads"]
     rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})  # transformers >= 5: rope_parameters
     rope_type = rope.get("rope_type") or rope.get("type") or "default"
     rope_scaling = None
@@ -256,27 +330,47 @@ def _load_hf_dir(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
                              f"{', '.join(t for t in ROPE_TYPES if t != 'freq_factors')})")
         rope_scaling = {k: v for k, v in rope.items() if k not in ("type", "rope_theta")} | {"rope_type": rope_type}
         rope_scaling.setdefault("original_max_position_embeddings", hf.get("max_position_embeddings", 2048))
-    window = hf.get("sliding_window") if hf.get("use_sliding_window", hf.get("model_type") != "qwen2") else None
     eos = hf.get("eos_token_id")
-    cfg = ModelConfig(
+    return dict(
         vocab_size=hf["vocab_size"],
         hidden_size=hf["hidden_size"],
         intermediate_size=hf["intermediate_size"],
         num_layers=hf["num_hidden_layers"],
         num_heads=n_head,
         num_kv_heads=hf.get("num_key_value_heads", n_head),
-        head_dim=hf.get("head_dim") or hf["hidden_size"] // n_head,
+        head_dim=hf.get("head_dim") or hf["hidden_size"] // n_head,  # Qwen3: explicit, may differ
         # transformers >= 5 nests it under rope_parameters
         rope_theta=float(hf.get("rope_theta") or rope.get("rope_theta", 10000.0)),
         rms_norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
         max_position_embeddings=hf.get("max_position_embeddings", 2048),
-        tie_word_embeddings=bool(hf.get("tie_word_embeddings", "lm_head.weight" not in sd)),
         bos_token_id=hf.get("bos_token_id"),
         eos_token_id=eos[0] if isinstance(eos, list) else eos,
         rope_scaling=rope_scaling,
-        sliding_window=window,
+        sliding_window=_hf_sliding_window(path, hf),
+        qk_norm=model_type == "qwen3",
     )
-    return cfg, sd
+
+
+def _hf_sliding_window(path: Path, hf: dict[str, Any]) -> int | None:
+    """The window every layer attends over (as transformers reads the config), or None; a window on
+    some layers only is refused."""
+    model_type = hf.get("model_type")
+    window = hf.get("sliding_window") if model_type in ("mistral", "qwen2", "qwen3") else None  # Llama has none
+    if model_type in ("qwen2", "qwen3") and not hf.get("use_sliding_window", False):
+        window = None  # Qwen configs carry a sliding_window that only use_sliding_window turns on
+    if window is None:
+        return None
+    layer_types = hf.get("layer_types")
+    if layer_types is None and model_type in ("qwen2", "qwen3"):  # transformers' Qwen2Config/Qwen3Config rule
+        first = hf.get("max_window_layers", 28)
+        layer_types = ["sliding_attention" if i >= first else "full_attention" for i in range(hf["num_hidden_layers"])]
+    kinds = set(layer_types or ["sliding_attention"])
+    if kinds == {"full_attention"}:
+        return None
+    if kinds != {"sliding_attention"}:
+        raise ValueError(f"{path} ({model_type}): not implemented: sliding_window {window} on some layers only "
+                         f"(layer_types / max_window_layers: {layer_types})")
+    return int(window)
 
 
 def _refuse_unimplemented_math(path: Path, hf: dict[str, Any]) -> None:

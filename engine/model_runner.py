@@ -67,12 +67,6 @@ class ModelRunner:
         self.model = model
         self.model_cfg: ModelConfig = model_cfg or model.cfg
         self.load_time_s = time.perf_counter() - t0
-        window = self.model_cfg.sliding_window
-        if window is not None and cfg.max_model_len > window:
-            raise ValueError(
-                f"max_model_len ({cfg.max_model_len}) exceeds the model's sliding_window ({window}): attention "
-                f"past the window is not implemented; set max_model_len <= {window}"
-            )
         if cfg.max_model_len > self.model_cfg.max_position_embeddings:
             raise ValueError(
                 f"max_model_len ({cfg.max_model_len}) exceeds the model's context "

@@ -36,6 +36,7 @@ typedef struct {
 typedef struct {
     const void *input_norm, *post_norm; /* model dtype [D] */
     Lin qkv, o, gate_up, down;
+    const void *q_norm, *k_norm; /* model dtype [head_dim]: per-head RMSNorm of q and k (Qwen3), or NULL */
 } Layer;
 
 typedef struct {
@@ -443,6 +444,20 @@ static void add_rms_norm(const Model *md, const void *w, float *x, float *res, f
     }
 }
 
+/* v[0:n] = rms_norm(v) * w, in place (one head of q or k). */
+static void head_rms_norm(float *v, const void *w, int dtype, int n, float eps) {
+    __m512 ss = _mm512_setzero_ps();
+    for (int i = 0; i < n; i += 16) {
+        const __m512 x = _mm512_loadu_ps(v + i); /* n % 16 == 0 (cpu_decode.py checks head_dim) */
+        ss = _mm512_fmadd_ps(x, x, ss);
+    }
+    const __m512 r = _mm512_set1_ps(1.0f / sqrtf(_mm512_reduce_add_ps(ss) / n + eps));
+    for (int i = 0; i < n; i += 16) {
+        const __m512 wv = dtype == W_F32 ? _mm512_loadu_ps((const float *)w + i) : load16_bf16((const uint16_t *)w + i);
+        _mm512_storeu_ps(v + i, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(v + i), r), wv));
+    }
+}
+
 static void rotate(float *v, const float *cs, int half) { /* rotate-half RoPE: cos in cs[:half], sin in cs[half:] */
     for (int i = 0; i < half; i += 16) {
         const __mmask16 k = half - i >= 16 ? 0xffff : (__mmask16)((1u << (half - i)) - 1);
@@ -594,12 +609,15 @@ void slotune_decode_step(const Model *md, int M, const int64_t *ids, const int64
             const Layer *ly = &md->layers[l];
             add_rms_norm(md, ly->input_norm, md->x, md->res, md->h, M, l == 0);
             matmul(md, &ly->qkv, md->h, D, md->qkv, qkv_n, M);
-            /* rotary on q and k heads, then store k and v at the token's slot */
+            /* (q/k norm,) rotary on q and k heads, then store k and v at the token's slot */
 #pragma omp for schedule(static)
             for (int m = 0; m < M; m++) {
                 float *r = md->qkv + (int64_t)m * qkv_n;
                 const float *cs = md->cos_sin + pos[m] * hd;
-                for (int h = 0; h < H + Hkv; h++) rotate(r + h * hd, cs, hd / 2);
+                for (int h = 0; h < H + Hkv; h++) {
+                    if (ly->q_norm) head_rms_norm(r + h * hd, h < H ? ly->q_norm : ly->k_norm, md->dtype, hd, md->eps);
+                    rotate(r + h * hd, cs, hd / 2);
+                }
                 if (slots[m] >= 0) {
                     const int64_t off = l * layer_stride + slots[m] * Hkv * hd;
                     put_kv(md->k_cache, md->dtype, off, r + H * hd, Hkv * hd);

@@ -39,7 +39,8 @@ class _Lin(ctypes.Structure):
 
 class _Layer(ctypes.Structure):
     _fields_ = [("input_norm", ctypes.c_void_p), ("post_norm", ctypes.c_void_p),
-                ("qkv", _Lin), ("o", _Lin), ("gate_up", _Lin), ("down", _Lin)]
+                ("qkv", _Lin), ("o", _Lin), ("gate_up", _Lin), ("down", _Lin), ("q_norm", ctypes.c_void_p),
+                ("k_norm", ctypes.c_void_p)]
 
 
 class _Model(ctypes.Structure):
@@ -213,7 +214,8 @@ class CpuDecoder:
         self._layers = (_Layer * cfg.num_layers)()
         for i, ly in enumerate(model.layers):
             self._layers[i] = _Layer(ly.input_norm.data_ptr(), ly.post_norm.data_ptr(), lin(ly.qkv_proj),
-                                     lin(ly.o_proj), lin(ly.gate_up_proj), lin(ly.down_proj))
+                                     lin(ly.o_proj), lin(ly.gate_up_proj), lin(ly.down_proj),
+                                     *[None if n is None else n.data_ptr() for n in (ly.q_norm, ly.k_norm)])
         inter = cfg.intermediate_size
         d, h, hkv, hd = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         f32 = dict(dtype=torch.float32)

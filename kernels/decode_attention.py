@@ -4,7 +4,8 @@ Grid: (sequence, kv head, split). Each program handles all query heads of one KV
 (GQA: the group shares every K/V load), walks its slice of the context in BLOCK_N tiles
 with an online softmax, and writes a partial (max, sum, acc). A second kernel reduces the
 splits. Quantized caches (int8 / fp8-e4m3) are dequantized in-register with their per
-(token, head) scales.
+(token, head) scales. With a sliding window (WINDOW > 0) a sequence's keys are its last WINDOW
+ones, [ctx - WINDOW, ctx), and the splits divide that span.
 """
 
 from __future__ import annotations
@@ -54,13 +55,16 @@ def _decode_attention_kernel(
     stride_lb, stride_lh,
     # meta
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_N: tl.constexpr, QUANTIZED: tl.constexpr,
+    BLOCK_N: tl.constexpr, QUANTIZED: tl.constexpr, WINDOW: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     ctx = tl.load(ctx_ptr + b)
-    start = split * chunk
+    first = 0  # oldest key the query (at position ctx - 1) attends
+    if WINDOW > 0:
+        first = tl.maximum(ctx - WINDOW, 0)
+    start = first + split * chunk
     end = tl.minimum(start + chunk, ctx)
 
     g = tl.arange(0, GROUP_PAD)
@@ -130,8 +134,10 @@ def _reduce_splits_kernel(
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                            context_lens: torch.Tensor, scale: float, k_scale: torch.Tensor | None = None,
                            v_scale: torch.Tensor | None = None, config: DecodeAttentionConfig | None = None,
-                           max_context: int | None = None) -> torch.Tensor:
-    """q: [B, H, D]; k/v_cache: [NB, BS, Hkv, D]; block_tables: [B, MB] int32; context_lens: [B] int32 -> [B, H, D]."""
+                           max_context: int | None = None, window: int | None = None) -> torch.Tensor:
+    """q: [B, H, D]; k/v_cache: [NB, BS, Hkv, D]; block_tables: [B, MB] int32; context_lens: [B] int32 -> [B, H, D].
+
+    window: attend only the last `window` keys of each sequence (sliding window); None = all."""
     cfg = config or DecodeAttentionConfig()
     B, H, D = q.shape
     NB, BS, Hkv, D2 = k_cache.shape
@@ -140,10 +146,12 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     assert k_cache.stride(-1) == 1 and q.stride(-1) == 1
     quantized = k_scale is not None
     group = H // Hkv
+    assert window is None or window > 0, f"window {window}"
     if max_context is None:
         max_context = block_tables.shape[1] * BS  # no host sync: an upper bound
-    splits = max(1, min(cfg.num_splits, triton.cdiv(max_context, cfg.block_n)))
-    chunk = triton.cdiv(triton.cdiv(max_context, splits), cfg.block_n) * cfg.block_n
+    span = max_context if window is None else min(max_context, window)  # keys one query attends, at most
+    splits = max(1, min(cfg.num_splits, triton.cdiv(span, cfg.block_n)))
+    chunk = triton.cdiv(triton.cdiv(span, splits), cfg.block_n) * cfg.block_n
     mid_o = torch.empty(B, H, splits, D, dtype=torch.float32, device=q.device)
     mid_lse = torch.empty(B, H, splits, dtype=torch.float32, device=q.device)
     ks = k_scale if quantized else q  # dummy pointer when unquantized
@@ -158,7 +166,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
         mid_lse.stride(0), mid_lse.stride(1),
         GROUP=group, GROUP_PAD=max(triton.next_power_of_2(group), 1), HEAD_DIM=D, BLOCK_SIZE=BS,
-        BLOCK_N=cfg.block_n, QUANTIZED=quantized, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        BLOCK_N=cfg.block_n, QUANTIZED=quantized, WINDOW=window or 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     out = torch.empty(B, H, D, dtype=q.dtype, device=q.device)
     _reduce_splits_kernel[(B, H)](

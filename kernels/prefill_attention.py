@@ -3,7 +3,8 @@
 Each sequence contributes `query_len` new tokens (its K/V already written to the cache by the
 KV store) at the end of a context of `context_len` tokens, so a cached prefix (prefix caching,
 chunked prefill, speculative verification) is just `context_len - query_len` earlier tokens.
-New token i sits at absolute position `context_len - query_len + i` and sees keys 0..position.
+New token i sits at absolute position `context_len - query_len + i` and sees keys 0..position,
+or with a sliding window (WINDOW > 0) keys position - WINDOW < k <= position.
 
 Grid: (sequence, query head, query tile). Each program loads BLOCK_M query rows of one head,
 streams keys straight from the paged cache in BLOCK_N tiles (no gather, no mask tensor), and
@@ -58,7 +59,7 @@ def _prefill_attention_kernel(
     stride_ot, stride_oh,
     # meta
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, QUANTIZED: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, QUANTIZED: tl.constexpr, WINDOW: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -81,7 +82,10 @@ def _prefill_attention_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     # keys up to the last query row of this tile (0 iterations for tiles past the sequence)
     end = tl.where(mb * BLOCK_M < q_len, tl.minimum(ctx, prefix + (mb + 1) * BLOCK_M), 0)
-    for n0 in range(0, end, BLOCK_N):
+    first = 0  # oldest key any row of this tile attends
+    if WINDOW > 0:
+        first = tl.maximum(prefix + mb * BLOCK_M - WINDOW + 1, 0) // BLOCK_N * BLOCK_N
+    for n0 in range(first, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
         blk = tl.load(bt_ptr + b * stride_btb + offs_n // BLOCK_SIZE, mask=n_mask, other=0)
@@ -95,10 +99,18 @@ def _prefill_attention_kernel(
             v = (v.to(tl.float32) * tl.load(vs_ptr + s_off, mask=n_mask, other=0.0)[:, None]).to(cdt)
         s = tl.dot(q, tl.trans(k)) * sm_scale
         causal = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]
+        if WINDOW > 0:
+            causal = causal & (offs_n[None, :] > q_pos[:, None] - WINDOW)
         s = tl.where(causal, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
+        m_shift = m_new
+        if WINDOW > 0:
+            # Causal only, every row sees key 0 in the first tile. With a window, a row whose window
+            # starts past this tile has seen no key yet: shift by 0, not -inf (exp(-inf - -inf) is
+            # NaN); its alpha and p come out 0 and its max stays -inf.
+            m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m_i - m_shift)
+        p = tl.exp(s - m_shift[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.dot(p.to(cdt), v)
         m_i = m_new
@@ -110,10 +122,12 @@ def _prefill_attention_kernel(
 def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                             query_starts: torch.Tensor, query_lens: torch.Tensor, context_lens: torch.Tensor,
                             max_query_len: int, scale: float, k_scale: torch.Tensor | None = None,
-                            v_scale: torch.Tensor | None = None,
-                            config: PrefillAttentionConfig | None = None) -> torch.Tensor:
+                            v_scale: torch.Tensor | None = None, config: PrefillAttentionConfig | None = None,
+                            window: int | None = None) -> torch.Tensor:
     """q: [T, H, D] (sequences back to back); k/v_cache: [NB, BS, Hkv, D]; block_tables: [B, MB] int32;
-    query_starts, query_lens, context_lens: [B] int32 (context includes the new tokens) -> [T, H, D]."""
+    query_starts, query_lens, context_lens: [B] int32 (context includes the new tokens) -> [T, H, D].
+
+    window: a query at position p attends keys p - window < k <= p (sliding window); None = all k <= p."""
     cfg = config or PrefillAttentionConfig()
     T, H, D = q.shape
     NB, BS, Hkv, D2 = k_cache.shape
@@ -121,6 +135,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     assert D == D2 and H % Hkv == 0 and v_cache.shape == k_cache.shape, "shape mismatch"
     assert D >= 16 and D & (D - 1) == 0, "head_dim must be a power of two >= 16"
     assert q.stride(-1) == 1 and k_cache.stride(-1) == 1 and query_lens.shape == context_lens.shape == (B,)
+    assert window is None or window > 0, f"window {window}"
     quantized = k_scale is not None
     out = torch.empty_like(q)
     ks = k_scale if quantized else q  # dummy pointer when unquantized
@@ -136,6 +151,6 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
             block_tables.stride(0),
             out.stride(0), out.stride(1),
             GROUP=H // Hkv, HEAD_DIM=D, BLOCK_SIZE=BS, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, QUANTIZED=quantized,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            WINDOW=window or 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
     return out

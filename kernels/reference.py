@@ -9,8 +9,10 @@ def dequant_cache(cache: torch.Tensor, scale: torch.Tensor | None) -> torch.Tens
     return cache.float() if scale is None else cache.float() * scale[..., None].float()
 
 
-def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, k_scale=None, v_scale=None):
-    """q: [B, H, D]; caches: [NB, BS, Hkv, D]; block_tables: [B, MB]; context_lens: [B] -> [B, H, D] (float32)."""
+def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, k_scale=None, v_scale=None,
+                           window=None):
+    """q: [B, H, D]; caches: [NB, BS, Hkv, D]; block_tables: [B, MB]; context_lens: [B] -> [B, H, D] (float32).
+    window: only the last `window` keys (sliding window); None = all."""
     B, H, D = q.shape
     BS, Hkv = k_cache.shape[1], k_cache.shape[2]
     kf, vf = dequant_cache(k_cache, k_scale), dequant_cache(v_cache, v_scale)
@@ -20,18 +22,20 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
         blocks = block_tables[b, : (n + BS - 1) // BS].long()
         k = kf[blocks].reshape(-1, Hkv, D)[:n]
         v = vf[blocks].reshape(-1, Hkv, D)[:n]
-        k = k.repeat_interleave(H // Hkv, dim=1)
-        v = v.repeat_interleave(H // Hkv, dim=1)
+        first = 0 if window is None else max(n - window, 0)
+        k = k[first:].repeat_interleave(H // Hkv, dim=1)
+        v = v[first:].repeat_interleave(H // Hkv, dim=1)
         s = torch.einsum("hd,nhd->hn", q[b].float(), k) * scale
         out[b] = torch.einsum("hn,nhd->hd", s.softmax(-1), v)
     return out
 
 
 def paged_prefill_attention(q, k_cache, v_cache, block_tables, query_lens, context_lens, scale, k_scale=None,
-                            v_scale=None):
+                            v_scale=None, window=None):
     """Causal attention of each sequence's new tokens over its whole paged context (cached prefix
     + new tokens, already stored). q: [T, H, D] (sequences back to back); query_lens,
-    context_lens: per-sequence lists -> [T, H, D] (float32)."""
+    context_lens: per-sequence lists -> [T, H, D] (float32). window: a query at position p sees
+    keys p - window < k <= p (sliding window); None = all k <= p."""
     H, D = q.shape[1:]
     BS, Hkv = k_cache.shape[1], k_cache.shape[2]
     kf, vf = dequant_cache(k_cache, k_scale), dequant_cache(v_cache, v_scale)
@@ -43,7 +47,10 @@ def paged_prefill_attention(q, k_cache, v_cache, block_tables, query_lens, conte
         v = vf[blocks].reshape(-1, Hkv, D)[:nk].repeat_interleave(H // Hkv, dim=1)
         s = torch.einsum("qhd,nhd->hqn", q[start : start + nq].float(), k) * scale
         q_pos = torch.arange(nk - nq, nk)[:, None]
-        s = s.masked_fill(torch.arange(nk)[None, :] > q_pos, float("-inf"))
+        k_pos = torch.arange(nk)[None, :]
+        s = s.masked_fill(k_pos > q_pos, float("-inf"))
+        if window is not None:
+            s = s.masked_fill(k_pos <= q_pos - window, float("-inf"))
         out[start : start + nq] = torch.einsum("hqn,nhd->qhd", s.softmax(-1), v)
         start += nq
     return out

@@ -78,9 +78,27 @@ def quantize_kv(x: torch.Tensor, kv_dtype: str) -> tuple[torch.Tensor, torch.Ten
 
 
 class TorchAttentionBackend:
-    """Reference-quality attention in plain torch; what runs on CPU."""
+    """Reference-quality attention in plain torch; what runs on CPU.
+
+    `sliding_window` (Mistral): a query at position q attends keys q - window < k <= q, as
+    transformers' sliding-window mask; None: every key <= q. The cache keeps the whole context.
+    """
 
     name = "torch"
+
+    def __init__(self, sliding_window: int | None = None) -> None:
+        self.sliding_window = sliding_window
+        self._window_meta: AttentionMetadata | None = None  # the step whose windowed masks are cached
+        self._window_masks: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
+
+    def _masks(self, meta: AttentionMetadata) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(decode mask, extend mask) of this step, the window applied; built once per step, not per layer."""
+        if self.sliding_window is None:
+            return meta.decode_mask, meta.extend_mask
+        if self._window_meta is not meta:
+            self._window_masks = window_masks(meta, self.sliding_window)
+            self._window_meta = meta
+        return self._window_masks
 
     def store_kv(self, cache: KVCache, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
         # k, v: [T, Hkv, D]; slots: [T]
@@ -141,23 +159,26 @@ class TorchAttentionBackend:
         vv = self._gather(cache, layer, meta.decode_block_tables, "v")
         b, h, d = q.shape
         hkv = kk.shape[1]
+        mask = self._masks(meta)[0]
         if q.dtype == torch.float32 and b == 1:  # the one shape where SDPA's CPU kernel is faster
-            o = F.scaled_dot_product_attention(q.unsqueeze(2), kk, vv, attn_mask=meta.decode_mask, scale=scale,
-                                               enable_gqa=True)
+            o = F.scaled_dot_product_attention(q.unsqueeze(2), kk, vv, attn_mask=mask, scale=scale, enable_gqa=True)
             return o.squeeze(2)
         # Two batched matmuls, the GQA group as the row dimension. For one query row, SDPA's CPU
         # kernel is slow: bf16 at batch 16 / 64 it took 777 / 5,111 us a layer against 125 / 420 us
         # here; fp32 at batch 64, 1,215 against 770 us (2-core EPYC, context 96-160).
         scores = torch.matmul(q.reshape(b, hkv, h // hkv, d), kk.transpose(-1, -2)).float()  # [B, Hkv, G, L]
-        scores = torch.where(meta.decode_mask, scores * scale, float("-inf"))  # mask [B, 1, 1, L]
+        scores = torch.where(mask, scores * scale, float("-inf"))  # mask [B, 1, 1, L]
         return torch.matmul(scores.softmax(-1).to(vv.dtype), vv).view(b, h, d)
 
     def _extend(self, cache: KVCache, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        mask = self._masks(meta)[1]
         if meta.extend_mask is None:
-            # One plain prefill with no cached context: attend over this step's own K/V.
+            # One plain prefill with no cached context: attend over this step's own K/V (causal,
+            # or the [T, T] window mask when the prompt is longer than the window).
             o = F.scaled_dot_product_attention(
-                q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True, scale=scale, enable_gqa=True
+                q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, is_causal=mask is None,
+                scale=scale, enable_gqa=True
             )
             return o.transpose(0, 1)
         lens = meta.extend_query_lens
@@ -169,6 +190,30 @@ class TorchAttentionBackend:
             start += n
         kk = self._gather(cache, layer, meta.extend_block_tables, "k")
         vv = self._gather(cache, layer, meta.extend_block_tables, "v")
-        o = F.scaled_dot_product_attention(qp.transpose(1, 2), kk, vv, attn_mask=meta.extend_mask, scale=scale, enable_gqa=True)
+        o = F.scaled_dot_product_attention(qp.transpose(1, 2), kk, vv, attn_mask=mask, scale=scale, enable_gqa=True)
         o = o.transpose(1, 2)  # [Be, Qmax, H, D]
         return torch.cat([o[i, :n] for i, n in enumerate(lens)])
+
+
+def window_masks(meta: AttentionMetadata, window: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """meta's (decode mask, extend mask) with keys older than the window masked out: a query at
+    position q keeps keys k > q - window. A fresh prompt (no extend mask: causal SDPA) longer than
+    the window gets its own [T, T] mask."""
+    dmask = meta.decode_mask
+    if dmask is not None:  # [Bd, 1, 1, L]; the query sits at position context_len - 1
+        j = torch.arange(dmask.shape[-1], device=dmask.device)
+        first = meta.decode_context_lens.to(torch.int64)[:, None] - window  # [Bd, 1] oldest key kept
+        dmask = dmask & (j[None, :] >= first)[:, None, None, :]
+    emask = meta.extend_mask
+    if emask is not None:  # [Be, 1, Qmax, L]; row i of sequence b sits at position ctx_b - qlen_b + i
+        _, _, qmax, length = emask.shape
+        i = torch.arange(qmax)[None, :, None]
+        j = torch.arange(length)[None, None, :]
+        q_lens = torch.tensor(meta.extend_query_lens)[:, None, None]
+        pos = torch.tensor([c - n for c, n in zip(meta.extend_context_lens, meta.extend_query_lens)])[:, None, None] + i
+        keep = (j > pos - window) | (i >= q_lens)  # padded rows keep their one key (finite softmax)
+        emask = emask & keep[:, None].to(emask.device, non_blocking=True)
+    elif meta.num_extend_tokens > window:
+        i = torch.arange(meta.num_extend_tokens, device=meta.slot_mapping.device)
+        emask = (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - window)  # [T, T]
+    return dmask, emask

@@ -19,9 +19,11 @@ from slotune.engine.layers.attention import AttentionMetadata, KVCache, TorchAtt
 class TritonAttentionBackend(TorchAttentionBackend):
     name = "triton"
 
-    def __init__(self, tiles, prefill_tiles=None) -> None:
+    def __init__(self, tiles, prefill_tiles=None, sliding_window: int | None = None) -> None:
         from slotune.kernels.decode_attention import DecodeAttentionConfig
         from slotune.kernels.prefill_attention import PrefillAttentionConfig
+
+        super().__init__(sliding_window)  # the torch masks serve the one-fresh-prompt SDPA path
 
         self.config = DecodeAttentionConfig(tiles.block_n, tiles.num_splits, tiles.num_warps, tiles.num_stages)
         p = prefill_tiles
@@ -70,7 +72,7 @@ class TritonAttentionBackend(TorchAttentionBackend):
             out = paged_prefill_attention(
                 q, cache.k[layer], cache.v[layer], meta.extend_block_tables, starts, q_lens, ctx_lens, max_q, scale,
                 cache.k_scale[layer] if cache.is_quantized else None, cache.v_scale[layer] if cache.is_quantized else None,
-                config=self.prefill_config)
+                config=self.prefill_config, window=self.sliding_window)
         except Exception as exc:
             if self._prefill_ran:
                 raise  # it worked before: a real error, not a toolchain/tile problem
@@ -90,7 +92,7 @@ class TritonAttentionBackend(TorchAttentionBackend):
         return paged_decode_attention(
             q, cache.k[layer], cache.v[layer], meta.decode_block_tables, meta.decode_context_lens, scale,
             cache.k_scale[layer] if cache.is_quantized else None, cache.v_scale[layer] if cache.is_quantized else None,
-            config=self.config, max_context=self.max_context)
+            config=self.config, max_context=self.max_context, window=self.sliding_window)
 
 
 class TritonOps:
@@ -118,7 +120,8 @@ class TritonOps:
 
 def use_triton(model, cfg) -> None:
     """Swap the model's attention backend and pointwise ops for the Triton ones."""
-    model.attn = TritonAttentionBackend(cfg.kernels.decode_attention, cfg.kernels.prefill_attention)
+    model.attn = TritonAttentionBackend(cfg.kernels.decode_attention, cfg.kernels.prefill_attention,
+                                        model.cfg.sliding_window)
     model.ops = TritonOps()
     from slotune.kernels.quant_matmul import MatmulConfig
 

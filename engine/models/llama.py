@@ -1,5 +1,10 @@
 """Llama-family decoder over a paged KV cache (GQA, RoPE, RMSNorm, SwiGLU).
 
+One implementation for every family the loader reads; what differs is data in `ModelConfig`
+and the state dict: biases present or not (Qwen2, `attention_bias`, `mlp_bias`), per-head q/k
+RMSNorm (`qk_norm`, Qwen3), an attention window (`sliding_window`, Mistral; the attention
+backend applies it), an explicit head_dim.
+
 QKV and gate/up projections are fused into one matmul each: fewer launches (GPU) and
 fewer Python ops per layer (CPU), same math.
 """
@@ -32,6 +37,9 @@ class LlamaLayer(nn.Module):
 
         self.input_norm = nn.Parameter(g("input_layernorm.weight"), requires_grad=False)
         self.post_norm = nn.Parameter(g("post_attention_layernorm.weight"), requires_grad=False)
+        # Qwen3: [head_dim] weights of the per-head RMSNorm on q and on k
+        self.q_norm = nn.Parameter(g("self_attn.q_norm.weight"), requires_grad=False) if cfg.qk_norm else None
+        self.k_norm = nn.Parameter(g("self_attn.k_norm.weight"), requires_grad=False) if cfg.qk_norm else None
         self.qkv_proj = fused(["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"])
         self.o_proj = fused(["self_attn.o_proj"])
         self.gate_up_proj = fused(["mlp.gate_proj", "mlp.up_proj"])
@@ -65,7 +73,7 @@ class LlamaModel(nn.Module):
             self.lm_head.weight = self.embed
         self.register_buffer("cos_sin", rope_cos_sin(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, device,
                                                      cfg.rope_scaling), persistent=False)
-        self.attn = TorchAttentionBackend()
+        self.attn = TorchAttentionBackend(cfg.sliding_window)
         self.ops = _TorchOps()
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, meta: AttentionMetadata,
@@ -83,7 +91,11 @@ class LlamaModel(nn.Module):
             h, residual = ops.rms_norm(x, layer.input_norm, layer.eps, residual)
             qkv = layer.qkv_proj(h)
             # q and k are adjacent in qkv: rotate all their heads in one pass.
-            qk = ops.rotary(qkv[:, : layer.q_size + layer.kv_size].view(-1, layer.num_heads + layer.num_kv_heads, layer.head_dim), cos_sin)
+            if layer.q_norm is None:
+                qk = qkv[:, : layer.q_size + layer.kv_size].view(-1, layer.num_heads + layer.num_kv_heads, layer.head_dim)
+            else:
+                qk = self._qk_norm(layer, qkv)
+            qk = ops.rotary(qk, cos_sin)
             q, k = qk.split([layer.num_heads, layer.num_kv_heads], dim=1)
             v = qkv[:, layer.q_size + layer.kv_size :].view(-1, layer.num_kv_heads, layer.head_dim)
             o = self.attn.forward(cache, i, q, k, v, meta, layer.scale)
@@ -92,6 +104,15 @@ class LlamaModel(nn.Module):
             x = layer.down_proj(ops.silu_and_mul(layer.gate_up_proj(h)))
         x, _ = ops.rms_norm(x, self.norm, self.cfg.rms_norm_eps, residual)
         return x
+
+    def _qk_norm(self, layer: LlamaLayer, qkv: torch.Tensor) -> torch.Tensor:
+        """Qwen3's RMSNorm over head_dim of every q and k head (before RoPE), through `self.ops` so the
+        Triton path runs its rms_norm kernel. qkv: [T, (H + 2*Hkv) * D] -> q|k heads [T, H + Hkv, D]."""
+        d = layer.head_dim
+        q = self.ops.rms_norm(qkv[:, : layer.q_size].reshape(-1, d), layer.q_norm, layer.eps)[0]  # [T*H, D]
+        k = self.ops.rms_norm(qkv[:, layer.q_size : layer.q_size + layer.kv_size].reshape(-1, d), layer.k_norm,
+                              layer.eps)[0]
+        return torch.cat([q.view(-1, layer.num_heads, d), k.view(-1, layer.num_kv_heads, d)], dim=1)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()

@@ -164,3 +164,34 @@ def test_native_engine_matches_torch_engine_on_a_tiny_gqa_model(overrides, max_n
         assert all(sum(g) <= 2 for g in groups) and any(len(g) == 2 for g in groups)
     else:
         assert any(max(g) > 1 for g in groups)  # prefill rows ran natively
+
+
+@pytest.mark.parametrize("variant", ["qk_norm", "sliding_window", "both"])
+def test_native_engine_matches_torch_engine_on_qk_norm_and_window_variants(variant):
+    """Qwen3's per-head q/k RMSNorm and Mistral's sliding window (12 keys here, prompts of up to 33
+    tokens plus 24 decoded: most steps attend past it) run in the native step, not refused: the same
+    greedy tokens as the torch path, on a tiny float32 model whose q/k norm weights are not ones."""
+    import dataclasses
+
+    from slotune.engine.llm_engine import LLMEngine
+    from tests.engine_driver import IdsTokenizer
+    from tests.kernels_tests.test_triton_engine import TINY, _state_dict
+
+    mc = dataclasses.replace(TINY, qk_norm=variant != "sliding_window",
+                             sliding_window=None if variant == "qk_norm" else 12)
+    sd = _state_dict(mc)
+    g = torch.Generator().manual_seed(1)
+    if mc.qk_norm:
+        for i in range(mc.num_layers):
+            for n in ("q_norm", "k_norm"):
+                sd[f"model.layers.{i}.self_attn.{n}.weight"] = 1.0 + 0.3 * torch.randn(mc.head_dim, generator=g)
+
+    def engine(backend: str) -> LLMEngine:
+        cfg = EngineConfig(device="cpu", num_kv_blocks=48, block_size=8, max_model_len=256, kernels={"backend": backend})
+        model = LlamaModel(mc, dict(sd), torch.float32, torch.device("cpu"))
+        return LLMEngine(cfg, runner=ModelRunner(cfg, model=model, model_cfg=mc), tokenizer=IdsTokenizer())
+
+    native, plain = engine("native"), engine("torch")
+    assert (native.runner.backend, plain.runner.backend) == ("native", "torch")
+    prompts = [[(7 * j + 3) % 256 for j in range(n)] for n in (5, 19, 33)]
+    assert generate(native, prompts, 24) == generate(plain, prompts, 24)

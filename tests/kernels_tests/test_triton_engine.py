@@ -104,3 +104,32 @@ def test_triton_path_engine_matches_torch_path_on_the_real_model(llm):
     prompts = ["The capital of France is", "1, 2, 3,"]
     p = SamplingParams(max_tokens=4, ignore_eos=True)
     assert [o.output_token_ids for o in tri.generate(prompts, p)] == [o.output_token_ids for o in llm.generate(prompts, p)]
+
+
+def _variant(variant: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """TINY with Qwen3's per-head q/k norm (weights not ones) or Mistral's sliding window (8 keys)."""
+    import dataclasses
+
+    mc = dataclasses.replace(TINY, qk_norm=variant == "qk_norm", sliding_window=8 if variant == "window" else None)
+    sd = _state_dict(mc)
+    g = torch.Generator().manual_seed(1)
+    for i in range(mc.num_layers if mc.qk_norm else 0):
+        for n in ("q_norm", "k_norm"):
+            sd[f"model.layers.{i}.self_attn.{n}.weight"] = 1.0 + 0.3 * torch.randn(mc.head_dim, generator=g)
+    return mc, sd
+
+
+@pytest.mark.parametrize("variant", ["qk_norm", "window"])
+def test_triton_engine_matches_torch_engine_on_family_variants(variant, prefill_calls):
+    """q/k norm through the Triton rms_norm kernel; the sliding window in both paged attention kernels:
+    chunked prefill (16-token chunks over a cached context) and decode past the 8-key window."""
+    mc, sd = _variant(variant)
+    outs = []
+    for kernels in (TORCH, TRITON):
+        cfg = EngineConfig(device="cpu", num_kv_blocks=48, block_size=8, max_model_len=256, kernels=kernels,
+                           max_num_batched_tokens=16)
+        model = LlamaModel(mc, dict(sd), torch.float32, torch.device("cpu"))
+        engine = LLMEngine(cfg, runner=ModelRunner(cfg, model=model, model_cfg=mc), tokenizer=IdsTokenizer())
+        outs.append(generate(engine, PROMPTS, 6))
+    assert outs[0] == outs[1]
+    assert any(c > q for qs, cs in prefill_calls for q, c in zip(qs, cs))  # the paged prefill kernel, over a cache

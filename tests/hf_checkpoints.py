@@ -1,0 +1,116 @@
+"""Tiny random-weight checkpoints for model-family tests, built with transformers' own config
+classes (no hub, no download), and the same weights written as GGUF in llama.cpp's layout.
+
+transformers runs in a child process (`hf_checkpoint`): run inside the pytest process, it left
+Triton's interpreter unable to patch `tl` for the kernel tests that follow (every Triton test
+failed after the family tests in a full run, none in isolation).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.15)  # large enough for rope to matter
+
+_CHILD = r"""
+import json, sys
+import torch, transformers
+spec = json.loads(sys.argv[1])
+torch.manual_seed(0)
+cfg = getattr(transformers, spec["config"])(**spec["kw"])
+model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+with torch.no_grad():
+    for name, p in model.named_parameters():
+        if name.endswith(".bias"):
+            p.normal_(0.0, 0.5)
+        elif "norm" in name:
+            p.copy_(1.0 + 0.2 * torch.randn_like(p))
+model.save_pretrained(spec["dir"])
+out = {"state_dict": {k: v.clone() for k, v in model.state_dict().items()}, "config": cfg.to_dict()}
+with torch.no_grad():
+    if spec.get("ids"):
+        out["logits"] = model(torch.tensor([spec["ids"]])).logits[0].float()
+    out["greedy"] = [model.generate(torch.tensor([p]), max_new_tokens=spec["max_new_tokens"],
+                                    min_new_tokens=spec["max_new_tokens"], do_sample=False)[0, len(p):].tolist()
+                     for p in spec.get("prompts", [])]
+torch.save(out, spec["out"])
+"""
+
+
+def hf_checkpoint(path: Path, config: str, ids=None, prompts=(), max_new_tokens: int = 12, **kw) -> dict:
+    """In a child process: a random transformers model of config class `config` (TINY + kw) saved as
+    an HF directory in `path` (biases and norms randomised so that they matter). Returns its
+    state_dict, config dict, float32 logits on `ids` and greedy tokens for each of `prompts`."""
+    spec = {"config": config, "kw": {**TINY, **kw}, "dir": str(path), "out": str(path / "ref.pt"), "ids": ids,
+            "prompts": [list(p) for p in prompts], "max_new_tokens": max_new_tokens}
+    r = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(spec)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return torch.load(path / "ref.pt")
+
+
+def permute_qk(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    """llama.cpp's convert-time q/k row order for the llama architecture (what engine/loader.py undoes)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+          "lm_head.weight": "output.weight"}
+_LAYER_NAMES = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
+                "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+                "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate",
+                "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+
+
+def write_gguf(path: Path, ref: dict, arch: str, rope_freqs: torch.Tensor | None = None,
+               extra: dict[str, torch.Tensor] | None = None, metadata: dict | None = None) -> None:
+    """`hf_checkpoint`'s weights as a float32 GGUF of llama.cpp architecture `arch`, as
+    convert_hf_to_gguf.py writes it: q/k rows permuted for `llama` only (its LlamaModel permutes,
+    Qwen2Model/Qwen3Model only rename), key_length/value_length when the config has head_dim,
+    no output.weight when the embeddings are tied. `metadata`: extra {key: value} (strings, ints
+    or floats), to test refusals."""
+    import gguf
+
+    c = ref["config"]
+    heads, kv_heads = c["num_attention_heads"], c["num_key_value_heads"]
+    theta = c.get("rope_theta") or (c.get("rope_parameters") or {}).get("rope_theta", 10000.0)
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(c["num_hidden_layers"])
+    w.add_context_length(c["max_position_embeddings"])
+    w.add_embedding_length(c["hidden_size"])
+    w.add_feed_forward_length(c["intermediate_size"])
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_rope_freq_base(float(theta))
+    w.add_layer_norm_rms_eps(c["rms_norm_eps"])
+    if c.get("head_dim"):
+        w.add_key_length(c["head_dim"])
+        w.add_value_length(c["head_dim"])
+    for key, value in (metadata or {}).items():
+        {str: w.add_string, int: w.add_uint32, float: w.add_float32}[type(value)](key, value)
+    for k, v in ref["state_dict"].items():
+        if k == "lm_head.weight" and c.get("tie_word_embeddings"):
+            continue
+        if k in _NAMES:
+            w.add_tensor(_NAMES[k], v.float().numpy())
+            continue
+        _, _, i, rest = k.split(".", 3)
+        mod, kind = rest.rsplit(".", 1)
+        if arch == "llama" and mod == "self_attn.q_proj":
+            v = permute_qk(v, heads)
+        elif arch == "llama" and mod == "self_attn.k_proj":
+            v = permute_qk(v, kv_heads)
+        w.add_tensor(f"blk.{i}.{_LAYER_NAMES[mod]}.{kind}", v.float().contiguous().numpy())
+    if rope_freqs is not None:
+        w.add_tensor("rope_freqs.weight", rope_freqs.float().numpy())
+    for k, v in (extra or {}).items():
+        w.add_tensor(k, v.numpy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
