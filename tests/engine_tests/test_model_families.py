@@ -150,9 +150,11 @@ def test_unknown_gguf_architecture_is_refused_by_name(tmp_path):
 
 
 @pytest.mark.parametrize("family", ["qwen2-biases-tied", "mistral-past-window", "qwen3-qk-norm-head-dim"])
-def test_family_with_prefix_caching_and_int8_kv(family, tmp_path):
+def test_family_with_prefix_caching_speculation_and_int8_kv(family, tmp_path):
     """Prefix caching: a request sharing a 16-token (2-block) prefix with an earlier one hits the cache
-    and still gives transformers' greedy tokens. int8 KV: quantizing the cache moves logits a little,
+    and still gives transformers' greedy tokens. Speculative decoding (self-drafting from the first
+    layer, verified by the whole model over the variant's attention) gives them too; on random
+    weights how many drafts are accepted is chance, so only verification having run is asserted. int8 KV: quantizing the cache moves logits a little,
     and on random weights one flipped near-tie changes every later token, so whole-sequence equality
     is not a sound requirement; the first 4 tokens (3 decode steps reading the int8 cache) must
     equal transformers' (a layout or scale error in the cache garbles them at once)."""
@@ -163,6 +165,10 @@ def test_family_with_prefix_caching_and_int8_kv(family, tmp_path):
     engine = LLMEngine(_config(tmp_path, "torch", enable_prefix_caching=True), tokenizer=IdsTokenizer())
     assert [generate(engine, [p], 12)[0] for p in prompts] == ref["greedy"]  # one after the other
     assert engine.stats().prefix_cache_hits >= 2  # the two shared blocks
+    spec = LLMEngine(_config(tmp_path, "torch", speculative={"method": "early_exit", "early_exit_layers": 1,
+                                                             "num_speculative_tokens": 3}), tokenizer=IdsTokenizer())
+    assert generate(spec, prompts, 12) == ref["greedy"]
+    assert spec.stats().num_spec_verifications > 0  # drafts went through verification
     int8 = LLMEngine(_config(tmp_path, "torch", kv_dtype="int8"), tokenizer=IdsTokenizer())
     got = generate(int8, prompts, 12)
     assert [g[:4] for g in got] == [r[:4] for r in ref["greedy"]], (got, ref["greedy"])
