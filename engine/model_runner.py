@@ -72,6 +72,16 @@ class ModelRunner:
                 f"max_model_len ({cfg.max_model_len}) exceeds the model's context "
                 f"({self.model_cfg.max_position_embeddings})"
             )
+        rope = self.model_cfg.rope_scaling or {}
+        if rope.get("rope_type") == "dynamic" and cfg.max_model_len > rope["original_max_position_embeddings"]:
+            # transformers re-derives dynamic NTK frequencies from the longest sequence so far; keys in
+            # a paged cache were rotated at the frequencies of their own step, so past the original
+            # context no cache can give its logits
+            raise ValueError(
+                f"rope_scaling dynamic: max_model_len ({cfg.max_model_len}) exceeds original_max_position_embeddings "
+                f"({rope['original_max_position_embeddings']}); within it dynamic NTK is plain RoPE and runs exactly; "
+                f"set max_model_len <= {rope['original_max_position_embeddings']}"
+            )
         mc = self.model_cfg
         self.kv_bytes_per_token = KVCache.bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, self.dtype, cfg.kv_dtype)
         if cfg.num_kv_blocks is not None:

@@ -25,7 +25,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-ROPE_TYPES = ("linear", "llama3", "yarn", "freq_factors")  # besides plain RoPE (scaling None)
+ROPE_TYPES = ("linear", "llama3", "yarn", "dynamic", "freq_factors")  # besides plain RoPE (scaling None)
 
 
 def rope_frequencies(head_dim: int, theta: float, scaling: dict | None) -> tuple[torch.Tensor, float]:
@@ -35,6 +35,8 @@ def rope_frequencies(head_dim: int, theta: float, scaling: dict | None) -> tuple
     inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
     kind = (scaling or {}).get("rope_type")
     if kind is None:
+        return inv, 1.0
+    if kind == "dynamic":  # dynamic NTK is plain RoPE up to the original context; the runner stops max_model_len there
         return inv, 1.0
     if kind == "linear":
         return inv / scaling["factor"], 1.0

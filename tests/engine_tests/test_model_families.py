@@ -58,6 +58,9 @@ FAMILIES = {
         "original_max_position_embeddings": 32}}),
     "llama-rope-yarn": ("LlamaConfig", {"rope_parameters": {
         **ROPE, "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}}),
+    # dynamic NTK within the original context (the runner refuses max_model_len past it: next test)
+    "llama-rope-dynamic": ("LlamaConfig", {"rope_parameters": {**ROPE, "rope_type": "dynamic", "factor": 2.0,
+                                                                "original_max_position_embeddings": 128}}),
     "mistral-within-window": ("MistralConfig", {"sliding_window": 128}),
     "mistral-past-window": ("MistralConfig", {"sliding_window": 16}),  # prompts of 23 + 12 decoded: past it
     "qwen3-qk-norm-head-dim": ("Qwen3Config", {"head_dim": 32, "tie_word_embeddings": True}),  # 32 != 64 / 4
@@ -80,13 +83,23 @@ def test_family_matches_transformers(family, tmp_path):
 
 @pytest.mark.parametrize(("config_cls", "kw", "match"), [
     ("LlamaConfig", {"hidden_act": "gelu"}, "hidden_act 'gelu'"),
-    ("LlamaConfig", {"rope_parameters": {**ROPE, "rope_type": "dynamic", "factor": 2.0}},
-     "rope_scaling type 'dynamic' is not implemented"),
-], ids=["gelu", "dynamic-rope"])
+    ("LlamaConfig", {"rope_parameters": {**ROPE, "rope_type": "longrope", "short_factor": [1.0] * 8,
+                                         "long_factor": [1.0] * 8, "original_max_position_embeddings": 64}},
+     "rope_scaling type 'longrope' is not implemented"),
+], ids=["gelu", "longrope"])
 def test_unimplemented_math_is_refused_by_name(config_cls, kw, match, tmp_path):
     _hf(tmp_path, config_cls, **kw)
     with pytest.raises(ValueError, match=match):
         load_model(str(tmp_path))
+
+
+def test_dynamic_rope_past_its_original_context_is_refused(tmp_path):
+    _hf(tmp_path, "LlamaConfig", rope_parameters={**ROPE, "rope_type": "dynamic", "factor": 2.0,
+                                                  "original_max_position_embeddings": 64})
+    with pytest.raises(ValueError, match=r"rope_scaling dynamic: max_model_len \(128\) exceeds "
+                                         r"original_max_position_embeddings \(64\)"):
+        ModelRunner(_config(tmp_path))
+    ModelRunner(_config(tmp_path).with_updates({"max_model_len": 64}))  # within it: fine
 
 
 def test_a_weight_the_model_does_not_use_is_refused(tmp_path):
