@@ -135,3 +135,16 @@ def test_engine_weight_bytes_fall_and_the_top_token_holds(llm, make_llm):
         assert len(qllm.generate(ids, SamplingParams(max_tokens=4))[0].output_token_ids) > 0
         del qllm
     assert sizes["int4"] < sizes["int8"] < sizes["none"] / 3.5
+
+
+@pytest.mark.parametrize("method", ["int8", "int4", "fp8"])
+def test_quantized_layers_keep_the_bias(method):
+    """Qwen2's q/k/v and Llama's attention/MLP biases survive quantization: the layer computes
+    x @ dequantized W^T + b (the bias kept in full precision)."""
+    torch.manual_seed(0)
+    w, b, x = torch.randn(128, 96) / 10, torch.randn(128), torch.randn(5, 96)
+    m = quantize_linear(Linear(w, b), method, 32)
+    want = x @ m.dequantize().T + b
+    got = m(x).float()
+    torch.testing.assert_close(got, want, atol=2e-2, rtol=1e-2)  # the CPU int8/int4 GEMMs take bf16 activations
+    assert (got - (x @ m.dequantize().T)).abs().max() > 0.5  # the bias is really there
