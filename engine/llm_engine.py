@@ -43,6 +43,9 @@ class EngineStats:
     num_steps: int
     num_rejected: dict[str, int] = field(default_factory=dict)
     num_spec_verifications: int = 0  # (sequence, step) pairs that verified drafts
+    step_seconds: float = 0.0  # wall time inside `step` (schedule, model, sample, detokenize), cumulative
+    execute_seconds: float = 0.0  # of which the model's forward (`ModelRunner.execute`)
+    num_step_tokens: int = 0  # tokens the steps ran through the model (prefill + decode + drafts)
 
     @property
     def spec_mean_accepted_length(self) -> float:
@@ -76,6 +79,9 @@ class LLMEngine:
         self.sampler = Sampler(self.runner.device, cfg.seed)
         self.seqs: dict[str, Sequence] = {}
         self.num_steps = 0
+        self.step_seconds = 0.0
+        self.execute_seconds = 0.0
+        self.num_step_tokens = 0
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
         self.num_spec_verifications = 0
@@ -151,18 +157,23 @@ class LLMEngine:
 
     # --- the loop --------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        t0 = time.perf_counter()
         sched = self.scheduler.schedule()
         if sched.is_empty:
             return []
-        now = time.perf_counter()
         for s in sched.scheduled:
             if s.seq.metrics.scheduled_time is None:
-                s.seq.metrics.scheduled_time = now
+                s.seq.metrics.scheduled_time = t0
+        t1 = time.perf_counter()
         result = self.runner.execute(sched.scheduled)
+        t2 = time.perf_counter()
         outputs = self._postprocess(sched.scheduled, result)
         self.num_steps += 1
         if self.proposer is not None:
             self.proposer.propose([s for s in self.scheduler.running if s.num_uncomputed_tokens == 1])
+        self.execute_seconds += t2 - t1
+        self.step_seconds += time.perf_counter() - t0
+        self.num_step_tokens += sched.num_batched_tokens
         return outputs
 
     def _postprocess(self, batch: list[ScheduledSeq], result) -> list[RequestOutput]:
@@ -231,9 +242,12 @@ class LLMEngine:
     def _finish_step(self, seq: Sequence, appended: list[int]) -> RequestOutput:
         p = seq.params
         prev = seq.output_text
-        text = self.tokenizer.decode(seq.output_token_ids)  # special tokens (EOS) are skipped
-        if text.endswith("\ufffd") and seq.finish_reason is None:
-            text = text[:-1]  # an incomplete UTF-8 sequence: wait for the next token
+        # Only the new tokens are decoded (special tokens, EOS among them, are skipped); an
+        # incomplete UTF-8 character waits for the next token unless the sequence ends here.
+        delta, *offsets = self.tokenizer.decode_delta(seq.output_token_ids, *seq.detok_offsets,
+                                                      final=seq.finish_reason is not None)
+        seq.detok_offsets = tuple(offsets)
+        text = prev + delta
         if p.stop:
             search_from = max(0, len(prev) - max(len(x) for x in p.stop))
             hits = [(text.find(x, search_from), x) for x in p.stop]
@@ -279,4 +293,7 @@ class LLMEngine:
             num_steps=self.num_steps,
             num_rejected=dict(self.num_rejected),
             num_spec_verifications=self.num_spec_verifications,
+            step_seconds=self.step_seconds,
+            execute_seconds=self.execute_seconds,
+            num_step_tokens=self.num_step_tokens,
         )

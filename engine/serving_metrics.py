@@ -33,6 +33,14 @@ class ServingMetrics:
         self.kv_free = Gauge("slotune_kv_blocks_free", "KV blocks free", registry=r)
         self.prefix_hit = Gauge("slotune_prefix_cache_hit_rate", "Prefix cache hit rate (tokens)", registry=r)
         self.spec_accept = Gauge("slotune_spec_decode_acceptance_rate", "Speculative draft acceptance rate", registry=r)
+        # The engine loop's own time, cumulative (rate() of them: loop busy fraction, ms per step).
+        self.steps = Counter("slotune_engine_steps", "Engine steps run", registry=r)
+        self.step_seconds = Counter("slotune_engine_step_seconds", "Wall time inside engine steps", registry=r)
+        self.execute_seconds = Counter("slotune_engine_execute_seconds",
+                                       "Wall time of the model forward inside engine steps", registry=r)
+        self.step_tokens = Counter("slotune_engine_step_tokens", "Tokens engine steps ran through the model",
+                                   registry=r)
+        self._last = (0, 0.0, 0.0, 0)
 
     def observe_finished(self, out) -> None:
         """Record a request the engine finished (stop/length) or aborted (client went away)."""
@@ -55,3 +63,7 @@ class ServingMetrics:
         self.kv_free.set(stats.num_free_blocks)
         self.prefix_hit.set(stats.prefix_cache_hit_rate)
         self.spec_accept.set(stats.spec_acceptance_rate)
+        now = (stats.num_steps, stats.step_seconds, stats.execute_seconds, stats.num_step_tokens)
+        for counter, new, old in zip((self.steps, self.step_seconds, self.execute_seconds, self.step_tokens), now, self._last):
+            counter.inc(max(new - old, 0))
+        self._last = now

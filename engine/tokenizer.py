@@ -135,6 +135,23 @@ class Tokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
+    def decode_delta(self, ids: list[int], prefix_offset: int, read_offset: int, final: bool = False
+                     ) -> tuple[str, int, int]:
+        """The text `ids[read_offset:]` adds to the decoded `ids[:read_offset]`, in O(new tokens).
+
+        vLLM's incremental detokenization: decode the window from `prefix_offset` (the last text
+        boundary before `read_offset`) with and without the new tokens and take the difference,
+        so a word's leading space and byte-level merges come out as a whole decode gives them.
+        A window ending in an incomplete UTF-8 character gives "" until its bytes are complete
+        (`final` emits it as is). Returns (delta, new prefix_offset, new read_offset); start
+        with (0, 0).
+        """
+        before = self.decode(ids[prefix_offset:read_offset])
+        text = self.decode(ids[prefix_offset:])
+        if len(text) <= len(before) or (text.endswith("\ufffd") and not final):
+            return "", prefix_offset, read_offset
+        return text[len(before):], read_offset, len(ids)
+
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 

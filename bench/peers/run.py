@@ -181,6 +181,13 @@ def engine_weight_bytes(config: dict[str, Any]) -> int:
     return n
 
 
+def default_llama_bin() -> Path:
+    """build_llama_cpp.sh's folder for this CPU: one build per instruction set (avx512 / avx2)."""
+    flags = next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), "") + " "
+    tag = "avx512" if all(f" {f} " in flags for f in ("avx512f", "avx512bw", "avx512vl", "avx512dq")) else "avx2"
+    return LLAMA_CACHE / f"llama.cpp-build-{tag}" / "bin"
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -358,7 +365,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "(the server's overhead: served / in-process)")
     ap.add_argument("--threads", type=int, default=os.cpu_count(),
                     help="llama-server -t, and OMP_NUM_THREADS for tune serve (default: every CPU)")
-    ap.add_argument("--llama-bin", type=Path, default=LLAMA_CACHE / "llama.cpp-build" / "bin")
+    ap.add_argument("--llama-bin", type=Path, default=default_llama_bin(),
+                    help="llama-server's folder (default: where build_llama_cpp.sh builds for this CPU)")
     ap.add_argument("--llama-extra", type=str, default="", help="more llama-server flags, e.g. '--cache-ram 0'")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--machine", type=str, default=None, help="label in the file names (default from lscpu)")

@@ -39,6 +39,19 @@ def test_chunked_prefill_and_preemption_do_not_change_tokens(llm):
     assert st.num_free_blocks == st.num_total_blocks
 
 
+def test_step_counters_account_for_every_token_and_second(llm):
+    """EngineStats' step counters (exported on /metrics): tokens through the model and loop time."""
+    ids = [llm.tokenizer.encode(p) for p in PROMPTS]
+    before = llm.engine.stats()
+    llm.generate(ids, SamplingParams(max_tokens=5, ignore_eos=True))
+    after = llm.engine.stats()
+    # every prompt token once (no prefix cache hit on these), then 4 decode tokens per request
+    assert after.num_step_tokens - before.num_step_tokens == sum(len(x) for x in ids) + 4 * len(ids)
+    steps = after.num_steps - before.num_steps
+    model_s, step_s = after.execute_seconds - before.execute_seconds, after.step_seconds - before.step_seconds
+    assert steps >= 5 and 0 < model_s < step_s
+
+
 def test_stop_strings_tokens_and_max_tokens(llm):
     base = llm.generate(PROMPTS[2], SamplingParams(max_tokens=20, ignore_eos=True))[0]
     word = base.text.split()[2]
