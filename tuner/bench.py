@@ -302,7 +302,7 @@ def bench_command(config: Path | None, workload: Path | str | None, json_out: Pa
             res = run_benchmark(cfg, wl, seed=seed, ttft_limit_s=ttft_limit_s, tpot_limit_s=tpot_limit_s,
                                 on_progress=progress)
         else:
-            # Imported here: httpx is only needed with --url, and http_bench builds on this module.
+            # Imported here: aiohttp is only needed with --url, and http_bench builds on this module.
             from slotune.tuner.http_bench import run_http_benchmark
 
             status.update(f"loading the tokenizer of {tokenizer or cfg.model}")
