@@ -13,6 +13,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from slotune.engine.scheduler import SchedulingPolicy
+
 DEFAULT_MODEL = "smollm2-135m"
 
 
@@ -125,6 +127,9 @@ class EngineConfig(_Strict):
 
     # Batching.
     scheduling: Literal["continuous", "static"] = "continuous"
+    scheduling_policy: SchedulingPolicy = Field(
+        "fcfs", description="admission order of waiting requests: fcfs, or shortest_prompt_first (lower TTFT on "
+                            "mixed prompt lengths; a request is passed over at most 64 times)")
     max_num_seqs: int = Field(16, ge=1, le=1024)
     max_num_batched_tokens: int = Field(2048, ge=16)
     max_model_len: int = Field(2048, ge=16)

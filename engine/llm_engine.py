@@ -75,6 +75,7 @@ class LLMEngine:
             max_num_batched_tokens=cfg.max_num_batched_tokens,
             enable_chunked_prefill=cfg.enable_chunked_prefill,
             static_batching=cfg.scheduling == "static",
+            policy=cfg.scheduling_policy,
         )
         self.sampler = Sampler(self.runner.device, cfg.seed)
         self.seqs: dict[str, Sequence] = {}

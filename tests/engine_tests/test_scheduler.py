@@ -89,3 +89,32 @@ def test_finish_frees_blocks():
     sch.schedule()
     sch.finish(s, "stop")
     assert sch.block_manager.num_free_blocks == 64 and s.finish_reason == "stop"
+
+
+def _admitted(sch) -> list[str]:
+    out = sch.schedule()
+    _advance(out)
+    return [s.seq.request_id for s in out.scheduled]
+
+
+def test_shortest_prompt_first_admits_short_prompts_before_an_earlier_long_one():
+    for policy, first in (("fcfs", ["long", "s1"]), ("shortest_prompt_first", ["s1", "s2"])):
+        sch = _sched(max_num_seqs=2, max_num_batched_tokens=64, policy=policy)
+        for rid, n in (("long", 40), ("s1", 5), ("s2", 6)):
+            sch.add(_seq(n, rid))
+        assert _admitted(sch) == first, policy
+
+
+def test_shortest_prompt_first_passes_a_long_prompt_over_a_bounded_number_of_times():
+    from slotune.engine.scheduler import MAX_BYPASS
+
+    sch = _sched(num_blocks=4096, max_num_seqs=1, max_num_batched_tokens=64, policy="shortest_prompt_first")
+    sch.add(_seq(40, "long"))
+    admitted = []
+    for i in range(MAX_BYPASS + 5):  # a new short request arrives before every admission
+        sch.add(_seq(3, f"short{i}"))
+        admitted += _admitted(sch)
+        for seq in list(sch.running):
+            sch.finish(seq, "stop")
+    assert "long" in admitted
+    assert admitted.index("long") == MAX_BYPASS  # after exactly MAX_BYPASS later arrivals
