@@ -69,14 +69,7 @@ class LLMEngine:
         self.tokenizer = tokenizer or Tokenizer.from_model_path(resolve_model_path(cfg.model))
         self.runner = runner or ModelRunner(cfg)
         self.block_manager = BlockManager(self.runner.num_blocks, cfg.block_size, cfg.enable_prefix_caching)
-        self.scheduler = Scheduler(
-            self.block_manager,
-            max_num_seqs=cfg.max_num_seqs,
-            max_num_batched_tokens=cfg.max_num_batched_tokens,
-            enable_chunked_prefill=cfg.enable_chunked_prefill,
-            static_batching=cfg.scheduling == "static",
-            policy=cfg.scheduling_policy,
-        )
+        self.scheduler = Scheduler.from_config(self.block_manager, cfg)
         self.sampler = Sampler(self.runner.device, cfg.seed)
         self.seqs: dict[str, Sequence] = {}
         self.num_steps = 0

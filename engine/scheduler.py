@@ -16,10 +16,13 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from slotune.engine.block_manager import BlockManager
 from slotune.engine.sequence import Sequence, SequenceStatus
+
+if TYPE_CHECKING:
+    from slotune.engine.config import EngineConfig
 
 
 SchedulingPolicy = Literal["fcfs", "shortest_prompt_first"]
@@ -67,6 +70,14 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self._bypassed: dict[int, int] = {}  # seq_id -> later arrivals admitted first (shortest_prompt_first)
+
+    @classmethod
+    def from_config(cls, block_manager: BlockManager, cfg: EngineConfig) -> Scheduler:
+        """The engine's scheduler: every scheduling knob of EngineConfig is read here, and only here."""
+        return cls(block_manager, max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
+                   enable_chunked_prefill=cfg.enable_chunked_prefill, static_batching=cfg.scheduling == "static",
+                   policy=cfg.scheduling_policy)
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -121,6 +132,7 @@ class Scheduler:
             if not bm.allocate(seq, num_new):
                 break
             self.waiting.popleft()
+            self._bypassed.pop(seq.seq_id, None)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             out.scheduled.append(ScheduledSeq(seq, num_new))
@@ -133,13 +145,13 @@ class Scheduler:
         ties by arrival. Everyone moved behind a later arrival counts one more bypass."""
         def key(item: tuple[int, Sequence]) -> tuple[bool, int, int]:
             i, seq = item
-            is_due = seq.metrics.num_preemptions > 0 or seq.num_bypassed >= MAX_BYPASS
+            is_due = seq.metrics.num_preemptions > 0 or self._bypassed.get(seq.seq_id, 0) >= MAX_BYPASS
             return (not is_due, 0 if is_due else seq.num_uncomputed_tokens, i)
 
         order = sorted(enumerate(self.waiting), key=key)
         for new_pos, (old_pos, seq) in enumerate(order):
             if new_pos > old_pos:
-                seq.num_bypassed += 1
+                self._bypassed[seq.seq_id] = self._bypassed.get(seq.seq_id, 0) + 1
         self.waiting = deque(seq for _, seq in order)
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
@@ -155,6 +167,7 @@ class Scheduler:
         out.preempted.append(seq)
 
     def finish(self, seq: Sequence, reason: str) -> None:
+        self._bypassed.pop(seq.seq_id, None)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         if seq in self.running:

@@ -21,7 +21,7 @@ class Sequence:
     __slots__ = (
         "seq_id", "request_id", "token_ids", "num_prompt_tokens", "params", "status",
         "block_table", "num_computed_tokens", "num_cached_tokens", "metrics", "finish_reason",
-        "spec_token_ids", "output_text", "block_hashes", "detok_offsets", "num_bypassed",
+        "spec_token_ids", "output_text", "block_hashes", "detok_offsets",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, arrival_time: float):
@@ -39,7 +39,6 @@ class Sequence:
         self.spec_token_ids: list[int] = []  # draft tokens to verify in the next step
         self.output_text = ""
         self.detok_offsets = (0, 0)  # (prefix, read) into the output ids: Tokenizer.decode_delta
-        self.num_bypassed = 0  # times a later arrival was admitted first (Scheduler: shortest_prompt_first)
         self.block_hashes: list[int] = []  # chained hashes of this sequence's full blocks
 
     @property
