@@ -25,3 +25,17 @@ def test_next_after(expr, expected):
 def test_bad_expressions_name_themselves(expr):
     with pytest.raises(ValueError, match="schedule"):
         schedule.next_after(expr, T)
+
+
+@pytest.mark.parametrize("expr", ["0 0 30 2 *", "0 0 31 2,4,6,9,11 *", "0 0 30,31 2 *"])
+def test_a_schedule_that_never_fires_is_refused(expr):
+    with pytest.raises(schedule.ScheduleError, match="never fires"):
+        schedule.parse(expr)
+    with pytest.raises(schedule.ScheduleError, match="never fires"):
+        schedule.next_after(expr, T)
+
+
+def test_leap_day_is_found_across_a_skipped_century_leap_year():
+    # 2100 is not a leap year: from 2096-03-01 the next Feb 29 is in 2104 (8 years)
+    assert schedule.next_after("0 0 29 2 *", datetime(2096, 3, 1, tzinfo=timezone.utc)) == \
+        datetime(2104, 2, 29, tzinfo=timezone.utc)
