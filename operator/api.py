@@ -74,6 +74,10 @@ def batch() -> kubernetes.client.BatchV1Api:
     return kubernetes.client.BatchV1Api(client())
 
 
+def rbac() -> kubernetes.client.RbacAuthorizationV1Api:
+    return kubernetes.client.RbacAuthorizationV1Api(client())
+
+
 def custom() -> kubernetes.client.CustomObjectsApi:
     return kubernetes.client.CustomObjectsApi(client())
 
@@ -130,14 +134,18 @@ def _creator(kind: str):
     return {"ConfigMap": lambda ns, o: core().create_namespaced_config_map(ns, o),
             "Service": lambda ns, o: core().create_namespaced_service(ns, o),
             "Deployment": lambda ns, o: apps().create_namespaced_deployment(ns, o),
-            "Job": lambda ns, o: batch().create_namespaced_job(ns, o)}[kind]
+            "Job": lambda ns, o: batch().create_namespaced_job(ns, o),
+            "Role": lambda ns, o: rbac().create_namespaced_role(ns, o),
+            "RoleBinding": lambda ns, o: rbac().create_namespaced_role_binding(ns, o)}[kind]
 
 
 def _reader(kind: str):
     return {"ConfigMap": lambda n, ns: core().read_namespaced_config_map(n, ns),
             "Service": lambda n, ns: core().read_namespaced_service(n, ns),
             "Deployment": lambda n, ns: apps().read_namespaced_deployment(n, ns),
-            "Job": lambda n, ns: batch().read_namespaced_job(n, ns)}[kind]
+            "Job": lambda n, ns: batch().read_namespaced_job(n, ns),
+            "Role": lambda n, ns: rbac().read_namespaced_role(n, ns),
+            "RoleBinding": lambda n, ns: rbac().read_namespaced_role_binding(n, ns)}[kind]
 
 
 MERGE_PATCH = "application/merge-patch+json"  # lists are replaced whole, `null` deletes a key
@@ -170,4 +178,6 @@ def _deleter(kind: str):
     return {"ConfigMap": lambda n, ns, **kw: core().delete_namespaced_config_map(n, ns, **kw),
             "Service": lambda n, ns, **kw: core().delete_namespaced_service(n, ns, **kw),
             "Deployment": lambda n, ns, **kw: apps().delete_namespaced_deployment(n, ns, **kw),
-            "Job": lambda n, ns, **kw: batch().delete_namespaced_job(n, ns, **kw)}[kind]
+            "Job": lambda n, ns, **kw: batch().delete_namespaced_job(n, ns, **kw),
+            "Role": lambda n, ns, **kw: rbac().delete_namespaced_role(n, ns, **kw),
+            "RoleBinding": lambda n, ns, **kw: rbac().delete_namespaced_role_binding(n, ns, **kw)}[kind]

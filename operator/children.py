@@ -3,9 +3,14 @@
 SLOServing -> ConfigMap `<name>-config` (config.yaml), Deployment `<name>` running
 `tune serve`, Service `<name>`; with `spec.canary`, also `<name>-canary-config` and the
 Deployment `<name>-canary`. SLOTuning -> ConfigMap `<name>-spec` (the tuning spec), per run a
-result ConfigMap and the Job `<name>-run-<n>` (plus `<name>-run-<n>-workers` for parallel
-workers). Every child carries a controller owner reference, so deleting the resource
-garbage-collects its children.
+result ConfigMap, the Job `<name>-run-<n>` (plus `<name>-run-<n>-workers` for parallel
+workers) and the Role + RoleBinding `<name>-run-<n>` that let the Job's service account
+get/patch that one result ConfigMap and nothing else. Every child carries a controller owner
+reference, so deleting the resource garbage-collects its children.
+
+`image` and `serviceAccountName` are rendered as given: the handlers pass specs through
+`admission.Admission.admit`, which checks them against the operator's allow-lists and fills
+in the defaults.
 """
 
 from __future__ import annotations
@@ -21,7 +26,10 @@ from slotune.operator import api
 DEFAULT_IMAGE = "ghcr.io/slotune/slotune:0.1.0"
 CONFIG_DIR = "/etc/slotune"
 SPEC_PATH = f"{CONFIG_DIR}/spec.yaml"
-RESULT_DIR = "/work/out"
+WORK_DIR = "/work"  # an emptyDir, or spec.workVolumeClaim
+RESULT_DIR = f"{WORK_DIR}/out"
+TUNER_SERVICE_ACCOUNT = "slotune-tuner"
+SERVING_SERVICE_ACCOUNT = "slotune-serving"
 
 
 def config_hash(config: dict[str, Any]) -> str:
@@ -90,7 +98,9 @@ def deployment(serving: str, track: str, spec: dict[str, Any], owner, config: di
             "selector": {"matchLabels": labels},
             "template": {
                 "metadata": {"labels": labels, "annotations": pod_annotations},
-                "spec": {"containers": [container],
+                "spec": {"serviceAccountName": spec.get("serviceAccountName", SERVING_SERVICE_ACCOUNT),
+                         "automountServiceAccountToken": False,  # `tune serve` never calls the API
+                         "containers": [container],
                          "volumes": [{"name": "config", "configMap": {"name": f"{name}-config"}}]},
             },
         },
@@ -131,24 +141,44 @@ def tuning_jobs(tuning: str, spec: dict[str, Any], owner, run: int, namespace: s
     main = ["python", "-m", "slotune.operator.publish", "--configmap", result_name(tuning, run),
             "--namespace", namespace, "--result-dir", RESULT_DIR, "--", *tune]
     workers = int(spec.get("workers", 1))
-    jobs = [_job(job_name(tuning, run), spec, owner, labels, env, main, parallelism=1)]
+    jobs = [_job(job_name(tuning, run), spec, owner, labels, env, main, parallelism=1, is_publisher=True)]
     if workers > 1:
         jobs.append(_job(f"{job_name(tuning, run)}-workers", spec, owner, labels, env,
-                         [*tune, "--worker"], parallelism=workers - 1))
+                         [*tune, "--worker"], parallelism=workers - 1, is_publisher=False))
     return jobs
 
 
-def _job(name, spec, owner, labels, env, command, parallelism: int) -> dict[str, Any]:
+def publish_rbac(tuning: str, spec: dict[str, Any], owner, run: int, namespace: str) -> list[dict[str, Any]]:
+    """Role + RoleBinding `<tuning>-run-<n>`: the Job's service account may get/patch its run's
+    result ConfigMap (by name) and nothing else; pruned with the run, collected with the owner."""
+    labels = {api.LABEL_TUNING: tuning, api.LABEL_RUN: str(run)}
+    name = job_name(tuning, run)
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": _meta(name, owner, labels),
+            "rules": [{"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [result_name(tuning, run)],
+                       "verbs": ["get", "patch"]}]}
+    binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+               "metadata": _meta(name, owner, labels),
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+               "subjects": [{"kind": "ServiceAccount", "namespace": namespace,
+                             "name": spec.get("serviceAccountName", TUNER_SERVICE_ACCOUNT)}]}
+    return [role, binding]
+
+
+def _job(name, spec, owner, labels, env, command, parallelism: int, is_publisher: bool) -> dict[str, Any]:
+    claim = spec.get("workVolumeClaim")
+    work = {"persistentVolumeClaim": {"claimName": claim}} if claim else {"emptyDir": {}}
     container = {"name": "tune", "image": spec.get("image", DEFAULT_IMAGE), "command": command, "env": env,
                  "volumeMounts": [{"name": "spec", "mountPath": CONFIG_DIR, "readOnly": True},
-                                  {"name": "work", "mountPath": "/work"}],
+                                  {"name": "work", "mountPath": WORK_DIR}],
                  "resources": spec.get("resources") or {}}
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": _meta(name, owner, labels),
             "spec": {"parallelism": parallelism, "completions": parallelism,
                      "backoffLimit": int(spec.get("backoffLimit", 1)),
                      "template": {"metadata": {"labels": labels},
                                   "spec": {"restartPolicy": "Never",
-                                           "serviceAccountName": spec.get("serviceAccountName", "slotune-tuner"),
+                                           "serviceAccountName": spec.get("serviceAccountName", TUNER_SERVICE_ACCOUNT),
+                                           # only the publisher writes to the API (its result ConfigMap)
+                                           "automountServiceAccountToken": is_publisher,
                                            "containers": [container],
                                            "volumes": [{"name": "spec", "configMap": {"name": f"{owner['name']}-spec"}},
-                                                       {"name": "work", "emptyDir": {}}]}}}}
+                                                       {"name": "work", **work}]}}}}

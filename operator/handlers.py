@@ -2,7 +2,11 @@
 
 Errors: API hiccups (5xx, 409 conflicts, timeouts) are temporary and retried after a delay;
 an invalid spec is permanent (reported in status and an Event, not retried until the spec
-changes). The operator never reads Secrets: credentials reach pods through secretKeyRef.
+changes), with the `Valid` condition. The operator never reads Secrets: credentials reach
+pods through secretKeyRef, to keys of the resource's own namespace that it allows.
+
+The allow-lists for images, service accounts and Secret keys (admission.Admission) are read
+from the environment once, at startup, and handed to the handlers through kopf's memo.
 
 Timing knobs: $SLOTUNE_OPERATOR_POLL_SECONDS (timer interval, default 10); rollout durations
 come from each SLOTuning's spec.rollout.
@@ -18,13 +22,17 @@ from typing import Any
 import kopf
 from kubernetes.client.rest import ApiException
 
-from slotune.operator import api, serving, tuning
+from slotune.operator import admission, api, conditions, serving, tuning
 
 POLL_S = float(os.environ.get("SLOTUNE_OPERATOR_POLL_SECONDS", "10"))
 
 
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    try:
+        memo.admission = admission.Admission.from_env()
+    except ValueError as exc:  # a misconfigured operator stops here, naming the setting
+        raise kopf.PermanentError(str(exc)) from None
     settings.posting.level = logging.WARNING  # our own Events are posted explicitly
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=api.GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=api.GROUP)
@@ -67,36 +75,44 @@ def _message(exc: ApiException) -> str:
 
 # --- SLOServing ----------------------------------------------------------------------------
 
-def _reconcile_serving(name: str, namespace: str, spec: Any, body: Any, status: Any, patch: Any) -> None:
+def _reconcile_serving(name: str, namespace: str, spec: Any, body: Any, status: Any, patch: Any,
+                       memo: Any) -> None:
+    status = dict(status or {})
+    old = [dict(c) for c in status.get("conditions") or []]
     try:
-        observed = _api_call(serving.reconcile, name, namespace, dict(spec), body)
+        observed = _api_call(serving.reconcile, name, namespace, dict(spec), body, memo.admission)
     except ValueError as exc:
-        if (status or {}).get("phase") != "Invalid" or (status or {}).get("message") != str(exc):
-            patch.status.update({"phase": "Invalid", "message": str(exc)})
-            kopf.warn(body, reason="InvalidConfig", message=str(exc))
+        reason = exc.rejection.reason if isinstance(exc, admission.Rejected) else "InvalidConfig"
+        new = conditions.with_condition(old, conditions.VALID, False, reason, str(exc), tuning.stamp(tuning.now()))
+        if status.get("phase") != "Invalid" or status.get("message") != str(exc) or new != old:
+            patch.status.update({"phase": "Invalid", "message": str(exc), "conditions": new})
+            kopf.warn(body, reason=reason, message=str(exc))
         return
     observed["message"] = None
-    if any((status or {}).get(k) != v for k, v in observed.items()):
+    observed["conditions"] = conditions.with_condition(old, conditions.VALID, True, "Valid", "the spec is valid",
+                                                       tuning.stamp(tuning.now()))
+    if any(status.get(k) != v for k, v in observed.items()):
         patch.status.update(observed)
 
 
 @kopf.on.create(api.GROUP, api.VERSION, api.SERVINGS)
 @kopf.on.update(api.GROUP, api.VERSION, api.SERVINGS, field="spec")
 @kopf.on.resume(api.GROUP, api.VERSION, api.SERVINGS)
-def serving_changed(name, namespace, spec, body, status, patch, **_: Any) -> None:
-    _reconcile_serving(name, namespace, spec, body, status, patch)
+def serving_changed(name, namespace, spec, body, status, patch, memo, **_: Any) -> None:
+    _reconcile_serving(name, namespace, spec, body, status, patch, memo)
 
 
 @kopf.timer(api.GROUP, api.VERSION, api.SERVINGS, interval=POLL_S)
-def serving_tick(name, namespace, spec, body, status, patch, **_: Any) -> None:
-    _reconcile_serving(name, namespace, spec, body, status, patch)
+def serving_tick(name, namespace, spec, body, status, patch, memo, **_: Any) -> None:
+    _reconcile_serving(name, namespace, spec, body, status, patch, memo)
 
 
 # --- SLOTuning -----------------------------------------------------------------------------
 
 @kopf.timer(api.GROUP, api.VERSION, api.TUNINGS, interval=POLL_S)
-def tuning_tick(name, namespace, spec, body, status, patch, **_: Any) -> None:
-    step = tuning.Step(name=name, namespace=namespace, spec=dict(spec), status=dict(status or {}), body=body)
+def tuning_tick(name, namespace, spec, body, status, patch, memo, **_: Any) -> None:
+    step = tuning.Step(name=name, namespace=namespace, spec=dict(spec), status=dict(status or {}), body=body,
+                       admission=memo.admission)
     _api_call(tuning.advance, step)
     if step.patch:
         patch.status.update(step.patch)

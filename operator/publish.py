@@ -4,8 +4,11 @@
 
 The operator pre-creates the (empty, owned) result ConfigMap; this fills it with `best.yaml`,
 `best_metrics.json` and, when the study logged one, `mlflow_run_id` -- or with `error` when
-the command failed or found no config meeting the SLO. Only `get`/`patch` on that ConfigMap
-is needed (the tuner Role in manifests/). Exit status: the command's own.
+the command failed or found no config meeting the SLO. Each write replaces what an earlier
+attempt of the Job published (a retry that succeeds clears the first attempt's `error`), and
+result files left in the result dir by an earlier run (a persistent /work) are removed before
+the command runs. Only `get`/`patch` on that one ConfigMap is needed: the operator creates a
+Role for it per run (children.publish_rbac). Exit status: the command's own.
 """
 
 from __future__ import annotations
@@ -15,6 +18,9 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+RESULT_KEYS = ("best.yaml", "best_metrics.json", "mlflow_run_id", "error")
+RESULT_FILES = ("best.yaml", "best_metrics.json")
 
 
 def report_result(configmap: str, namespace: str, result_dir: Path | None = None, *,
@@ -28,7 +34,7 @@ def report_result(configmap: str, namespace: str, result_dir: Path | None = None
     Returns:
         the data written.
     """
-    data: dict[str, str] = {}
+    data: dict[str, str | None] = dict.fromkeys(RESULT_KEYS)  # null deletes: no key of an earlier attempt stays
     best = result_dir / "best.yaml" if result_dir is not None else None
     if error is None and (best is None or not best.exists()):
         error = "NoFeasibleConfig: no trial met the SLO and the quality gates (see the study report)"
@@ -43,8 +49,16 @@ def report_result(configmap: str, namespace: str, result_dir: Path | None = None
                 data["mlflow_run_id"] = str(run_id)
     else:
         data["error"] = error[:2000]
-    _core(api_client).patch_namespaced_config_map(configmap, namespace, {"data": data})
-    return data
+    # a JSON merge patch: `null` deletes the key (a strategic merge patch leaves "" behind)
+    _core(api_client).patch_namespaced_config_map(configmap, namespace, {"data": data},
+                                                  _content_type="application/merge-patch+json")
+    return {k: v for k, v in data.items() if v is not None}
+
+
+def clear_stale_results(result_dir: Path) -> None:
+    """Remove result files an earlier run left (a persistent /work): never publish them as ours."""
+    for name in RESULT_FILES:
+        (result_dir / name).unlink(missing_ok=True)
 
 
 def _core(api_client=None):
@@ -72,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     rc = 0
     error = None
     if command:
+        clear_stale_results(args.result_dir)
         rc = subprocess.call(command)
         if rc != 0:
             error = f"TuningFailed: `{' '.join(command[:2])}` exited with status {rc}"

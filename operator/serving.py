@@ -11,7 +11,7 @@ import hashlib
 import json
 from typing import Any
 
-from slotune.operator import api, children
+from slotune.operator import admission, api, children
 
 SPEC_HASH = f"{api.GROUP}/spec-hash"
 
@@ -50,11 +50,19 @@ def ensure(kind: str, namespace: str, desired: dict[str, Any]) -> str:
     return "updated"
 
 
-def reconcile(name: str, namespace: str, spec: dict[str, Any], body: Any) -> dict[str, Any]:
-    """Render and apply every child of one SLOServing; returns the status to report."""
+def reconcile(name: str, namespace: str, spec: dict[str, Any], body: Any,
+              allowed: admission.Admission) -> dict[str, Any]:
+    """Render and apply every child of one SLOServing; returns the status to report.
+
+    Raises admission.Rejected (image, service account, Secret not allowed) or ValueError (an
+    invalid config) before anything is applied.
+    """
+    spec = allowed.admit("SLOServing", namespace, spec)
     owner = api.owner_reference(body)
     stable = children.serving_config(spec)
     validate_config(stable)
+    if spec.get("canary"):
+        validate_config(children.serving_config(spec, spec["canary"].get("config") or {}))
     replicas = int(spec.get("replicas", 1))
     ensure("ConfigMap", namespace, children.serving_config_map(name, "stable", owner, stable))
     ensure("Deployment", namespace, children.deployment(name, "stable", spec, owner, stable, replicas))
@@ -62,7 +70,6 @@ def reconcile(name: str, namespace: str, spec: dict[str, Any], body: Any) -> dic
     canary = spec.get("canary")
     if canary:
         cfg = children.serving_config(spec, canary.get("config") or {})
-        validate_config(cfg)
         ensure("ConfigMap", namespace, children.serving_config_map(name, "canary", owner, cfg))
         ensure("Deployment", namespace, children.deployment(name, "canary", spec, owner, cfg,
                                                             int(canary.get("replicas", 1))))

@@ -8,6 +8,11 @@ SLOServing's `spec.canary`), every child has a deterministic name and creation i
 idempotent: an operator restarted at any step recomputes the same next step, and a step that
 ran twice creates nothing twice. A schedule starts run n+1 once run n has finished (or waits
 for approval), keeping `historyLimit` runs' Jobs and result ConfigMaps and history entries.
+
+A run ends with its Job: an attempt that failed (and published `error`) while the Job still
+has retries left (backoffLimit) is waited out, and a retry that publishes a result wins.
+A spec the operator refuses (admission.check_tuning) fails the run with the `Valid`
+condition and creates nothing.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from typing import Any, Callable
 
 import yaml
 
-from slotune.operator import api, children, metrics, rollout, schedule
+from slotune.operator import admission, api, children, conditions, metrics, rollout, schedule
 
 TERMINAL = ("Promoted", "RolledBack", "Failed")
 
@@ -45,6 +50,7 @@ class Step:
     spec: dict[str, Any]
     status: dict[str, Any]
     body: Any
+    admission: admission.Admission = field(default_factory=admission.Admission)
     patch: dict[str, Any] = field(default_factory=dict)
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
 
@@ -59,16 +65,10 @@ class Step:
         self.patch.update(values)
 
     def condition(self, type_: str, ok: bool, reason: str, message: str) -> None:
-        conditions = [dict(c) for c in (self.get("conditions") or [])]
-        old = next((c for c in conditions if c.get("type") == type_), None)
-        state = "True" if ok else "False"
-        if old is not None and (old.get("status"), old.get("reason"), old.get("message")) == (state, reason, message):
-            return
-        new = {"type": type_, "status": state, "reason": reason, "message": message,
-               "lastTransitionTime": stamp(now()) if old is None or old.get("status") != state
-               else old.get("lastTransitionTime")}
-        conditions = [c for c in conditions if c.get("type") != type_] + [new]
-        self.set(conditions=conditions)
+        old = [dict(c) for c in self.get("conditions") or []]
+        new = conditions.with_condition(old, type_, ok, reason, message, stamp(now()))
+        if new != old:
+            self.set(conditions=new)
 
     def event(self, type_: str, reason: str, message: str) -> None:
         self.events.append((type_, reason, message))
@@ -95,18 +95,31 @@ def pending(s: Step) -> None:
 
 
 def tuning(s: Step) -> None:
+    # the Job before its result: a Job seen finished has published all it will publish
+    job = api.read("Job", s.namespace, children.job_name(s.name, s.run))
     data = ((api.read("ConfigMap", s.namespace, children.result_name(s.name, s.run)) or {}).get("data")) or {}
+    data = {k: v for k, v in data.items() if v}  # an empty value is no value
     if "best.yaml" in data:
         return take_result(s, data)
+    ended = {c.get("type") for c in ((job or {}).get("status") or {}).get("conditions") or []
+             if c.get("type") in ("Complete", "Failed") and c.get("status") == "True"}
     if "error" in data:
-        reason, _, message = data["error"].partition(": ")
-        return finish(s, "Failed", reason or "TuningFailed", message or data["error"])
-    job = api.read("Job", s.namespace, children.job_name(s.name, s.run))
+        if job is None or ended:
+            reason, _, message = data["error"].partition(": ")
+            return finish(s, "Failed", reason or "TuningFailed", message or data["error"])
+        # an attempt failed and the Job retries (backoffLimit): its final status decides
+        s.condition("Tuned", False, "Retrying", f"run {s.run}: an attempt failed ({data['error'][:200]}); "
+                    f"job {children.job_name(s.name, s.run)} retries")
+        return
     if job is None:  # deleted under us (or lost before a restart): recreate, same name
-        return create_run_children(s, s.run)
-    for c in (job.get("status") or {}).get("conditions") or []:
-        if c.get("type") == "Failed" and c.get("status") == "True":
-            return finish(s, "Failed", "JobFailed", c.get("message") or c.get("reason") or "the tuning Job failed")
+        rejection = admission.check_tuning(s.spec, s.namespace, s.admission)
+        return reject(s, rejection) if rejection else create_run_children(s, s.run)
+    if "Failed" in ended:
+        c = next(c for c in job["status"]["conditions"] if c.get("type") == "Failed")
+        return finish(s, "Failed", "JobFailed", c.get("message") or c.get("reason") or "the tuning Job failed")
+    if "Complete" in ended:
+        return finish(s, "Failed", "NoResult", f"job {children.job_name(s.name, s.run)} completed without "
+                      f"publishing to ConfigMap {children.result_name(s.name, s.run)}")
 
 
 def awaiting_approval(s: Step) -> None:
@@ -153,49 +166,31 @@ STEPS: dict[str, Callable[[Step], None]] = {
 
 # --- actions -------------------------------------------------------------------------------
 
-def validate(spec: dict[str, Any]) -> str | None:
-    """A message naming what is wrong with the SLOTuning's spec, or None."""
-    tuning_spec = spec.get("tuning") or {}
-    try:
-        from pydantic import ValidationError
-
-        from slotune.tuner.spec import TuningSpec
-    except ImportError:  # an operator image without the tuner: `tune run` validates in the Job
-        TuningSpec = None
-    if TuningSpec is not None:
-        try:
-            TuningSpec.model_validate(tuning_spec)
-        except ValidationError as exc:
-            return "; ".join(f"tuning.{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors())
-        except ValueError as exc:
-            return f"tuning: {exc}"
-    if int(spec.get("workers", 1)) > 1 and not (spec.get("storageSecret") or tuning_spec.get("storage")):
-        return "workers > 1 needs a shared study: set spec.storageSecret to a Secret holding a PostgreSQL URL"
-    if spec.get("schedule"):
-        try:
-            schedule.parse(spec["schedule"])
-        except ValueError as exc:
-            return str(exc)
-    return None
-
-
 def start_run(s: Step, run: int) -> None:
-    problem = validate(s.spec)
-    if problem is not None:
+    rejection = admission.check_tuning(s.spec, s.namespace, s.admission)
+    if rejection is not None:
         s.set(run=run)
-        s.condition("Valid", False, "InvalidSpec", problem)
-        return finish(s, "Failed", "InvalidSpec", problem)
-    s.condition("Valid", True, "Valid", "the spec is valid")
+        return reject(s, rejection)
+    s.condition(conditions.VALID, True, "Valid", "the spec is valid")
+    warning = admission.storage_warning(s.spec)
+    s.condition(conditions.PERSISTENT_STORAGE, warning is None, "EphemeralStorage" if warning else "Persistent",
+                warning or "the study and the MLflow runs outlive the Job's pods")
     create_run_children(s, run)
     t = now()
-    s.set(run=run, phase="Tuning", lastTuningTime=stamp(t), canary=None,
-          nextTuningTime=stamp(schedule.next_after(s.spec["schedule"], t)) if s.spec.get("schedule") else None)
+    due = next_time(s, t)
+    s.set(run=run, phase="Tuning", lastTuningTime=stamp(t), canary=None, nextTuningTime=stamp(due) if due else None)
     s.condition("Tuned", False, "Tuning", f"run {run}: job {children.job_name(s.name, run)}")
     s.event("Normal", "TuningStarted", f"run {run}: started job {children.job_name(s.name, run)}")
     prune(s, run)
 
 
+def reject(s: Step, rejection: admission.Rejection) -> None:
+    s.condition(conditions.VALID, False, rejection.reason, rejection.message)
+    finish(s, "Failed", rejection.reason, rejection.message)
+
+
 def create_run_children(s: Step, run: int) -> None:
+    spec = s.admission.admit("SLOTuning", s.namespace, s.spec)  # image, service account: checked, filled in
     owner = api.owner_reference(s.body)
     labels = {api.LABEL_TUNING: s.name}
     spec_cm = children.config_map(f"{s.name}-spec", owner, labels,
@@ -205,7 +200,9 @@ def create_run_children(s: Step, run: int) -> None:
     ensure("ConfigMap", s.namespace, spec_cm)
     api.create("ConfigMap", s.namespace, children.config_map(
         children.result_name(s.name, run), owner, {**labels, api.LABEL_RUN: str(run)}, {}))
-    for job in children.tuning_jobs(s.name, s.spec, owner, run, s.namespace):
+    for obj in children.publish_rbac(s.name, spec, owner, run, s.namespace):
+        api.create(obj["kind"], s.namespace, obj)
+    for job in children.tuning_jobs(s.name, spec, owner, run, s.namespace):
         api.create("Job", s.namespace, job)
 
 
@@ -304,7 +301,11 @@ def reschedule(s: Step) -> None:
             s.set(nextTuningTime=None)
         return
     last = parse_stamp(s.get("lastTuningTime")) or now()
-    due = schedule.next_after(expr, last)
+    due = next_time(s, last)
+    if due is None:
+        if s.get("nextTuningTime"):
+            s.set(nextTuningTime=None)
+        return
     if stamp(due) != s.get("nextTuningTime"):
         s.set(nextTuningTime=stamp(due))
     if now() < due:
@@ -314,6 +315,21 @@ def reschedule(s: Step) -> None:
                    "message": "a scheduled run started before approval", "at": stamp(now()),
                    "configHash": (s.get("best") or {}).get("configHash")})
     start_run(s, s.run + 1)
+
+
+def next_time(s: Step, after: datetime) -> datetime | None:
+    """The schedule's next time after `after`; None (and the `Scheduled` condition) if none."""
+    expr = s.spec.get("schedule")
+    if not expr:
+        return None
+    try:
+        due = schedule.next_after(expr, after)
+    except schedule.ScheduleError as exc:  # changed to a bad schedule after the run started
+        s.condition(conditions.SCHEDULED, False, "InvalidSchedule", str(exc))
+        return None
+    if any(c.get("type") == conditions.SCHEDULED for c in s.get("conditions") or []):
+        s.condition(conditions.SCHEDULED, True, "Scheduled", "the schedule is valid")
+    return due
 
 
 def prune(s: Step, run: int) -> None:
@@ -326,3 +342,9 @@ def prune(s: Step, run: int) -> None:
     for cm in api.core().list_namespaced_config_map(s.namespace, label_selector=selector).items:
         if int(cm.metadata.labels[api.LABEL_RUN]) <= run - keep:
             api.delete("ConfigMap", s.namespace, cm.metadata.name)
+    for kind, items in (("Role", api.rbac().list_namespaced_role(s.namespace, label_selector=selector).items),
+                        ("RoleBinding", api.rbac().list_namespaced_role_binding(s.namespace,
+                                                                                label_selector=selector).items)):
+        for obj in items:
+            if int(obj.metadata.labels[api.LABEL_RUN]) <= run - keep:
+                api.delete(kind, s.namespace, obj.metadata.name)

@@ -70,13 +70,16 @@ STAND_IN_TUNE = textwrap.dedent("""
 
 
 def run_job(cluster, ns: str, job: str, workdir: Path, best_config: dict | None = None,
-            real_tune: bool = False, inner: list[str] | None = None) -> subprocess.CompletedProcess:
-    """Run a tuning Job's container command locally, then mark the Job succeeded.
+            real_tune: bool = False, inner: list[str] | None = None,
+            is_retried: bool = False) -> subprocess.CompletedProcess:
+    """Run a tuning Job's container command locally (one attempt), then set the Job's status.
 
     The command is the Job's own (`python -m slotune.operator.publish ... -- tune run SPEC`)
     with the pod's paths mapped to `workdir` (the spec comes from the mounted ConfigMap). With
     `best_config`, the inner `tune run` is replaced by STAND_IN_TUNE writing that config; with
-    `real_tune`, the real `tune run` runs; `inner` replaces it with any command.
+    `real_tune`, the real `tune run` runs; `inner` replaces it with any command. The Job ends
+    Complete or Failed as the command does, except that with `is_retried` a failed attempt
+    leaves it active with a retry to come (as the Job controller under backoffLimit).
     """
     client = cluster.client()
     body = get(client, "Job", ns, job)
@@ -101,10 +104,14 @@ def run_job(cluster, ns: str, job: str, workdir: Path, best_config: dict | None 
     proc = subprocess.run([*argv[:split + 1], *inner], env=env, capture_output=True, text=True, cwd=workdir)
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     ok = proc.returncode == 0
-    status = {"startTime": now, "completionTime": now if ok else None, "succeeded": 1 if ok else 0,
-              "failed": 0 if ok else 1,
-              "conditions": [{"type": "Complete" if ok else "Failed", "status": "True",
-                              "lastProbeTime": now, "lastTransitionTime": now}]}
+    num_failed = int((body.get("status") or {}).get("failed") or 0) + (0 if ok else 1)
+    if not ok and is_retried:
+        status = {"startTime": now, "active": 1, "failed": num_failed}
+    else:
+        status = {"startTime": now, "completionTime": now if ok else None, "succeeded": 1 if ok else 0,
+                  "failed": num_failed, "active": 0,
+                  "conditions": [{"type": "Complete" if ok else "Failed", "status": "True",
+                                  "lastProbeTime": now, "lastTransitionTime": now}]}
     kubernetes.client.BatchV1Api(client).patch_namespaced_job_status(job, ns, {"status": status})
     return proc
 

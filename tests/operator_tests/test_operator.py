@@ -104,7 +104,9 @@ def test_never_ready_canary_rolls_back(cluster, operator, ns, tmp_path):
 def test_schedule_retunes_with_bounded_history(cluster, operator, ns, tmp_path):
     client = cluster.client()
     create(client, ns, serving("sched", free_port()))
-    create(client, ns, tuning("sched-tune", "sched", {"mode": "manual"}, schedule="@every 2s", historyLimit=2))
+    # a schedule needs a store that outlives the pods (here a claim; no volume is bound locally)
+    create(client, ns, tuning("sched-tune", "sched", {"mode": "manual"}, schedule="@every 2s", historyLimit=2,
+                              workVolumeClaim="sched-work"))
     for run in (1, 2, 3):
         wait_for(f"job run {run}", lambda: get(client, "Job", ns, f"sched-tune-run-{run}"))
         if run == 3:  # stop the schedule: run 3 is the last, and waits for approval
