@@ -4,38 +4,106 @@ A knob is sampled define-by-run, only when its `when` condition holds, so a cond
 (e.g. `speculative.num_speculative_tokens` only when a draft is used) never pollutes the
 sampler's model with meaningless values. `forbidden` lists combinations that are pruned
 before any engine is built.
+
+Every value a knob can take is checked against EngineConfig when the space is loaded (every
+choice, both bounds, and every value of a small int range), so a space that validates never
+samples a config the engine rejects on its own (combinations of knobs may still be invalid:
+those trials fail and are recorded).
 """
 
 from __future__ import annotations
 
+import math
+import typing
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from slotune.engine.config import EngineConfig
+from slotune.tuner.errors import SpecError, load_yaml_mapping
+
+MAX_GRID_VALUES = 10_000  # values of one knob in a grid
+MAX_GRID_SIZE = 1_000_000  # configs in a whole grid (Optuna's GridSampler lists them all)
+_MAX_PROBES = 1024  # an int knob with at most this many values has every value checked
+
+
+def _scalar(v: Any) -> Any:
+    """Optuna's categorical values: None, bool, int, float (finite) or str."""
+    if v is not None and type(v) not in (bool, int, float, str):
+        raise ValueError(f"a value must be text, a number, true/false or null, got {type(v).__name__} {v!r}")
+    if isinstance(v, float) and not math.isfinite(v):
+        raise ValueError(f"{v} is not a usable value (NaN and inf are not accepted)")
+    return v
+
+
+Scalar = Annotated[Any, AfterValidator(_scalar)]
 
 
 class Knob(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str = Field(description="dotted EngineConfig field, e.g. 'kernels.decode_attention.block_n'")
     type: Literal["categorical", "int", "float"]
-    choices: list[Any] | None = None
+    choices: list[Scalar] | None = None
     low: float | None = None
     high: float | None = None
-    step: float | None = None
+    step: float | None = Field(None, gt=0)
     log: bool = False
-    when: dict[str, list[Any]] = Field(default_factory=dict, description="sample only if these fields take these values")
+    when: dict[str, list[Scalar]] = Field(default_factory=dict, description="sample only if these fields take these values")
 
     @model_validator(mode="after")
     def _check(self) -> "Knob":
+        where = f"knob '{self.name}'"
         if self.type == "categorical":
             if not self.choices:
-                raise ValueError(f"knob '{self.name}': categorical needs a non-empty 'choices' list")
-        elif self.low is None or self.high is None or self.low > self.high:
-            raise ValueError(f"knob '{self.name}': {self.type} needs low <= high")
+                raise ValueError(f"{where}: categorical needs a non-empty 'choices' list")
+            extra = [f for f in ("low", "high", "step") if getattr(self, f) is not None] + ["log"] * self.log
+            if extra:
+                raise ValueError(f"{where}: a categorical knob takes 'choices' only; remove {extra} (for int/float knobs)")
+            dup = sorted({repr(c) for i, c in enumerate(self.choices) if _index(self.choices, c) != i})
+            if dup:
+                raise ValueError(f"{where}: choices listed twice: {', '.join(dup)}")
+        else:
+            if self.choices is not None:
+                raise ValueError(f"{where}: an {self.type} knob takes low/high (and step or log), not 'choices'")
+            if self.low is None or self.high is None or self.low > self.high:
+                raise ValueError(f"{where}: {self.type} needs low <= high")
+            if self.type == "int":
+                bad = [f"{f}={getattr(self, f)}" for f in ("low", "high", "step")
+                       if getattr(self, f) is not None and not float(getattr(self, f)).is_integer()]
+                if bad:
+                    raise ValueError(f"{where}: an int knob needs whole numbers ({', '.join(bad)}); use type float")
+            if self.log:
+                if self.low <= 0:
+                    raise ValueError(f"{where}: log scale needs low > 0, got {self.low}")
+                if self.step is not None and not (self.type == "int" and self.step == 1):
+                    raise ValueError(f"{where}: log and step cannot be combined (Optuna samples a log scale "
+                                     "continuously); drop one")
+        for field, vals in self.when.items():
+            if not vals:
+                raise ValueError(f"{where}: when.{field} is an empty list, so the knob would never be sampled")
         return self
+
+    @property
+    def num_values(self) -> int | None:
+        """How many values the knob can take (None for a continuous float knob)."""
+        if self.type == "categorical":
+            return len(self.choices)
+        if self.type == "int":
+            return int(self.high - self.low) // int(self.step or 1) + 1
+        return None
+
+    def can_take(self, value: Any) -> bool:
+        """Whether a sample of this knob can equal `value` (for `when` and `forbidden`)."""
+        if self.type == "categorical":
+            return _index(self.choices, value) >= 0
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not self.low <= value <= self.high:
+            return False
+        if self.type == "int":
+            return float(value).is_integer() and (value - self.low) % int(self.step or 1) == 0
+        return True
 
     def distribution(self):
         import optuna.distributions as d
@@ -47,58 +115,142 @@ class Knob(BaseModel):
         return d.FloatDistribution(self.low, self.high, log=self.log, step=self.step)
 
     def grid_values(self) -> list[Any]:
+        if self.type == "float":
+            raise ValueError(f"knob '{self.name}': a float knob has no grid; give it a step or make it categorical")
+        if self.num_values > MAX_GRID_VALUES:
+            raise ValueError(f"knob '{self.name}': {self.num_values} values is too many for a grid "
+                             f"(at most {MAX_GRID_VALUES}); use a larger step, or another sampler")
+        if self.type == "categorical":
+            return list(self.choices)
+        return list(range(int(self.low), int(self.high) + 1, int(self.step or 1)))
+
+    def probe_values(self) -> list[Any]:
+        """The values checked against EngineConfig: every choice; both bounds, every value of a small
+        int range, and a fractional midpoint for a float knob (which an int field refuses)."""
         if self.type == "categorical":
             return list(self.choices)
         if self.type == "int":
-            step = int(self.step or 1)
-            return list(range(int(self.low), int(self.high) + 1, step))
-        raise ValueError(f"knob '{self.name}': a float knob has no grid; give it a step or make it categorical")
+            if self.num_values <= _MAX_PROBES:
+                return self.grid_values()
+            return [int(self.low), int(self.high)]
+        mid = (self.low + self.high) / 2
+        return [self.low, self.high] + ([mid] if not mid.is_integer() else [])
+
+
+def _index(values: list[Any], v: Any) -> int:
+    """Position of `v` in `values` by type and value (True is not 1, 1 is not 1.0 here), else -1."""
+    for i, c in enumerate(values):
+        if type(c) is type(v) and c == v:
+            return i
+    return -1
+
+
+_UnionType = type(int | None)
+
+
+def _field_type(name: str) -> Any:
+    """The annotation of a dotted EngineConfig field, or None if there is no such field."""
+    model: Any = EngineConfig
+    ann = None
+    for part in name.split("."):
+        fields = getattr(model, "model_fields", None)
+        if not fields or part not in fields:
+            return None
+        ann = fields[part].annotation
+        model = ann
+    return ann
+
+
+def _is_int_field(ann: Any) -> bool:
+    """int, int | None, or a Literal of ints only."""
+    args = [a for a in typing.get_args(ann) if a is not type(None)] if typing.get_origin(ann) in (typing.Union,
+                                                                                                   _UnionType) else [ann]
+    if len(args) != 1:
+        return False
+    a = args[0]
+    if typing.get_origin(a) is Literal:
+        return all(type(v) is int for v in typing.get_args(a))
+    return a is int
+
 
 
 class SearchSpace(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str = "custom"
     description: str = ""
     knobs: list[Knob]
-    forbidden: list[dict[str, list[Any]]] = Field(default_factory=list)
+    forbidden: list[dict[str, list[Scalar]]] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _check(self) -> "SearchSpace":
-        from slotune.engine.config import EngineConfig
-
         names = [k.name for k in self.knobs]
         dup = {n for n in names if names.count(n) > 1}
         if dup:
             raise ValueError(f"knobs declared twice: {sorted(dup)}")
+        by_name = {k.name: k for k in self.knobs}
         base = EngineConfig()
-        for k in self.knobs:
-            probe = k.choices[0] if k.type == "categorical" else (int(k.low) if k.type == "int" else k.low)
-            try:
-                base.with_updates({k.name: probe})
-            except ValueError as exc:
-                raise ValueError(f"knob '{k.name}': not a valid EngineConfig field/value ({str(exc).splitlines()[0]})") from None
-            for cond in k.when:
-                if cond not in names:
+        for i, k in enumerate(self.knobs):
+            ann = _field_type(k.name)
+            if ann is None:
+                raise ValueError(f"knob '{k.name}': not a valid EngineConfig field/value (no field '{k.name}')")
+            if k.type == "float" and _is_int_field(ann):
+                raise ValueError(f"knob '{k.name}': not a valid EngineConfig field/value: a float knob on a whole-number "
+                                 "field; use type int (or categorical)")
+            for value in k.probe_values():
+                try:
+                    base.with_updates({k.name: value})
+                except ValueError as exc:
+                    reason = _first_problem(exc)
+                    raise ValueError(f"knob '{k.name}': not a valid EngineConfig field/value: {value!r} ({reason})") from None
+            for cond, vals in k.when.items():
+                if cond not in by_name:
                     raise ValueError(f"knob '{k.name}': condition on '{cond}', which is not a knob of this space")
+                if cond == k.name:
+                    raise ValueError(f"knob '{k.name}': a condition on itself")
+                if names.index(cond) > i:
+                    raise ValueError(f"knob '{k.name}': condition on '{cond}', which is declared after it (knobs are "
+                                     f"sampled in order): move '{cond}' above '{k.name}'")
+                self._check_values(f"knob '{k.name}': when.{cond}", by_name[cond], vals)
+        for j, rule in enumerate(self.forbidden):
+            if not rule:
+                raise ValueError(f"forbidden[{j}]: an empty rule would forbid every config")
+            for field, vals in rule.items():
+                if field not in by_name:
+                    raise ValueError(f"forbidden[{j}]: '{field}' is not a knob of this space (knobs: {', '.join(names)})")
+                if not vals:
+                    raise ValueError(f"forbidden[{j}].{field}: an empty list never matches; remove the rule or list values")
+                self._check_values(f"forbidden[{j}].{field}", by_name[field], vals)
         return self
+
+    @staticmethod
+    def _check_values(where: str, knob: Knob, values: list[Any]) -> None:
+        bad = [v for v in values if not knob.can_take(v)]
+        if bad:
+            can = knob.choices if knob.type == "categorical" else f"{knob.type} in [{knob.low:g}, {knob.high:g}]"
+            raise ValueError(f"{where}: {', '.join(map(repr, bad))} is not a value knob '{knob.name}' can take ({can})")
 
     @classmethod
     def load(cls, ref: "str | Path | dict | SearchSpace") -> "SearchSpace":
-        """From a mapping, a YAML path, or a built-in name (latency, throughput, low-memory)."""
+        """From a mapping, a YAML path, or a built-in name (latency, throughput, low-memory).
+
+        Raises SpecError (naming the file) for a file's problems, MissingFileError if it is absent.
+        """
         if isinstance(ref, SearchSpace):
             return ref
         if isinstance(ref, dict):
             return cls.model_validate(ref)
         path = Path(ref)
-        if path.suffix in (".yaml", ".yml") or path.exists():
-            if not path.exists():
-                raise FileNotFoundError(f"search space file not found: {path}")
-            return cls.model_validate(yaml.safe_load(path.read_text()))
-        names = builtin_spaces()
-        if str(ref) not in names:
-            raise ValueError(f"unknown search space '{ref}': not a file, and not a built-in ({', '.join(sorted(names))})")
-        return cls.model_validate(yaml.safe_load(names[str(ref)].read_text()))
+        if not (path.suffix in (".yaml", ".yml") or path.exists()):
+            names = builtin_spaces()
+            if str(ref) not in names:
+                raise ValueError(f"unknown search space '{ref}': not a file, and not a built-in ({', '.join(sorted(names))})")
+            path = names[str(ref)]
+        data = load_yaml_mapping(path, "search space file")
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise SpecError.from_validation(exc, path) from None
 
     def sample(self, trial) -> dict[str, Any]:
         """Define-by-run sampling honoring `when` conditions (knobs are declared in order)."""
@@ -115,7 +267,19 @@ class SearchSpace(BaseModel):
         return None
 
     def grid(self) -> dict[str, list[Any]]:
-        return {k.name: k.grid_values() for k in self.knobs}
+        """Every knob's values, for Optuna's GridSampler; refuses a grid too large to list."""
+        grid = {k.name: k.grid_values() for k in self.knobs}
+        size = math.prod(len(v) for v in grid.values())
+        if size > MAX_GRID_SIZE:
+            raise ValueError(f"the grid has {size} configs (at most {MAX_GRID_SIZE}); use fewer values or another sampler")
+        return grid
+
+
+def _first_problem(exc: ValueError) -> str:
+    if isinstance(exc, ValidationError):
+        err = exc.errors()[0]
+        return err["msg"].removeprefix("Value error, ")
+    return str(exc).splitlines()[0]
 
 
 def _suggest(trial, k: Knob) -> Any:

@@ -1,16 +1,25 @@
 """`tune`: the command-line entry point.
 
-Only this layer turns errors into exit codes and prints `field: message` lines. Every
-heavy import (torch, mlflow, lm_eval, optuna) happens inside a command, so `tune --help`
-stays fast.
+Only this layer turns errors into exit codes: every problem with a user's input becomes one
+`path: field: message` line on stderr and exit code 2; an unexpected error is one line and exit
+code 1. A traceback is printed only with `tune --debug ...` (or SLOTUNE_DEBUG=1). Every heavy
+import (torch, mlflow, lm_eval, optuna) happens inside a command, so `tune --help` stays fast.
 """
 
 from __future__ import annotations
 
+import sys
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Literal, Optional
 
+import click
 import typer
+import yaml
+
+from slotune.tuner.errors import error_lines
 
 app = typer.Typer(
     name="tune",
@@ -22,17 +31,41 @@ k8s_app = typer.Typer(help="Kubernetes helpers.", no_args_is_help=True)
 app.add_typer(k8s_app, name="k8s")
 
 
-def _fail(exc: BaseException) -> None:
-    """Print a user-facing error (one line per pydantic problem) and exit 2."""
-    from rich.console import Console
-
-    from slotune.tuner.errors import format_error
-
-    Console(stderr=True).print(f"[red]error:[/red] {format_error(exc)}", highlight=False)
-    raise typer.Exit(2)
+# Problems with what the user gave (files, values, the environment): exit 2. ValueError covers
+# pydantic's ValidationError and SpecError; OSError unreadable or unwritable paths.
+_USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, KeyError, yaml.YAMLError, RecursionError,
+                                                 ImportError)
+_options = {"debug": False}
 
 
-_USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError, KeyError)
+@app.callback()
+def _main(debug: Annotated[bool, typer.Option("--debug", envvar="SLOTUNE_DEBUG",
+                                              help="print the traceback of an error")] = False) -> None:
+    _options["debug"] = debug
+
+
+def _fail(exc: BaseException, source: Path | str | None = None) -> None:
+    """Print `exc` as `path: field: message` lines on stderr and exit: 2 for a user error, 1 otherwise."""
+    if _options["debug"]:
+        traceback.print_exception(exc, file=sys.stderr)
+    lines = error_lines(exc, source)
+    is_user = isinstance(exc, _USER_ERRORS)
+    if not is_user:
+        lines[0] = f"{lines[0]} (internal error: {type(exc).__name__}; `tune --debug ...` prints the traceback)"
+    for line in lines:
+        typer.echo(line, err=True)
+    raise typer.Exit(2 if is_user else 1)
+
+
+@contextmanager
+def _reading(source: Path | str | None) -> Iterator[None]:
+    """Run a command's body; any error becomes `_fail` lines (problems without a file name `source`)."""
+    try:
+        yield
+    except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # noqa: BLE001 - the CLI is where every error becomes an exit code
+        _fail(exc, source)
 
 
 @app.command()
@@ -56,26 +89,21 @@ def bench(
                                                                           "default: CONFIG's model")] = None,
 ) -> None:
     """Replay a workload against the engine (or a server, --url) and report TTFT/TPOT/ITL/e2e, tokens/s, goodput."""
-    try:
+    with _reading(config):
+        _check_yaml(config)  # a workload file is read by WorkloadSpec.load, which uses the same reader
         from slotune.tuner.bench import bench_command
-    except ImportError as exc:  # pragma: no cover - install problem
-        _fail(exc)
-    try:
+
         bench_command(config=config, workload=workload, json_out=json_out, overrides=set_ or [], seed=seed, url=url,
                       api_key=api_key, model=model, api=api, tokenizer=tokenizer)
-    except _USER_ERRORS as exc:
-        _fail(exc)
 
 
 @app.command()
 def validate(spec: Annotated[Path, typer.Argument(help="tuning spec YAML")]) -> None:
     """Check a tuning spec and print what it resolves to."""
-    from slotune.tuner.spec import validate_command
+    with _reading(spec):
+        from slotune.tuner.spec import validate_command
 
-    try:
         validate_command(spec)
-    except _USER_ERRORS as exc:
-        _fail(exc)
 
 
 @app.command()
@@ -88,12 +116,19 @@ def run(
     no_progress: Annotated[bool, typer.Option("--no-progress", help="plain log lines instead of a live display")] = False,
 ) -> None:
     """Run (or resume) the tuning study of SPEC and write best.yaml and the report."""
-    from slotune.tuner.study import run_command
+    with _reading(spec):
+        from slotune.tuner.spec import TuningSpec, default_spec_path, preflight
 
-    try:
+        # Every check `tune validate` makes, before a study is opened or a trial is spent.
+        checked = TuningSpec.from_yaml(spec if spec is not None else default_spec_path())
+        if output_dir is not None:
+            checked.output_dir = str(output_dir)
+        if storage:
+            checked.storage = storage
+        preflight(checked)
+        from slotune.tuner.study import run_command
+
         run_command(spec, n_trials=n_trials, storage=storage, output_dir=output_dir, worker=worker, progress=not no_progress)
-    except _USER_ERRORS as exc:
-        _fail(exc)
 
 
 @app.command("eval")
@@ -103,12 +138,11 @@ def eval_(
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write results as JSON here")] = None,
 ) -> None:
     """Run the quality gates for CONFIG against the unquantized baseline."""
-    from slotune.evals.gates import eval_command
+    with _reading(config):
+        _check_yaml(config, gates)
+        from slotune.evals.gates import eval_command
 
-    try:
         eval_command(config=config, gates=gates, json_out=json_out)
-    except _USER_ERRORS as exc:
-        _fail(exc)
 
 
 @app.command()
@@ -120,12 +154,11 @@ def serve(
     served_model_name: Annotated[Optional[str], typer.Option(help="model id reported by /v1/models")] = None,
 ) -> None:
     """Serve CONFIG over an OpenAI-compatible HTTP API."""
-    from slotune.engine.server import serve_command
+    with _reading(config):
+        _check_yaml(config)
+        from slotune.engine.server import serve_command
 
-    try:
         serve_command(config=config, host=host, port=port, api_key=api_key, served_model_name=served_model_name)
-    except _USER_ERRORS as exc:
-        _fail(exc)
 
 
 @k8s_app.command("render")
@@ -135,12 +168,21 @@ def k8s_render(
     namespace: Annotated[str, typer.Option()] = "default",
 ) -> None:
     """Print the SLOTuning custom resource for SPEC."""
-    from slotune.operator.render import render_command
+    with _reading(spec):
+        _check_yaml(spec)
+        from slotune.operator.render import render_command
 
-    try:
         render_command(spec, name=name, namespace=namespace)
-    except _USER_ERRORS as exc:
-        _fail(exc)
+
+
+def _check_yaml(*paths: Path | None) -> None:
+    """Read each given file with the one plain-YAML reader first (tags, duplicate keys, alias bombs,
+    size and depth refused, naming file and line), for commands whose loaders do not use it yet."""
+    from slotune.tuner.errors import load_yaml
+
+    for p in paths:
+        if p is not None:
+            load_yaml(p)
 
 
 def main() -> None:  # pragma: no cover

@@ -1,26 +1,42 @@
 """TuningSpec: the one YAML file a user writes (model, workload, SLO objective, gates, space, budget).
 
 Validated once at load; every problem is reported as `field.path: message`, unknown keys
-are errors, YAML is loaded with `safe_load`.
+are errors, NaN and inf are refused, and the file is read by `tuner.errors.load_yaml` (plain
+YAML: no tags, no duplicate keys, bounded alias expansion).
+
+Paths in a spec (model, workload, search_space, trace, output_dir, a sqlite storage or MLflow
+URL, speculative.draft_model) are relative to the spec file's folder: `from_yaml` resolves
+them while validating, so the spec means the same from any working directory.
+`preflight` then checks what needs the file system or the model: the model and its context
+length, the trace rows, and that the output and storage locations can be written.
 """
 
 from __future__ import annotations
 
+import json
+import math
+import os
+import tempfile
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from slotune.engine.config import DEFAULT_MODEL, EngineConfig
+from slotune.evals.gates import GateSpec
+from slotune.evals.tasks import data_dir as tasks_data_dir
+from slotune.search_spaces.schema import SearchSpace, builtin_spaces
+from slotune.tuner.errors import Problem, SpecError, load_yaml_mapping, parse_yaml
+from slotune.tuner.workload import MAX_SEED, WorkloadSpec, builtin_workloads, read_trace
 
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
 THROUGHPUT_METRICS = ("output_tokens_per_s", "goodput_rps", "requests_per_s")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class Objective(_Strict):
@@ -42,9 +58,13 @@ class Objective(_Strict):
             raise ValueError(f"metric '{self.metric}' is not a {self.kind} metric; use one of {list(allowed)}")
         if self.metric == "goodput_rps" and self.ttft_limit_s is None and self.tpot_limit_s is None:
             raise ValueError("goodput_rps needs ttft_limit_s and/or tpot_limit_s (what counts as a good request)")
-        for m in self.pareto_with:
+        for i, m in enumerate(self.pareto_with):
             if m not in LATENCY_METRICS + THROUGHPUT_METRICS:
                 raise ValueError(f"pareto_with: unknown metric '{m}'")
+            if m == self.metric:
+                raise ValueError(f"pareto_with: '{m}' is already the objective's metric")
+            if m in self.pareto_with[:i]:
+                raise ValueError(f"pareto_with: '{m}' listed twice")
         return self
 
     def metric_key(self, metric: str | None = None) -> str:
@@ -64,7 +84,7 @@ class Budget(_Strict):
     timeout_s: float | None = Field(None, gt=0, description="wall-clock cap for the whole study")
     trial_timeout_s: float = Field(600, gt=0)
     trial_memory_gb: float = Field(8.0, gt=0)
-    trial_threads: int | None = Field(None, ge=1, description="CPU threads per trial process (OMP_NUM_THREADS); "
+    trial_threads: int | None = Field(None, ge=1, le=1024, description="CPU threads per trial process (OMP_NUM_THREADS); "
                                       "None = torch's default, one per core")
     trial_omp_wait_policy: Literal["auto", "active", "passive"] = Field(
         "auto", description="OpenMP idle threads of a trial: active (spin, as `tune serve` runs; fastest on a "
@@ -84,54 +104,96 @@ class EarlyStop(_Strict):
 
 
 class TuningSpec(_Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-    model: str = DEFAULT_MODEL
-    engine: dict[str, Any] = Field(default_factory=dict, description="fixed EngineConfig fields for every trial")
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=128)
+    model: str = Field(DEFAULT_MODEL, min_length=1, description="a bundled name, a .gguf file or an HF checkpoint dir "
+                       "(a relative path is relative to the spec file's folder)")
+    engine: dict[str, Any] = Field(default_factory=dict, description="fixed EngineConfig fields for every trial "
+                                   "(not `model`: that is the top-level field)")
     workload: str | dict[str, Any] = "chat-small"
     objective: Objective
     quality_gates: list[dict[str, Any]] = Field(default_factory=list)
     search_space: str | dict[str, Any] = "latency"
     budget: Budget = Budget()
     sampler: Literal["tpe", "random", "nsga2", "gp", "grid"] = "tpe"
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=MAX_SEED)
     storage: str | None = Field(None, description="Optuna storage URL; default sqlite:///<output_dir>/study.db")
     mlflow_tracking_uri: str | None = Field(None, description="default sqlite:///<output_dir>/mlflow.db")
-    output_dir: str | None = Field(None, description="default runs/<name>")
+    output_dir: str | None = Field(None, description="default runs/<name> (in the working directory)")
     early_stop: EarlyStop = EarlyStop()
-    robustness_seed: int = Field(1000, description="workload seed for re-measuring the winner")
+    robustness_seed: int = Field(1000, ge=0, le=MAX_SEED, description="workload seed for re-measuring the winner")
+
+    @field_validator("model")
+    @classmethod
+    def _model_ok(cls, v: str, info: ValidationInfo) -> str:
+        return _resolve_path(v, _base_dir(info), name_ok=True)
 
     @field_validator("engine")
     @classmethod
-    def _engine_ok(cls, v: dict[str, Any]) -> dict[str, Any]:
-        EngineConfig.model_validate(v)
+    def _engine_ok(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        if "model" in v:
+            raise ValueError("engine.model: the model is the top-level `model:` field of the spec (engine.model would "
+                             "be replaced by it); move it there")
+        _refuse_non_finite(v, "engine")
+        spec = v.get("speculative")
+        if isinstance(spec, dict) and isinstance(spec.get("draft_model"), str):
+            v = {**v, "speculative": {**spec, "draft_model": _resolve_path(spec["draft_model"], _base_dir(info))}}
+        _validate_nested(EngineConfig, v)
         return v
 
     @field_validator("workload")
     @classmethod
-    def _workload_ok(cls, v):
-        from slotune.tuner.workload import WorkloadSpec
-
+    def _workload_ok(cls, v, info: ValidationInfo):
         if isinstance(v, dict):
-            WorkloadSpec.model_validate(v)
+            trace = v.get("trace")
+            if isinstance(trace, str):
+                v = {**v, "trace": _resolve_path(trace, _base_dir(info))}
+            _validate_nested(WorkloadSpec, v)
+            if isinstance(v.get("trace"), str) and not Path(v["trace"]).is_file():
+                raise ValueError(f"workload.trace: trace file not found: {v['trace']}")
+            return v
+        v = _resolve_ref(v, _base_dir(info), builtin_workloads())
+        WorkloadSpec.load(v)  # the file's own problems, named by its path
         return v
 
     @field_validator("search_space")
     @classmethod
-    def _space_ok(cls, v):
-        from slotune.search_spaces.schema import SearchSpace
-
+    def _space_ok(cls, v, info: ValidationInfo):
         if isinstance(v, dict):
-            SearchSpace.model_validate(v)
+            _validate_nested(SearchSpace, v)
+            return v
+        v = _resolve_ref(v, _base_dir(info), builtin_spaces())
+        SearchSpace.load(v)
         return v
 
     @field_validator("quality_gates")
     @classmethod
     def _gates_ok(cls, v):
-        from slotune.evals.gates import GateSpec
-
-        for g in v:
-            GateSpec.model_validate(g)
+        names: list[str] = []
+        for i, g in enumerate(v):
+            gate = _validate_nested(GateSpec, g, prefix=f"[{i}]")
+            if gate.name in names:
+                raise ValueError(f"[{i}]: gate name '{gate.name}' used twice; names identify gates in reports")
+            names.append(gate.name)
+            if gate.kind != "agreement":
+                metrics = _task_metrics(gate.task)
+                if gate.metric_name not in metrics:
+                    raise ValueError(f"[{i}] gate '{gate.name}': metric '{gate.metric_name}' is not reported by task "
+                                     f"'{gate.task}' (its metrics: {', '.join(metrics)})")
         return v
+
+    @field_validator("output_dir")
+    @classmethod
+    def _output_ok(cls, v, info: ValidationInfo):
+        return None if v is None else _resolve_path(v, _base_dir(info))
+
+    @field_validator("storage", "mlflow_tracking_uri")
+    @classmethod
+    def _url_ok(cls, v, info: ValidationInfo):
+        if v is None:
+            return v
+        if info.field_name == "mlflow_tracking_uri" and not v.startswith("sqlite:"):
+            return v  # MLflow also takes http(s)://, file: and other stores; only sqlite paths are resolved here
+        return _check_storage_url(v, _base_dir(info))
 
     @model_validator(mode="after")
     def _check(self) -> "TuningSpec":
@@ -142,41 +204,27 @@ class TuningSpec(_Strict):
         return self
 
     # --- resolution ------------------------------------------------------------------------
-    _base_dir: Path | None = None
-
     @classmethod
     def from_yaml(cls, path: str | Path) -> "TuningSpec":
-        path = Path(path)
-        if not path.exists():
-            raise FileNotFoundError(f"spec file not found: {path}")
-        data = yaml.safe_load(path.read_text())
-        if not isinstance(data, dict):
-            raise ValueError(f"{path}: expected a mapping at the top level")
-        spec = cls.model_validate(data)
-        spec._base_dir = path.parent
-        return spec
+        """Load and validate a spec file; its relative paths resolve against its folder.
 
-    def _resolve(self, ref: Any) -> Any:
-        if isinstance(ref, str) and self._base_dir is not None and (self._base_dir / ref).exists():
-            return self._base_dir / ref
-        return ref
+        Raises MissingFileError / SpecError for the file itself (YAML problems name line and
+        column), pydantic.ValidationError for its fields.
+        """
+        path = Path(path)
+        data = load_yaml_mapping(path, "spec file")
+        return cls.model_validate(data, context={"base_dir": Path(os.path.abspath(path)).parent})
 
     def base_config(self) -> EngineConfig:
         return EngineConfig.model_validate({**self.engine, "model": self.model})
 
-    def workload_spec(self):
-        from slotune.tuner.workload import WorkloadSpec
+    def workload_spec(self) -> WorkloadSpec:
+        return WorkloadSpec.load(self.workload)
 
-        return WorkloadSpec.load(self._resolve(self.workload))
+    def space(self) -> SearchSpace:
+        return SearchSpace.load(self.search_space)
 
-    def space(self):
-        from slotune.search_spaces.schema import SearchSpace
-
-        return SearchSpace.load(self._resolve(self.search_space))
-
-    def gates(self):
-        from slotune.evals.gates import GateSpec
-
+    def gates(self) -> list[GateSpec]:
         return [GateSpec.model_validate(g) for g in self.quality_gates]
 
     def resolved_output_dir(self) -> Path:
@@ -208,19 +256,20 @@ def resolved_dict(spec: TuningSpec) -> dict[str, Any]:
 
 
 def validate_command(spec: Path) -> TuningSpec:
-    """`tune validate`: load and check SPEC, then print what it resolves to.
+    """`tune validate`: load and check SPEC (`from_yaml`, then `preflight`), then print what it resolves to.
 
     Args:
         spec: path of the tuning spec YAML.
 
     Returns:
-        The validated TuningSpec. Raises pydantic.ValidationError / ValueError /
-        FileNotFoundError for bad input (the CLI formats them as `field: message` lines).
+        The validated TuningSpec. Raises pydantic.ValidationError / SpecError (a ValueError) /
+        MissingFileError for bad input (the CLI prints them as `path: field: message` lines).
     """
     from rich.console import Console
     from rich.syntax import Syntax
 
     s = TuningSpec.from_yaml(spec)
+    preflight(s)
     space, wl = s.space(), s.workload_spec()
     obj = s.objective
     c = Console()
@@ -232,3 +281,245 @@ def validate_command(spec: Path) -> TuningSpec:
             f"budget: {s.budget.n_trials} trials, measured {s.budget.measure.replace('_', ' ')}", highlight=False)
     c.print(Syntax(yaml.safe_dump(resolved_dict(s), sort_keys=False), "yaml", theme="ansi_dark", background_color="default"))
     return s
+
+
+# --- validation helpers --------------------------------------------------------------------------
+def _base_dir(info: ValidationInfo) -> Path | None:
+    """The spec file's folder (`from_yaml`), or None for a spec built in code (paths stay as given)."""
+    return (info.context or {}).get("base_dir")
+
+
+def _resolve_path(ref: str, base: Path | None, name_ok: bool = False) -> str:
+    """`ref` against the spec's folder; with `name_ok`, a bare name (no separator, no leading '.' or '~',
+    nothing of that name in the folder) is kept as a name (a bundled model)."""
+    if "\x00" in ref:
+        raise ValueError("contains a NUL character")
+    p = Path(ref).expanduser()
+    if p.is_absolute() or base is None:
+        return str(p) if not name_ok or p.is_absolute() else ref
+    if name_ok and "/" not in ref and os.sep not in ref and not ref.startswith((".", "~")) \
+            and p.suffix != ".gguf" and not (base / p).exists():
+        return ref
+    return os.path.normpath(base / p)
+
+
+def _resolve_ref(ref: str, base: Path | None, builtins: dict[str, Path]) -> str:
+    """A workload / search space reference: a file next to the spec, a built-in name, or a path."""
+    if "\x00" in ref:
+        raise ValueError("contains a NUL character")
+    if base is not None and (base / ref).exists():
+        return os.path.normpath(base / ref)
+    if ref in builtins:
+        return ref
+    if Path(ref).suffix not in (".yaml", ".yml", ".json") and "/" not in ref and os.sep not in ref:
+        raise ValueError(f"'{ref}' is not a file next to the spec, and not a built-in ({', '.join(sorted(builtins))})")
+    return _resolve_path(ref, base)
+
+
+def _validate_nested(model: type[BaseModel], value: Any, prefix: str = "") -> Any:
+    """Validate an embedded section; its problems become one `field: message; ...` error under the section."""
+    try:
+        return model.model_validate(value)
+    except ValidationError as exc:
+        raise ValueError("; ".join(str(p) for p in SpecError.from_validation(exc, prefix=prefix).problems)) from None
+
+
+def _refuse_non_finite(value: Any, where: str) -> None:
+    """EngineConfig's float fields accept inf; a config a user writes must not."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{where}: {value} is not a usable number (NaN and inf are not accepted)")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _refuse_non_finite(v, f"{where}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _refuse_non_finite(v, f"{where}[{i}]")
+
+
+def _check_storage_url(url: str, base: Path | None) -> str:
+    """An Optuna (SQLAlchemy) storage URL: parsed, its dialect known, a relative sqlite path resolved."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    try:
+        parsed = make_url(url)
+        parsed.get_dialect()
+    except ArgumentError:
+        raise ValueError(f"'{url}' is not a database URL (e.g. sqlite:///study.db, "
+                         "postgresql://user@host/db)") from None
+    except NoSuchModuleError:
+        raise ValueError(f"'{url}': unknown database kind '{url.split(':', 1)[0]}' (e.g. sqlite, postgresql, mysql)") from None
+    if parsed.get_backend_name() == "sqlite" and parsed.database and parsed.database != ":memory:" \
+            and not parsed.database.startswith("file:"):
+        db = _resolve_path(parsed.database, base)
+        if db != parsed.database:
+            return f"{url.split(':', 1)[0]}:///{db}"
+    return url
+
+
+def _task_metrics(task: str) -> list[str]:
+    """The metrics a bundled lm-eval task reports (its template's metric_list)."""
+    tmpl = tasks_data_dir() / task.removeprefix("slotune_") / "task.yaml.tmpl"
+    data = parse_yaml(tmpl.read_text(), str(tmpl))
+    return [m["metric"] for m in data.get("metric_list") or []]
+
+
+# --- preflight: what needs the file system or the model --------------------------------------------
+def preflight(spec: TuningSpec) -> None:
+    """Checks a spec needs before a study runs, beyond its own text: the model (and draft) can be found,
+    max_model_len fits the model's context, the trace rows are well formed, and the output and storage
+    locations can be written. Reads model metadata only (no weights).
+
+    Raises:
+        SpecError with one problem per failed check.
+    """
+    problems: list[Problem] = []
+
+    def run(field: str, check, *args) -> None:
+        try:
+            check(*args)
+        except (SpecError, ValueError, OSError) as exc:
+            msgs = [str(p) for p in exc.problems] if isinstance(exc, SpecError) else [str(exc)]
+            problems.extend(Problem(m, field=field) for m in msgs)
+
+    run("output_dir", _check_writable_dir, spec.resolved_output_dir())
+    for field, url in (("storage", spec.resolved_storage()), ("mlflow_tracking_uri", spec.resolved_tracking_uri())):
+        if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
+            run(field, _check_writable_file, Path(url[len("sqlite:///"):]))
+    wl = spec.workload_spec()
+    if wl.trace:
+        run("workload.trace", read_trace, wl.trace)
+    base = spec.base_config()
+    try:
+        problems += _check_context(spec, base)
+    except (SpecError, ValueError, OSError) as exc:
+        problems.append(Problem(str(exc), field="model"))
+    if base.speculative.method == "model":
+        run("engine.speculative.draft_model", _model_context, base.speculative.draft_model)
+    if problems:
+        raise SpecError(problems=problems)
+
+
+def _first_existing(path: Path) -> Path:
+    p = path.absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p
+
+
+def _check_writable_dir(path: Path) -> None:
+    anc = _first_existing(path)
+    if not anc.is_dir():
+        raise ValueError(f"cannot create {path}: {anc} is a file")
+    try:
+        fd, probe = tempfile.mkstemp(dir=anc, prefix=".slotune-probe-")
+    except OSError as exc:
+        raise ValueError(f"cannot write {path}: {anc} is not writable ({exc.strerror or exc})") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def _check_writable_file(path: Path) -> None:
+    if path.is_dir():
+        raise ValueError(f"{path} is a directory, not a database file")
+    if path.exists():
+        try:
+            with path.open("ab"):
+                pass
+        except OSError as exc:
+            raise ValueError(f"cannot write {path} ({exc.strerror or exc})") from None
+        return
+    _check_writable_dir(path.parent)
+
+
+def _check_context(spec: TuningSpec, base: EngineConfig) -> list[Problem]:
+    """max_model_len (the engine's, and every value the space can sample) within the model's context."""
+    limit, source = _model_context(spec.model)
+    if limit is None:
+        return []
+    lens = {"engine.max_model_len": [base.max_model_len]}
+    for k in spec.space().knobs:
+        if k.name == "max_model_len":
+            lens["search_space"] = list(k.choices) if k.type == "categorical" else [int(k.high)]
+    problems = []
+    for field, values in lens.items():
+        over = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool) and v > limit]
+        if over:
+            what = "max_model_len" if field.startswith("engine") else "knob 'max_model_len' can sample"
+            problems.append(Problem(f"{what} {max(over)}, beyond the model's context of {limit} tokens ({source}); "
+                                    f"use at most {limit}", field=field))
+    return problems
+
+
+def _model_context(model: str) -> tuple[int | None, str]:
+    """The model's context length from its metadata (GGUF `<arch>.context_length`, HF config.json
+    `max_position_embeddings`), without loading weights. Raises FileNotFoundError if the model is absent."""
+    from slotune.engine.loader import resolve_model_path  # imports torch: only when checking the model
+
+    path = resolve_model_path(model)
+    if path.is_dir():
+        cfg = _load_json(path / "config.json")
+        n = cfg.get("max_position_embeddings") if isinstance(cfg, dict) else None
+        return (n if isinstance(n, int) else None), f"{path / 'config.json'}: max_position_embeddings"
+    meta = _gguf_header(path, ("general.architecture",))
+    key = f"{meta.get('general.architecture')}.context_length"
+    n = _gguf_header(path, (key,)).get(key)
+    return (n if isinstance(n, int) else None), f"{path.name}: {key}"
+
+
+def _load_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise SpecError(f"cannot read: {exc}", source=path) from None
+
+
+# GGUF value types (gguf-py GGUFValueType): scalar sizes for the struct codes below; 8 = string, 9 = array.
+_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+
+
+def _gguf_header(path: Path, keys: tuple[str, ...]) -> dict[str, Any]:
+    """Scalar and string values of `keys` from a GGUF file's metadata, reading only up to the last one
+    found (gguf's GGUFReader decodes every field, the tokenizer's arrays included: seconds per file)."""
+    import struct
+
+    want, out = set(keys), {}
+    with path.open("rb") as f:
+        def read(fmt: str) -> Any:
+            size = struct.calcsize("<" + fmt)
+            data = f.read(size)
+            if len(data) != size:
+                raise SpecError("truncated GGUF metadata", source=path)
+            return struct.unpack("<" + fmt, data)[0]
+
+        def read_str() -> str:
+            return f.read(read("Q")).decode("utf-8", "replace")
+
+        def skip(vtype: int) -> None:
+            if vtype in _GGUF_SCALARS:
+                f.seek(struct.calcsize("<" + _GGUF_SCALARS[vtype]), 1)
+            elif vtype == 8:
+                f.seek(read("Q"), 1)
+            elif vtype == 9:
+                item, count = read("I"), read("Q")
+                if item in _GGUF_SCALARS:
+                    f.seek(struct.calcsize("<" + _GGUF_SCALARS[item]) * count, 1)
+                else:
+                    for _ in range(count):
+                        skip(item)
+            else:
+                raise SpecError(f"unknown GGUF value type {vtype}", source=path)
+
+        if f.read(4) != b"GGUF":
+            raise SpecError("not a GGUF file", source=path)
+        read("I")  # version
+        read("Q")  # tensor count
+        for _ in range(read("Q")):
+            key, vtype = read_str(), read("I")
+            if key in want:
+                out[key] = read(_GGUF_SCALARS[vtype]) if vtype in _GGUF_SCALARS else read_str() if vtype == 8 else skip(vtype)
+                if want <= out.keys():
+                    break
+            else:
+                skip(vtype)
+    return out

@@ -21,27 +21,30 @@ from pathlib import Path
 from typing import Any, Literal, Union
 
 import numpy as np
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from slotune.tuner.errors import MissingFileError, SpecError, load_yaml_mapping
 
 BUILTIN_DIR = "workloads"
 CORPUS_FILE = "corpus.txt"
 _DEFAULT_NUM_REQUESTS = 16
+MAX_SEED = 2**32 - 1  # numpy's legacy RandomState (Optuna's samplers) takes seeds below 2**32
+MAX_LEN = 2**24  # tokens; beyond any model's context, and far from int64 overflow in numpy's draws
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class Fixed(_Strict):
     kind: Literal["fixed"] = "fixed"
-    value: int = Field(ge=1)
+    value: int = Field(ge=1, le=MAX_LEN)
 
 
 class Uniform(_Strict):
     kind: Literal["uniform"] = "uniform"
-    min: int = Field(ge=1)
-    max: int = Field(ge=1)
+    min: int = Field(ge=1, le=MAX_LEN)
+    max: int = Field(ge=1, le=MAX_LEN)
 
     @model_validator(mode="after")
     def _check(self) -> "Uniform":
@@ -52,10 +55,10 @@ class Uniform(_Strict):
 
 class LogNormal(_Strict):
     kind: Literal["lognormal"] = "lognormal"
-    mean: float = Field(gt=0, description="median length in tokens (exp of the underlying normal's mean)")
-    sigma: float = Field(0.5, ge=0)
-    min: int = Field(1, ge=1)
-    max: int = Field(4096, ge=1)
+    mean: float = Field(gt=0, le=MAX_LEN, description="median length in tokens (exp of the underlying normal's mean)")
+    sigma: float = Field(0.5, ge=0, le=10)
+    min: int = Field(1, ge=1, le=MAX_LEN)
+    max: int = Field(4096, ge=1, le=MAX_LEN)
 
     @model_validator(mode="after")
     def _check(self) -> "LogNormal":
@@ -70,7 +73,7 @@ Length = Union[Fixed, Uniform, LogNormal]  # noqa: UP007
 class SharedPrefix(_Strict):
     """A common start (system prompt, retrieved context) that a share of requests begin with."""
 
-    num_tokens: int | None = Field(None, ge=1, description="prefix length, taken from the corpus")
+    num_tokens: int | None = Field(None, ge=1, le=MAX_LEN, description="prefix length, taken from the corpus")
     text: str | None = Field(None, min_length=1, description="or: this exact text")
     fraction: float = Field(1.0, ge=0, le=1, description="share of requests that start with it")
 
@@ -105,7 +108,7 @@ class WorkloadSpec(_Strict):
     trace: str | None = Field(None, description="JSONL file: one {prompt | prompt_len, output_len} per line; "
                                                 "replaces prompt_len/output_len (cycled if shorter)")
     shared_prefix: SharedPrefix | None = None
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=MAX_SEED)
 
     @model_validator(mode="before")
     @classmethod
@@ -136,19 +139,22 @@ class WorkloadSpec(_Strict):
             return cls.model_validate(ref)
         path = Path(ref)
         if path.suffix in (".yaml", ".yml", ".json") or path.exists():
-            if not path.exists():
-                raise FileNotFoundError(f"workload file not found: {path}")
-            data, base = yaml.safe_load(path.read_text()) or {}, path.parent
+            base: Path | None = path.parent
         else:
             names = builtin_workloads()
             if str(ref) not in names:
                 raise ValueError(f"unknown workload '{ref}': not a file, and not a built-in ({', '.join(sorted(names))})")
-            data, base = yaml.safe_load(names[str(ref)].read_text()), None
-        if not isinstance(data, dict):
-            raise ValueError(f"{ref}: a workload file must hold a mapping, got {type(data).__name__}")
-        spec = cls.model_validate(data)
-        if spec.trace and base is not None and not Path(spec.trace).is_absolute():
-            spec = spec.model_copy(update={"trace": str(base / spec.trace)})
+            path, base = names[str(ref)], None
+        data = load_yaml_mapping(path, "workload file", empty_ok=True)
+        try:
+            spec = cls.model_validate(data)
+        except ValidationError as exc:
+            raise SpecError.from_validation(exc, path) from None
+        if spec.trace and base is not None:
+            trace = Path(spec.trace).expanduser()
+            spec = spec.model_copy(update={"trace": str(trace if trace.is_absolute() else base / trace)})
+            if not Path(spec.trace).is_file():
+                raise MissingFileError(f"trace file not found: {spec.trace}", source=path, field="trace")
         return spec
 
 
@@ -185,20 +191,39 @@ def _draw(dist: Length, rng: np.random.Generator) -> int:
     return int(np.clip(round(v), dist.min, dist.max))
 
 
-def _read_trace(path: str) -> list[dict[str, Any]]:
+def read_trace(path: str | Path) -> list[dict[str, Any]]:
+    """The rows of a JSONL trace, each checked: `output_len` and one of `prompt` (text) / `prompt_len`.
+
+    Raises MissingFileError, or SpecError naming the line.
+    """
     p = Path(path)
-    if not p.exists():
-        raise FileNotFoundError(f"trace file not found: {p}")
+    if not p.is_file():
+        raise MissingFileError("trace file not found" + (" (a directory)" if p.is_dir() else ""), source=p)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(f"cannot read the trace: {exc}", source=p) from None
     rows = []
-    for i, line in enumerate(p.read_text().splitlines(), 1):
+    for i, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
-        row = json.loads(line)
+        try:
+            row = json.loads(line)
+        except ValueError as exc:
+            raise SpecError(f"not a JSON object: {exc}", source=p, line=i) from None
+        if not isinstance(row, dict):
+            raise SpecError(f"each line must be a JSON object, got {type(row).__name__}", source=p, line=i)
         if "output_len" not in row or ("prompt" not in row and "prompt_len" not in row):
-            raise ValueError(f"{p}:{i}: each line needs output_len and one of prompt / prompt_len, got {sorted(row)}")
+            raise SpecError(f"each line needs output_len and one of prompt / prompt_len, got {sorted(row)}", source=p, line=i)
+        for key in ("output_len", "prompt_len"):
+            v = row.get(key, 1)
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_LEN:
+                raise SpecError(f"{key} must be a whole number of tokens in 1..{MAX_LEN}, got {v!r}", source=p, line=i)
+        if "prompt" in row and (not isinstance(row["prompt"], str) or not row["prompt"]):
+            raise SpecError("prompt must be non-empty text", source=p, line=i)
         rows.append(row)
     if not rows:
-        raise ValueError(f"trace {p} is empty")
+        raise SpecError("the trace is empty", source=p)
     return rows
 
 
@@ -236,7 +261,7 @@ def iter_requests(spec: WorkloadSpec, tokenizer, *, seed: int | None = None) -> 
     """
     seed = spec.seed if seed is None else seed
     prompter = _Prompter(spec, tokenizer)
-    rows = _read_trace(spec.trace) if spec.trace else None
+    rows = read_trace(spec.trace) if spec.trace else None
     # A fixed draw order per request: gap, prompt_len, output_len, window start, prefix coin.
     for is_warmup, stream in ((True, 1), (False, 0)):
         rng = np.random.default_rng([seed, stream])
