@@ -66,6 +66,11 @@ class MissingFileError(SpecError, FileNotFoundError):
 
 
 # --- the YAML reader -------------------------------------------------------------------------------
+# Explicit tags that only restate a plain type (`!!str 123`); any other (!!set, !!binary, !!python/...,
+# !custom) is refused before it is constructed.
+_PLAIN_TAGS = {f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", "null", "seq", "map")}
+
+
 class _PlainLoader(yaml.SafeLoader):
     """SafeLoader that refuses tags, duplicate keys and deep nesting (the document is trusted with nothing)."""
 
@@ -76,9 +81,16 @@ class _PlainLoader(yaml.SafeLoader):
     def compose_node(self, parent, index):
         self._depth += 1
         try:
+            event = self.peek_event()
             if self._depth > MAX_YAML_DEPTH:
                 raise yaml.composer.ComposerError(
-                    None, None, f"nested more than {MAX_YAML_DEPTH} levels deep", self.peek_event().start_mark)
+                    None, None, f"nested more than {MAX_YAML_DEPTH} levels deep", event.start_mark)
+            tag = getattr(event, "tag", None)
+            if tag not in (None, "!") and tag not in _PLAIN_TAGS:
+                shown = tag.replace("tag:yaml.org,2002:", "!!")
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"tag '{shown}' is not allowed: specs are plain YAML (no tags, no Python objects)",
+                    event.start_mark)
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1

@@ -344,11 +344,11 @@ def _check_storage_url(url: str, base: Path | None) -> str:
     try:
         parsed = make_url(url)
         parsed.get_dialect()
+    except NoSuchModuleError:  # an ArgumentError too: first
+        raise ValueError(f"'{url}': unknown database kind '{url.split(':', 1)[0]}' (e.g. sqlite, postgresql, mysql)") from None
     except ArgumentError:
         raise ValueError(f"'{url}' is not a database URL (e.g. sqlite:///study.db, "
                          "postgresql://user@host/db)") from None
-    except NoSuchModuleError:
-        raise ValueError(f"'{url}': unknown database kind '{url.split(':', 1)[0]}' (e.g. sqlite, postgresql, mysql)") from None
     if parsed.get_backend_name() == "sqlite" and parsed.database and parsed.database != ":memory:" \
             and not parsed.database.startswith("file:"):
         db = _resolve_path(parsed.database, base)
