@@ -75,6 +75,11 @@ class Knob(BaseModel):
                        if getattr(self, f) is not None and not float(getattr(self, f)).is_integer()]
                 if bad:
                     raise ValueError(f"{where}: an int knob needs whole numbers ({', '.join(bad)}); use type float")
+            if self.step is not None:
+                n = (self.high - self.low) / self.step
+                if abs(n - round(n)) > 1e-9 * max(1.0, abs(n)):
+                    raise ValueError(f"{where}: high - low ({self.high - self.low:g}) is not a multiple of step "
+                                     f"({self.step:g}); Optuna would lower high to fit")
             if self.log:
                 if self.low <= 0:
                     raise ValueError(f"{where}: log scale needs low > 0, got {self.low}")

@@ -29,7 +29,7 @@ BAD_KNOBS = {
                            "a float knob on a whole-number field; use type int"),
     "float-on-literal-int-field": ({"name": "kernels.decode_attention.num_splits", "type": "float", "low": 2, "high": 2},
                                    "a float knob on a whole-number field"),
-    "log-with-step": ({"name": "max_num_seqs", "type": "int", "low": 1, "high": 16, "log": True, "step": 2},
+    "log-with-step": ({"name": "max_num_seqs", "type": "int", "low": 1, "high": 15, "log": True, "step": 2},
                       "log and step cannot be combined"),
     "float-log-with-step": ({"name": "kv_cache_memory_gb", "type": "float", "low": 0.1, "high": 1, "log": True,
                              "step": 0.1}, "log and step cannot be combined"),
@@ -48,6 +48,10 @@ BAD_KNOBS = {
                                 "takes 'choices' only"),
     "int-with-choices": ({"name": "max_num_seqs", "type": "int", "low": 1, "high": 2, "choices": [1]},
                          "not 'choices'"),
+    "step-not-dividing-range": ({"name": "kv_cache_memory_gb", "type": "float", "low": 0.1, "high": 0.5, "step": 0.3},
+                                "is not a multiple of step"),
+    "int-step-not-dividing-range": ({"name": "max_num_seqs", "type": "int", "low": 1, "high": 8, "step": 2},
+                                    "is not a multiple of step"),
     "unknown-field": ({"name": "speculative.nope", "type": "int", "low": 1, "high": 2}, "knob 'speculative.nope'"),
 }
 
@@ -74,7 +78,7 @@ def test_when_must_name_an_earlier_knob_and_values_it_can_take():
         space(method, {**tokens, "when": {"quantization": ["int8"]}})
     with pytest.raises(ValidationError, match="never be sampled"):
         space(method, {**tokens, "when": {"speculative.method": []}})
-    seqs = {"name": "max_num_seqs", "type": "int", "low": 1, "high": 8, "step": 2}
+    seqs = {"name": "max_num_seqs", "type": "int", "low": 1, "high": 7, "step": 2}
     with pytest.raises(ValidationError, match=r"when.max_num_seqs: 2 is not a value"):
         space(seqs, {"name": "dtype", "type": "categorical", "choices": ["auto"], "when": {"max_num_seqs": [2]}})
     assert space(seqs, {"name": "dtype", "type": "categorical", "choices": ["auto"], "when": {"max_num_seqs": [3]}})
