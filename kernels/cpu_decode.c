@@ -6,17 +6,28 @@
  * ~20 ms dispatching ~1,200 small ops; here the step is one OpenMP parallel region whose
  * work-sharing loops read each weight once per step (5-7 ms for int4-g32 SmolLM2-135M).
  *
+ * Two instruction sets from this one source, chosen at compile time (-march=native): AVX-512
+ * (F/BW/VL/DQ; 16-lane vectors, the VNNI kernels where AVX512-VNNI/VBMI exist) and AVX2 + FMA
+ * (8-lane vectors, `vpmaddubsw` int8 kernels as llama.cpp's AVX2 Q8 dot). The float kernels are
+ * written once over a thin vector layer (vf_*, VL lanes); only the integer dot products and the
+ * int4 unpacking differ per ISA. slotune_isa() reports what was compiled in, and cpu_decode.py
+ * repacks weights from that report, never from its own reading of the CPU flags.
+ *
  * Layouts are the engine's own, read in place (no second copy of any weight):
  *   dense fp32 / bf16 [N, K];  int8 [N, K] + bf16 per-channel scale [N];
- *   int4: torch's CPU pack (_convert_weight_to_int4pack_for_cpu, innerKTiles=1): blocks of
- *   64 output channels, for each k 32 bytes (low nibbles = channels 0-31 of the block, high
- *   = 32-63); scales_and_zeros bf16 [K/g, N, 2] with w = (q - 8) * scale + zero.
- *   int8 VNNI (only with int8_activations): an int8 weight repacked once by cpu_decode.py into
- *   [N/16, K/4, 16, 4] bytes w + 128, and the same per-channel scales. (The same repack of int4
- *   codes measured 1.3-1.6x faster alone, in cache, but 5-10% slower inside whole steps: dropped.)
+ *   int4: torch's CPU pack (_convert_weight_to_int4pack_for_cpu, innerKTiles=1), laid out for
+ *   torch's runtime ISA: under AVX-512 blocks of 64 output channels, for each k 32 bytes (low
+ *   nibbles = channels 0-31 of the block, high = 32-63); under AVX2 blocks of 32, for each k 16
+ *   bytes (0-15, 16-31). Each build reads its ISA's layout (INT4_BLOCK; cpu_decode.py refuses a
+ *   mismatch). scales_and_zeros bf16 [K/g, N, 2] with w = (q - 8) * scale + zero.
+ *   int8 VNNI (only with int8_activations, AVX-512 VNNI builds): an int8 weight repacked once by
+ *   cpu_decode.py into [N/16, K/4, 16, 4] bytes w + 128, and the same per-channel scales. (The same
+ *   repack of int4 codes measured 1.3-1.6x faster alone, in cache, but 5-10% slower inside whole
+ *   steps: dropped.)
+ *   int8 AVX2 (only with int8_activations, AVX2 builds): [N/8, K/4, 8, 4] signed bytes, the same scales.
  *   KV cache [L, num_blocks, block_size, Hkv, D] in fp32 or bf16 (the model dtype).
  * Activations are fp32 throughout and weights are widened in registers, except that with
- * int8_activations the int4 and int8 layers quantize their input to int8 per 32 values (VNNI kernels).
+ * int8_activations the int4 and int8 layers quantize their input to int8 per 32 values.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -24,7 +35,7 @@
 #include <stdint.h>
 #include <string.h>
 
-enum { W_F32 = 0, W_BF16 = 1, W_INT8 = 2, W_INT4 = 3, W_INT8_VNNI = 4 };
+enum { W_F32 = 0, W_BF16 = 1, W_INT8 = 2, W_INT4 = 3, W_INT8_VNNI = 4, W_INT8_AVX2 = 5 };
 
 typedef struct {
     int32_t kind, n, k, group; /* k: real in_features (int4 may store K padded to the group) */
@@ -53,11 +64,11 @@ typedef struct {
     /* scratch, fp32, sized for max_batch rows by the caller */
     float *x, *res, *h, *qkv, *att, *gu, *act, *probs; /* probs: [max_batch * Hkv, G, max_ctx] */
     int32_t max_ctx;
-    /* int8 activations for the VNNI int4 kernel: codes [max_batch, max_k], scale and sum per 32 */
+    /* int8 activations for the integer kernels: codes [max_batch, max_k], scale and sum per 32 */
     int8_t *xq;
     float *xscale, *xsum;
     int32_t max_k;
-    int32_t int8_activations; /* int4/int8 layers through the VNNI kernels (kernels.int8_activations) */
+    int32_t int8_activations; /* int4/int8 layers through the integer kernels (kernels.int8_activations) */
     int32_t window;           /* sliding window in keys (Mistral), 0 = none */
     int32_t *ctx_slots;       /* scratch [max_batch, max_ctx]: cache slot of each key of a row */
 } Model;
@@ -78,21 +89,185 @@ static inline float load_w(const void *p, int dtype, int64_t i) {
     return dtype == W_F32 ? ((const float *)p)[i] : bf16_to_f32(((const uint16_t *)p)[i]);
 }
 
-static inline __m512 load16_bf16(const uint16_t *p) {
+#define INLINE static inline __attribute__((always_inline))
+
+/* ---- vector layer: vf holds VL float32 lanes. The *n forms touch only the first n lanes
+ * (n may exceed VL: then all of them); lanes past n load as 0 (or `fill`). ---- */
+
+enum { ISA_AVX512 = 1, ISA_AVX2 = 2, ISA_INT8_VNNI = 4, ISA_INT8_AVX2 = 8, ISA_INT4_INT8ACT = 16 };
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
+#define VL 16
+#define ISA_FLOAT ISA_AVX512
+typedef __m512 vf;
+#define vf_zero() _mm512_setzero_ps()
+#define vf_set1(a) _mm512_set1_ps(a)
+#define vf_load(p) _mm512_loadu_ps(p)
+#define vf_store(p, v) _mm512_storeu_ps(p, v)
+#define vf_add(a, b) _mm512_add_ps(a, b)
+#define vf_sub(a, b) _mm512_sub_ps(a, b)
+#define vf_mul(a, b) _mm512_mul_ps(a, b)
+#define vf_div(a, b) _mm512_div_ps(a, b)
+#define vf_max(a, b) _mm512_max_ps(a, b)
+#define vf_min(a, b) _mm512_min_ps(a, b)
+#define vf_fma(a, b, c) _mm512_fmadd_ps(a, b, c)   /* a * b + c */
+#define vf_fms(a, b, c) _mm512_fmsub_ps(a, b, c)   /* a * b - c */
+#define vf_fnma(a, b, c) _mm512_fnmadd_ps(a, b, c) /* c - a * b */
+#define vf_hsum(v) _mm512_reduce_add_ps(v)
+#define vf_hmax(v) _mm512_reduce_max_ps(v)
+INLINE __mmask16 tail16(int n) { return n >= 16 ? 0xffff : (__mmask16)((1u << n) - 1); }
+#define vf_loadn(p, n) _mm512_maskz_loadu_ps(tail16(n), p)
+#define vf_loadn_or(p, n, fill) _mm512_mask_loadu_ps(_mm512_set1_ps(fill), tail16(n), p)
+#define vf_storen(p, n, v) _mm512_mask_storeu_ps(p, tail16(n), v)
+#define vf_maskz(n, v) _mm512_maskz_mov_ps(tail16(n), v)
+INLINE vf vf_load_bf16(const uint16_t *p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+INLINE vf vf_load_i8(const int8_t *p) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p))); }
+
+/* e^x: 2^n * e^f, n = round(x / ln 2), |f| <= ln(2) / 2, degree-6 Taylor (relative error < 4e-7).
+ * Scalar expf calls were 7 of a 120 ms step at batch 64 (SiLU and softmax). */
+INLINE vf vf_exp_poly(vf x, vf *n);
+INLINE vf vf_exp(vf x) {
+    x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.0f)), _mm512_set1_ps(-103.0f));
+    vf n;
+    const vf p = vf_exp_poly(x, &n);
+    return _mm512_scalef_ps(p, n);
+}
+
+/* r[i] = sum of the 16 lanes of a[i]: a transpose-and-add tree, 45 shuffles and adds for 16 sums
+ * (a horizontal reduce per key cost ~8 dependent ops each). */
+INLINE vf hsum_lanes(const vf a[VL]) {
+    __m512 t[8], u[4], v[2];
+    for (int i = 0; i < 8; i++) t[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+    for (int i = 0; i < 4; i++)
+        u[i] = _mm512_add_ps(_mm512_shuffle_ps(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    for (int i = 0; i < 2; i++)
+        v[i] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(v[0], v[1], _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_f32x4(v[0], v[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* n float32 -> bf16, round to nearest even (as f32_to_bf16) */
+INLINE int put_bf16_vec(uint16_t *dst, const float *src, int n) {
+    int i = 0;
+#ifdef __AVX512BF16__
+    for (; i + 16 <= n; i += 16) _mm256_storeu_si256((__m256i *)(dst + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(src + i)));
+#endif
+    (void)dst, (void)src, (void)n;
+    return i;
+}
+
+#elif defined(__AVX2__) && defined(__FMA__)
+#define VL 8
+#define ISA_FLOAT ISA_AVX2
+typedef __m256 vf;
+#define vf_zero() _mm256_setzero_ps()
+#define vf_set1(a) _mm256_set1_ps(a)
+#define vf_load(p) _mm256_loadu_ps(p)
+#define vf_store(p, v) _mm256_storeu_ps(p, v)
+#define vf_add(a, b) _mm256_add_ps(a, b)
+#define vf_sub(a, b) _mm256_sub_ps(a, b)
+#define vf_mul(a, b) _mm256_mul_ps(a, b)
+#define vf_div(a, b) _mm256_div_ps(a, b)
+#define vf_max(a, b) _mm256_max_ps(a, b)
+#define vf_min(a, b) _mm256_min_ps(a, b)
+#define vf_fma(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define vf_fms(a, b, c) _mm256_fmsub_ps(a, b, c)
+#define vf_fnma(a, b, c) _mm256_fnmadd_ps(a, b, c)
+INLINE float vf_hsum(vf v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+INLINE float vf_hmax(vf v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+}
+/* Partial vectors through vmaskmov only when n < 8: its store form is microcoded on AMD (~12
+ * cycles), so the full vectors of a loop take plain loads and stores behind a predictable branch. */
+INLINE __m256i tail8(int n) { return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)); }
+INLINE vf vf_loadn(const float *p, int n) { return n >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, tail8(n)); }
+INLINE vf vf_loadn_or(const float *p, int n, float fill) {
+    return n >= 8 ? _mm256_loadu_ps(p) : _mm256_blendv_ps(_mm256_set1_ps(fill), _mm256_maskload_ps(p, tail8(n)), _mm256_castsi256_ps(tail8(n)));
+}
+INLINE void vf_storen(float *p, int n, vf v) {
+    if (n >= 8) _mm256_storeu_ps(p, v);
+    else _mm256_maskstore_ps(p, tail8(n), v);
+}
+INLINE vf vf_maskz(int n, vf v) { return n >= 8 ? v : _mm256_and_ps(_mm256_castsi256_ps(tail8(n)), v); }
+INLINE vf vf_load_bf16(const uint16_t *p) { /* bf16 is the top half of a float32 */
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+INLINE vf vf_load_i8(const int8_t *p) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p))); }
+
+INLINE vf vf_exp_poly(vf x, vf *n);
+INLINE vf vf_exp(vf x) { /* as the AVX-512 one; 2^n in two factors, each a normal float for n >= -149 */
+    x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.0f)), _mm256_set1_ps(-103.0f));
+    vf n;
+    const vf p = vf_exp_poly(x, &n);
+    const __m256i ni = _mm256_cvtps_epi32(n), h = _mm256_srai_epi32(ni, 1), bias = _mm256_set1_epi32(127);
+    const vf s0 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(h, bias), 23));
+    const vf s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ni, h), bias), 23));
+    return _mm256_mul_ps(_mm256_mul_ps(p, s0), s1);
+}
+
+/* r[i] = sum of the 8 lanes of a[i]: two rounds of hadd, then the 128-bit halves added */
+INLINE vf hsum_lanes(const vf a[VL]) {
+    __m256 t[4], u[2];
+    for (int i = 0; i < 4; i++) t[i] = _mm256_hadd_ps(a[2 * i], a[2 * i + 1]);
+    for (int i = 0; i < 2; i++) u[i] = _mm256_hadd_ps(t[2 * i], t[2 * i + 1]);
+    return _mm256_add_ps(_mm256_permute2f128_ps(u[0], u[1], 0x20), _mm256_permute2f128_ps(u[0], u[1], 0x31));
+}
+
+INLINE int put_bf16_vec(uint16_t *dst, const float *src, int n) { /* round to nearest even, NaN kept, as f32_to_bf16 */
+    int i = 0;
+    const __m256i one = _mm256_set1_epi32(1), half = _mm256_set1_epi32(0x7fff), inf = _mm256_set1_epi32(0x7f800000);
+    for (; i + 8 <= n; i += 8) {
+        const __m256i u = _mm256_castps_si256(_mm256_loadu_ps(src + i));
+        const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(half, _mm256_and_si256(_mm256_srli_epi32(u, 16), one))), 16);
+        const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), inf);
+        const __m256i q = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+        const __m256i b = _mm256_blendv_epi8(r, q, nan);
+        _mm_storeu_si128((__m128i *)(dst + i), _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(b, b), 0xd8)));
+    }
+    return i;
+}
+#else
+#error "cpu_decode.c needs AVX-512 (F/BW/VL/DQ) or AVX2 with FMA"
+#endif
+
+INLINE vf vf_exp_poly(vf x, vf *n_out) { /* e^f with f = x - n ln 2 (two-part ln 2), n = round(x / ln 2) */
+#if VL == 16
+    const vf n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#else
+    const vf n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#endif
+    vf f = vf_fnma(n, vf_set1(0.693145752f), x);
+    f = vf_fnma(n, vf_set1(1.42860677e-6f), f);
+    vf p = vf_set1(1.0f / 720);
+    p = vf_fma(p, f, vf_set1(1.0f / 120));
+    p = vf_fma(p, f, vf_set1(1.0f / 24));
+    p = vf_fma(p, f, vf_set1(1.0f / 6));
+    p = vf_fma(p, f, vf_set1(0.5f));
+    p = vf_fma(p, f, vf_set1(1.0f));
+    p = vf_fma(p, f, vf_set1(1.0f));
+    *n_out = n;
+    return p;
 }
 
 /* ---- matmul: out[m, n] = sum_k x[m, k] * W[n, k], rows m < M, channels [n0, n1) ---- */
 
 #define MAX_ROWS 4 /* rows that share one pass over the weights */
-#define INLINE static inline __attribute__((always_inline))
 
 /* Row counts and weight kinds are compile-time constants in each instantiation (see the
  * switches below), so the accumulators live in registers; generic loops spilled them. */
-INLINE __m512 load16_w(const void *w, int kind, int64_t i) {
-    if (kind == W_F32) return _mm512_loadu_ps((const float *)w + i);
-    if (kind == W_BF16) return load16_bf16((const uint16_t *)w + i);
-    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)((const int8_t *)w + i))));
+INLINE vf load_wv(const void *w, int kind, int64_t i) {
+    if (kind == W_F32) return vf_load((const float *)w + i);
+    if (kind == W_BF16) return vf_load_bf16((const uint16_t *)w + i);
+    return vf_load_i8((const int8_t *)w + i);
 }
 
 INLINE float load1_w(const void *w, int kind, int64_t i) {
@@ -104,16 +279,16 @@ INLINE void dense_rows_t(const Lin *L, const float *x, int ldx, float *out, int 
     const int K = L->k;
     for (int n = n0; n < n1; n++) {
         const int64_t row = (int64_t)n * K;
-        __m512 acc[MAX_ROWS];
-        for (int m = 0; m < M; m++) acc[m] = _mm512_setzero_ps();
+        vf acc[MAX_ROWS];
+        for (int m = 0; m < M; m++) acc[m] = vf_zero();
         int k = 0;
-        for (; k + 16 <= K; k += 16) {
-            const __m512 w = load16_w(L->w, kind, row + k);
-            for (int m = 0; m < M; m++) acc[m] = _mm512_fmadd_ps(w, _mm512_loadu_ps(x + (int64_t)m * ldx + k), acc[m]);
+        for (; k + VL <= K; k += VL) {
+            const vf w = load_wv(L->w, kind, row + k);
+            for (int m = 0; m < M; m++) acc[m] = vf_fma(w, vf_load(x + (int64_t)m * ldx + k), acc[m]);
         }
         const float s = kind == W_INT8 ? bf16_to_f32(L->scales[n]) : 1.0f;
         for (int m = 0; m < M; m++) {
-            float t = _mm512_reduce_add_ps(acc[m]);
+            float t = vf_hsum(acc[m]);
             for (int kk = k; kk < K; kk++) t += load1_w(L->w, kind, row + kk) * x[(int64_t)m * ldx + kk];
             out[(int64_t)m * ldo + n] = t * s;
         }
@@ -134,18 +309,28 @@ static void dense_rows(const Lin *L, const float *x, int ldx, float *out, int ld
     else { DENSE_CASE(W_INT8) }
 }
 
-/* Scale and offset (zero - 8 * scale) of the 64 channels of block b for the group starting at k0:
- * sc[j], off[j] cover channels 16j..16j+15. The pack stores (scale, zero) bf16 pairs [K/g, N, 2]. */
-INLINE void int4_group_scales(const Lin *L, int b, int k0, __m512 sc[4], __m512 off[4]) {
-    const uint16_t *sz = L->scales + ((int64_t)(k0 / L->group) * L->n + (int64_t)b * 64) * 2;
-    for (int j = 0; j < 4; j++) {
+/* Scale and offset (zero - 8 * scale; zero itself when `centered`, for codes taken as q - 8) of
+ * channels [c0, c0 + nv * VL) for the group starting at k0, one vector of VL channels each. The pack
+ * stores (scale, zero) bf16 pairs [K/g, N, 2]. */
+INLINE void int4_group_scales(const Lin *L, int c0, int k0, int nv, vf *sc, vf *off, const int centered) {
+    const uint16_t *sz = L->scales + ((int64_t)(k0 / L->group) * L->n + c0) * 2;
+    for (int j = 0; j < nv; j++) {
+#if VL == 16
         const __m512i pairs = _mm512_loadu_si512((const void *)(sz + j * 32)); /* 16 x (scale, zero) */
         sc[j] = _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16));
         const __m512 ze = _mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32((int)0xffff0000u)));
-        off[j] = _mm512_fnmadd_ps(_mm512_set1_ps(8.0f), sc[j], ze);
+#else
+        const __m256i pairs = _mm256_loadu_si256((const __m256i *)(sz + j * 16)); /* 8 x (scale, zero) */
+        sc[j] = _mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16));
+        const __m256 ze = _mm256_castsi256_ps(_mm256_and_si256(pairs, _mm256_set1_epi32((int)0xffff0000u)));
+#endif
+        off[j] = centered ? ze : vf_fnma(vf_set1(8.0f), sc[j], ze);
     }
 }
 
+#if VL == 16
+#define INT4_ROWS MAX_ROWS
+#define INT4_BLOCK 64 /* channels per block of torch's int4 pack: its AVX-512 layout */
 /* One 64-channel block `b` of an int4 weight; K stored padded to the group, the real K's tail skipped. */
 INLINE void int4_block_rows_t(const Lin *L, const float *x, int ldx, float *out, int ldo, const int M, int b) {
     const int K = L->k, g = L->group, Kp = (K + g - 1) / g * g;
@@ -182,7 +367,7 @@ INLINE void int4_block_rows_t(const Lin *L, const float *x, int ldx, float *out,
             }
         }
         __m512 sc[4], off[4];
-        int4_group_scales(L, b, k0, sc, off);
+        int4_group_scales(L, b * 64, k0, 4, sc, off, 0);
         for (int j = 0; j < 4; j++)
             for (int m = 0; m < M; m++) {
                 tot[m][j] = _mm512_fmadd_ps(sc[j], acc[m][j], tot[m][j]);
@@ -192,8 +377,71 @@ INLINE void int4_block_rows_t(const Lin *L, const float *x, int ldx, float *out,
     for (int m = 0; m < M; m++)
         for (int j = 0; j < 4; j++) _mm512_storeu_ps(out + (int64_t)m * ldo + b * 64 + j * 16, tot[m][j]);
 }
+#else
+#define INT4_ROWS 2
+#define INT4_BLOCK 32 /* channels per block of torch's int4 pack: its AVX2 layout */
+/* AVX2: torch packs int4 for its AVX2 kernels in blocks of 32 channels (for each k, 16 bytes: low
+ * nibbles channels 0-15, high 16-31), so block `b` is 4 vectors of 8 channels; 2 rows' accumulators
+ * fit the 16 ymm registers, and group sums go to `out`. Codes are taken as q - 8 (w = (q - 8) scale
+ * + zero), so no large sum_k q x cancels against 8 sum_k x: 3x closer to float64 (SmolLM2's
+ * down_proj, g128: 7e-6 vs 2.2e-5 max error), one subtraction per 8 weights, shared by the rows. */
+INLINE void int4_block_rows_t(const Lin *L, const float *x, int ldx, float *out, int ldo, const int M, int b) {
+    const int K = L->k, g = L->group, Kp = (K + g - 1) / g * g;
+    const uint8_t *p = (const uint8_t *)L->w + (int64_t)b * Kp * 16;
+    const __m256i nib = _mm256_set1_epi32(0x0f), eight = _mm256_set1_epi32(8);
+    for (int m = 0; m < M; m++)
+        for (int j = 0; j < 4; j++) _mm256_storeu_ps(out + (int64_t)m * ldo + b * 32 + j * 8, _mm256_setzero_ps());
+    for (int k0 = 0; k0 < K; k0 += g) {
+        const int k1 = k0 + g < K ? k0 + g : K;
+        __m256 acc[INT4_ROWS][4];
+        for (int m = 0; m < M; m++)
+            for (int j = 0; j < 4; j++) acc[m][j] = _mm256_setzero_ps();
+        for (int k = k0; k < k1; k++) {
+            const __m256i v0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + (int64_t)k * 16)));
+            const __m256i v1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + (int64_t)k * 16 + 8)));
+            const __m256 w[4] = {
+                _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(v0, nib), eight)), /* channels 0-7 */
+                _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(v1, nib), eight)), /* 8-15 */
+                _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(v0, 4), eight)),  /* 16-23 */
+                _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(v1, 4), eight)),  /* 24-31 */
+            };
+            for (int m = 0; m < M; m++) {
+                const __m256 xb = _mm256_set1_ps(x[(int64_t)m * ldx + k]);
+                for (int j = 0; j < 4; j++) acc[m][j] = _mm256_fmadd_ps(w[j], xb, acc[m][j]);
+            }
+        }
+        __m256 sc[4], off[4];
+        int4_group_scales(L, b * 32, k0, 4, sc, off, 1);
+        for (int m = 0; m < M; m++) {
+            const float *xr = x + (int64_t)m * ldx;
+            __m256 s = _mm256_setzero_ps();
+            int k = k0;
+            for (; k + 8 <= k1; k += 8) s = _mm256_add_ps(s, _mm256_loadu_ps(xr + k));
+            float sx = vf_hsum(s);
+            for (; k < k1; k++) sx += xr[k];
+            float *o = out + (int64_t)m * ldo + b * 32;
+            for (int j = 0; j < 4; j++)
+                _mm256_storeu_ps(o + j * 8, _mm256_fmadd_ps(off[j], _mm256_set1_ps(sx),
+                                                            _mm256_fmadd_ps(sc[j], acc[m][j], _mm256_loadu_ps(o + j * 8))));
+        }
+    }
+}
+#endif
 
-#if defined(__AVX512VNNI__) && defined(__AVX512VBMI__)
+static void int4_block_rows(const Lin *L, const float *x, int ldx, float *out, int ldo, int M, int b) {
+    switch (M) {
+    case 1: int4_block_rows_t(L, x, ldx, out, ldo, 1, b); break;
+#if INT4_ROWS == 2
+    default: int4_block_rows_t(L, x, ldx, out, ldo, 2, b); break;
+#else
+    case 2: int4_block_rows_t(L, x, ldx, out, ldo, 2, b); break;
+    case 3: int4_block_rows_t(L, x, ldx, out, ldo, 3, b); break;
+    default: int4_block_rows_t(L, x, ldx, out, ldo, 4, b); break;
+#endif
+    }
+}
+
+#if VL == 16 && defined(__AVX512VNNI__) && defined(__AVX512VBMI__)
 #define HAVE_VNNI 1
 /* int4 x int8 with VNNI (what ggml does for Q4 x Q8): activations quantized per 32 inputs
  * (symmetric int8, one float scale each), `vpdpbusd` multiplies 4 unsigned weight codes by 4
@@ -248,7 +496,7 @@ INLINE void int8_vnni_rows_t(const Model *md, const Lin *L, float *out, int ldo,
         for (int m = 0; m < M; m++)
             tot[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[m]), _mm512_set1_ps(md->xscale[(int64_t)(m0 + m) * lds + b]), tot[m]);
     }
-    const __m512 ws = load16_bf16(L->scales + c * 16);
+    const __m512 ws = vf_load_bf16(L->scales + c * 16);
     for (int m = 0; m < M; m++) {
         float corr = 0.0f;
         for (int b = 0; b < nb; b++) corr += md->xsum[(int64_t)(m0 + m) * lds + b];
@@ -292,7 +540,7 @@ static void int4_vnni_block(const Model *md, const Lin *L, float *out, int ldo, 
     for (int k0 = 0; k0 < K; k0 += g) {
         const int k1 = k0 + g < K ? k0 + g : K;
         __m512 sc[4], off[4];
-        int4_group_scales(L, b, k0, sc, off);
+        int4_group_scales(L, b * 64, k0, 4, sc, off, 0);
         for (int kb = k0; kb < k1; kb += 32) {
             for (int q = 0; q < 8; q++) {
                 const __m512i r01 = _mm512_loadu_si512((const void *)(p + (int64_t)(kb + 4 * q) * 32));
@@ -329,17 +577,140 @@ static void int4_vnni_block(const Model *md, const Lin *L, float *out, int ldo, 
 }
 #endif
 
-static void int4_block_rows(const Lin *L, const float *x, int ldx, float *out, int ldo, int M, int b) {
-    switch (M) {
-    case 1: int4_block_rows_t(L, x, ldx, out, ldo, 1, b); break;
-    case 2: int4_block_rows_t(L, x, ldx, out, ldo, 2, b); break;
-    case 3: int4_block_rows_t(L, x, ldx, out, ldo, 3, b); break;
-    default: int4_block_rows_t(L, x, ldx, out, ldo, 4, b); break;
+#if VL == 8
+#define HAVE_INT8_AVX2 1
+/* The integer kernels without VNNI (llama.cpp's AVX2 Q8/Q4 dots): activations quantized per 32
+ * inputs as for VNNI; `vpmaddubsw` multiplies unsigned by signed bytes into int16 pair sums and
+ * `vpmaddwd` by ones adds the pairs into int32. */
+
+/* x [M, K] -> codes and a scale per 32 inputs (K % 32 == 0), and per 32 a sum: of the float inputs
+ * when exact_sum (the int4 kernel's zero-point term), else of the codes times the scale. */
+static void quantize_rows(const Model *md, const float *x, int ldx, int M, int K, int exact_sum) {
+    const int nb = K / 32;
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+#pragma omp for schedule(static)
+    for (int t = 0; t < M * nb; t++) {
+        const int m = t / nb, b = t % nb;
+        const float *xr = x + (int64_t)m * ldx + b * 32;
+        __m256 v[4], mx = _mm256_setzero_ps();
+        for (int i = 0; i < 4; i++) {
+            v[i] = _mm256_loadu_ps(xr + 8 * i);
+            mx = _mm256_max_ps(mx, _mm256_and_ps(v[i], absmask));
+        }
+        const float amax = vf_hmax(mx);
+        const float d = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        __m256i q[4];
+        for (int i = 0; i < 4; i++) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(inv)));
+        /* saturating packs work within 128-bit lanes: 4-byte groups come out q0[0:4] q1[0:4] q2[0:4]
+         * q3[0:4] q0[4:8] ..., put back in order by one dword permute */
+        const __m256i q8 = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+        _mm256_storeu_si256((__m256i *)(md->xq + (int64_t)m * md->max_k + b * 32),
+                            _mm256_permutevar8x32_epi32(q8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+        md->xscale[(int64_t)m * (md->max_k / 32) + b] = d;
+        md->xsum[(int64_t)m * (md->max_k / 32) + b] =
+            exact_sum ? vf_hsum(_mm256_add_ps(_mm256_add_ps(v[0], v[1]), _mm256_add_ps(v[2], v[3])))
+                      : d * vf_hsum(_mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]))));
     }
 }
 
+/* int8 weights x int8 activations, 8 channels (block c) for rows m0..m0+M-1. One vector of the
+ * repacked weight holds 8 channels x 4 inputs against 4 broadcast activation codes: 8 outputs with
+ * no horizontal reduction, as the VNNI kernel. `vpmaddubsw` takes |w| and x with w's sign, so the
+ * products never saturate (2 * 127 * 127 < 32767; w = -128 does not occur):
+ *   sum_k w x = ws_n * sum_b dx_b sum_{k in b} w qx                                           */
+#define INT8_ROWS 4
+INLINE void int8_avx2_rows_t(const Model *md, const Lin *L, float *out, int ldo, const int M, int m0, int c) {
+    const int nb = L->k / 32, ldq = md->max_k, lds = md->max_k / 32;
+    const __m256i *w = (const __m256i *)((const int8_t *)L->w + (int64_t)c * L->k * 8);
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 tot[INT8_ROWS];
+    for (int m = 0; m < M; m++) tot[m] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        __m256i acc[INT8_ROWS];
+        for (int m = 0; m < M; m++) acc[m] = _mm256_setzero_si256();
+        for (int q = 0; q < 8; q++) {
+            const __m256i wv = _mm256_loadu_si256(w + b * 8 + q), aw = _mm256_abs_epi8(wv);
+            for (int m = 0; m < M; m++) {
+                const __m256i xb = _mm256_set1_epi32(*(const int32_t *)(md->xq + (int64_t)(m0 + m) * ldq + b * 32 + 4 * q));
+                acc[m] = _mm256_add_epi32(acc[m], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xb, wv)), ones));
+            }
+        }
+        for (int m = 0; m < M; m++)
+            tot[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[m]), _mm256_set1_ps(md->xscale[(int64_t)(m0 + m) * lds + b]), tot[m]);
+    }
+    const __m256 ws = vf_load_bf16(L->scales + c * 8);
+    for (int m = 0; m < M; m++) _mm256_storeu_ps(out + (int64_t)(m0 + m) * ldo + c * 8, _mm256_mul_ps(ws, tot[m]));
+}
+
+static void int8_avx2_rows(const Model *md, const Lin *L, float *out, int ldo, int M, int c) {
+    for (int m0 = 0; m0 < M; m0 += INT8_ROWS) {
+        switch (M - m0 < INT8_ROWS ? M - m0 : INT8_ROWS) {
+        case 1: int8_avx2_rows_t(md, L, out, ldo, 1, m0, c); break;
+        case 2: int8_avx2_rows_t(md, L, out, ldo, 2, m0, c); break;
+        case 3: int8_avx2_rows_t(md, L, out, ldo, 3, m0, c); break;
+        default: int8_avx2_rows_t(md, L, out, ldo, 4, m0, c); break;
+        }
+    }
+}
+
+/* int4 x int8: the codes are unsigned (0-15), so `vpmaddubsw` takes them and the activation codes
+ * as they are, and the 8 quads of a 32-input slice add up in int16 (at most 8 * 2 * 15 * 127 =
+ * 30480) before one `vpmaddwd`. Each slice of a 32-channel block (torch's AVX2 pack: for each k 16
+ * bytes, low nibbles channels 0-15, high 16-31) is unpacked once into quad order for all rows (8
+ * quads x 4 vectors of 8 channels, 1 KB, stays in L1): byte then word interleaves of four 16-byte
+ * rows k..k+3 put each channel's 4 codes in one 32-bit lane, in channel order.
+ *   sum_k w x = scale * sum_b dx_b * sum_{k in b} q_k qx_k + (zero - 8 scale) * sum_k x_k   */
+static void int4_avx2_block(const Model *md, const Lin *L, float *out, int ldo, int M, int b) {
+    const int K = L->k, g = L->group, Kp = (K + g - 1) / g * g, ldq = md->max_k, lds = md->max_k / 32;
+    const uint8_t *p = (const uint8_t *)L->w + (int64_t)b * Kp * 16;
+    const __m256i nib = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    __m256i wq[8][4]; /* one 32-input slice, unpacked: [quad][channels 8j..8j+7] */
+    for (int m = 0; m < M; m++) memset(out + (int64_t)m * ldo + b * 32, 0, 32 * sizeof(float));
+    for (int k0 = 0; k0 < K; k0 += g) {
+        const int k1 = k0 + g < K ? k0 + g : K;
+        __m256 sc[4], off[4];
+        int4_group_scales(L, b * 32, k0, 4, sc, off, 0);
+        for (int kb = k0; kb < k1; kb += 32) {
+            for (int q = 0; q < 8; q++) {
+                const __m128i *r = (const __m128i *)(p + (int64_t)(kb + 4 * q) * 16);
+                const __m128i r0 = _mm_loadu_si128(r), r1 = _mm_loadu_si128(r + 1), r2 = _mm_loadu_si128(r + 2), r3 = _mm_loadu_si128(r + 3);
+                const __m128i a = _mm_unpacklo_epi8(r0, r1), e = _mm_unpackhi_epi8(r0, r1); /* byte pairs, channels 0-7, 8-15 */
+                const __m128i c = _mm_unpacklo_epi8(r2, r3), f = _mm_unpackhi_epi8(r2, r3);
+                const __m256i v0 = _mm256_set_m128i(_mm_unpackhi_epi16(a, c), _mm_unpacklo_epi16(a, c)); /* quads, channels 0-7 */
+                const __m256i v1 = _mm256_set_m128i(_mm_unpackhi_epi16(e, f), _mm_unpacklo_epi16(e, f)); /* 8-15 */
+                wq[q][0] = _mm256_and_si256(v0, nib);
+                wq[q][1] = _mm256_and_si256(v1, nib);
+                wq[q][2] = _mm256_and_si256(_mm256_srli_epi16(v0, 4), nib); /* 16-23 */
+                wq[q][3] = _mm256_and_si256(_mm256_srli_epi16(v1, 4), nib); /* 24-31 */
+            }
+            for (int m = 0; m < M; m++) {
+                const int8_t *xr = md->xq + (int64_t)m * ldq + kb;
+                __m256i acc[4];
+                for (int j = 0; j < 4; j++) acc[j] = _mm256_setzero_si256();
+                for (int q = 0; q < 8; q++) {
+                    const __m256i xb = _mm256_set1_epi32(*(const int32_t *)(xr + 4 * q));
+                    for (int j = 0; j < 4; j++) acc[j] = _mm256_add_epi16(acc[j], _mm256_maddubs_epi16(wq[q][j], xb));
+                }
+                const __m256 dx = _mm256_set1_ps(md->xscale[(int64_t)m * lds + kb / 32]);
+                float *o = out + (int64_t)m * ldo + b * 32;
+                for (int j = 0; j < 4; j++)
+                    _mm256_storeu_ps(o + j * 8, _mm256_fmadd_ps(_mm256_mul_ps(sc[j], dx), _mm256_cvtepi32_ps(_mm256_madd_epi16(acc[j], ones)),
+                                                                _mm256_loadu_ps(o + j * 8)));
+            }
+        }
+        for (int m = 0; m < M; m++) {
+            float sx = 0.0f;
+            for (int kb = k0; kb < k1; kb += 32) sx += md->xsum[(int64_t)m * lds + kb / 32];
+            float *o = out + (int64_t)m * ldo + b * 32;
+            for (int j = 0; j < 4; j++) _mm256_storeu_ps(o + j * 8, _mm256_fmadd_ps(off[j], _mm256_set1_ps(sx), _mm256_loadu_ps(o + j * 8)));
+        }
+    }
+}
+#endif
+
 /* out[M, N] = x[M, K] @ W^T, shared by the threads of the enclosing parallel region. */
 static void matmul_nobias(const Model *md, const Lin *L, const float *x, int ldx, float *out, int ldo, int M) {
+    (void)md; /* read by the integer kernels only */
 #ifdef HAVE_VNNI
     if (L->kind == W_INT8_VNNI) { /* repacked (cpu_decode.py) only with int8_activations, K % 32 == 0, N % 16 == 0 */
         quantize_rows(md, x, ldx, M, L->k, 0);
@@ -354,12 +725,26 @@ static void matmul_nobias(const Model *md, const Lin *L, const float *x, int ldx
         return;
     }
 #endif
+#ifdef HAVE_INT8_AVX2
+    if (L->kind == W_INT8_AVX2) { /* repacked (cpu_decode.py) only with int8_activations, K % 32 == 0, N % 8 == 0 */
+        quantize_rows(md, x, ldx, M, L->k, 0);
+#pragma omp for schedule(static)
+        for (int c = 0; c < L->n / 8; c++) int8_avx2_rows(md, L, out, ldo, M, c);
+        return;
+    }
+    if (md->int8_activations && L->kind == W_INT4 && L->k % 32 == 0 && L->group % 32 == 0) {
+        quantize_rows(md, x, ldx, M, L->k, 1);
+#pragma omp for schedule(static)
+        for (int b = 0; b < L->n / INT4_BLOCK; b++) int4_avx2_block(md, L, out, ldo, M, b);
+        return;
+    }
+#endif
     if (L->kind == W_INT4) {
 #pragma omp for schedule(static)
-        for (int b = 0; b < L->n / 64; b++)
-            for (int m0 = 0; m0 < M; m0 += MAX_ROWS)
+        for (int b = 0; b < L->n / INT4_BLOCK; b++)
+            for (int m0 = 0; m0 < M; m0 += INT4_ROWS)
                 int4_block_rows(L, x + (int64_t)m0 * ldx, ldx, out + (int64_t)m0 * ldo, ldo,
-                                M - m0 < MAX_ROWS ? M - m0 : MAX_ROWS, b);
+                                M - m0 < INT4_ROWS ? M - m0 : INT4_ROWS, b);
         return;
     }
     const int chunk = 16, nc = (L->n + chunk - 1) / chunk;
@@ -374,56 +759,31 @@ static void matmul_nobias(const Model *md, const Lin *L, const float *x, int ldx
 
 /* ---- pointwise ---- */
 
-/* e^x for 16 lanes: 2^n * e^f, n = round(x / ln 2), |f| <= ln(2) / 2, degree-6 Taylor (relative
- * error < 4e-7). Scalar expf calls were 7 of a 120 ms step at batch 64 (SiLU and softmax). */
-static inline __m512 exp16(__m512 x) {
-    x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.0f)), _mm512_set1_ps(-103.0f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 f = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);
-    f = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), f);
-    __m512 p = _mm512_set1_ps(1.0f / 720);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 120));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 24));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 6));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
-}
-
 /* p[0:n] = softmax(p[0:n]) in place. */
 static void softmax(float *p, int n) {
-    __m512 mx = _mm512_set1_ps(-INFINITY);
-    for (int j = 0; j < n; j += 16) {
-        const __mmask16 k = n - j >= 16 ? 0xffff : (__mmask16)((1u << (n - j)) - 1);
-        mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), k, p + j));
+    vf mx = vf_set1(-INFINITY);
+    for (int j = 0; j < n; j += VL) mx = vf_max(mx, vf_loadn_or(p + j, n - j, -INFINITY));
+    const vf m = vf_set1(vf_hmax(mx));
+    vf sum = vf_zero();
+    for (int j = 0; j < n; j += VL) {
+        const vf e = vf_maskz(n - j, vf_exp(vf_sub(vf_loadn(p + j, n - j), m)));
+        vf_storen(p + j, n - j, e);
+        sum = vf_add(sum, e);
     }
-    const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
-    __m512 sum = _mm512_setzero_ps();
-    for (int j = 0; j < n; j += 16) {
-        const __mmask16 k = n - j >= 16 ? 0xffff : (__mmask16)((1u << (n - j)) - 1);
-        const __m512 e = _mm512_maskz_mov_ps(k, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, p + j), m)));
-        _mm512_mask_storeu_ps(p + j, k, e);
-        sum = _mm512_add_ps(sum, e);
-    }
-    const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
-    for (int j = 0; j < n; j += 16) {
-        const __mmask16 k = n - j >= 16 ? 0xffff : (__mmask16)((1u << (n - j)) - 1);
-        _mm512_mask_storeu_ps(p + j, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, p + j), inv));
-    }
+    const vf inv = vf_set1(1.0f / vf_hsum(sum));
+    for (int j = 0; j < n; j += VL) vf_storen(p + j, n - j, vf_mul(vf_loadn(p + j, n - j), inv));
 }
 
 /* act[m, :] = silu(gu[m, :I]) * gu[m, I:] */
 static void silu_mul(const float *gu, float *act, int M, int I) {
-    const int nc = (I + 15) / 16;
+    const int nc = (I + VL - 1) / VL;
 #pragma omp for schedule(static)
     for (int t = 0; t < M * nc; t++) {
-        const int m = t / nc, i = (t % nc) * 16;
-        const __mmask16 k = I - i >= 16 ? 0xffff : (__mmask16)((1u << (I - i)) - 1);
-        const __m512 g = _mm512_maskz_loadu_ps(k, gu + (int64_t)m * 2 * I + i);
-        const __m512 u = _mm512_maskz_loadu_ps(k, gu + (int64_t)m * 2 * I + I + i);
-        const __m512 sg = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
-        _mm512_mask_storeu_ps(act + (int64_t)m * I + i, k, _mm512_mul_ps(sg, u));
+        const int m = t / nc, i = (t % nc) * VL;
+        const vf g = vf_loadn(gu + (int64_t)m * 2 * I + i, I - i);
+        const vf u = vf_loadn(gu + (int64_t)m * 2 * I + I + i, I - i);
+        const vf sg = vf_div(g, vf_add(vf_set1(1.0f), vf_exp(vf_sub(vf_zero(), g))));
+        vf_storen(act + (int64_t)m * I + i, I - i, vf_mul(sg, u));
     }
 }
 
@@ -446,25 +806,25 @@ static void add_rms_norm(const Model *md, const void *w, float *x, float *res, f
 
 /* v[0:n] = rms_norm(v) * w, in place (one head of q or k). */
 static void head_rms_norm(float *v, const void *w, int dtype, int n, float eps) {
-    __m512 ss = _mm512_setzero_ps();
-    for (int i = 0; i < n; i += 16) {
-        const __m512 x = _mm512_loadu_ps(v + i); /* n % 16 == 0 (cpu_decode.py checks head_dim) */
-        ss = _mm512_fmadd_ps(x, x, ss);
+    vf ss = vf_zero();
+    for (int i = 0; i < n; i += VL) {
+        const vf x = vf_load(v + i); /* n % 16 == 0 (cpu_decode.py checks head_dim) */
+        ss = vf_fma(x, x, ss);
     }
-    const __m512 r = _mm512_set1_ps(1.0f / sqrtf(_mm512_reduce_add_ps(ss) / n + eps));
-    for (int i = 0; i < n; i += 16) {
-        const __m512 wv = dtype == W_F32 ? _mm512_loadu_ps((const float *)w + i) : load16_bf16((const uint16_t *)w + i);
-        _mm512_storeu_ps(v + i, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(v + i), r), wv));
+    const vf r = vf_set1(1.0f / sqrtf(vf_hsum(ss) / n + eps));
+    for (int i = 0; i < n; i += VL) {
+        const vf wv = dtype == W_F32 ? vf_load((const float *)w + i) : vf_load_bf16((const uint16_t *)w + i);
+        vf_store(v + i, vf_mul(vf_mul(vf_load(v + i), r), wv));
     }
 }
 
 static void rotate(float *v, const float *cs, int half) { /* rotate-half RoPE: cos in cs[:half], sin in cs[half:] */
-    for (int i = 0; i < half; i += 16) {
-        const __mmask16 k = half - i >= 16 ? 0xffff : (__mmask16)((1u << (half - i)) - 1);
-        const __m512 a = _mm512_maskz_loadu_ps(k, v + i), b = _mm512_maskz_loadu_ps(k, v + i + half);
-        const __m512 c = _mm512_maskz_loadu_ps(k, cs + i), sn = _mm512_maskz_loadu_ps(k, cs + i + half);
-        _mm512_mask_storeu_ps(v + i, k, _mm512_fmsub_ps(a, c, _mm512_mul_ps(b, sn)));
-        _mm512_mask_storeu_ps(v + i + half, k, _mm512_fmadd_ps(b, c, _mm512_mul_ps(a, sn)));
+    for (int i = 0; i < half; i += VL) {
+        const int n = half - i;
+        const vf a = vf_loadn(v + i, n), b = vf_loadn(v + i + half, n);
+        const vf c = vf_loadn(cs + i, n), sn = vf_loadn(cs + i + half, n);
+        vf_storen(v + i, n, vf_fms(a, c, vf_mul(b, sn)));
+        vf_storen(v + i + half, n, vf_fma(b, c, vf_mul(a, sn)));
     }
 }
 
@@ -473,47 +833,40 @@ static inline void put_kv(void *cache, int dtype, int64_t off, const float *src,
         memcpy((float *)cache + off, src, (size_t)n * sizeof(float));
         return;
     }
-    int i = 0;
-#ifdef __AVX512BF16__
-    for (; i + 16 <= n; i += 16) /* round to nearest even, as f32_to_bf16 */
-        _mm256_storeu_si256((__m256i *)((uint16_t *)cache + off + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(src + i)));
-#endif
+    int i = put_bf16_vec((uint16_t *)cache + off, src, n);
     for (; i < n; i++) ((uint16_t *)cache)[off + i] = f32_to_bf16(src[i]);
 }
 
 /* The cache rows of one head are a few hundred bytes apart and scattered over pages: the hardware
  * prefetcher missed them and every row cost a memory latency (attention was 1.4 of a 7 ms step). */
-#define PREFETCH_AHEAD 6
 static inline void prefetch_row(const void *cache, int dtype, int64_t off, int n) {
     const char *p = (const char *)cache + off * (dtype == W_F32 ? 4 : 2);
     for (int b = 0; b < n * (dtype == W_F32 ? 4 : 2); b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
 }
 
-/* r[i] = sum of the 16 lanes of a[i]: a transpose-and-add tree, 45 shuffles and adds for 16 sums
- * (a horizontal reduce per key cost ~8 dependent ops each). */
-static inline __m512 hsum16(const __m512 a[16]) {
-    __m512 t[8], u[4], v[2];
-    for (int i = 0; i < 8; i++) t[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
-    for (int i = 0; i < 4; i++)
-        u[i] = _mm512_add_ps(_mm512_shuffle_ps(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                             _mm512_shuffle_ps(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-    for (int i = 0; i < 2; i++)
-        v[i] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                             _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(v[0], v[1], _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_f32x4(v[0], v[1], _MM_SHUFFLE(3, 1, 3, 1)));
+INLINE vf load_kv(const void *cache, int dtype, int64_t off) {
+    return dtype == W_F32 ? vf_load((const float *)cache + off) : vf_load_bf16((const uint16_t *)cache + off);
 }
 
-#define ATT_CHUNK 16
+#define ATT_CHUNK VL /* keys scored together: one hsum_lanes */
+/* V accumulation: ATT_DV vectors of head dims x ATT_G query heads in registers (AVX-512: 64 dims x
+ * 4 heads in 16 of 32 zmm; AVX2: 16 dims x 4 heads in 8 of 16 ymm, V rows re-read from L1 per 16 dims) */
+#if VL == 16
+#define ATT_DV 4
+#else
+#define ATT_DV 2
+#endif
+#define ATT_G 4
 /* One (sequence, kv head) task: its G query heads q [G, hd] over keys j0..L-1 of the paged cache
- * -> o [G, hd]. Keys go 16 at a time: the chunk's K rows are widened to float32 once into kt, each
- * query head's 16 scores come out of one hsum16; then softmax; then V with the output held in
- * registers, 64 dims x up to 4 heads at a time. p: [G, max_ctx] scratch. */
+ * -> o [G, hd]. Keys go ATT_CHUNK at a time: the chunk's K rows are widened to float32 once into kt,
+ * each query head's scores come out of one hsum_lanes; then softmax; then V with the output held in
+ * registers. p: [G, max_ctx] scratch. */
 static void attend(const Model *md, const float *q, float *o, float *p, float *kt, int64_t base, const int32_t *cslot,
                    int kh, int j0, int L) {
     const int hd = md->head_dim, G = md->num_heads / md->num_kv_heads, row = md->num_kv_heads * hd;
     base += (int64_t)kh * hd;
 #define KV_OFF(j) (base + (int64_t)cslot[j] * row)
-    const int nv = hd / 16, n = L - j0; /* hd % 16 == 0 (checked by cpu_decode.py) */
+    const int nv = hd / VL, n = L - j0; /* hd % 16 == 0 (checked by cpu_decode.py) */
     for (int c = 0; c < n; c += ATT_CHUNK) {
         const int cn = n - c < ATT_CHUNK ? n - c : ATT_CHUNK;
         for (int jj = 0; jj < cn; jj++) {
@@ -521,45 +874,40 @@ static void attend(const Model *md, const float *q, float *o, float *p, float *k
             const int ja = j + ATT_CHUNK < L ? j + ATT_CHUNK : j;
             prefetch_row(md->k_cache, md->dtype, KV_OFF(ja), hd);
             const int64_t off = KV_OFF(j);
-            for (int v = 0; v < nv; v++)
-                _mm512_storeu_ps(kt + jj * hd + v * 16, md->dtype == W_F32 ? _mm512_loadu_ps((const float *)md->k_cache + off + v * 16)
-                                                                           : load16_bf16((const uint16_t *)md->k_cache + off + v * 16));
+            for (int v = 0; v < nv; v++) vf_store(kt + jj * hd + v * VL, load_kv(md->k_cache, md->dtype, off + v * VL));
         }
         for (int g = 0; g < G; g++) {
-            __m512 acc[ATT_CHUNK];
+            vf acc[ATT_CHUNK];
             for (int jj = 0; jj < ATT_CHUNK; jj++) {
-                acc[jj] = _mm512_setzero_ps();
+                acc[jj] = vf_zero();
                 if (jj < cn)
-                    for (int v = 0; v < nv; v++) acc[jj] = _mm512_fmadd_ps(_mm512_loadu_ps(q + g * hd + v * 16), _mm512_loadu_ps(kt + jj * hd + v * 16), acc[jj]);
+                    for (int v = 0; v < nv; v++) acc[jj] = vf_fma(vf_load(q + g * hd + v * VL), vf_load(kt + jj * hd + v * VL), acc[jj]);
             }
-            const __mmask16 k = cn == 16 ? 0xffff : (__mmask16)((1u << cn) - 1);
-            _mm512_mask_storeu_ps(p + g * md->max_ctx + c, k, _mm512_mul_ps(hsum16(acc), _mm512_set1_ps(md->scale)));
+            vf_storen(p + g * md->max_ctx + c, cn, vf_mul(hsum_lanes(acc), vf_set1(md->scale)));
         }
     }
     for (int g = 0; g < G; g++) softmax(p + g * md->max_ctx, n);
-    for (int d0 = 0; d0 < hd; d0 += 64) {
-        const int vn = (hd - d0) / 16 < 4 ? (hd - d0) / 16 : 4;
-        for (int g0 = 0; g0 < G; g0 += 4) {
-            const int gn = G - g0 < 4 ? G - g0 : 4;
-            __m512 acc[4][4];
-            for (int g = 0; g < 4; g++)
-                for (int v = 0; v < 4; v++) acc[g][v] = _mm512_setzero_ps();
+    for (int d0 = 0; d0 < hd; d0 += ATT_DV * VL) {
+        const int vn = (hd - d0) / VL < ATT_DV ? (hd - d0) / VL : ATT_DV;
+        for (int g0 = 0; g0 < G; g0 += ATT_G) {
+            const int gn = G - g0 < ATT_G ? G - g0 : ATT_G;
+            vf acc[ATT_G][ATT_DV];
+            for (int g = 0; g < ATT_G; g++)
+                for (int v = 0; v < ATT_DV; v++) acc[g][v] = vf_zero();
             for (int jj = 0; jj < n; jj++) {
                 const int j = j0 + jj;
                 const int ja = j + ATT_CHUNK < L ? j + ATT_CHUNK : j;
                 if (d0 == 0 && g0 == 0) prefetch_row(md->v_cache, md->dtype, KV_OFF(ja), hd);
                 const int64_t off = KV_OFF(j) + d0;
-                __m512 vr[4];
-                for (int v = 0; v < vn; v++)
-                    vr[v] = md->dtype == W_F32 ? _mm512_loadu_ps((const float *)md->v_cache + off + v * 16)
-                                               : load16_bf16((const uint16_t *)md->v_cache + off + v * 16);
+                vf vr[ATT_DV];
+                for (int v = 0; v < vn; v++) vr[v] = load_kv(md->v_cache, md->dtype, off + v * VL);
                 for (int g = 0; g < gn; g++) {
-                    const __m512 pj = _mm512_set1_ps(p[(g0 + g) * md->max_ctx + jj]);
-                    for (int v = 0; v < vn; v++) acc[g][v] = _mm512_fmadd_ps(pj, vr[v], acc[g][v]);
+                    const vf pj = vf_set1(p[(g0 + g) * md->max_ctx + jj]);
+                    for (int v = 0; v < vn; v++) acc[g][v] = vf_fma(pj, vr[v], acc[g][v]);
                 }
             }
             for (int g = 0; g < gn; g++)
-                for (int v = 0; v < vn; v++) _mm512_storeu_ps(o + (g0 + g) * hd + d0 + v * 16, acc[g][v]);
+                for (int v = 0; v < vn; v++) vf_store(o + (g0 + g) * hd + d0 + v * VL, acc[g][v]);
         }
     }
 }
@@ -578,6 +926,23 @@ static void matmul(const Model *md, const Lin *L, const float *x, int ldx, float
 void slotune_matmul(const Model *md, const Lin *L, const float *x, float *out, int M, int num_threads) {
 #pragma omp parallel num_threads(num_threads)
     matmul(md, L, x, L->k, out, L->n, M);
+}
+
+/* Which kernels this build holds (ISA_* flags): cpu_decode.py repacks int8 weights by this, not by
+ * its own reading of the CPU flags, so a repacked layout always has its kernel. */
+/* Channels per block of torch's CPU int4 pack that the int4 kernels read: torch lays it out per its
+ * own runtime ISA (64 for AVX-512, 32 for AVX2), which cpu_decode.py checks against this. */
+int slotune_int4_block(void) { return INT4_BLOCK; }
+
+int slotune_isa(void) {
+    return ISA_FLOAT
+#ifdef HAVE_VNNI
+           | ISA_INT8_VNNI | ISA_INT4_INT8ACT
+#endif
+#ifdef HAVE_INT8_AVX2
+           | ISA_INT8_AVX2 | ISA_INT4_INT8ACT
+#endif
+        ;
 }
 
 /* ---- the step ---- */

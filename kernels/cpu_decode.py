@@ -6,8 +6,12 @@ into ~/.cache/slotune/native/ and loaded with ctypes. torch is imported first, s
 (two pools spinning against each other made steps 2x slower on 2 cores). ctypes releases the GIL
 for the call, so the HTTP event loop runs while a step computes.
 
-`CpuDecoder.supports(model, cache)` says whether a model can run here; the reason when not
-(no AVX-512, no gcc, a weight format or KV dtype the kernel does not read) is logged by the
+The source builds for AVX-512 or for AVX2 + FMA, whichever `-march=native` offers; `isa()` is
+what the loaded build reports it holds (its float vector width and which int8 kernels), and
+weights are repacked for exactly that build.
+
+`CpuDecoder.unsupported(model, cache)` says whether a model can run here; the reason when not
+(no AVX2/FMA, no gcc, a weight format or KV dtype the kernel does not read) is logged by the
 runner, which then keeps the torch path. Prefill, chunked prefill, speculative verification and
 draft steps stay on the torch path; they share the same KV cache.
 """
@@ -28,7 +32,9 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_decode.c")
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-math-errno"]
-W_F32, W_BF16, W_INT8, W_INT4, W_INT8_VNNI = 0, 1, 2, 3, 4
+W_F32, W_BF16, W_INT8, W_INT4, W_INT8_VNNI, W_INT8_AVX2 = 0, 1, 2, 3, 4, 5
+# slotune_isa() flags (cpu_decode.c): float kernels' ISA, and the int8-activation kernels compiled in
+ISA_AVX512, ISA_AVX2, ISA_INT8_VNNI, ISA_INT8_AVX2, ISA_INT4_INT8ACT = 1, 2, 4, 8, 16
 MAX_HEAD_DIM = 512  # the kernel widens 16 K rows into a stack buffer of this size
 
 
@@ -69,16 +75,16 @@ def _cpu_flags() -> str:
         return ""
 
 
-def _cpu_has_avx512() -> bool:
+def _cpu_has_avx2() -> bool:
     flags = _cpu_flags() + " "
-    return all(f" {f} " in flags for f in ("avx512f", "avx512bw", "avx512vl", "avx512dq"))
+    return all(f" {f} " in flags for f in ("avx2", "fma", "f16c"))
 
 
 @functools.cache
 def load_library() -> ctypes.CDLL | str:
     """The compiled kernel, or a string saying why it cannot be had on this machine."""
-    if not _cpu_has_avx512():
-        return "this CPU lacks AVX-512 (avx512f/bw/vl/dq)"
+    if not _cpu_has_avx2():  # every AVX-512 CPU has these too; the C source picks the wider ISA itself
+        return "this CPU lacks AVX2 + FMA (the native step needs AVX2/FMA or AVX-512)"
     if not SOURCE.exists():
         return f"{SOURCE} is missing from this install"
     src = SOURCE.read_bytes()
@@ -102,16 +108,38 @@ def load_library() -> ctypes.CDLL | str:
         ctypes.POINTER(_Model), ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
         ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
     ]
+    lib.slotune_isa.restype = ctypes.c_int
+    lib.slotune_isa.argtypes = []
+    lib.slotune_int4_block.restype = ctypes.c_int
+    lib.slotune_int4_block.argtypes = []
     lib.slotune_matmul.restype = None
     lib.slotune_matmul.argtypes = [ctypes.POINTER(_Model), ctypes.POINTER(_Lin), ctypes.c_void_p, ctypes.c_void_p,
                                    ctypes.c_int, ctypes.c_int]
     return lib
 
 
-def has_vnni() -> bool:
-    """The int8-activation int4 kernel is compiled in (AVX512-VNNI and AVX512-VBMI)."""
-    flags = _cpu_flags() + " "
-    return " avx512_vnni " in flags and " avx512vbmi " in flags
+def isa() -> int:
+    """ISA_* flags of the loaded build (0 when there is none): what was compiled in, not what
+    /proc/cpuinfo says, so a weight is only ever repacked for a kernel the library holds."""
+    lib = load_library()
+    return 0 if isinstance(lib, str) else lib.slotune_isa()
+
+
+@functools.cache
+def torch_int4_block() -> int:
+    """Channels per block of torch's CPU int4 pack (`_convert_weight_to_int4pack_for_cpu`) in this
+    process: torch lays it out for its own runtime ISA, blocks of 64 under AVX-512 (per k, low nibbles
+    channels 0-31, high 32-63) and of 32 under AVX2 (0-15, 16-31); 0 for a layout neither."""
+    q = torch.zeros(64, 64, dtype=torch.int32)
+    q[16, 0] = 1  # channel 16, k = 0: block 64 -> byte 16 low nibble; block 32 -> byte 0 high nibble
+    p = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1).flatten()
+    changed = [(int(i), int(p[i])) for i in p.nonzero().flatten()]
+    return {((16, 1),): 64, ((0, 16),): 32}.get(tuple(changed), 0)
+
+
+def has_int8_activations() -> bool:
+    """int8 x int8 kernels for int8 and int4 layers are compiled in (AVX512-VNNI/VBMI, or AVX2)."""
+    return bool(isa() & ISA_INT4_INT8ACT)
 
 
 def matmul(mod, x: torch.Tensor, int8_activations: bool = False) -> torch.Tensor:
@@ -139,12 +167,16 @@ def _dtype_code(t: torch.Tensor) -> int | None:
 def _lin(mod, keep: list[torch.Tensor] | None = None, int8_activations: bool = False) -> _Lin | str:
     """ctypes view of one projection, or why the kernel cannot read it. A bias is read as a float32
     copy appended to `keep` (the caller keeps it alive), and so is an int8 weight repacked for the
-    VNNI kernel when `int8_activations` (the torch path keeps reading the original)."""
+    build's int8 kernel (VNNI or AVX2) when `int8_activations` (the torch path keeps reading the original)."""
     lin = _weights(mod)
-    if (isinstance(lin, _Lin) and lin.kind == W_INT8 and int8_activations and keep is not None and has_vnni()
-            and lin.k % 32 == 0 and lin.n % 16 == 0):
-        keep.append(_vnni_int8(mod.qweight))
-        lin.kind, lin.w = W_INT8_VNNI, keep[-1].data_ptr()
+    if isinstance(lin, _Lin) and lin.kind == W_INT8 and int8_activations and keep is not None and lin.k % 32 == 0:
+        flags = isa()
+        if flags & ISA_INT8_VNNI and lin.n % 16 == 0:
+            keep.append(_vnni_int8(mod.qweight))
+            lin.kind, lin.w = W_INT8_VNNI, keep[-1].data_ptr()
+        elif flags & ISA_INT8_AVX2 and lin.n % 8 == 0:
+            keep.append(_avx2_int8(mod.qweight))
+            lin.kind, lin.w = W_INT8_AVX2, keep[-1].data_ptr()
     if isinstance(lin, _Lin) and getattr(mod, "bias", None) is not None and keep is not None:
         b = mod.bias.detach().float().contiguous()
         keep.append(b)
@@ -157,6 +189,13 @@ def _vnni_int8(w: torch.Tensor) -> torch.Tensor:
     inputs, what `vpdpbusd` (unsigned x signed bytes) takes against 4 broadcast activation codes."""
     n, k = w.shape
     return (w.view(n // 16, 16, k // 4, 4).permute(0, 2, 1, 3).to(torch.int16) + 128).to(torch.uint8).contiguous()
+
+
+def _avx2_int8(w: torch.Tensor) -> torch.Tensor:
+    """int8 [N, K] -> int8 [N/8, K/4, 8, 4]: one 32-byte vector = 8 channels x 4 inputs, what
+    `vpmaddubsw` (after moving the weight's sign onto the activation) takes against 4 broadcast codes."""
+    n, k = w.shape
+    return w.view(n // 8, 8, k // 4, 4).permute(0, 2, 1, 3).contiguous()
 
 
 def _weights(mod) -> _Lin | str:
@@ -175,6 +214,10 @@ def _weights(mod) -> _Lin | str:
         return _Lin(W_INT8, mod.qweight.shape[0], mod.qweight.shape[1], 0, mod.qweight.data_ptr(), mod.scales.data_ptr(),
                     None)
     if isinstance(mod, Int4Linear):
+        lib, block = load_library(), torch_int4_block()
+        if not isinstance(lib, str) and lib.slotune_int4_block() != block:
+            return (f"torch packs int4 in blocks of {block or 'unknown'} channels here, the kernel built for this CPU "
+                    f"reads blocks of {lib.slotune_int4_block()} (ATEN_CPU_CAPABILITY set below the CPU's ISA?)")
         if not mod.on_cpu or mod.n % 64:
             return f"int4 layer with {mod.n} output channels (the CPU pack needs a multiple of 64)"
         return _Lin(W_INT4, mod.n, mod.k - mod.pad, mod.group_size, mod.packed.data_ptr(), mod.scales_and_zeros.data_ptr(),
@@ -188,7 +231,11 @@ def _weights(mod) -> _Lin | str:
 # vs 95; int8 32 rows 97 vs 111, 64 rows 196 vs 193; int4 64 rows 157 vs 242; dense float32 runs
 # MKL's sgemm, slower than native at every size. int8 with int8_activations (the VNNI kernel): 64
 # rows 58 ms vs 146 for the float kernel above. None: every step up to the decoder's capacity.
-MAX_NATIVE_ROWS = {W_BF16: 16, W_INT8: 32, W_INT4: None, W_F32: None, W_INT8_VNNI: None}
+# Per build ISA (slotune_isa()): the numbers above are the AVX-512 build's.
+MAX_NATIVE_ROWS = {
+    ISA_AVX512: {W_BF16: 16, W_INT8: 32, W_INT4: None, W_F32: None, W_INT8_VNNI: None},
+    ISA_AVX2: {W_BF16: 16, W_INT8: 32, W_INT4: None, W_F32: None, W_INT8_AVX2: None},  # TODO measure
+}
 # Rows of capacity beyond max_num_seqs: a short prompt's prefill chunk runs in the same native
 # call as the running decodes (TTFT p50 of a 32-token prompt, int4-g32 bf16, served at concurrency 1:
 # 117 ms with the prefill on torch, 56 ms native; bench/peers).
@@ -204,8 +251,8 @@ class CpuDecoder:
     def __init__(self, model, cache, max_rows: int, max_ctx: int, int8_activations: bool = False) -> None:
         reason = self.unsupported(model, cache)
         assert reason is None, reason
-        if int8_activations and not has_vnni():
-            log.warning("kernels.int8_activations ignored: this CPU lacks AVX512-VNNI/VBMI")
+        if int8_activations and not has_int8_activations():
+            log.warning("kernels.int8_activations ignored: this build has no int8 kernels (AVX-512 without VNNI/VBMI)")
         self.lib = load_library()
         cfg = model.cfg
         self.max_rows, self.max_ctx = max_rows, max_ctx
@@ -231,7 +278,7 @@ class CpuDecoder:
         self._scratch["xsum"] = torch.zeros(max_rows, max_k // 32, **f32)
         self._scratch["ctx_slots"] = torch.zeros(max_rows, max_ctx, dtype=torch.int32)
         self.logits = torch.empty(max_rows, cfg.vocab_size, **f32)
-        limit = MAX_NATIVE_ROWS[self._layers[0].gate_up.kind]
+        limit = MAX_NATIVE_ROWS[isa() & (ISA_AVX512 | ISA_AVX2)][self._layers[0].gate_up.kind]
         self.max_native_rows = max_rows if limit is None else min(limit, max_rows)
         self._model = model  # keeps every viewed tensor alive
         self._cache = cache

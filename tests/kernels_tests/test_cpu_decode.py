@@ -18,7 +18,8 @@ from slotune.engine.layers.linear import Linear
 from slotune.engine.loader import load_model
 from slotune.engine.model_runner import ModelRunner
 from slotune.engine.models.llama import LlamaModel
-from slotune.kernels.cpu_decode import load_library
+from slotune.engine.quantize import Int4Linear, Int8Linear
+from slotune.kernels.cpu_decode import load_library, torch_int4_block
 from tests.engine_driver import generate
 
 pytestmark = pytest.mark.skipif(isinstance(load_library(), str), reason=f"native kernel unavailable: {load_library()}")
@@ -26,12 +27,38 @@ pytestmark = pytest.mark.skipif(isinstance(load_library(), str), reason=f"native
 PROMPTS = ["The capital of France is Paris, and the capital of Italy is", "def add(a, b):\n    return", "Once upon a time"]
 
 
+def _dense(mod) -> torch.Tensor:
+    """[N, K] float32 weights the native kernel multiplies with. Int4 is unpacked by the block width
+    torch packed it with here (64 channels under AVX-512, 32 under AVX2: torch_int4_block), exactly;
+    Int4Linear.dequantize reads the AVX-512 layout only."""
+    if isinstance(mod, Linear):
+        return mod.weight.float()
+    if not isinstance(mod, Int4Linear):
+        return mod.dequantize()
+    block = torch_int4_block()
+    p = mod.packed.view(mod.n // block, mod.k, block // 2)
+    q = torch.cat([p & 15, p >> 4], dim=-1).permute(0, 2, 1).reshape(mod.n, mod.k).float()
+    sz = mod.scales_and_zeros.float().transpose(0, 1).repeat_interleave(mod.group_size, dim=1)  # [N, K, 2]
+    return ((q - 8) * sz[..., 0] + sz[..., 1])[:, : mod.k - mod.pad].contiguous()
+
+
+def test_int4_unpack_follows_torchs_layout():
+    """The block width probed from torch's pack (which the kernel build must match) unpacks to the
+    weights quantized: within half a step of the originals, and far off with the other width."""
+    torch.manual_seed(0)
+    w = torch.randn(128, 256)
+    mod = Int4Linear(w, 32)
+    step = mod.scales_and_zeros[..., 0].float().t().repeat_interleave(32, dim=1)  # [N, K]
+    assert ((_dense(mod) - w).abs() <= 0.5 * step + 1e-2).all()
+    assert load_library().slotune_int4_block() == torch_int4_block()
+
+
 def _reference(llm: LLM) -> LlamaModel:
     """A float32 torch model holding exactly the weights the native kernel reads."""
     model = llm.engine.runner.model
     cfg, sd, _ = load_model(llm.engine.cfg.model)
     ref = LlamaModel(cfg, sd, torch.float32, torch.device("cpu"))
-    dense = lambda m: m.weight.float() if isinstance(m, Linear) else m.dequantize()  # noqa: E731
+    dense = _dense
     for mine, theirs in zip(model.layers, ref.layers):
         for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):
             getattr(theirs, name).weight.data = dense(getattr(mine, name)).contiguous()
@@ -106,8 +133,7 @@ def _fake_quant_rows(x: torch.Tensor) -> torch.Tensor:
                                          ("int4-g32-int8act", 576), ("int4-g64-int8act", 320), ("int8-int8act", 160)])
 def test_matmul_kernels_match_torch(kind, k, rows):
     """Each weight format's matmul against x @ dequantized W^T, odd K tails and row counts included."""
-    from slotune.engine.quantize import Int4Linear, Int8Linear
-    from slotune.kernels.cpu_decode import has_vnni, matmul
+    from slotune.kernels.cpu_decode import has_int8_activations, matmul
 
     torch.manual_seed(0)
     n = 128
@@ -122,9 +148,9 @@ def test_matmul_kernels_match_torch(kind, k, rows):
     else:
         mod = Int4Linear(w, int(kind.split("-g")[1].split("-")[0]))
     int8act = kind.endswith("int8act")
-    if int8act and not has_vnni():
-        pytest.skip("no AVX512-VNNI/VBMI")
-    dense = mod.weight.float() if isinstance(mod, Linear) else mod.dequantize()
+    if int8act and not has_int8_activations():
+        pytest.skip("this build has no int8 kernels (AVX-512 without VNNI/VBMI)")
+    dense = _dense(mod)
     got = matmul(mod, x, int8_activations=int8act)
     want = (x.double() @ dense.double().T).float()
     if not int8act:
@@ -139,6 +165,53 @@ def test_matmul_kernels_match_torch(kind, k, rows):
         fq = fq.float()
         torch.testing.assert_close(got, fq, atol=2e-3, rtol=1e-4)
         assert (got - want).abs().max() > 10 * (got - fq).abs().max()
+
+
+def test_int8_activations_repack_follows_the_build():
+    """With int8 activations an int8 weight is repacked for the int8 kernel the library reports
+    (slotune_isa), never by the CPU flags alone: [N/16, K/4, 16, 4] + 128 for VNNI, [N/8, K/4, 8, 4]
+    signed for AVX2; a shape the kernel cannot take stays on the float kernel."""
+    from slotune.kernels import cpu_decode as cd
+
+    torch.manual_seed(0)
+    for n in (128, 136):  # 136: a multiple of 8, not of 16
+        mod, keep = Int8Linear(torch.randn(n, 64)), []
+        lin = cd._lin(mod, keep, int8_activations=True)
+        q = mod.qweight
+        if cd.isa() & cd.ISA_INT8_VNNI and n % 16 == 0:
+            assert lin.kind == cd.W_INT8_VNNI
+            assert torch.equal(keep[0].view(n // 16, 16, 16, 4)[1, 2, 3].to(torch.int16) - 128, q[19, 8:12].to(torch.int16))
+        elif cd.isa() & cd.ISA_INT8_AVX2:
+            assert lin.kind == cd.W_INT8_AVX2 and keep[0].data_ptr() == lin.w
+            assert torch.equal(keep[0].view(n // 8, 16, 8, 4)[2, 3, 5], q[21, 12:16])  # [block, quad, channel, input]
+        else:
+            assert lin.kind == cd.W_INT8
+        assert cd._lin(mod, [], int8_activations=False).kind == cd.W_INT8
+
+
+@pytest.mark.parametrize("n", [128, 136])
+def test_int8_activation_kernel_at_the_extremes(n):
+    """Weight and activation codes all +-127 (the largest int16 pair sums the int8 kernels form:
+    2 * 127 * 127, and 8 int4 quads 8 * 2 * 15 * 127, both below 32767): exact against the
+    fake-quantized input, so nothing saturated. 136 channels: AVX2's 8-channel repack."""
+    from slotune.kernels.cpu_decode import has_int8_activations, matmul
+
+    if not has_int8_activations():
+        pytest.skip("this build has no int8 kernels (AVX-512 without VNNI/VBMI)")
+    g = torch.Generator().manual_seed(0)
+    k = 256
+    sign = lambda *s: torch.randint(0, 2, s, generator=g).float() * 2 - 1  # noqa: E731
+    w = sign(n, k) * torch.rand(n, 1, generator=g)  # every weight at its row's max: codes +-127
+    x = sign(5, k) * 3.0  # every activation at its block's max: codes +-127
+    mod = Int8Linear(w)
+    assert mod.qweight.abs().min() == 127
+    got = matmul(mod, x, int8_activations=True)
+    want = (x.double() @ _dense(mod).double().T).float()
+    torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-5)
+    if n % 64 == 0:  # int4: codes 0 and 15 only (two values per group), activations +-127
+        mod4 = Int4Linear(w, 32)
+        got4 = matmul(mod4, x, int8_activations=True)
+        torch.testing.assert_close(got4, (x.double() @ _dense(mod4).double().T).float(), atol=1e-3, rtol=1e-5)
 
 
 @pytest.mark.parametrize(("overrides", "max_native_rows"), [({}, None), ({"max_num_batched_tokens": 16}, None),
