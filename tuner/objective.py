@@ -7,21 +7,30 @@ The lifecycle of one trial (`Objective.__call__`):
 A child that crashes, hangs, runs out of memory or raises is recorded as a FAIL trial with the
 reason (`TrialFailure`); the study goes on. The memory cap watches the child's resident set:
 RLIMIT_AS would also count torch's large virtual reservations and kill healthy trials.
+
+Trial processes die with `tune run`: each runs in its own process group (its HTTP client with
+it), which is killed when the trial ends, fails, or when `tune run` gets SIGTERM/SIGINT (see
+`trials_die_with_this_process`); a SIGKILL of `tune run` reaches the child through its
+parent-death signal (set by the child, `trial_runner.die_with_parent`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from slotune.tuner.errors import format_error
 from slotune.tuner.slo import CONSTRAINT_KEYS, constraint_values, is_feasible
 
 
@@ -31,6 +40,66 @@ class TrialFailure(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class Interrupted(KeyboardInterrupt):
+    """`tune run` got SIGTERM or SIGINT. A KeyboardInterrupt, so Optuna records the running
+    trial as FAIL before it re-raises, as it does for Ctrl-C."""
+
+
+# Why a trial with no outcome ended: set when the trial starts, replaced by the real outcome.
+# A trial left RUNNING by a killed process is failed later by another (`fail_orphaned_trials`,
+# Optuna's heartbeat), and Optuna has no public API to set a user attribute on another
+# process's trial, so the reason is written in advance.
+ORPHANED_REASON = "orphaned: its tune run process stopped before the trial finished"
+
+# User attribute `unmeasured`: why a trial cost no measurement, so the budget does not count it.
+UNMEASURED_FORBIDDEN, UNMEASURED_INVALID, UNMEASURED_OVER_BUDGET = "forbidden", "invalid_config", "over_budget"
+
+
+def is_measured(trial) -> bool:
+    """Whether a trial holds a slot of the budget (forbidden, invalid and surplus trials do not)."""
+    ua = trial.user_attrs
+    return not (ua.get("forbidden") or ua.get("unmeasured"))
+
+
+# Process groups (pgid == the trial process's pid) of the trial processes running now.
+_live_groups: set[int] = set()
+
+
+def kill_trial_processes() -> None:
+    """SIGKILL every running trial process group (the trial process and its HTTP client)."""
+    for pgid in list(_live_groups):
+        _kill_group(pgid)
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def trials_die_with_this_process() -> Iterator[None]:
+    """While inside: SIGTERM or SIGINT kills the trial processes, then raises `Interrupted`.
+
+    Trial processes run in their own process group (so a terminal's Ctrl-C reaches only this
+    process); this handler is what stops them. Only the main thread can set signal handlers:
+    elsewhere this does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_signal(signum, frame) -> None:
+        kill_trial_processes()
+        raise Interrupted(signal.Signals(signum).name)
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def _rss_bytes(pid: int) -> int:
@@ -105,30 +174,29 @@ def run_trial_process(request: dict[str, Any], *, timeout_s: float, memory_gb: f
     Returns:
         The child's result dict: metrics, violations, early_stopped, gates, latencies, measure.
     """
-    with tempfile.TemporaryDirectory(prefix="slotune-trial-") as d:
+    try:
+        tmp = tempfile.TemporaryDirectory(prefix="slotune-trial-")
+    except OSError as exc:  # a full disk fails the trial with a reason, not the study with a traceback
+        raise TrialFailure(f"could not create a trial directory in {tempfile.gettempdir()}: {exc.strerror or exc}") from None
+    with tmp as d:
         src, dst, phase_file = Path(d) / "in.json", Path(d) / "out.json", Path(d) / "phase.txt"
-        src.write_text(json.dumps({**request, "phase_file": str(phase_file)}))
+        try:
+            src.write_text(json.dumps({**request, "phase_file": str(phase_file), "parent_pid": os.getpid()}))
+        except OSError as exc:
+            raise TrialFailure(f"could not write the trial input {src}: {exc.strerror or exc}") from None
         with open(Path(d) / "log.txt", "w+") as log:
+            # Its own process group (session): killed as a whole, and out of reach of a
+            # terminal's Ctrl-C, which `trials_die_with_this_process` handles for it.
             proc = subprocess.Popen([sys.executable, "-m", "slotune.tuner.trial_runner", str(src), str(dst)],
-                                    stdout=log, stderr=subprocess.STDOUT, env=trial_env(threads, wait_policy))
-            deadline = time.monotonic() + timeout_s
-            limit = memory_gb * 2**30
-            reason, last_phase = None, ""
-            while proc.poll() is None:
-                if time.monotonic() > deadline:
-                    reason = f"timeout: trial exceeded budget.trial_timeout_s={timeout_s:g}"
-                elif _rss_bytes(proc.pid) > limit:
-                    reason = f"out of memory: trial exceeded budget.trial_memory_gb={memory_gb:g}"
-                if reason:
-                    proc.kill()
-                    proc.wait()
-                    break
-                if on_phase is not None and phase_file.exists():
-                    phase = phase_file.read_text().strip()
-                    if phase and phase != last_phase:
-                        on_phase(phase)
-                        last_phase = phase
-                time.sleep(0.2)
+                                    stdout=log, stderr=subprocess.STDOUT, env=trial_env(threads, wait_policy),
+                                    start_new_session=True)
+            _live_groups.add(proc.pid)
+            try:
+                reason, last_phase = _watch(proc, phase_file, timeout_s, memory_gb, on_phase)
+            finally:  # any exit (done, limit, Ctrl-C, SIGTERM): nothing of the trial outlives it
+                _kill_group(proc.pid)
+                proc.wait()
+                _live_groups.discard(proc.pid)
             if reason:
                 raise TrialFailure(f"{reason} (during: {last_phase})" if last_phase else reason)
             if proc.returncode != 0 or not dst.exists():
@@ -140,6 +208,26 @@ def run_trial_process(request: dict[str, Any], *, timeout_s: float, memory_gb: f
         if result.get("status") != "ok":
             raise TrialFailure(result.get("error", "unknown error"))
         return result
+
+
+def _watch(proc: subprocess.Popen, phase_file: Path, timeout_s: float, memory_gb: float,
+           on_phase: Callable[[str], None] | None) -> tuple[str | None, str]:
+    """Poll the trial process until it exits or breaks a limit. Returns (limit broken or None, last phase)."""
+    deadline = time.monotonic() + timeout_s
+    limit = memory_gb * 2**30
+    last_phase = ""
+    while proc.poll() is None:
+        if time.monotonic() > deadline:
+            return f"timeout: trial exceeded budget.trial_timeout_s={timeout_s:g}", last_phase
+        if _rss_bytes(proc.pid) > limit:
+            return f"out of memory: trial exceeded budget.trial_memory_gb={memory_gb:g}", last_phase
+        if on_phase is not None and phase_file.exists():
+            phase = phase_file.read_text().strip()
+            if phase and phase != last_phase:
+                on_phase(phase)
+                last_phase = phase
+        time.sleep(0.2)
+    return None, last_phase
 
 
 def trial_request(spec, config, seed: int | None = None, early_stop: bool = True) -> dict[str, Any]:
@@ -183,34 +271,62 @@ def trial_constraints(trial) -> list[float]:
 
 
 class Objective:
-    """The Optuna objective: sample -> build config -> measure in a child process -> score."""
+    """The Optuna objective: claim a budget slot -> sample -> build config -> measure in a child
+    process -> score.
 
-    def __init__(self, spec, progress=None) -> None:
+    Args:
+        spec: the TuningSpec.
+        progress: the live display (`Progress`), or None.
+        budget: decides whether a new trial may be measured (`TrialBudget.admits`, tuner/study.py);
+            None = always. Asked after the trial exists, so several processes sharing a study
+            never measure more than the budget between them.
+    """
+
+    def __init__(self, spec, progress=None, budget=None) -> None:
         self.spec = spec
         self.space = spec.space()
         self.base = spec.base_config()
         self.progress = progress
+        self.budget = budget
+        self.current: int | None = None  # the number of the trial being run by this process
 
     def _phase(self, number: int, text: str) -> None:
         if self.progress is not None:
             self.progress.phase(number, text)
 
     def __call__(self, trial) -> float | list[float]:
+        self.current = trial.number
+        trial.set_user_attr("fail_reason", ORPHANED_REASON)
+        try:
+            return self._run(trial)
+        except KeyboardInterrupt as exc:  # Optuna records the trial as FAIL and re-raises
+            trial.set_user_attr("fail_reason", f"interrupted: tune run got {exc or 'SIGINT'}")
+            raise
+
+    def _run(self, trial) -> float | list[float]:
         import optuna
 
         trial.set_user_attr("host", socket.gethostname())
         trial.set_user_attr("pid", os.getpid())
         trial.set_user_attr("measure", self.spec.budget.measure)
+        if self.budget is not None and not self.budget.admits(trial.study, trial.number):
+            reason = f"not run: the study's {self.budget.total} trials were already taken (other processes share it)"
+            trial.set_user_attr("unmeasured", UNMEASURED_OVER_BUDGET)
+            trial.set_user_attr("fail_reason", reason)
+            trial.study.stop()
+            raise optuna.TrialPruned(reason)
         params = self.space.sample(trial)
         reason = self.space.forbidden_reason(params)
         if reason:  # costs nothing to measure, so it does not count against the budget
             trial.set_user_attr("fail_reason", reason)
             trial.set_user_attr("forbidden", True)
+            trial.set_user_attr("unmeasured", UNMEASURED_FORBIDDEN)
             raise optuna.TrialPruned(reason)
         try:
             config = self.base.with_updates(params)
-        except ValueError as exc:
-            raise self._fail(trial, f"invalid config: {str(exc).splitlines()[0]}") from None
+        except ValueError as exc:  # rejected before any measurement: not counted either
+            trial.set_user_attr("unmeasured", UNMEASURED_INVALID)
+            raise self._fail(trial, f"invalid config: {_config_problems(exc)}") from None
         trial.set_user_attr("config", config.model_dump(mode="json"))
         self._phase(trial.number, "starting trial process")
         try:
@@ -251,4 +367,11 @@ class Objective:
                     raise optuna.TrialPruned(f"early stop before {key} could be measured")
                 raise self._fail(trial, f"metric {key} was not measured (no request finished)")
             values.append(float(m[key]))
+        trial.set_user_attr("fail_reason", None)  # measured: the advance ORPHANED_REASON no longer applies
         return values if len(values) > 1 else values[0]
+
+
+def _config_problems(exc: ValueError) -> str:
+    """`field: message` for each problem, on one line (a pydantic error's first line names no field)."""
+    lines = format_error(exc).splitlines()
+    return "; ".join(line.strip().removeprefix("(root): ") for line in (lines[1:] or lines))

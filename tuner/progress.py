@@ -7,6 +7,8 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
+from slotune.tuner.objective import is_measured
+
 
 class Progress:
     """Context manager fed by the study: `phase()` from the objective, `callback()` per trial."""
@@ -95,7 +97,7 @@ class Progress:
         detail = ua.get("fail_reason") or ", ".join(f"{k}={v}" for k, v in trial.params.items())
         tag = ua.get("tag")
         self.rows.append((f"{trial.number}" + (f" ({tag})" if tag else ""), trial.state.name, value, feasible, detail[:100]))
-        if not ua.get("forbidden"):
+        if is_measured(trial):
             self.num_finished += 1
         b = best_trial(study, self.spec)
         self.best = f"{b.values[0]:.4g} (trial {b.number})" if b else "-"

@@ -5,8 +5,40 @@ from __future__ import annotations
 
 import base64
 import html
+import io
+import os
+import secrets
 from pathlib import Path
 from typing import Any
+
+
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """Write `path` whole or not at all: a temp file in the same directory, then os.replace.
+
+    A reader, a crash or a full disk never leaves a half-written file behind; the previous
+    version stays until the new one is complete.
+
+    Raises:
+        OSError: naming `path` (say, "No space left on device: could not write .../best.yaml").
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    raw = data.encode() if isinstance(data, str) else data
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as for open()
+        try:
+            view = memoryview(raw)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException as exc:
+        tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise OSError(exc.errno, f"{exc.strerror or exc}: could not write {path}") from exc
+        raise
 
 
 def _fmt(v: Any) -> str:
@@ -34,8 +66,10 @@ def _pareto_plot(spec, study, path: Path) -> bool:
     ax.set_ylabel(keys[1])
     ax.set_title("Pareto front (red), infeasible (x)")
     fig.tight_layout()
-    fig.savefig(path)
+    png = io.BytesIO()
+    fig.savefig(png, format="png")
     plt.close(fig)
+    write_atomic(path, png.getvalue())
     return True
 
 
@@ -137,7 +171,7 @@ def write_report(spec, study, best, remeasure, out: Path) -> dict[str, Path]:
     has_plot = _pareto_plot(spec, study, pareto)
     if has_plot:
         lines += ["", "![Pareto front](pareto.png)"]
-    md.write_text("\n".join(lines) + "\n")
+    write_atomic(md, "\n".join(lines) + "\n")
     body = []
     for line in lines:  # a tiny markdown subset: headings, tables, bullets, paragraphs
         if line.startswith("# "):
@@ -168,8 +202,8 @@ def write_report(spec, study, best, remeasure, out: Path) -> dict[str, Path]:
     if in_table:
         page.append("</table>")
     page_html = out / "report.html"
-    page_html.write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>slotune {html.escape(spec.name)}</title>"
-                         f"</head><body style='font-family:sans-serif'>{''.join(page)}</body></html>")
+    write_atomic(page_html, f"<!doctype html><html><head><meta charset='utf-8'><title>slotune {html.escape(spec.name)}</title>"
+                            f"</head><body style='font-family:sans-serif'>{''.join(page)}</body></html>")
     paths = {"md": md, "html": page_html}
     if has_plot:
         paths["pareto"] = pareto

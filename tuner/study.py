@@ -2,25 +2,48 @@
 
 Each trial's measurements, SLO constraint values, gate results and failure reason are stored
 as Optuna user attributes, so the study storage alone (SQLite or PostgreSQL) holds the whole
-record: a killed `tune run` resumes where it stopped, and several `--worker` processes on
-several machines share one study.
+record: a killed `tune run` resumes where it stopped, and several `tune run` (or `--worker`)
+processes on several machines share one study.
+
+Sharing rules, all through the storage: the process that creates the study enqueues the
+reference trials; a trial is measured only if fewer than `budget.n_trials` measured trials
+precede it (`TrialBudget.admits`, decided after Optuna numbered it, so no two processes take the
+same slot); the winner is declared only once no trial of any process is running. A study
+remembers the fingerprint of the spec that defines its objective and refuses a changed one.
 """
 
 from __future__ import annotations
 
+import hashlib
+import inspect
 import json
 import os
 import socket
+import time
+from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from slotune.tuner.objective import Objective, TrialFailure, measure, omp_wait_policy, trial_constraints
+from slotune.tuner.objective import (UNMEASURED_OVER_BUDGET, Objective, TrialFailure, is_measured, measure,
+                                     omp_wait_policy, trial_constraints, trials_die_with_this_process)
+from slotune.tuner.report import write_atomic
 from slotune.tuner.spec import TuningSpec
 
 DEFAULT_TAG, BASELINE_TAG = "default", "baseline"
 # The naive server every result is compared with: static batches, no levers.
 BASELINE_UPDATES = {"scheduling": "static", "enable_prefix_caching": False, "quantization": "none",
                     "speculative.method": "none", "kv_dtype": "auto"}
+# Optuna heartbeat: a running trial whose process has not written for GRACE_S is failed by the
+# next process that asks for a trial (`optuna.storages.fail_stale_trials`).
+HEARTBEAT_INTERVAL_S, HEARTBEAT_GRACE_S = 10, 60
+FINGERPRINT_ATTR = "spec_fingerprint"
+
+FailedTrialCallback = Callable[[Any, Any], None]  # (study, FrozenTrial), as Optuna's callbacks
+
+
+class StudySpecChanged(ValueError):
+    """The stored study was made for a spec whose objective-defining parts differ."""
 
 
 def make_sampler(spec: TuningSpec):
@@ -46,8 +69,77 @@ def make_sampler(spec: TuningSpec):
         return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=4, **con)
 
 
-def open_study(spec: TuningSpec, storage: str | None = None):
-    """Create or load the spec's study (same name + storage = same study, for resume and workers)."""
+def spec_fingerprint(spec: TuningSpec) -> dict[str, Any]:
+    """SHA-256 of the parts of `spec` that define what a trial's numbers mean.
+
+    Resolved (a built-in workload by its content, defaults filled in), in canonical JSON. Budget,
+    sampler, seed and early-stop settings are left out: changing them continues a study.
+
+    Returns:
+        {"sha256": hex digest of all parts, "parts": {part: first 16 hex digits of its own}}.
+    """
+    parts = {
+        "workload": spec.workload_spec().model_dump(mode="json"),
+        "search_space": spec.space().model_dump(mode="json"),
+        "objective": spec.objective.model_dump(mode="json"),
+        "quality_gates": [g.model_dump(mode="json") for g in spec.gates()],
+        "engine": spec.base_config().model_dump(mode="json"),
+        "measure": spec.budget.measure,
+    }
+    canon = {k: json.dumps(v, sort_keys=True, separators=(",", ":")) for k, v in parts.items()}
+    whole = json.dumps(canon, sort_keys=True, separators=(",", ":"))
+    return {"sha256": hashlib.sha256(whole.encode()).hexdigest(),
+            "parts": {k: hashlib.sha256(v.encode()).hexdigest()[:16] for k, v in canon.items()}}
+
+
+def _rdb_storage(url: str, failed_trial_callback: FailedTrialCallback | None):
+    """Optuna's RDBStorage with heartbeats; retried while another process creates the same tables.
+
+    Two processes starting on a fresh SQLite file both create the schema and both insert its
+    version row: the loser gets an IntegrityError or OperationalError. The second try finds
+    the tables made.
+    """
+    import optuna
+    import sqlalchemy.exc
+
+    kwargs: dict[str, Any] = {"heartbeat_interval": HEARTBEAT_INTERVAL_S, "grace_period": HEARTBEAT_GRACE_S}
+    if failed_trial_callback is not None:  # renamed in Optuna 4.9
+        name = ("heartbeat_stale_trial_callback" if "heartbeat_stale_trial_callback"
+                in inspect.signature(optuna.storages.RDBStorage).parameters else "failed_trial_callback")
+        kwargs[name] = failed_trial_callback
+    # SQLite: wait up to 30 s for another process's write lock instead of failing after 5 s.
+    engine = {"connect_args": {"timeout": 30}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+    for attempt in range(6):
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs=engine, **kwargs)
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError):
+            if attempt == 5:
+                raise
+            time.sleep(0.2 * (attempt + 1))
+
+
+def open_study(spec: TuningSpec, storage: str | None = None, *, force_new: bool = False, resume_anyway: bool = False,
+               failed_trial_callback: FailedTrialCallback | None = None, say: Callable[[str], None] = print):
+    """Create or load the spec's study (same name + storage = same study, for resume and workers).
+
+    Args:
+        spec: the TuningSpec; its name names the study.
+        storage: Optuna storage URL override; default `spec.resolved_storage()`.
+        force_new: start a fresh study under the same name; an existing one is first copied to
+            `<name>.replaced-<time>` in the same storage (nothing is lost), then deleted.
+        resume_anyway: continue an existing study although its spec fingerprint differs (its
+            finished trials were measured against the old spec and take part in the winner).
+        failed_trial_callback: called with (study, FrozenTrial) for each running trial that
+            Optuna's heartbeat fails in this process (its process died on another machine).
+        say: where a notice goes (the archive name of a replaced study).
+
+    Returns:
+        (study, is_new): is_new is True for the one process that created the study.
+
+    Raises:
+        StudySpecChanged: the existing study was made for a different spec (see `spec_fingerprint`)
+            and neither force_new nor resume_anyway was given.
+    """
     import warnings
 
     import optuna
@@ -56,45 +148,107 @@ def open_study(spec: TuningSpec, storage: str | None = None):
     url = storage or spec.resolved_storage()
     if url.startswith("sqlite:///"):
         Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
-    rdb = optuna.storages.RDBStorage(url, heartbeat_interval=10, grace_period=60,
-                                     engine_kwargs={"pool_pre_ping": True} if not url.startswith("sqlite") else {})
+    rdb = _rdb_storage(url, failed_trial_callback)
+    if force_new and spec.name in optuna.get_all_study_names(rdb):
+        archive = f"{spec.name}.replaced-{datetime.now():%Y%m%dT%H%M%S}"
+        optuna.copy_study(from_study_name=spec.name, from_storage=rdb, to_storage=rdb, to_study_name=archive)
+        optuna.delete_study(study_name=spec.name, storage=rdb)
+        say(f"--force-new: the previous study '{spec.name}' was kept as '{archive}' in {url}; starting afresh")
     directions = [spec.objective.direction(m) for m in spec.objective.metrics]
-    return optuna.create_study(study_name=spec.name, storage=rdb, sampler=make_sampler(spec),
-                               directions=directions, load_if_exists=True)
+    try:
+        study = optuna.create_study(study_name=spec.name, storage=rdb, sampler=make_sampler(spec),
+                                    directions=directions, load_if_exists=False)
+        is_new = True
+    except optuna.exceptions.DuplicatedStudyError:
+        study = optuna.load_study(study_name=spec.name, storage=rdb, sampler=make_sampler(spec))
+        is_new = False
+    _check_fingerprint(study, spec, url, directions, resume_anyway, say)
+    return study, is_new
 
 
-def fail_orphaned_trials(study) -> int:
-    """Mark RUNNING trials whose owning process on this host is gone as FAIL (after SIGKILL)."""
+def _check_fingerprint(study, spec: TuningSpec, url: str, directions: list[str], resume_anyway: bool,
+                       say: Callable[[str], None]) -> None:
+    """Record the spec's fingerprint on a study that has none; refuse a study made for another spec."""
+    mine = spec_fingerprint(spec)
+    stored = study.user_attrs.get(FINGERPRINT_ATTR)
+    if stored is None:  # a new study (or one from a slotune that kept none): it is this spec's now
+        study.set_user_attr(FINGERPRINT_ATTR, mine)
+        return
+    if stored["sha256"] == mine["sha256"]:
+        return
+    changed = sorted(k for k, v in mine["parts"].items() if stored.get("parts", {}).get(k) != v)
+    stored_directions = [d.name.lower() for d in study.directions]
+    if resume_anyway and stored_directions == directions:
+        study.set_user_attr(FINGERPRINT_ATTR, mine)
+        study.set_user_attr("spec_fingerprints_replaced", [*study.user_attrs.get("spec_fingerprints_replaced", []),
+                                                           stored["sha256"]])
+        say(f"--resume-anyway: study '{spec.name}' continues under a changed spec ({', '.join(changed)}); "
+            f"its {len(study.trials)} earlier trials were measured against the old one")
+        return
+    why = (f"study '{spec.name}' in {url} was made for a different spec: {', '.join(changed)} changed, so its "
+           f"trials do not measure the new objective. Use a new study name, or rerun with --force-new (keeps "
+           f"the old study as '{spec.name}.replaced-<time>' and starts afresh)")
+    if stored_directions != directions:
+        why += f"; --resume-anyway cannot continue it: its directions {stored_directions} differ from {directions}"
+    else:
+        why += " or --resume-anyway (continues it, old trials included)"
+    raise StudySpecChanged(why)
+
+
+def fail_orphaned_trials(study, on_failed: FailedTrialCallback | None = None) -> int:
+    """Fail RUNNING trials whose `tune run` process on this host is gone (killed), at once.
+
+    Trials of other machines are left to Optuna's heartbeat. The reason recorded is the one the
+    trial wrote when it started (`ORPHANED_REASON`, tuner/objective.py).
+
+    Args:
+        study: the study.
+        on_failed: called with (study, FrozenTrial) for each trial this call failed (MLflow).
+
+    Returns:
+        The number of trials failed here (not those another process failed first).
+    """
     from optuna.trial import TrialState
 
     n = 0
     host = socket.gethostname()
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if t.user_attrs.get("host") != host:
-            continue  # another machine's worker: its heartbeat decides
-        pid = t.user_attrs.get("pid")
-        alive = False
-        if pid:
-            try:
-                os.kill(pid, 0)
-                alive = pid != os.getpid()
-            except OSError:
-                alive = False
-        if not alive:
-            study._storage.set_trial_user_attr(t._trial_id, "fail_reason", "orphaned: its tune run process was killed")
-            study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
-            n += 1
+        if t.user_attrs.get("host") != host or _is_alive(t.user_attrs.get("pid")):
+            continue
+        try:
+            frozen = study.tell(t.number, state=TrialState.FAIL)
+        except (ValueError, RuntimeError):  # another process failed it first (or it just finished)
+            continue
+        n += 1
+        if on_failed is not None:
+            on_failed(study, frozen)
     return n
+
+
+def _is_alive(pid: int | None) -> bool:
+    """Whether `pid` is a live process other than this one (a zombie is dead)."""
+    import psutil
+
+    if not pid or pid == os.getpid():
+        return False
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:  # another user's process: alive
+        return True
 
 
 def enqueue_reference_trials(study, spec: TuningSpec) -> None:
     """Default and naive baseline first, so every result is a comparison.
 
-    A reference the space cannot express exactly (say the default max_num_seqs=16 in a space
-    of 1..8) is not enqueued: `finalize` measures it beside the study instead, so a trial
-    tagged `default` is always the true default config. A grid covers them on its own.
+    Only the process that created the study calls this, right after creating it (two processes
+    starting together would each enqueue them otherwise; another may have started a trial
+    already). A reference the space cannot express exactly (say the default max_num_seqs=16 in
+    a space of 1..8) is not enqueued: `finalize` measures it beside the study instead, so a
+    trial tagged `default` is always the true default config. A grid covers them on its own.
     """
-    if study.trials or spec.sampler == "grid":
+    if spec.sampler == "grid" or any(t.user_attrs.get("tag") for t in study.get_trials(deepcopy=False)):
         return
     space = spec.space()
     base = spec.base_config()
@@ -137,7 +291,8 @@ def best_trial(study, spec: TuningSpec):
 
 
 def run_command(spec_path: Path | None, n_trials: int | None = None, storage: str | None = None,
-                output_dir: Path | None = None, worker: bool = False, progress: bool = True) -> dict[str, Any] | None:
+                output_dir: Path | None = None, worker: bool = False, progress: bool = True,
+                force_new: bool = False, resume_anyway: bool = False) -> dict[str, Any] | None:
     """`tune run`: run (or resume) the study, then re-measure the winner and write best.yaml + report.
 
     Args:
@@ -147,16 +302,23 @@ def run_command(spec_path: Path | None, n_trials: int | None = None, storage: st
         output_dir: overrides the spec's output_dir.
         worker: join an existing study: run trials only (no reference trials, no report).
         progress: live display (True) or plain log lines (False).
+        force_new: `--force-new`: start a fresh study under the spec's name (see `open_study`).
+        resume_anyway: `--resume-anyway`: continue a study made for a different spec.
 
     Returns:
         The winner summary (also written to best_metrics.json), or None for a worker or when
         no trial met the SLO and the gates.
+
+    Raises:
+        StudySpecChanged: the stored study was made for a different spec (see `open_study`).
     """
     import optuna
 
     from slotune.tuner.progress import Progress
     from slotune.tuner.spec import default_spec_path
 
+    if worker and force_new:
+        raise ValueError("--force-new replaces the study, which a --worker only joins: run it without --worker")
     spec = TuningSpec.from_yaml(spec_path if spec_path is not None else default_spec_path())
     if output_dir is not None:
         spec.output_dir = str(output_dir)
@@ -166,9 +328,9 @@ def run_command(spec_path: Path | None, n_trials: int | None = None, storage: st
         spec.budget.n_trials = n_trials
     spec.resolved_output_dir().mkdir(parents=True, exist_ok=True)
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # our progress lines report failed trials
-    study = open_study(spec)
-    if not worker:
-        fail_orphaned_trials(study)
+    on_failed = _Relay()  # trials failed for a dead process (heartbeat or pid) -> MLflow
+    study, is_new = open_study(spec, force_new=force_new, resume_anyway=resume_anyway, failed_trial_callback=on_failed)
+    if is_new and not worker:
         enqueue_reference_trials(study, spec)
     total = spec.budget.n_trials
     # Resolve "auto" (and a user's OMP_WAIT_POLICY) now: every trial of this run, the progress
@@ -179,45 +341,117 @@ def run_command(spec_path: Path | None, n_trials: int | None = None, storage: st
         from slotune.tuner.tracking import MLflowTracker
 
         tracker = MLflowTracker(spec, study)
-    with Progress(spec, total, enabled=progress) as prog:
+        on_failed.targets.append(tracker)
+    if not worker:
+        fail_orphaned_trials(study, on_failed)
+    with Progress(spec, total, enabled=progress) as prog, trials_die_with_this_process():
         prog.seed_rows(study)
         prog.say(f"trials run with OMP_WAIT_POLICY={spec.budget.trial_omp_wait_policy}"
                  f" (budget.trial_omp_wait_policy; {os.cpu_count()} cores)")
-        # The budget counts every finished trial of the study (resumed runs and all workers
-        # together) except forbidden combinations, which are rejected before any measurement.
+        # The budget counts every measured trial of the study (resumed runs and all processes
+        # together), not forbidden combinations or invalid configs, rejected before any measurement.
         budget = TrialBudget(total)
+        objective = Objective(spec, prog, budget)
         callbacks = [c for c in (tracker, prog.callback) if c is not None] + [budget]
         if not budget.exhausted(study):
-            study.optimize(Objective(spec, prog), n_trials=None, timeout=spec.budget.timeout_s,
-                           callbacks=callbacks, catch=(TrialFailure,), gc_after_trial=True)
+            try:
+                study.optimize(objective, n_trials=None, timeout=spec.budget.timeout_s,
+                               callbacks=callbacks, catch=(TrialFailure,), gc_after_trial=True)
+            except KeyboardInterrupt:  # Optuna failed the trial and skipped the callbacks
+                _log_interrupted_trial(study, objective.current, tracker)
+                raise
         if worker:
             return None
+        wait_for_running_trials(study, spec, prog.say, on_failed)
         prog.phase(None, "re-measuring the winner on a fresh workload seed")
         return finalize(spec, study, tracker, prog)
 
 
-class TrialBudget:
-    """Optuna callback: stop every worker once the study holds `total` measured trials.
+class _Relay:
+    """One (study, FrozenTrial) callback handed to the storage before its targets exist."""
 
-    Like optuna's MaxTrialsCallback, but trials pruned as forbidden combinations are not
-    counted (TPE proposes them again and again on small spaces; they cost no measurement).
-    A sampler stuck on forbidden points still stops, after `forbidden_factor` x total of them.
+    def __init__(self) -> None:
+        self.targets: list[FailedTrialCallback] = []
+
+    def __call__(self, study, trial) -> None:
+        for target in self.targets:
+            target(study, trial)
+
+
+def _log_interrupted_trial(study, number: int | None, tracker) -> None:
+    if tracker is None or number is None:
+        return
+    for t in study.get_trials(deepcopy=False):
+        if t.number == number and t.state.name == "FAIL":
+            tracker(study, t)
+
+
+def wait_for_running_trials(study, spec: TuningSpec, say: Callable[[str], None],
+                            on_failed: FailedTrialCallback | None = None, poll_s: float = 1.0) -> list[int]:
+    """Block until no trial of the study is running, so the winner is declared over all of them.
+
+    Other processes' trials end within budget.trial_timeout_s while their process lives (it kills
+    a trial past that); a trial whose process died is failed here (same host, at once) or by
+    Optuna's heartbeat (after HEARTBEAT_GRACE_S). Past both, waiting stops.
+
+    Returns:
+        The numbers of trials still running when waiting stopped (normally none).
+    """
+    import optuna
+    from optuna.trial import TrialState
+
+    deadline = time.monotonic() + spec.budget.trial_timeout_s + HEARTBEAT_GRACE_S + 2 * HEARTBEAT_INTERVAL_S
+    is_announced = False
+    while True:
+        fail_orphaned_trials(study, on_failed)
+        optuna.storages.fail_stale_trials(study)
+        running = [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))]
+        if not running:
+            return []
+        if time.monotonic() > deadline:
+            say(f"trials {running} are still running past budget.trial_timeout_s: the winner is declared without them")
+            return running
+        if not is_announced:
+            say(f"waiting for {len(running)} running trial(s) of other processes ({running}) before declaring the winner")
+            is_announced = True
+        time.sleep(poll_s)
+
+
+class TrialBudget:
+    """The study's trial budget, shared by every process that runs the study.
+
+    Counts measured trials. Trials pruned as forbidden combinations or failed as invalid configs
+    are not counted (TPE proposes them again and again on small spaces; they cost no
+    measurement); a sampler stuck on them still stops, after `unmeasured_factor` x total.
+
+    Two uses. `admits` is the rule: the Objective asks it once Optuna has numbered a new trial,
+    and trial n is measured only if fewer than `total` measured trials precede it, so processes
+    racing for the last slot cannot both take it (trial numbers are unique in the storage).
+    As an Optuna callback it stops this process's loop once finished and running trials fill
+    the budget, so a process rarely asks for a trial it will not measure.
     """
 
-    def __init__(self, total: int, forbidden_factor: int = 5) -> None:
-        self.total, self.forbidden_factor = total, forbidden_factor
+    def __init__(self, total: int, unmeasured_factor: int = 5) -> None:
+        self.total, self.unmeasured_factor = total, unmeasured_factor
 
     def counts(self, study) -> tuple[int, int]:
-        """(measured trials finished, forbidden trials)."""
+        """(measured trials finished, forbidden or invalid trials)."""
         from optuna.trial import TrialState
 
         done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED))
-        forbidden = sum(bool(t.user_attrs.get("forbidden")) for t in done)
-        return len(done) - forbidden, forbidden
+        rejected = sum(not is_measured(t) and t.user_attrs.get("unmeasured") != UNMEASURED_OVER_BUDGET for t in done)
+        return sum(is_measured(t) for t in done), rejected
 
     def exhausted(self, study) -> bool:
-        measured, forbidden = self.counts(study)
-        return measured >= self.total or forbidden >= self.forbidden_factor * self.total
+        from optuna.trial import TrialState
+
+        measured, rejected = self.counts(study)
+        running = sum(is_measured(t) for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+        return measured + running >= self.total or rejected >= self.unmeasured_factor * self.total
+
+    def admits(self, study, number: int) -> bool:
+        """Whether trial `number` may be measured: fewer than `total` measured trials precede it."""
+        return sum(is_measured(t) for t in study.get_trials(deepcopy=False) if t.number < number) < self.total
 
     def __call__(self, study, trial) -> None:
         if self.exhausted(study):
@@ -254,15 +488,15 @@ def finalize(spec: TuningSpec, study, tracker=None, prog=None) -> dict[str, Any]
             remeasure = {"seed": spec.robustness_seed, "error": exc.reason}
         study.set_user_attr(key, remeasure)
     obj = spec.objective
-    (out / "best.yaml").write_text(
-        f"# slotune best config for study '{spec.name}' (trial {best.number}); "
-        f"{obj.metric_key()} = {best.values[0]:.6g}, re-measured on seed {spec.robustness_seed}: "
-        f"{_fmt_metric(remeasure, obj.metric_key())}; metrics in best_metrics.json\n" + config.to_yaml())
+    header = (f"# slotune best config for study '{spec.name}' (trial {best.number}); "
+              f"{obj.metric_key()} = {best.values[0]:.6g}, re-measured on seed {spec.robustness_seed}: "
+              f"{_fmt_metric(remeasure, obj.metric_key())}; metrics in best_metrics.json\n")
+    write_atomic(out / "best.yaml", header + config.to_yaml())
     summary = {"study": spec.name, "trial": best.number, "objective": obj.metric_key(),
                "direction": obj.direction(), "value": best.values[0], "metrics": best.user_attrs["metrics"],
                "remeasured": remeasure, "params": best.params, "references": reference_metrics(study),
                "mlflow_run_id": tracker.parent_run_id if tracker is not None else None}
-    (out / "best_metrics.json").write_text(json.dumps(summary, indent=1))
+    write_atomic(out / "best_metrics.json", json.dumps(summary, indent=1))
     report = write_report(spec, study, best, remeasure, out)
     if tracker is not None:
         tracker.log_study_end(best, config, report, out)

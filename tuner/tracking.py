@@ -6,12 +6,18 @@ worker) logs into the same parent run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+
+PARENT_ATTR = "mlflow_parent_run_id"
 
 
 class MLflowTracker:
@@ -20,6 +26,12 @@ class MLflowTracker:
     Lifecycle: created before `study.optimize` (creates or re-opens the experiment named after
     the study and its parent run), called once per finished trial, and closed by
     `log_study_end` after the winner is declared.
+
+    Several processes may start one study at once. On one machine (a local SQLite tracking
+    store) they take turns under a file lock to create the store (MLflow's schema migrations
+    corrupt it when two run at once), the experiment and the parent run. Across machines (a
+    tracking server) the loser of the experiment race retries and finds it, and the parent run
+    stored last in the study becomes everyone's (`parent_run_id`).
     """
 
     def __init__(self, spec, study) -> None:
@@ -27,23 +39,46 @@ class MLflowTracker:
 
         self.mlflow = mlflow
         self.spec = spec
-        mlflow.set_tracking_uri(spec.resolved_tracking_uri())
-        exp = mlflow.get_experiment_by_name(spec.name)
-        self.experiment_id = exp.experiment_id if exp else mlflow.create_experiment(
-            spec.name, artifact_location=str((spec.resolved_output_dir() / "mlartifacts").resolve().as_uri()))
-        self.client = mlflow.tracking.MlflowClient()
-        parent = study.user_attrs.get("mlflow_parent_run_id")
-        if parent is None:
-            run = self.client.create_run(self.experiment_id, run_name=f"study-{spec.name}",
-                                         tags={"slotune.study": spec.name, "slotune.role": "study"})
-            parent = run.info.run_id
-            study.set_user_attr("mlflow_parent_run_id", parent)
-            self.client.log_param(parent, "objective", spec.objective.metric_key())
-            self.client.log_param(parent, "sampler", spec.sampler)
-            self.client.log_param(parent, "search_space", spec.space().name)
-        self.parent_run_id = parent
+        self.study = study
+        uri = spec.resolved_tracking_uri()
+        mlflow.set_tracking_uri(uri)
+        self._own_parent: str | None = None
+        with _local_store_lock(uri):
+            self.client = _retry(mlflow.tracking.MlflowClient)  # creates (and migrates) the store
+            self.experiment_id = _retry(self._experiment)
+            parent = study.user_attrs.get(PARENT_ATTR)
+            if parent is None:
+                run = self.client.create_run(self.experiment_id, run_name=f"study-{spec.name}",
+                                             tags={"slotune.study": spec.name, "slotune.role": "study"})
+                parent = self._own_parent = run.info.run_id
+                study.set_user_attr(PARENT_ATTR, parent)
+                self.client.log_param(parent, "objective", spec.objective.metric_key())
+                self.client.log_param(parent, "sampler", spec.sampler)
+                self.client.log_param(parent, "search_space", spec.space().name)
+        self._parent = parent
         self.client.set_tag(parent, "slotune.omp_wait_policy", spec.budget.trial_omp_wait_policy)
         self.client.set_tag(parent, "slotune.measure", spec.budget.measure)
+
+    def _experiment(self) -> str:
+        exp = self.client.get_experiment_by_name(self.spec.name)
+        if exp is not None:
+            return exp.experiment_id
+        return self.client.create_experiment(
+            self.spec.name, artifact_location=str((self.spec.resolved_output_dir() / "mlartifacts").resolve().as_uri()))
+
+    @property
+    def parent_run_id(self) -> str:
+        """The study's parent run: the one stored in the study (another process starting the
+        same study at once may have stored its own last; a parent of ours that lost is deleted
+        while still empty)."""
+        stored = self.study.user_attrs.get(PARENT_ATTR)
+        if stored and stored != self._parent:
+            lost, self._parent = self._own_parent, stored
+            self._own_parent = None
+            if lost is not None and not self.client.search_runs(
+                    [self.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{lost}'", max_results=1):
+                self.client.delete_run(lost)
+        return self._parent
 
     def __call__(self, study, trial) -> None:
         try:
@@ -116,6 +151,35 @@ class MLflowTracker:
             if Path(p).exists():
                 c.log_artifact(rid, str(p))
         c.set_terminated(rid, status="FINISHED")
+
+
+@contextlib.contextmanager
+def _local_store_lock(uri: str) -> Iterator[None]:
+    """Hold an exclusive lock on `<db>.lock` beside a local SQLite store (no-op for other URIs)."""
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    import fcntl
+
+    path = Path(uri[len("sqlite:///"):] + ".lock")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _retry(fn, attempts: int = 6):
+    """`fn()`, tried again while another process creates the same MLflow tables or experiment."""
+    for attempt in range(attempts):
+        try:
+            return fn()
+        except Exception:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.3 * (attempt + 1))
 
 
 def _loggable(v) -> bool:

@@ -28,9 +28,11 @@ Test hooks (environment variables, read only here):
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import tempfile
@@ -276,15 +278,37 @@ def _run_client(url: str, req: dict[str, Any], tokenizer, on_measured_start: Cal
     return BenchResult.from_dict(out["result"])
 
 
+def die_with_parent(parent_pid: int | None) -> None:
+    """Get SIGKILL when `tune run` (our parent) dies, even by SIGKILL (Linux PR_SET_PDEATHSIG).
+
+    The backstop for what the parent cannot do itself: a SIGTERM or SIGINT makes it kill our
+    process group (tuner/objective.py), a SIGKILL does not. Set here rather than in a Popen
+    preexec_fn, which is unsafe in the parent's threads (Optuna's heartbeat runs one); a parent
+    that died before this call is caught by the getppid check.
+    """
+    if parent_pid is None or not sys.platform.startswith("linux"):
+        return
+    PR_SET_PDEATHSIG = 1
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:
+        os._exit(1)  # orphaned already: nobody would read the result
+
+
 def main(argv: list[str]) -> int:
     src, dst = Path(argv[0]), Path(argv[1])
     req = json.loads(src.read_text())
+    die_with_parent(req.get("parent_pid"))
     try:
         result = run_trial(req)
         result["status"] = "ok"
     except Exception as exc:  # recorded by the parent as the trial's failure reason
         result = {"status": "error", "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(limit=8)}
-    dst.write_text(json.dumps(result))
+    try:
+        dst.write_text(json.dumps(result))
+    except OSError as exc:  # the parent shows this line (the tail of our log) as the failure reason
+        print(f"could not write the trial result {dst}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     return 0
 
 
