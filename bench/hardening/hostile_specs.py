@@ -97,8 +97,11 @@ def cases() -> list[Case]:
     add("top-level-scalar", "yaml", "just a string\n")
     add("unhashable-key", "yaml", BASE + "? [a, b]\n: 1\n")
     add("huge-file", "yaml", BASE + "description: |\n" + ("  " + "x" * 1000 + "\n") * 20000)
+    add("yaml-set-tag", "yaml", BASE + "engine: !!set {a, b}\n")
+    add("timestamp-name", "yaml", "name: 2024-01-01\nobjective: {kind: latency, metric: ttft}\n")
     c.append(Case("directory-as-file", "file", lambda d: (d / "adir").mkdir() or d / "adir"))
     c.append(Case("nonexistent-file", "file", lambda d: d / "nope.yaml"))
+    c.append(Case("endless-file-dev-zero", "file", lambda d: Path("/dev/zero")))
     add("workload-file-alias-bomb", "yaml", BASE + "workload: wl.yaml\n",
         extra={"wl.yaml": billion_laughs().replace(BASE, "name: w\n")})
     add("space-file-duplicate-key", "yaml", BASE + "search_space: sp.yaml\n",
@@ -118,6 +121,9 @@ def cases() -> list[Case]:
     add("missing-trace", "paths", BASE + "workload: {trace: nope.jsonl}\n")
     add("missing-trace-in-workload-file", "paths", BASE + "workload: wl/w.yaml\n",
         extra={"wl/w.yaml": "name: w\ntrace: missing.jsonl\n"})
+    add("trace-bad-row", "paths", BASE + "workload: {trace: t.jsonl}\n",
+        extra={"t.jsonl": '{"prompt_len": 8, "output_len": 4}\n{"prompt_len": -3, "output_len": "x"}\n'})
+    add("trace-not-json", "paths", BASE + "workload: {trace: t.jsonl}\n", extra={"t.jsonl": "prompt,output\n8,4\n"})
     add("missing-model", "paths", BASE + "model: ./no-such-model\n")
     add("missing-model-gguf", "paths", BASE + "model: models/x.gguf\n")
     add("engine-model-override", "engine", BASE + "engine: {model: ./elsewhere.gguf}\n")
@@ -126,7 +132,7 @@ def cases() -> list[Case]:
     # --- search space values vs EngineConfig ------------------------------------------------------
     add("space-bad-later-choice", "space", knobs("{name: block_size, type: categorical, choices: [16, 17]}"))
     add("space-int-high-out-of-range", "space", knobs("{name: max_num_seqs, type: int, low: 1, high: 5000}"))
-    add("space-log-with-step", "space", knobs("{name: max_num_seqs, type: int, low: 1, high: 16, log: true, step: 2}"))
+    add("space-log-with-step", "space", knobs("{name: max_num_seqs, type: int, low: 1, high: 15, log: true, step: 2}"))
     add("space-float-on-int-field", "space", knobs("{name: max_num_seqs, type: float, low: 1.5, high: 8.5}"))
     add("space-literal-out-of-set", "space", knobs("{name: quantization, type: categorical, choices: [none, int3]}"))
     add("space-int-knob-on-literal", "space", knobs("{name: block_size, type: int, low: 8, high: 64}"))
@@ -143,6 +149,10 @@ def cases() -> list[Case]:
     add("space-nan-bounds", "space", knobs("{name: kv_cache_memory_gb, type: float, low: .nan, high: 1.0}"))
     add("space-inf-high", "space", knobs("{name: kv_cache_memory_gb, type: float, low: 0.1, high: .inf}"))
     add("space-huge-int", "space", knobs("{name: max_num_batched_tokens, type: int, low: 16, high: 1e400}"))
+    add("space-grid-huge-range", "space", knobs("{name: max_num_batched_tokens, type: int, low: 16, high: 1000000000000}")
+        + "sampler: grid\n")
+    add("space-step-not-dividing", "space", knobs("{name: kv_cache_memory_gb, type: float, low: 0.1, high: 0.5, step: 0.3}"))
+    add("space-categorical-dict-choice", "space", knobs("{name: kernels, type: categorical, choices: [{backend: torch}]}"))
     add("space-grid-float-no-step", "space", knobs("{name: kv_cache_memory_gb, type: float, low: 0.1, high: 1.0}")
         + "sampler: grid\n")
 
