@@ -114,6 +114,10 @@ def run(
     output_dir: Annotated[Optional[Path], typer.Option("--output-dir", "-o", help="override output_dir")] = None,
     worker: Annotated[bool, typer.Option("--worker", help="join an existing study as an extra worker (no report)")] = False,
     no_progress: Annotated[bool, typer.Option("--no-progress", help="plain log lines instead of a live display")] = False,
+    force_new: Annotated[bool, typer.Option("--force-new", help="start a fresh study under the spec's name (an existing "
+                                                                  "one is kept under another name)")] = False,
+    resume_anyway: Annotated[bool, typer.Option("--resume-anyway", help="continue a stored study although its spec "
+                                                                          "changed")] = False,
 ) -> None:
     """Run (or resume) the tuning study of SPEC and write best.yaml and the report."""
     with _reading(spec):
@@ -128,7 +132,8 @@ def run(
         preflight(checked)
         from slotune.tuner.study import run_command
 
-        run_command(spec, n_trials=n_trials, storage=storage, output_dir=output_dir, worker=worker, progress=not no_progress)
+        run_command(spec, n_trials=n_trials, storage=storage, output_dir=output_dir, worker=worker, progress=not no_progress,
+                    force_new=force_new, resume_anyway=resume_anyway)
 
 
 @app.command("eval")

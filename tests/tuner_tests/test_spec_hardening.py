@@ -347,3 +347,15 @@ def test_example_and_builtin_specs_pass_preflight(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # default output dirs (runs/<name>) are probed for writing here
     for path in [*sorted((root / "examples").glob("0[1-4]*/spec.yaml")), root / "tuner" / "specs" / "quickstart.yaml"]:
         preflight(TuningSpec.from_yaml(path))
+
+
+def test_run_passes_force_new_and_resume_anyway(tmp_path, monkeypatch):
+    """The flags StudySpecChanged's message names exist on `tune run` (the study itself is study.py's tests)."""
+    import slotune.tuner.study as study
+
+    seen = {}
+    monkeypatch.setattr(study, "run_command", lambda spec, **kw: seen.update(kw))
+    spec = write(tmp_path / "spec.yaml", BASE + f"output_dir: {tmp_path / 'out'}\n")
+    code, _, err = cli("run", str(spec), "--force-new", "--resume-anyway", "--no-progress")
+    assert code == 0, err
+    assert seen["force_new"] and seen["resume_anyway"] and seen["progress"] is False
