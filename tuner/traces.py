@@ -177,7 +177,7 @@ def load_trace(source: TraceSource | str | Path, **options) -> Trace:
     if path.is_dir() and fmt != "recorded":
         raise SpecError(f"a directory loads as a recording (*.jsonl files), not as {fmt}", source=path)
     if source.block_size is not None and fmt != "mooncake":
-        raise SpecError(f"block_size applies to mooncake traces only; this is a {fmt} trace, which "
+        raise SpecError(f"block_size applies to mooncake traces only; this trace is {fmt}, which "
                         f"{'says its own' if fmt == 'recorded' else 'has no hash ids'}", source=path, field="block_size")
     block_size = (source.block_size or MOONCAKE_BLOCK_SIZE) if fmt == "mooncake" else None
     files = sorted(path.glob("*.jsonl")) if path.is_dir() else [path]

@@ -2,9 +2,12 @@
 
 A `WorkloadSpec` expands into a reproducible stream of `BenchRequest`s: the same spec and seed
 give the same token ids, arrival offsets and output lengths on any machine. Each request draws
-a fixed number of values from its own generator in a fixed order, so request i does not depend
-on how many requests follow it, and warm-up requests (a separate stream) never shift the
-measured ones.
+its values from one generator per stream in a fixed order, so request i does not depend on how
+many requests follow it, and warm-up requests (a separate stream) never shift the measured ones.
+
+Or a workload replays a recorded trace (`trace: {path: ...}`, tuner/traces.py): the traced
+arrival times (open loop), prompt and output lengths, and prompts rebuilt from the trace's block
+hash ids so that requests share exactly the prefixes the traced ones shared.
 
 Prompts are windows of real English text (`workloads/corpus.txt`, see `workloads/SOURCES.md`),
 so the tokenizer, prefix cache and n-gram speculation see realistic token statistics.
@@ -14,16 +17,19 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, Union
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidatorFunctionWrapHandler, field_validator,
+                      model_validator)
 
 from slotune.tuner.errors import MissingFileError, SpecError, load_yaml_mapping
+from slotune.tuner.traces import Trace, TraceSource, iter_prompts, load_trace
 
 BUILTIN_DIR = "workloads"
 CORPUS_FILE = "corpus.txt"
@@ -84,54 +90,130 @@ class SharedPrefix(_Strict):
         return self
 
 
+_DEFAULT_PROMPT_LEN, _DEFAULT_OUTPUT_LEN = 64, 32
+# Fields a trace replay takes from the trace: given beside `trace: {path: ...}`, they would be ignored.
+_TRACE_DECIDES = {"prompt_len": "its prompt lengths", "output_len": "its output lengths",
+                  "shared_prefix": "its block hash ids (the prefixes its requests shared)",
+                  "rate": "its arrival times", "duration_s": "its arrival times (pick a span with trace.window)",
+                  "num_requests": "its requests (cap them with trace.max_requests)"}
+
+
 class WorkloadSpec(_Strict):
     """What traffic a benchmark or trial replays.
 
-    Stop rule: `num_requests`, `duration_s`, or both (whichever comes first). Open loop
-    (poisson, fixed_rate) stops generating arrivals after `duration_s`; closed loop stops
-    issuing new requests once `duration_s` has passed and lets the in-flight ones finish.
+    Arrivals: `closed_loop` keeps `concurrency` requests in flight; open loop sends each request at
+    its arrival time whatever is in flight: `poisson` (exponential gaps at `rate`), `fixed_rate`,
+    `gamma` (gamma gaps with shape `burstiness` and mean 1/rate: coefficient of variation
+    1/sqrt(burstiness), so burstiness 1 is Poisson, below 1 burstier, above 1 more even; as vLLM's
+    `--burstiness`), or `trace` (the arrival times of `trace: {path: ...}`).
+
+    Stop rule: `num_requests`, `duration_s`, or both (whichever comes first). Open loop stops
+    generating arrivals after `duration_s`; closed loop stops issuing new requests once
+    `duration_s` has passed and lets the in-flight ones finish. A trace replay sends every request
+    of the trace (after `trace.window` and `trace.max_requests`).
+
+    `trace` as a string is a lengths file (JSONL, one {prompt | prompt_len, output_len} per line,
+    cycled) that replaces prompt_len/output_len under any arrivals; as a mapping (`TraceSource`) it
+    is a recorded, Mooncake, Azure or BurstGPT trace replayed whole: arrivals, lengths and prefix
+    sharing all come from it, so prompt_len, output_len, shared_prefix, rate, duration_s and
+    num_requests are refused beside it.
     """
 
     name: str = "custom"
     description: str = ""
     mode: Literal["completion", "chat"] = Field(
         "completion", description="chat: prompt text goes through the model's chat template (shared prefix as system)")
-    arrivals: Literal["poisson", "fixed_rate", "closed_loop"] = "closed_loop"
-    rate: float | None = Field(None, gt=0, description="requests/s for poisson and fixed_rate")
+    arrivals: Literal["poisson", "fixed_rate", "gamma", "closed_loop", "trace"] = Field(
+        "closed_loop", description="default: trace when `trace` is a mapping, else closed_loop")
+    rate: float | None = Field(None, gt=0, description="requests/s for poisson, fixed_rate and gamma")
+    burstiness: float | None = Field(None, gt=0, description="gamma arrivals: the gaps' shape; 1 = Poisson, "
+                                                             "< 1 burstier, > 1 more even (CV = 1/sqrt(burstiness))")
     concurrency: int = Field(4, ge=1, description="requests kept in flight for closed_loop")
     num_requests: int | None = Field(None, ge=1, description=f"measured requests (default {_DEFAULT_NUM_REQUESTS} "
-                                                             "unless duration_s is given)")
+                                                             "unless duration_s is given; a trace: all of it)")
     duration_s: float | None = Field(None, gt=0, description="stop issuing requests after this long")
     warmup_requests: int = Field(1, ge=0, description="run first, excluded from metrics")
-    prompt_len: Length = Field(default_factory=lambda: Fixed(value=64), discriminator="kind")
-    output_len: Length = Field(default_factory=lambda: Fixed(value=32), discriminator="kind")
-    trace: str | None = Field(None, description="JSONL file: one {prompt | prompt_len, output_len} per line; "
-                                                "replaces prompt_len/output_len (cycled if shorter)")
+    prompt_len: Length | None = Field(None, discriminator="kind",
+                                      description=f"default fixed {_DEFAULT_PROMPT_LEN}; none with a trace mapping")
+    output_len: Length | None = Field(None, discriminator="kind",
+                                      description=f"default fixed {_DEFAULT_OUTPUT_LEN}; none with a trace mapping")
+    trace: str | TraceSource | None = Field(
+        None, description="a lengths file (JSONL: one {prompt | prompt_len, output_len} per line; replaces "
+                          "prompt_len/output_len, cycled if shorter), or a mapping {path, format, block_size, "
+                          "time_scale, window, max_requests}: a recorded/Mooncake/Azure/BurstGPT trace to replay")
     shared_prefix: SharedPrefix | None = None
     seed: int = Field(0, ge=0, le=MAX_SEED)
 
+    @field_validator("trace", mode="wrap")
+    @classmethod
+    def _trace_kind(cls, v: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        # A mapping is a TraceSource: its problems name trace.<field>, not each arm of the union.
+        return TraceSource.model_validate(v) if isinstance(v, dict) else handler(v)
+
     @model_validator(mode="before")
     @classmethod
-    def _default_count(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("num_requests") is None and data.get("duration_s") is None:
+    def _defaults(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        if isinstance(data.get("trace"), (dict, TraceSource)):
+            return {**data, "arrivals": data.get("arrivals") or "trace"}
+        if data.get("num_requests") is None and data.get("duration_s") is None:
             data = {**data, "num_requests": _DEFAULT_NUM_REQUESTS}
         return data
 
     @model_validator(mode="after")
     def _check(self) -> "WorkloadSpec":
-        if self.arrivals in ("poisson", "fixed_rate") and self.rate is None:
+        if isinstance(self.trace, TraceSource):
+            self._check_trace_replay()
+            return self
+        if self.arrivals == "trace":
+            got = "a lengths file (a string)" if self.trace else "no trace"
+            raise ValueError(f"arrivals 'trace' replays a trace's own arrival times: give `trace` as a mapping "
+                             f"{{path: FILE}} (got {got})")
+        if self.arrivals in ("poisson", "fixed_rate", "gamma") and self.rate is None:
             raise ValueError(f"rate is required when arrivals is '{self.arrivals}' (requests per second)")
+        if self.arrivals == "gamma" and self.burstiness is None:
+            raise ValueError("burstiness is required when arrivals is 'gamma' (the gaps' shape: 1 = Poisson, "
+                             "< 1 burstier, > 1 more even)")
+        if self.burstiness is not None and self.arrivals != "gamma":
+            raise ValueError(f"burstiness applies to arrivals 'gamma' only, not '{self.arrivals}'")
+        if self.prompt_len is None:
+            self.prompt_len = Fixed(value=_DEFAULT_PROMPT_LEN)
+        if self.output_len is None:
+            self.output_len = Fixed(value=_DEFAULT_OUTPUT_LEN)
         return self
+
+    def _check_trace_replay(self) -> None:
+        if self.arrivals != "trace":
+            raise ValueError(f"arrivals '{self.arrivals}': a trace mapping replays the trace's own arrival times "
+                             "(arrivals 'trace', the default); for generated arrivals with traced lengths, give "
+                             "`trace` a lengths file (tune workload fit --empirical writes one)")
+        given = [k for k in _TRACE_DECIDES if getattr(self, k) is not None]
+        if self.burstiness is not None:
+            given.append("burstiness")
+        if given:
+            why = "; ".join(f"{k}: the trace gives {_TRACE_DECIDES.get(k, 'its arrival times')}" for k in given)
+            raise ValueError(f"{', '.join(given)} cannot be set beside a trace mapping ({why}); remove "
+                             f"{'it' if len(given) == 1 else 'them'}")
+        if self.mode == "chat":
+            raise ValueError("mode 'chat' with a trace mapping: traced prompt lengths already include the chat "
+                             "template, and prompts are rebuilt as token ids; use mode 'completion'")
 
     @property
     def is_closed_loop(self) -> bool:
         return self.arrivals == "closed_loop"
 
+    @property
+    def trace_source(self) -> TraceSource | None:
+        """The trace this workload replays (a `trace:` mapping), or None."""
+        return self.trace if isinstance(self.trace, TraceSource) else None
+
     @classmethod
     def load(cls, ref: "str | Path | dict | WorkloadSpec") -> "WorkloadSpec":
         """A spec from a mapping, a YAML path, or a built-in name (chat-small, batch-mixed, shared-prefix).
 
-        A relative `trace` path in a YAML file is resolved against that file's folder.
+        A relative trace path in a YAML file (`trace: FILE` or `trace: {path: FILE}`) is resolved
+        against that file's folder, and must exist.
         """
         if isinstance(ref, WorkloadSpec):
             return ref
@@ -139,7 +221,7 @@ class WorkloadSpec(_Strict):
             return cls.model_validate(ref)
         path = Path(ref)
         if path.suffix in (".yaml", ".yml", ".json") or path.exists():
-            base: Path | None = path.parent
+            base: Path | None = Path(os.path.abspath(path)).parent  # a replay may run from another directory
         else:
             names = builtin_workloads()
             if str(ref) not in names:
@@ -147,15 +229,39 @@ class WorkloadSpec(_Strict):
             path, base = names[str(ref)], None
         data = load_yaml_mapping(path, "workload file", empty_ok=True)
         try:
+            if base is not None:
+                data = resolve_trace_path(data, base)
             spec = cls.model_validate(data)
+            spec.check_trace_exists()
         except ValidationError as exc:
             raise SpecError.from_validation(exc, path) from None
-        if spec.trace and base is not None:
-            trace = Path(spec.trace).expanduser()
-            spec = spec.model_copy(update={"trace": str(trace if trace.is_absolute() else base / trace)})
-            if not Path(spec.trace).is_file():
-                raise MissingFileError(f"trace file not found: {spec.trace}", source=path, field="trace")
+        except SpecError as exc:
+            raise exc.with_source(path) from None
         return spec
+
+    def check_trace_exists(self) -> None:
+        """Raises MissingFileError (naming the field) when the trace this workload names is absent."""
+        if isinstance(self.trace, str) and not Path(self.trace).is_file():
+            raise MissingFileError(f"trace file not found: {self.trace}", field="trace")
+        if isinstance(self.trace, TraceSource) and not Path(self.trace.path).expanduser().exists():
+            raise MissingFileError(f"trace not found: {self.trace.path}", field="trace.path")
+
+
+def resolve_trace_path(data: dict[str, Any], base: Path) -> dict[str, Any]:
+    """A workload mapping with its relative trace path (`trace: FILE` or `trace: {path: FILE}`) joined to
+    `base`, the folder of the YAML file that holds it; values of the wrong type are left for validation."""
+    def join(ref: str, field: str) -> str:
+        if "\x00" in ref:
+            raise SpecError("contains a NUL character", field=field)
+        p = Path(ref).expanduser()
+        return str(p) if p.is_absolute() else os.path.normpath(base / p)
+
+    trace = data.get("trace")
+    if isinstance(trace, str):
+        return {**data, "trace": join(trace, "trace")}
+    if isinstance(trace, dict) and isinstance(trace.get("path"), str):
+        return {**data, "trace": {**trace, "path": join(trace["path"], "trace.path")}}
+    return data
 
 
 def builtin_workloads() -> dict[str, Path]:
@@ -198,7 +304,8 @@ def read_trace(path: str | Path) -> list[dict[str, Any]]:
     """
     p = Path(path)
     if not p.is_file():
-        raise MissingFileError("trace file not found" + (" (a directory)" if p.is_dir() else ""), source=p)
+        hint = " (a directory; a recording directory replays with `trace: {path: DIR}`)" if p.is_dir() else ""
+        raise MissingFileError("trace file not found" + hint, source=p)
     try:
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -214,7 +321,10 @@ def read_trace(path: str | Path) -> list[dict[str, Any]]:
         if not isinstance(row, dict):
             raise SpecError(f"each line must be a JSON object, got {type(row).__name__}", source=p, line=i)
         if "output_len" not in row or ("prompt" not in row and "prompt_len" not in row):
-            raise SpecError(f"each line needs output_len and one of prompt / prompt_len, got {sorted(row)}", source=p, line=i)
+            hint = (" (this looks like a recorded or Mooncake trace: replay it with `trace: {path: FILE}`)"
+                    if {"arrival", "timestamp"} & row.keys() else "")
+            raise SpecError(f"each line needs output_len and one of prompt / prompt_len, got {sorted(row)}{hint}",
+                            source=p, line=i)
         for key in ("output_len", "prompt_len"):
             v = row.get(key, 1)
             if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_LEN:
@@ -260,6 +370,9 @@ def iter_requests(spec: WorkloadSpec, tokenizer, *, seed: int | None = None) -> 
     Unbounded (closed loop with only `duration_s`): the caller stops pulling.
     """
     seed = spec.seed if seed is None else seed
+    if spec.trace_source is not None:
+        yield from _iter_trace_requests(spec, tokenizer, seed)
+        return
     prompter = _Prompter(spec, tokenizer)
     rows = read_trace(spec.trace) if spec.trace else None
     # A fixed draw order per request: gap, prompt_len, output_len, window start, prefix coin.
@@ -270,8 +383,7 @@ def iter_requests(spec: WorkloadSpec, tokenizer, *, seed: int | None = None) -> 
         for i in itertools.count():
             if count is not None and i >= count:
                 break
-            gap = float(rng.exponential(1.0 / spec.rate)) if spec.arrivals == "poisson" else (
-                1.0 / spec.rate if spec.arrivals == "fixed_rate" else 0.0)
+            gap = _gap(spec, rng)
             plen, olen = _draw(spec.prompt_len, rng), _draw(spec.output_len, rng)
             start = int(rng.integers(0, len(prompter.corpus)))
             with_prefix = spec.shared_prefix is not None and bool(rng.random() < spec.shared_prefix.fraction)
@@ -288,6 +400,61 @@ def iter_requests(spec: WorkloadSpec, tokenizer, *, seed: int | None = None) -> 
                 break
             yield BenchRequest(f"req-{i}", prompter.build(body, with_prefix), olen, t)
             t += gap
+
+
+def _gap(spec: WorkloadSpec, rng: np.random.Generator) -> float:
+    """Seconds from one arrival to the next (0 for closed loop, where arrivals are not scheduled)."""
+    if spec.arrivals == "poisson":
+        return float(rng.exponential(1.0 / spec.rate))
+    if spec.arrivals == "gamma":  # shape k, scale 1/(rate k): mean 1/rate, CV 1/sqrt(k)
+        return float(rng.gamma(spec.burstiness, 1.0 / (spec.rate * spec.burstiness)))
+    return 1.0 / spec.rate if spec.arrivals == "fixed_rate" else 0.0
+
+
+def _iter_trace_requests(spec: WorkloadSpec, tokenizer, seed: int) -> Iterator[BenchRequest]:
+    """A trace replay: every traced request at its traced arrival time, lengths as traced.
+
+    Prompts are rebuilt from the trace's hash ids (traces.iter_prompts), so shared blocks are
+    shared again. Warm-up requests take the first traced requests' lengths (cycled) with fresh
+    tokens only (stream 1, hash ids dropped): nothing they leave in the prefix cache is a block a
+    measured request asks for. A traced request that produced no tokens (failed, aborted) is
+    replayed as a 1-token answer: `describe_replay` counts them.
+    """
+    trace = load_trace(spec.trace_source)
+    corpus = corpus_token_ids(tokenizer)
+    warm = [replace(trace.requests[i % len(trace)], hash_ids=None) for i in range(spec.warmup_requests)]
+    warm_prompts = iter_prompts(Trace(warm, trace.source, trace.format, None), corpus, seed=seed, stream=1)
+    for i, (r, ids) in enumerate(zip(warm, warm_prompts)):
+        yield BenchRequest(f"warmup-{i}", ids, max(1, r.output_tokens), 0.0, is_warmup=True)
+    for i, (r, ids) in enumerate(zip(trace.requests, iter_prompts(trace, corpus, seed=seed))):
+        yield BenchRequest(f"req-{i}", ids, max(1, r.output_tokens), r.arrival_s)
+
+
+def describe_replay(spec: WorkloadSpec) -> str | None:
+    """Which traffic a trace workload replays, in one sentence (the study report and `tune validate`
+    state it); None for a workload that replays no trace mapping.
+
+    Loads the trace; a trace that cannot be read is said in the sentence, not raised.
+    """
+    src = spec.trace_source
+    if src is None:
+        return None
+    window = f"window [{src.window[0]:g}, {src.window[1]:g}) s" if src.window else "the whole trace"
+    cap = f", first {src.max_requests} requests" if src.max_requests else ""
+
+    def head(fmt: str) -> str:
+        return f"trace {src.path} ({fmt}), {window}{cap}, time_scale {src.time_scale:g}"
+
+    try:
+        trace = load_trace(src)
+    except (SpecError, OSError) as exc:
+        return f"{head(src.format or 'format not detected')}: cannot be read ({exc})"
+    span = trace.requests[-1].arrival_s
+    rate = f" ({(len(trace) - 1) / span:.3g} requests/s)" if span > 0 else ""
+    silent = sum(r.output_tokens == 0 for r in trace.requests)
+    note = f"; {silent} traced requests with no output replayed as 1-token answers" if silent else ""
+    return (f"{head(trace.format)}: {len(trace)} requests over {span:.1f} s{rate}, replayed open loop at the traced "
+            f"times (+ {spec.warmup_requests} warm-up){note}")
 
 
 def generate_requests(spec: WorkloadSpec, tokenizer, *, seed: int | None = None,

@@ -21,7 +21,6 @@ Definitions, used for a source trace and for requests generated from a fitted sp
 from __future__ import annotations
 
 import json
-import typing
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -30,10 +29,12 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict
 
+from slotune.tuner.errors import SpecError
 from slotune.tuner.traces import Trace, TraceRequest, block_hash_ids, load_trace
 from slotune.tuner.workload import BenchRequest, LogNormal, WorkloadSpec
 
 POISSON_CV_TOLERANCE = 0.25  # |CV - 1| within this: Poisson (CV 1) describes the arrivals
+EVEN_CV = 0.05  # CV below this: fixed rate (gamma's shape would be 1/CV^2 > 400, i.e. even gaps)
 DEFAULT_PREFILL_TOKENS_PER_S = 5000.0  # service-time estimate when a trace has no finish times
 DEFAULT_TPOT_S = 0.03
 PEAK_WINDOWS_S = (1.0, 10.0)
@@ -131,8 +132,9 @@ def fit(trace: Trace, *, name: str | None = None, num_requests: int | None = Non
     - lengths: lognormal (median and sigma from the mean and std of the logs, clipped to the traced
       min..max); with `lengths_path`, the traced lengths themselves instead, written there as the
       JSONL that WorkloadSpec's `trace` field replays (prompt and output lengths stay paired);
-    - arrivals: Poisson at the mean rate; when the inter-arrival CV is far from 1 the spec uses a
-      bursty kind if WorkloadSpec has one ('gamma' with `burstiness`), else says the CV in its description;
+    - arrivals: Poisson at the mean rate; when the inter-arrival CV is far from 1 (beyond
+      POISSON_CV_TOLERANCE), gamma gaps at the mean rate with burstiness 1/CV^2 (the same CV); near 0
+      (below EVEN_CV), a fixed rate;
     - shared prefix: one prefix, the whole number of blocks nearest the mean cacheable part of the
       requests that have one, on the fraction of requests that keeps the mean cacheable tokens per
       request (at most all); the rest of each prompt (past its cacheable part) is fitted as the lengths
@@ -151,7 +153,8 @@ def fit(trace: Trace, *, name: str | None = None, num_requests: int | None = Non
     """
     s = summarize(trace)
     if s.mean_rate is None:
-        raise ValueError(f"{trace.source}: fitting arrivals needs two or more distinct arrival times")
+        raise SpecError("fitting arrivals needs two or more distinct arrival times (widen the window or "
+                        "the request cap?)", source=trace.source)
     cacheable = _cacheable_per_request(trace)
     bs = trace.block_size or 1
     has_prefix = cacheable > 0
@@ -171,13 +174,13 @@ def fit(trace: Trace, *, name: str | None = None, num_requests: int | None = Non
         "arrivals": "poisson", "rate": _round(s.mean_rate), "num_requests": num_requests or s.num_requests,
         "warmup_requests": 1, "seed": seed}
     cv = s.interarrival_cv
-    if cv is not None and abs(cv - 1) > POISSON_CV_TOLERANCE:
-        if _has_gamma_arrivals():
-            doc.update(arrivals="gamma", burstiness=_round(1 / cv**2))
-            notes.append(f"Inter-arrival CV {cv:.2f}: gamma gaps, burstiness 1/CV^2.")
-        else:
-            notes.append(f"Inter-arrival CV {cv:.2f} (Poisson has 1): arrivals here are "
-                         f"{'burstier' if cv > 1 else 'more even'} than this spec's Poisson.")
+    if cv is not None and cv < EVEN_CV:
+        doc.update(arrivals="fixed_rate")
+        notes.append(f"Inter-arrival CV {cv:.2g}: evenly spaced, fixed rate.")
+    elif cv is not None and abs(cv - 1) > POISSON_CV_TOLERANCE:
+        doc.update(arrivals="gamma", burstiness=_round(1 / cv**2))
+        notes.append(f"Inter-arrival CV {cv:.2f} (Poisson has 1; {'burstier' if cv > 1 else 'more even'}): "
+                     f"gamma gaps, burstiness 1/CV^2.")
     if lengths_path is not None:
         path = Path(lengths_path)
         path.write_text("".join(json.dumps({"prompt_len": int(p), "output_len": int(o)}) + "\n"
@@ -203,20 +206,59 @@ def fit_command(trace_path: Path, out: Path, *, empirical: bool = False, **optio
     """`tune workload fit TRACE -o workload.yaml`: load, summarize, fit, write the YAML; print the summary.
 
     Args:
-        options: load_trace's (format, block_size, time_scale, window, max_requests).
+        trace_path: a trace file, or a directory of recorded *.jsonl files.
+        out: the WorkloadSpec YAML to write.
         empirical: replay the traced lengths (written beside `out` as NAME.lengths.jsonl) instead of lognormals.
+        options: load_trace's (format, block_size, time_scale, window, max_requests); None ones are left out.
+    Returns:
+        The source's TraceSummary. Raises SpecError / MissingFileError for the trace, ValueError when it
+        cannot be fitted, OSError when `out` cannot be written.
     """
-    trace = load_trace(trace_path, **options)
+    from rich.console import Console
+
+    trace = load_trace(trace_path, **{k: v for k, v in options.items() if v is not None})
     summary = summarize(trace)
     lengths = out.with_suffix(".lengths.jsonl") if empirical else None
     doc = fit(trace, name=out.stem, lengths_path=lengths)
     if lengths is not None:
         doc["trace"] = lengths.name  # WorkloadSpec.load resolves it against the YAML's folder
     out.write_text(yaml.safe_dump(doc, sort_keys=False, width=100))
-    for key, value in summary.model_dump().items():
-        print(f"{key:20s} {value}")
-    print(f"wrote {out}")
+    console = Console()
+    console.print(summary_table(summary, title=f"{trace.source} ({trace.format} trace)"))
+    console.print(f"wrote {out}" + (f" and {lengths}" if lengths is not None else "")
+                  + f": {doc['arrivals']} arrivals at {doc['rate']:g}/s", highlight=False)
     return summary
+
+
+def summary_table(s: TraceSummary, title: str = "trace"):
+    """The capacity-planning numbers of a trace as rich renderables: lengths by percentile, then rates,
+    burstiness, concurrency and prefix sharing (rich imported here: CLI output only)."""
+    from rich.console import Group
+    from rich.table import Table
+
+    def num(v: float | None, fmt: str = ".3g") -> str:
+        return "-" if v is None else format(v, fmt)
+
+    lengths = Table(title=title)
+    lengths.add_column("tokens")
+    for c in ("p50", "p95", "p99", "mean", "min", "max"):
+        lengths.add_column(c, justify="right")
+    for label, st in (("prompt", s.prompt_tokens), ("output", s.output_tokens)):
+        lengths.add_row(label, *(num(v, ".0f") for v in (st.p50, st.p95, st.p99, st.mean, st.min, st.max)))
+    traffic = Table(show_header=False, box=None)
+    for label, value in (
+            ("requests", f"{s.num_requests} over {s.duration_s:.1f} s"),
+            ("mean rate", f"{num(s.mean_rate)} req/s"),
+            ("peak rate", f"{s.peak_rate_1s:.3g} req/s over 1 s, {s.peak_rate_10s:.3g} req/s over 10 s"),
+            ("burstiness (inter-arrival CV)", f"{num(s.interarrival_cv, '.2f')} (Poisson: 1)"),
+            ("peak concurrency", f"{s.peak_concurrency} ({s.concurrency_source})"),
+            ("cacheable-prefix share", num(s.cacheable_share, ".1%")
+             + (f" (blocks of {s.block_size} tokens)" if s.block_size else " (no hash ids)")),
+            ("cached share (served)", num(s.cached_share, ".1%")),
+            ("chat share", num(s.chat_share, ".0%")),
+            ("no-output requests", str(s.num_zero_output))):
+        traffic.add_row(label, value)
+    return Group(lengths, traffic)
 
 
 # --- helpers -----------------------------------------------------------------------------------------
@@ -267,9 +309,3 @@ def _lognormal(values: np.ndarray) -> dict[str, Any]:
 
 def _round(x: float) -> float:
     return float(f"{x:.4g}")
-
-
-def _has_gamma_arrivals() -> bool:
-    """Does WorkloadSpec have the bursty arrival kind proposed beside this module (arrivals: gamma)?"""
-    return ("gamma" in typing.get_args(WorkloadSpec.model_fields["arrivals"].annotation)
-            and "burstiness" in WorkloadSpec.model_fields)

@@ -191,7 +191,7 @@ def test_bad_options_and_paths(tmp_path):
         load_trace(SAMPLES["azure"], window=(5, 1))
     with pytest.raises(SpecError, match="window: no request arrives inside window"):
         load_trace(SAMPLES["azure"], window=(10_000, 20_000))
-    with pytest.raises(SpecError, match="block_size: block_size applies to mooncake traces only; this is a azure"):
+    with pytest.raises(SpecError, match="block_size: block_size applies to mooncake traces only; this trace is azure"):
         load_trace(SAMPLES["azure"], block_size=16)
     with pytest.raises(SpecError, match="a directory loads as a recording"):
         load_trace(DATA / "recorded_rotated", format="azure")

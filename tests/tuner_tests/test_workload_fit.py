@@ -117,7 +117,7 @@ def test_fitted_spec_generates_traffic_like_the_trace():
     assert gen.cacheable_share == pytest.approx(src.cacheable_share, abs=0.1)
 
 
-def test_bursty_trace_is_noted():
+def test_bursty_trace_fits_gamma_arrivals():
     rng = np.random.default_rng(0)
     # bursts of 10 requests 10 ms apart, 20 s between bursts: CV far above 1
     times = [b * 20.0 + k * 0.01 for b in range(10) for k in range(10)]
@@ -125,9 +125,12 @@ def test_bursty_trace_is_noted():
     s = summarize(trace)
     assert s.interarrival_cv > 2 and s.peak_rate_1s == 10.0
     doc = fit(trace)
-    assert doc["arrivals"] == "poisson" and f"Inter-arrival CV {s.interarrival_cv:.2f}" in doc["description"]
+    assert doc["arrivals"] == "gamma" and f"Inter-arrival CV {s.interarrival_cv:.2f}" in doc["description"]
+    assert doc["burstiness"] == pytest.approx(1 / s.interarrival_cv**2, rel=1e-3)
     assert "burstier" in doc["description"] and "shared_prefix" not in doc
     WorkloadSpec.load(doc)
+    even = Trace([TraceRequest(0.5 * i, 10, 5) for i in range(20)], "even.csv", "azure", None)
+    assert fit(even)["arrivals"] == "fixed_rate" and "burstiness" not in fit(even)
 
 
 def test_empirical_lengths_keep_pairs(tmp_path):
@@ -148,7 +151,7 @@ def test_fit_command_writes_a_workload_file(tmp_path, capsys):
     assert yaml.safe_load(out.read_text())["trace"] == "served.lengths.jsonl"  # relative to the YAML
     spec = WorkloadSpec.load(out)
     assert spec.name == "served" and Path(spec.trace).is_file() and spec.num_requests == 50
-    assert "peak_concurrency" in capsys.readouterr().out
+    assert "peak concurrency" in capsys.readouterr().out
 
 
 def test_replayed_prompts_reproduce_the_cacheable_share():
