@@ -29,6 +29,8 @@ app = typer.Typer(
 )
 k8s_app = typer.Typer(help="Kubernetes helpers.", no_args_is_help=True)
 app.add_typer(k8s_app, name="k8s")
+workload_app = typer.Typer(help="Workloads: fit one to the traffic you serve.", no_args_is_help=True)
+app.add_typer(workload_app, name="workload")
 
 
 # Problems with what the user gave (files, values, the environment): exit 2. ValueError covers
@@ -164,6 +166,34 @@ def serve(
         from slotune.engine.server import serve_command
 
         serve_command(config=config, host=host, port=port, api_key=api_key, served_model_name=served_model_name)
+
+
+@workload_app.command("fit")
+def workload_fit(
+    trace: Annotated[Path, typer.Argument(help="a trace file (recorded JSONL, Mooncake JSONL, Azure or BurstGPT CSV) "
+                                               "or a directory of recorded *.jsonl files")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="the WorkloadSpec YAML to write")],
+    format_: Annotated[Optional[Literal["recorded", "mooncake", "azure", "burstgpt"]], typer.Option(
+        "--format", help="the trace's format; default: detected from the file")] = None,
+    block_size: Annotated[Optional[int], typer.Option("--block-size", help="tokens per hash id (mooncake; "
+                                                                            "default 512)")] = None,
+    time_scale: Annotated[Optional[float], typer.Option("--time-scale", help="multiply every gap: 2.0 = half "
+                                                                              "the rate")] = None,
+    window: Annotated[Optional[tuple[float, float]], typer.Option(
+        "--window", metavar="START END", help="keep requests arriving in [START, END) seconds since the trace's "
+                                              "first request")] = None,
+    max_requests: Annotated[Optional[int], typer.Option("--max-requests", help="keep the first this many "
+                                                                                "(after --window)")] = None,
+    empirical: Annotated[bool, typer.Option("--empirical", help="replay the traced lengths (written beside the "
+                                                                 "YAML as NAME.lengths.jsonl) instead of "
+                                                                 "fitted lognormals")] = False,
+) -> None:
+    """Summarize TRACE (lengths, rates, burstiness, concurrency, prefix sharing) and write a WorkloadSpec like it."""
+    with _reading(trace):
+        from slotune.tuner.workload_fit import fit_command
+
+        fit_command(trace, output, empirical=empirical, format=format_, block_size=block_size,
+                    time_scale=time_scale, window=window, max_requests=max_requests)
 
 
 @k8s_app.command("render")

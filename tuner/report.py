@@ -11,6 +11,8 @@ import secrets
 from pathlib import Path
 from typing import Any
 
+from slotune.tuner.workload import describe_replay
+
 
 def write_atomic(path: Path, data: str | bytes) -> None:
     """Write `path` whole or not at all: a temp file in the same directory, then os.replace.
@@ -120,6 +122,9 @@ def write_report(spec, study, best, remeasure, out: Path) -> dict[str, Path]:
              f"{', '.join(g['name'] for g in spec.quality_gates) or 'none'}; sampler {spec.sampler}; "
              f"{len(states)} trials ({states.count('COMPLETE')} complete, {states.count('FAIL')} failed, "
              f"{states.count('PRUNED')} pruned).", ""]
+    replay = describe_replay(spec.workload_spec())
+    if replay is not None:  # a trace workload: which traffic window the numbers below are about
+        lines += [f"Traffic: tuned on {replay}.", ""]
     ref = reference_metrics(study)
     if best is not None:
         bm = best.user_attrs["metrics"]

@@ -4,9 +4,9 @@ Validated once at load; every problem is reported as `field.path: message`, unkn
 are errors, NaN and inf are refused, and the file is read by `tuner.errors.load_yaml` (plain
 YAML: no tags, no duplicate keys, bounded alias expansion).
 
-Paths in a spec (model, workload, search_space, trace, output_dir, a sqlite storage or MLflow
-URL, speculative.draft_model) are relative to the spec file's folder: `from_yaml` resolves
-them while validating, so the spec means the same from any working directory.
+Paths in a spec (model, workload, search_space, workload.trace or workload.trace.path, output_dir,
+a sqlite storage or MLflow URL, speculative.draft_model) are relative to the spec file's folder:
+`from_yaml` resolves them while validating, so the spec means the same from any working directory.
 `preflight` then checks what needs the file system or the model: the model and its context
 length, the trace rows, and that the output and storage locations can be written.
 """
@@ -29,7 +29,9 @@ from slotune.evals.gates import GateSpec
 from slotune.evals.tasks import data_dir as tasks_data_dir
 from slotune.search_spaces.schema import SearchSpace, builtin_spaces
 from slotune.tuner.errors import Problem, SpecError, load_yaml_mapping, parse_yaml
-from slotune.tuner.workload import MAX_SEED, WorkloadSpec, builtin_workloads, read_trace
+from slotune.tuner.traces import load_trace
+from slotune.tuner.workload import (MAX_SEED, WorkloadSpec, builtin_workloads, describe_replay, read_trace,
+                                    resolve_trace_path)
 
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
 THROUGHPUT_METRICS = ("output_tokens_per_s", "goodput_rps", "requests_per_s")
@@ -144,12 +146,13 @@ class TuningSpec(_Strict):
     @classmethod
     def _workload_ok(cls, v, info: ValidationInfo):
         if isinstance(v, dict):
-            trace = v.get("trace")
-            if isinstance(trace, str):
-                v = {**v, "trace": _resolve_path(trace, _base_dir(info))}
-            _validate_nested(WorkloadSpec, v)
-            if isinstance(v.get("trace"), str) and not Path(v["trace"]).is_file():
-                raise ValueError(f"workload.trace: trace file not found: {v['trace']}")
+            base = _base_dir(info)
+            try:
+                if base is not None:
+                    v = resolve_trace_path(v, base)
+                _validate_nested(WorkloadSpec, v).check_trace_exists()
+            except SpecError as exc:
+                raise ValueError("; ".join(f"workload.{p.field}: {p.message}" for p in exc.problems)) from None
             return v
         v = _resolve_ref(v, _base_dir(info), builtin_workloads())
         WorkloadSpec.load(v)  # the file's own problems, named by its path
@@ -276,9 +279,13 @@ def validate_command(spec: Path) -> TuningSpec:
     c.print(f"[green]ok[/green] {spec}: study '{s.name}', {obj.kind} objective {obj.direction()} {obj.metric_key()}"
             + (f" (Pareto with {', '.join(obj.metric_key(m) for m in obj.pareto_with)})" if obj.pareto_with else ""),
             highlight=False)
-    c.print(f"  workload: {wl.name} ({wl.arrivals}, {wl.num_requests} requests); search space: {space.name} "
+    replay = describe_replay(wl)
+    requests = f"{wl.num_requests} requests" if replay is None else "the trace's requests"
+    c.print(f"  workload: {wl.name} ({wl.arrivals}, {requests}); search space: {space.name} "
             f"({len(space.knobs)} knobs); gates: {len(s.quality_gates)}; sampler: {s.sampler}; "
             f"budget: {s.budget.n_trials} trials, measured {s.budget.measure.replace('_', ' ')}", highlight=False)
+    if replay is not None:
+        c.print(f"  traffic: {replay}", highlight=False)
     c.print(Syntax(yaml.safe_dump(resolved_dict(s), sort_keys=False), "yaml", theme="ansi_dark", background_color="default"))
     return s
 
@@ -387,7 +394,9 @@ def preflight(spec: TuningSpec) -> None:
         if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
             run(field, _check_writable_file, Path(url[len("sqlite:///"):]))
     wl = spec.workload_spec()
-    if wl.trace:
+    if wl.trace_source is not None:
+        run("workload.trace", load_trace, wl.trace_source)
+    elif wl.trace:
         run("workload.trace", read_trace, wl.trace)
     base = spec.base_config()
     try:
