@@ -31,9 +31,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from slotune.evals.stats import judge, paired_drop, paired_perplexity_drop
+from slotune.tuner.errors import SpecError, load_yaml
 
 log = logging.getLogger(__name__)
 
@@ -296,16 +297,28 @@ def builtin_gates_path() -> Path:
 
 
 def load_gates(path: Path | None) -> list[GateSpec]:
-    """A gates YAML: a list of gates, or a mapping with `quality_gates:` (a tuning spec works too)."""
-    import yaml
+    """A gates YAML: a list of gates, or a mapping with `quality_gates:` (a tuning spec works too).
 
+    Read by the one plain-YAML reader (tuner/errors.py). Raises MissingFileError, or SpecError naming
+    the file and each bad gate's field (`quality_gates[1].margin: ...`).
+    """
     path = Path(path) if path else builtin_gates_path()
-    data = yaml.safe_load(path.read_text())
+    data = load_yaml(path, "gates file")
+    key = ""
     if isinstance(data, dict):
-        data = data.get("quality_gates", data.get("gates"))
+        key = "quality_gates" if "quality_gates" in data else "gates"
+        data = data.get(key)
     if not isinstance(data, list):
-        raise ValueError(f"{path}: expected a list of gates (or a mapping with 'quality_gates:')")
-    return [GateSpec.model_validate(g) for g in data]
+        raise SpecError("expected a list of gates (or a mapping with 'quality_gates:')", source=path)
+    gates, problems = [], []
+    for i, g in enumerate(data):
+        try:
+            gates.append(GateSpec.model_validate(g))
+        except ValidationError as exc:
+            problems += SpecError.from_validation(exc, path, prefix=f"{key}[{i}]").problems
+    if problems:
+        raise SpecError(problems=problems)
+    return gates
 
 
 def render_report(report: GateReport, title: str = "quality gates"):

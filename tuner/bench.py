@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from slotune.tuner.errors import parse_yaml
 from slotune.tuner.metrics import (LATENCY_SERIES, PERCENTILES, MemoryTracker, RequestRecord, engine_stats_delta, pkey,
                                    summarize)
 from slotune.tuner.workload import BenchRequest, WorkloadSpec, iter_requests
@@ -246,15 +247,14 @@ def print_result(res: BenchResult, title: str = "benchmark", percentiles: tuple[
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:
-    """`key=value` items -> {dotted.key: value}, values parsed as YAML scalars (8 -> int, true -> bool)."""
-    import yaml
-
+    """`key=value` items -> {dotted.key: value}, values parsed as plain YAML (8 -> int, true -> bool) by the
+    one YAML reader (tuner/errors.py: no tags; a problem names `--set KEY`)."""
     out: dict[str, Any] = {}
     for item in items:
         k, sep, v = item.partition("=")
         if not sep or not k.strip():
             raise ValueError(f"--set expects key=value (e.g. max_num_seqs=8 or speculative.method=ngram), got '{item}'")
-        out[k.strip()] = yaml.safe_load(v)
+        out[k.strip()] = parse_yaml(v, f"--set {k.strip()}")
     return out
 
 

@@ -146,7 +146,7 @@ def eval_(
 ) -> None:
     """Run the quality gates for CONFIG against the unquantized baseline."""
     with _reading(config):
-        _check_yaml(config, gates)
+        _check_yaml(config)  # a gates file is read by load_gates, which uses the same reader
         from slotune.evals.gates import eval_command
 
         eval_command(config=config, gates=gates, json_out=json_out)
