@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from slotune.operator import children, schedule
+from slotune.operator import children, schedule, traffic
 
 _NAME = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 # distribution's reference grammar, lower-case names; a registry port only before a '/'
@@ -190,6 +190,9 @@ def check_tuning(spec: dict[str, Any], namespace: str, admission: Admission) -> 
             return Rejection("spec.tuning.storage", "StorageNotShared",
                              f"workers > 1 cannot share the SQLite study '{tuning_spec['storage']}' across pods: "
                              "set spec.storageSecret to a Secret holding a PostgreSQL URL")
+    trouble = traffic.problem(spec)
+    if trouble is not None:
+        return Rejection(trouble[0], "InvalidTraffic", trouble[1])
     if spec.get("schedule"):
         try:
             schedule.parse(spec["schedule"])
@@ -200,6 +203,28 @@ def check_tuning(spec: dict[str, Any], namespace: str, admission: Admission) -> 
             return Rejection("spec.schedule", "StorageNotPersistent",
                              f"a schedule re-tunes over runs, but {' and '.join(lost)} would be lost with the "
                              f"Job's emptyDir: {PERSISTENCE_HINT}")
+    return None
+
+
+# --- SLOServing: what it records ------------------------------------------------------------
+
+def check_serving(spec: dict[str, Any]) -> Rejection | None:
+    """The first reason the SLOServing's spec cannot be rendered, beyond the allow-lists, or None."""
+    record = spec.get("recordTraffic")
+    if record is None:
+        return None
+    claim = str((record or {}).get("claimName") or "")
+    if not claim:
+        return Rejection("spec.recordTraffic.claimName", "InvalidRecording",
+                         "spec.recordTraffic.claimName is empty: name the PersistentVolumeClaim the pods record "
+                         "traffic on (ReadWriteMany when pods run on several nodes)")
+    if not _DNS_SUBDOMAIN.match(claim) or len(claim) > 253:
+        return Rejection("spec.recordTraffic.claimName", "InvalidRecording",
+                         f"spec.recordTraffic.claimName '{claim}' is not a PersistentVolumeClaim name")
+    max_mib = record.get("maxMiB", children.DEFAULT_RECORD_MAX_MIB)
+    if isinstance(max_mib, bool) or not isinstance(max_mib, int) or max_mib < 1:
+        return Rejection("spec.recordTraffic.maxMiB", "InvalidRecording",
+                         f"spec.recordTraffic.maxMiB {max_mib!r} must be a whole number of MiB >= 1")
     return None
 
 

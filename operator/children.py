@@ -2,7 +2,8 @@
 
 SLOServing -> ConfigMap `<name>-config` (config.yaml), Deployment `<name>` running
 `tune serve`, Service `<name>`; with `spec.canary`, also `<name>-canary-config` and the
-Deployment `<name>-canary`. SLOTuning -> ConfigMap `<name>-spec` (the tuning spec), per run a
+Deployment `<name>-canary`; with `spec.recordTraffic`, every pod records into its own folder
+of the claim (traffic.py). SLOTuning -> ConfigMap `<name>-spec` (the tuning spec), per run a
 result ConfigMap, the Job `<name>-run-<n>` (plus `<name>-run-<n>-workers` for parallel
 workers) and the Role + RoleBinding `<name>-run-<n>` that let the Job's service account
 get/patch that one result ConfigMap and nothing else. Every child carries a controller owner
@@ -21,13 +22,17 @@ from typing import Any
 
 import yaml
 
-from slotune.operator import api
+from slotune.operator import api, traffic
 
 DEFAULT_IMAGE = "ghcr.io/slotune/slotune:0.1.0"
 CONFIG_DIR = "/etc/slotune"
 SPEC_PATH = f"{CONFIG_DIR}/spec.yaml"
 WORK_DIR = "/work"  # an emptyDir, or spec.workVolumeClaim
 RESULT_DIR = f"{WORK_DIR}/out"
+TRAFFIC_DIR = "/traffic"  # spec.recordTraffic.claimName: read-write in serving pods, read-only in tuning Jobs
+TRAFFIC_SNAPSHOT = f"{RESULT_DIR}/traffic.jsonl"  # the window a run replays (publish.py writes it)
+POD_NAME_ENV = "SLOTUNE_POD_NAME"
+DEFAULT_RECORD_MAX_MIB = 256
 TUNER_SERVICE_ACCOUNT = "slotune-tuner"
 SERVING_SERVICE_ACCOUNT = "slotune-serving"
 
@@ -72,11 +77,21 @@ def deployment(serving: str, track: str, spec: dict[str, Any], owner, config: di
     if spec.get("apiKeySecret"):  # the key goes pod-side only; the operator never reads it
         env.append({"name": "SLOTUNE_API_KEY", "valueFrom": {"secretKeyRef": {
             "name": spec["apiKeySecret"]["name"], "key": spec["apiKeySecret"].get("key", "api-key")}}})
+    command = ["tune", "serve", f"{CONFIG_DIR}/config.yaml", "--host", "0.0.0.0", "--port", str(port),
+               "--served-model-name", spec.get("model") or config.get("model") or serving]
+    mounts = [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}]
+    volumes = [{"name": "config", "configMap": {"name": f"{name}-config"}}]
+    record = spec.get("recordTraffic")
+    if record:  # each pod its own folder (the kubelet expands $(VAR) from the container's env)
+        env.append({"name": POD_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
+        command += ["--record-traffic", f"{recording_dir(serving)}/$({POD_NAME_ENV})",
+                    "--record-traffic-max-mib", str(int(record.get("maxMiB", DEFAULT_RECORD_MAX_MIB)))]
+        mounts.append({"name": "traffic", "mountPath": TRAFFIC_DIR})
+        volumes.append({"name": "traffic", "persistentVolumeClaim": {"claimName": record["claimName"]}})
     container = {
         "name": "serve",
         "image": spec.get("image", DEFAULT_IMAGE),
-        "command": ["tune", "serve", f"{CONFIG_DIR}/config.yaml", "--host", "0.0.0.0", "--port", str(port),
-                    "--served-model-name", spec.get("model") or config.get("model") or serving],
+        "command": command,
         "ports": [{"name": "http", "containerPort": port}],
         "env": env,
         "readinessProbe": {"httpGet": {"path": "/ready", "port": "http"}, "periodSeconds": 5},
@@ -85,9 +100,14 @@ def deployment(serving: str, track: str, spec: dict[str, Any], owner, config: di
         # model load can take minutes: liveness starts only after /health first answers
         "startupProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5,
                          "failureThreshold": 120},
-        "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}],
+        "volumeMounts": mounts,
         "resources": spec.get("resources") or {},
     }
+    pod_spec = {"serviceAccountName": spec.get("serviceAccountName", SERVING_SERVICE_ACCOUNT),
+                "automountServiceAccountToken": False,  # `tune serve` never calls the API
+                "containers": [container], "volumes": volumes}
+    if record:  # the image's user (uid 10001) writes to the claim
+        pod_spec["securityContext"] = {"fsGroup": 10001}
     pod_annotations = {"prometheus.io/scrape": "true", "prometheus.io/port": str(port),
                        "prometheus.io/path": "/metrics", api.ANNOTATION_CONFIG_HASH: digest}
     return {
@@ -98,10 +118,7 @@ def deployment(serving: str, track: str, spec: dict[str, Any], owner, config: di
             "selector": {"matchLabels": labels},
             "template": {
                 "metadata": {"labels": labels, "annotations": pod_annotations},
-                "spec": {"serviceAccountName": spec.get("serviceAccountName", SERVING_SERVICE_ACCOUNT),
-                         "automountServiceAccountToken": False,  # `tune serve` never calls the API
-                         "containers": [container],
-                         "volumes": [{"name": "config", "configMap": {"name": f"{name}-config"}}]},
+                "spec": pod_spec,
             },
         },
     }
@@ -117,6 +134,22 @@ def service(serving: str, spec: dict[str, Any], owner) -> dict[str, Any]:
                      "ports": [{"name": "http", "port": port, "targetPort": "http"}]}}
 
 
+def recording_dir(serving: str) -> str:
+    """Where the pods of SLOServing `serving` record, one sub-folder per pod."""
+    return f"{TRAFFIC_DIR}/{serving}"
+
+
+def tuning_spec(spec: dict[str, Any], plan: traffic.Plan | None) -> dict[str, Any]:
+    """The tuning spec a run's `tune run` reads: spec.tuning, its workload replaced by the
+    snapshot of recorded traffic when the run tunes on it."""
+    out = dict(spec.get("tuning") or {})
+    if plan is not None:
+        out["workload"] = {"name": f"{plan.serving}-traffic",
+                           "description": f"the last {plan.window_s} s of traffic recorded by SLOServing {plan.serving}",
+                           "trace": {"path": TRAFFIC_SNAPSHOT, "format": "recorded", "time_scale": plan.time_scale}}
+    return out
+
+
 def job_name(tuning: str, run: int) -> str:
     return f"{tuning}-run-{run}"
 
@@ -125,12 +158,15 @@ def result_name(tuning: str, run: int) -> str:
     return f"{tuning}-run-{run}-result"
 
 
-def tuning_jobs(tuning: str, spec: dict[str, Any], owner, run: int, namespace: str) -> list[dict[str, Any]]:
+def tuning_jobs(tuning: str, spec: dict[str, Any], owner, run: int, namespace: str,
+                plan: traffic.Plan | None = None) -> list[dict[str, Any]]:
     """The Job running `tune run` for one run, and a workers Job when spec.workers > 1.
 
     The main container runs `python -m slotune.operator.publish ... -- tune run SPEC`, which
     runs the study and then writes best.yaml and its metrics into the result ConfigMap through
-    the API: results never travel through pod logs.
+    the API: results never travel through pod logs. With a traffic `plan`, the recording's claim
+    is mounted read-only and the publisher snapshots and summarizes the window first, and skips
+    the study when the traffic has not drifted from `plan.baseline`.
     """
     labels = {api.LABEL_TUNING: tuning, api.LABEL_RUN: str(run)}
     env = [{"name": "SLOTUNE_RUN", "value": str(run)}]
@@ -139,9 +175,16 @@ def tuning_jobs(tuning: str, spec: dict[str, Any], owner, run: int, namespace: s
             "name": spec["storageSecret"]["name"], "key": spec["storageSecret"].get("key", "url")}}})
     tune = ["tune", "run", SPEC_PATH, "--no-progress", "--output-dir", RESULT_DIR]
     main = ["python", "-m", "slotune.operator.publish", "--configmap", result_name(tuning, run),
-            "--namespace", namespace, "--result-dir", RESULT_DIR, "--", *tune]
+            "--namespace", namespace, "--result-dir", RESULT_DIR]
+    if plan is not None:
+        main += ["--traffic-dir", recording_dir(plan.serving), "--traffic-window-s", str(plan.window_s),
+                 "--traffic-snapshot", TRAFFIC_SNAPSHOT, "--drift-threshold", f"{plan.drift_threshold:g}"]
+        if plan.baseline is not None:
+            main += ["--baseline-traffic", json.dumps(plan.baseline, sort_keys=True)]
+    main += ["--", *tune]
     workers = int(spec.get("workers", 1))
-    jobs = [_job(job_name(tuning, run), spec, owner, labels, env, main, parallelism=1, is_publisher=True)]
+    jobs = [_job(job_name(tuning, run), spec, owner, labels, env, main, parallelism=1, is_publisher=True,
+                 plan=plan)]
     if workers > 1:
         jobs.append(_job(f"{job_name(tuning, run)}-workers", spec, owner, labels, env,
                          [*tune, "--worker"], parallelism=workers - 1, is_publisher=False))
@@ -164,13 +207,17 @@ def publish_rbac(tuning: str, spec: dict[str, Any], owner, run: int, namespace: 
     return [role, binding]
 
 
-def _job(name, spec, owner, labels, env, command, parallelism: int, is_publisher: bool) -> dict[str, Any]:
+def _job(name, spec, owner, labels, env, command, parallelism: int, is_publisher: bool,
+         plan: traffic.Plan | None = None) -> dict[str, Any]:
     claim = spec.get("workVolumeClaim")
     work = {"persistentVolumeClaim": {"claimName": claim}} if claim else {"emptyDir": {}}
+    mounts = [{"name": "spec", "mountPath": CONFIG_DIR, "readOnly": True}, {"name": "work", "mountPath": WORK_DIR}]
+    volumes = [{"name": "spec", "configMap": {"name": f"{owner['name']}-spec"}}, {"name": "work", **work}]
+    if plan is not None:  # read-only twice: the pod cannot write to the servers' recording
+        mounts.append({"name": "traffic", "mountPath": TRAFFIC_DIR, "readOnly": True})
+        volumes.append({"name": "traffic", "persistentVolumeClaim": {"claimName": plan.claim, "readOnly": True}})
     container = {"name": "tune", "image": spec.get("image", DEFAULT_IMAGE), "command": command, "env": env,
-                 "volumeMounts": [{"name": "spec", "mountPath": CONFIG_DIR, "readOnly": True},
-                                  {"name": "work", "mountPath": WORK_DIR}],
-                 "resources": spec.get("resources") or {}}
+                 "volumeMounts": mounts, "resources": spec.get("resources") or {}}
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": _meta(name, owner, labels),
             "spec": {"parallelism": parallelism, "completions": parallelism,
                      "backoffLimit": int(spec.get("backoffLimit", 1)),
@@ -180,5 +227,4 @@ def _job(name, spec, owner, labels, env, command, parallelism: int, is_publisher
                                            # only the publisher writes to the API (its result ConfigMap)
                                            "automountServiceAccountToken": is_publisher,
                                            "containers": [container],
-                                           "volumes": [{"name": "spec", "configMap": {"name": f"{owner['name']}-spec"}},
-                                                       {"name": "work", **work}]}}}}
+                                           "volumes": volumes}}}}

@@ -12,6 +12,7 @@ from typing import Any
 VALID = "Valid"  # the spec is admitted (False: nothing is created; the message says why)
 PERSISTENT_STORAGE = "PersistentStorage"  # False: the study / MLflow data go with the pod
 SCHEDULED = "Scheduled"  # False: the schedule cannot start a next run
+RETUNED = "Retuned"  # spec.traffic: False when a run was skipped (its traffic has not drifted)
 
 
 def with_condition(conditions: list[dict[str, Any]] | None, type_: str, ok: bool, reason: str, message: str,

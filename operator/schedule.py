@@ -15,7 +15,8 @@ from __future__ import annotations
 import re
 from datetime import datetime, timedelta, timezone
 
-_EVERY = re.compile(r"^@every\s+(\d+)(s|m|h|d)$")
+_DURATION = re.compile(r"^(\d+)(s|m|h|d)$")
+_EVERY = re.compile(r"^@every\s+(\d+[smhd])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _ALIASES = {"@hourly": "0 * * * *", "@daily": "0 0 * * *", "@weekly": "0 0 * * 0", "@monthly": "0 0 1 * *"}
 _RANGES = [(0, 59), (0, 23), (1, 31), (1, 12), (0, 6)]  # minute hour day-of-month month day-of-week
@@ -45,15 +46,23 @@ def _field(text: str, lo: int, hi: int) -> set[int]:
     return values
 
 
+def parse_duration(text: str) -> timedelta:
+    """`<N>s|m|h|d` ("30s", "24h", "7d") as a timedelta; ScheduleError names a bad one."""
+    m = _DURATION.match(str(text).strip())
+    if m is None:
+        raise ScheduleError(f"'{text}' is not a duration: expected <N>s, <N>m, <N>h or <N>d (e.g. 24h)")
+    return timedelta(seconds=int(m.group(1)) * _UNITS[m.group(2)])
+
+
 def parse(expr: str) -> tuple[timedelta | None, list[set[int]] | None]:
     """(interval, None) for @every, (None, fields) for cron; ScheduleError names a bad expression."""
     expr = _ALIASES.get(expr.strip(), expr.strip())
     m = _EVERY.match(expr)
     if m:
-        seconds = int(m.group(1)) * _UNITS[m.group(2)]
-        if seconds <= 0:
+        interval = parse_duration(m.group(1))
+        if interval <= timedelta(0):
             raise ScheduleError(f"schedule '{expr}': the interval must be positive")
-        return timedelta(seconds=seconds), None
+        return interval, None
     parts = expr.split()
     if len(parts) != 5:
         raise ScheduleError(f"schedule '{expr}': expected 5 cron fields or '@every <N>s|m|h|d'")

@@ -54,10 +54,13 @@ def reconcile(name: str, namespace: str, spec: dict[str, Any], body: Any,
               allowed: admission.Admission) -> dict[str, Any]:
     """Render and apply every child of one SLOServing; returns the status to report.
 
-    Raises admission.Rejected (image, service account, Secret not allowed) or ValueError (an
-    invalid config) before anything is applied.
+    Raises admission.Rejected (image, service account, Secret not allowed; a recordTraffic
+    without a valid claim) or ValueError (an invalid config) before anything is applied.
     """
     spec = allowed.admit("SLOServing", namespace, spec)
+    rejection = admission.check_serving(spec)
+    if rejection is not None:
+        raise admission.Rejected(rejection)
     owner = api.owner_reference(body)
     stable = children.serving_config(spec)
     validate_config(stable)

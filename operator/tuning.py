@@ -2,6 +2,7 @@
 
     Pending -> Tuning -> (AwaitingApproval ->) Canary -> Promoted | RolledBack
                      \\-> Failed
+                     \\-> Skipped (spec.traffic: the recorded traffic has not drifted)
 
 Every fact lives in the API (status, the run's Job and result ConfigMap, the target
 SLOServing's `spec.canary`), every child has a deterministic name and creation is
@@ -13,6 +14,14 @@ A run ends with its Job: an attempt that failed (and published `error`) while th
 has retries left (backoffLimit) is waited out, and a retry that publishes a result wins.
 A spec the operator refuses (admission.check_tuning) fails the run with the `Valid`
 condition and creates nothing.
+
+With `spec.traffic` a run tunes on the traffic its SLOServing recorded (traffic.py): the Job
+publishes the summary of the window it snapshotted (`traffic.json`, copied into
+`status.traffic`) and, when it has not drifted from `status.baselineTraffic` (the traffic the
+last result was tuned on) by `driftThreshold`, `skipped` instead of a result: the run ends
+`Skipped` with the `Retuned=False` condition. A run that tunes makes its traffic the baseline;
+a result rolled back or superseded before approval leaves none, so the next run tunes
+whatever the drift.
 """
 
 from __future__ import annotations
@@ -24,9 +33,9 @@ from typing import Any, Callable
 
 import yaml
 
-from slotune.operator import admission, api, children, conditions, metrics, rollout, schedule
+from slotune.operator import admission, api, children, conditions, metrics, rollout, schedule, traffic
 
-TERMINAL = ("Promoted", "RolledBack", "Failed")
+TERMINAL = ("Promoted", "RolledBack", "Failed", "Skipped")
 
 
 def now() -> datetime:
@@ -64,6 +73,13 @@ class Step:
     def set(self, **values: Any) -> None:
         self.patch.update(values)
 
+    def replace(self, key: str, value: dict[str, Any] | None) -> None:
+        """Set a mapping whole: status is merge-patched, so keys it no longer has are nulled."""
+        old = self.status.get(key)
+        if isinstance(old, dict) and value is not None:
+            value = {**{k: None for k in old if k not in value}, **value}
+        self.patch[key] = value
+
     def condition(self, type_: str, ok: bool, reason: str, message: str) -> None:
         old = [dict(c) for c in self.get("conditions") or []]
         new = conditions.with_condition(old, type_, ok, reason, message, stamp(now()))
@@ -99,6 +115,10 @@ def tuning(s: Step) -> None:
     job = api.read("Job", s.namespace, children.job_name(s.name, s.run))
     data = ((api.read("ConfigMap", s.namespace, children.result_name(s.name, s.run)) or {}).get("data")) or {}
     data = {k: v for k, v in data.items() if v}  # an empty value is no value
+    if "traffic.json" in data:
+        note_traffic(s, data)
+    if "skipped" in data:
+        return skip(s, data)
     if "best.yaml" in data:
         return take_result(s, data)
     ended = {c.get("type") for c in ((job or {}).get("status") or {}).get("conditions") or []
@@ -112,8 +132,8 @@ def tuning(s: Step) -> None:
                     f"job {children.job_name(s.name, s.run)} retries")
         return
     if job is None:  # deleted under us (or lost before a restart): recreate, same name
-        rejection = admission.check_tuning(s.spec, s.namespace, s.admission)
-        return reject(s, rejection) if rejection else create_run_children(s, s.run)
+        rejection, plan = admit_run(s)
+        return reject(s, rejection) if rejection else create_run_children(s, s.run, plan)
     if "Failed" in ended:
         c = next(c for c in job["status"]["conditions"] if c.get("type") == "Failed")
         return finish(s, "Failed", "JobFailed", c.get("message") or c.get("reason") or "the tuning Job failed")
@@ -160,14 +180,32 @@ def finished(s: Step) -> None:
 
 STEPS: dict[str, Callable[[Step], None]] = {
     "Pending": pending, "Tuning": tuning, "AwaitingApproval": awaiting_approval, "Canary": canary,
-    "Promoted": finished, "RolledBack": finished, "Failed": finished,
+    "Promoted": finished, "RolledBack": finished, "Failed": finished, "Skipped": finished,
 }
 
 
 # --- actions -------------------------------------------------------------------------------
 
-def start_run(s: Step, run: int) -> None:
+def admit_run(s: Step) -> tuple[admission.Rejection | None, traffic.Plan | None]:
+    """Why the run cannot start, or None and its traffic plan (None without spec.traffic)."""
     rejection = admission.check_tuning(s.spec, s.namespace, s.admission)
+    if rejection is not None or traffic.settings(s.spec) is None:
+        return rejection, None
+    name = traffic.settings(s.spec)["fromServing"]
+    serving = api.read_serving(s.namespace, name)
+    if serving is None:
+        return admission.Rejection("spec.traffic.fromServing", "TrafficNotRecorded",
+                                   f"spec.traffic.fromServing: SLOServing '{name}' does not exist"), None
+    record = serving.get("spec", {}).get("recordTraffic")
+    if record is None or admission.check_serving(serving["spec"]) is not None:
+        return admission.Rejection("spec.traffic.fromServing", "TrafficNotRecorded",
+                                   f"spec.traffic.fromServing: SLOServing '{name}' records no traffic: set its "
+                                   "spec.recordTraffic.claimName"), None
+    return None, traffic.make_plan(s.spec, record["claimName"], s.get("baselineTraffic"))
+
+
+def start_run(s: Step, run: int) -> None:
+    rejection, plan = admit_run(s)
     if rejection is not None:
         s.set(run=run)
         return reject(s, rejection)
@@ -175,7 +213,9 @@ def start_run(s: Step, run: int) -> None:
     warning = admission.storage_warning(s.spec)
     s.condition(conditions.PERSISTENT_STORAGE, warning is None, "EphemeralStorage" if warning else "Persistent",
                 warning or "the study and the MLflow runs outlive the Job's pods")
-    create_run_children(s, run)
+    create_run_children(s, run, plan)
+    # the summary comes with the Job's result; the source it is comparable with is known now
+    s.replace("traffic", {"run": run, "sourceHash": plan.source_hash} if plan else None)
     t = now()
     due = next_time(s, t)
     s.set(run=run, phase="Tuning", lastTuningTime=stamp(t), canary=None, nextTuningTime=stamp(due) if due else None)
@@ -189,12 +229,12 @@ def reject(s: Step, rejection: admission.Rejection) -> None:
     finish(s, "Failed", rejection.reason, rejection.message)
 
 
-def create_run_children(s: Step, run: int) -> None:
+def create_run_children(s: Step, run: int, plan: traffic.Plan | None) -> None:
     spec = s.admission.admit("SLOTuning", s.namespace, s.spec)  # image, service account: checked, filled in
     owner = api.owner_reference(s.body)
     labels = {api.LABEL_TUNING: s.name}
     spec_cm = children.config_map(f"{s.name}-spec", owner, labels,
-                                  {"spec.yaml": yaml.safe_dump(s.spec.get("tuning") or {}, sort_keys=False)})
+                                  {"spec.yaml": yaml.safe_dump(children.tuning_spec(s.spec, plan), sort_keys=False)})
     from slotune.operator.serving import ensure
 
     ensure("ConfigMap", s.namespace, spec_cm)
@@ -202,8 +242,40 @@ def create_run_children(s: Step, run: int) -> None:
         children.result_name(s.name, run), owner, {**labels, api.LABEL_RUN: str(run)}, {}))
     for obj in children.publish_rbac(s.name, spec, owner, run, s.namespace):
         api.create(obj["kind"], s.namespace, obj)
-    for job in children.tuning_jobs(s.name, spec, owner, run, s.namespace):
+    for job in children.tuning_jobs(s.name, spec, owner, run, s.namespace, plan):
         api.create("Job", s.namespace, job)
+
+
+def note_traffic(s: Step, data: dict[str, str]) -> None:
+    """Copy the run's traffic summary (and the Job's drift verdict) into status.traffic."""
+    old = dict(s.get("traffic") or {})
+    if old.get("run") != s.run:  # not started with spec.traffic (changed since): compare with nothing
+        old = {"run": s.run}
+    # null is no value (a merge patch deletes the key): drift stays unset without a baseline
+    new = {k: v for k, v in {**old, **json.loads(data["traffic.json"])}.items() if v is not None}
+    if new == s.get("traffic"):
+        return
+    s.replace("traffic", new)
+    threshold = float(new.get("driftThreshold") or 0.0)
+    if "skipped" in data:
+        return  # skip() says why
+    if new.get("drift") is None:
+        s.condition(conditions.RETUNED, True, "NoBaseline", f"run {s.run}: no earlier result was tuned on this "
+                    "traffic source and spec: tuning")
+    else:
+        d = traffic.Drift(float(new["drift"]), str(new.get("driftField")))
+        s.condition(conditions.RETUNED, True, "TrafficDrifted",
+                    f"run {s.run}: {traffic.describe(d, threshold, new.get('driftFrom'))}: tuning")
+
+
+def skip(s: Step, data: dict[str, str]) -> None:
+    reason, _, message = data["skipped"].partition(": ")
+    reason, message = (reason, message) if message else ("NoDrift", data["skipped"])
+    s.condition(conditions.RETUNED, False, reason, f"run {s.run}: {message}")
+    s.condition("Tuned", True, reason, f"run {s.run} skipped: {message}; the result of run "
+                f"{(s.get('best') or {}).get('run', '-')} stands")
+    s.event("Normal", "Skipped", f"run {s.run}: {message}")
+    finish(s, "Skipped", reason, message)
 
 
 def take_result(s: Step, data: dict[str, str]) -> None:
@@ -214,6 +286,9 @@ def take_result(s: Step, data: dict[str, str]) -> None:
             "metrics": {k: v for k, v in (summary.get("metrics") or {}).items() if isinstance(v, (int, float))},
             "summary": _summary(summary)}
     s.set(best=best, mlflowRunId=data.get("mlflow_run_id"))
+    run_traffic = s.get("traffic") or {}
+    if run_traffic.get("run") == s.run and run_traffic.get("requests"):
+        s.replace("baselineTraffic", run_traffic)  # what the next run's traffic is compared with
     s.condition("Tuned", True, "ResultReady", f"run {s.run}: {best['summary']}")
     s.event("Normal", "ResultReady", f"run {s.run}: {best['summary']}")
     if s.policy.mode == "manual":
@@ -266,6 +341,7 @@ def promote(s: Step, verdict: rollout.Verdict) -> None:
 
 def roll_back(s: Step, verdict: rollout.Verdict) -> None:
     api.patch_serving(s.namespace, s.serving, {"spec": {"canary": None}})
+    s.set(baselineTraffic=None)  # a result that failed in production: the next run re-tunes
     s.condition("RolledOut", False, verdict.reason, f"run {s.run} rolled back: {verdict.message}")
     s.event("Warning", "RolledBack", f"run {s.run}: {verdict.reason}: {verdict.message}")
     finish(s, "RolledBack", verdict.reason, verdict.message, verdict.measured)
@@ -279,6 +355,9 @@ def finish(s: Step, phase: str, reason: str, message: str, measured: dict | None
         entry["configHash"] = best.get("configHash")
     if measured:
         entry["measured"] = measured
+    run_traffic = s.get("traffic") or {}
+    if run_traffic.get("run") == s.run and run_traffic.get("requests"):
+        entry["traffic"] = {k: run_traffic.get(k) for k in ("requests", "drift", "driftField")}
     if config is not None:
         entry["config"] = config
     record(s, entry)
@@ -314,6 +393,7 @@ def reschedule(s: Step) -> None:
         record(s, {"run": s.run, "outcome": "Superseded", "reason": "Scheduled",
                    "message": "a scheduled run started before approval", "at": stamp(now()),
                    "configHash": (s.get("best") or {}).get("configHash")})
+        s.set(baselineTraffic=None)  # a result never rolled out: the next run re-tunes
     start_run(s, s.run + 1)
 
 

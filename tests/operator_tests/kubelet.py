@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from typing import Any, Callable
 
 import kubernetes
 
-from slotune.operator import api, children
+from slotune.operator import api
 
 
 def wait_for(what: str, fn: Callable[[], Any], timeout: float = 60.0, interval: float = 0.2) -> Any:
@@ -71,11 +72,13 @@ STAND_IN_TUNE = textwrap.dedent("""
 
 def run_job(cluster, ns: str, job: str, workdir: Path, best_config: dict | None = None,
             real_tune: bool = False, inner: list[str] | None = None,
-            is_retried: bool = False) -> subprocess.CompletedProcess:
+            is_retried: bool = False, claims: dict[str, Path] | None = None) -> subprocess.CompletedProcess:
     """Run a tuning Job's container command locally (one attempt), then set the Job's status.
 
     The command is the Job's own (`python -m slotune.operator.publish ... -- tune run SPEC`)
-    with the pod's paths mapped to `workdir` (the spec comes from the mounted ConfigMap). With
+    with the pod's mount paths mapped as a kubelet mounts them: the spec ConfigMap's files and
+    /work (an emptyDir) to `workdir`, each PersistentVolumeClaim to its folder in `claims`
+    (claim name -> local folder), in the arguments and in the spec file alike. With
     `best_config`, the inner `tune run` is replaced by STAND_IN_TUNE writing that config; with
     `real_tune`, the real `tune run` runs; `inner` replaces it with any command. The Job ends
     Complete or Failed as the command does, except that with `is_retried` a failed attempt
@@ -83,13 +86,18 @@ def run_job(cluster, ns: str, job: str, workdir: Path, best_config: dict | None 
     """
     client = cluster.client()
     body = get(client, "Job", ns, job)
-    container = body["spec"]["template"]["spec"]["containers"][0]
-    spec_cm = body["spec"]["template"]["spec"]["volumes"][0]["configMap"]["name"]
-    spec_yaml = get(client, "ConfigMap", ns, spec_cm)["data"]["spec.yaml"]
+    pod = body["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    spec_cm = pod["volumes"][0]["configMap"]["name"]
     workdir.mkdir(parents=True, exist_ok=True)
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {}
+    for m in container["volumeMounts"]:
+        claim = (volumes[m["name"]].get("persistentVolumeClaim") or {}).get("claimName")
+        mounts[m["mountPath"]] = str(claims[claim]) if claims and claim in claims else str(workdir)
+    spec_yaml = _mapped(get(client, "ConfigMap", ns, spec_cm)["data"]["spec.yaml"], mounts)
     (workdir / "spec.yaml").write_text(spec_yaml)
-    argv = [str(workdir / "spec.yaml") if a == children.SPEC_PATH else
-            str(workdir / "out") if a == children.RESULT_DIR else a for a in container["command"]]
+    argv = [_mapped(a, mounts) for a in container["command"]]
     argv[0] = sys.executable if argv[0] == "python" else argv[0]
     split = argv.index("--")
     inner = inner or argv[split + 1:]
@@ -114,6 +122,13 @@ def run_job(cluster, ns: str, job: str, workdir: Path, best_config: dict | None 
                                   "lastProbeTime": now, "lastTransitionTime": now}]}
     kubernetes.client.BatchV1Api(client).patch_namespaced_job_status(job, ns, {"status": status})
     return proc
+
+
+def _mapped(text: str, mounts: dict[str, str]) -> str:
+    """`text` with every pod path under a mount replaced by the local folder it maps to."""
+    for path, local in sorted(mounts.items(), key=lambda kv: -len(kv[0])):
+        text = re.sub(rf"(?<![\w/]){re.escape(path)}(?=/|\b|$)", lambda _: local, text)
+    return text
 
 
 def start_pods(cluster, ns: str, deployment: str, ready: bool = True) -> list[str]:

@@ -43,7 +43,10 @@ INVALID = [
     ("SLOTuning", "spec.workers", 0, "spec.workers"),
     ("SLOTuning", "spec.schedule", "every tuesday", "spec.schedule"),
     ("SLOTuning", "spec.tuning.storage", "postgresql://user:hunter2@db/optuna", "spec.tuning.storage"),
+    ("SLOTuning", "spec.traffic.window", "1 day", "spec.traffic.window"),
+    ("SLOTuning", "spec.traffic.driftThreshold", -0.5, "spec.traffic.driftThreshold"),
     ("SLOServing", "spec.replicas", -1, "spec.replicas"),
+    ("SLOServing", "spec.recordTraffic.maxMiB", 0, "spec.recordTraffic.maxMiB"),
     ("SLOServing", "spec.port", 70000, "spec.port"),
     ("SLOServing", "spec.canary", {"replicas": 1}, "spec.canary.config"),
 ]
