@@ -72,18 +72,19 @@ def make_sampler(spec: TuningSpec):
 def spec_fingerprint(spec: TuningSpec) -> dict[str, Any]:
     """SHA-256 of the parts of `spec` that define what a trial's numbers mean.
 
-    Resolved (a built-in workload by its content, defaults filled in), in canonical JSON. Budget,
-    sampler, seed and early-stop settings are left out: changing them continues a study.
+    Resolved (a built-in workload by its content), in canonical JSON, without the fields left at
+    their defaults (so a slotune that adds a field keeps the fingerprints of existing studies).
+    Budget, sampler, seed and early-stop settings are left out: changing them continues a study.
 
     Returns:
         {"sha256": hex digest of all parts, "parts": {part: first 16 hex digits of its own}}.
     """
     parts = {
-        "workload": spec.workload_spec().model_dump(mode="json"),
-        "search_space": spec.space().model_dump(mode="json"),
-        "objective": spec.objective.model_dump(mode="json"),
-        "quality_gates": [g.model_dump(mode="json") for g in spec.gates()],
-        "engine": spec.base_config().model_dump(mode="json"),
+        "workload": spec.workload_spec().model_dump(mode="json", exclude_defaults=True),
+        "search_space": spec.space().model_dump(mode="json", exclude_defaults=True),
+        "objective": spec.objective.model_dump(mode="json", exclude_defaults=True),
+        "quality_gates": [g.model_dump(mode="json", exclude_defaults=True) for g in spec.gates()],
+        "engine": spec.base_config().model_dump(mode="json", exclude_defaults=True),
         "measure": spec.budget.measure,
     }
     canon = {k: json.dumps(v, sort_keys=True, separators=(",", ":")) for k, v in parts.items()}
