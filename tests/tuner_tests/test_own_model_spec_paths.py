@@ -1,0 +1,34 @@
+"""examples/05-own-model/spec.yaml as its README says it works: `model: ./my-model` is relative to the
+spec's folder, from any working directory; a missing model names the path it resolved to. The model
+here is only its config.json (validate reads metadata, no weights); the example's own test
+(tests/examples_tests/test_own_model_example.py) runs a real checkpoint."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from slotune.tuner.cli import app
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "05-own-model"
+
+
+def test_own_model_example_resolves_model_against_its_folder(tmp_path, monkeypatch):
+    ex = tmp_path / "ex"
+    ex.mkdir()
+    shutil.copy(EXAMPLE / "spec.yaml", ex / "spec.yaml")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    r = CliRunner().invoke(app, ["validate", "../ex/spec.yaml"])
+    assert r.exit_code == 2
+    assert f"../ex/spec.yaml: model: model '{ex / 'my-model'}': not a bundled name" in r.stderr
+    (ex / "my-model").mkdir()
+    (ex / "my-model" / "config.json").write_text(json.dumps({"max_position_embeddings": 4096}))
+    r = CliRunner().invoke(app, ["validate", "../ex/spec.yaml"])
+    assert r.exit_code == 0, r.stderr
+    assert f"model: {ex / 'my-model'}" in r.stdout
+    assert "relative to the folder the spec file is in" in " ".join((EXAMPLE / "README.md").read_text().split())
