@@ -226,7 +226,7 @@ def fit_command(trace_path: Path, out: Path, *, empirical: bool = False, **optio
     console = Console()
     console.print(summary_table(summary, title=f"{trace.source} ({trace.format} trace)"))
     console.print(f"wrote {out}" + (f" and {lengths}" if lengths is not None else "")
-                  + f": {doc['arrivals']} arrivals at {doc['rate']:g}/s", highlight=False)
+                  + f": {doc['arrivals']} arrivals at {doc['rate']:g}/s", highlight=False, soft_wrap=True)
     return summary
 
 
