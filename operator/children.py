@@ -139,10 +139,14 @@ def recording_dir(serving: str) -> str:
     return f"{TRAFFIC_DIR}/{serving}"
 
 
-def tuning_spec(spec: dict[str, Any], plan: traffic.Plan | None) -> dict[str, Any]:
+def tuning_spec(spec: dict[str, Any], plan: traffic.Plan | None, run: int) -> dict[str, Any]:
     """The tuning spec a run's `tune run` reads: spec.tuning, its workload replaced by the
-    snapshot of recorded traffic when the run tunes on it."""
+    snapshot of recorded traffic when the run tunes on it. Each run is its own study,
+    `<name>-run-<n>`: on a persistent store a re-tune gets its whole trial budget (resuming run
+    1's study would count its trials and add none) and earlier runs' studies stay as they were."""
     out = dict(spec.get("tuning") or {})
+    if out.get("name"):
+        out["name"] = f"{out['name']}-run-{run}"
     if plan is not None:
         out["workload"] = {"name": f"{plan.serving}-traffic",
                            "description": f"the last {plan.window_s} s of traffic recorded by SLOServing {plan.serving}",

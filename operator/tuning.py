@@ -234,7 +234,7 @@ def create_run_children(s: Step, run: int, plan: traffic.Plan | None) -> None:
     owner = api.owner_reference(s.body)
     labels = {api.LABEL_TUNING: s.name}
     spec_cm = children.config_map(f"{s.name}-spec", owner, labels,
-                                  {"spec.yaml": yaml.safe_dump(children.tuning_spec(s.spec, plan), sort_keys=False)})
+                                  {"spec.yaml": yaml.safe_dump(children.tuning_spec(s.spec, plan, run), sort_keys=False)})
     from slotune.operator.serving import ensure
 
     ensure("ConfigMap", s.namespace, spec_cm)

@@ -124,9 +124,9 @@ def test_a_traffic_run_mounts_the_recording_read_only_and_replays_its_snapshot()
     assert arg("--traffic-snapshot") == children.TRAFFIC_SNAPSHOT and arg("--drift-threshold") == "0.2"
     assert json.loads(arg("--baseline-traffic"))["promptP95"] == 900
     assert cmd[cmd.index("--") + 1:][:2] == ["tune", "run"]
-    workload = children.tuning_spec(spec, plan)["workload"]
+    workload = children.tuning_spec(spec, plan, 1)["workload"]
     assert workload["trace"] == {"path": children.TRAFFIC_SNAPSHOT, "format": "recorded", "time_scale": 2.0}
-    assert children.tuning_spec(spec, None)["workload"] == "chat-small"
+    assert children.tuning_spec(spec, None, 1)["workload"] == "chat-small"
 
 
 # --- the Job side: snapshot, summary, skip -----------------------------------------------------
@@ -169,3 +169,13 @@ def test_no_traffic_is_an_error_naming_the_folder(tmp_path):
     (tmp_path / "bad" / "p" / "r.jsonl").write_text("not json\n")
     with pytest.raises(publish.NoTraffic, match="no valid request"):
         publish.prepare_traffic(tmp_path / "bad", 3600, tmp_path / "s.jsonl", 0.15, None)
+
+
+def test_every_run_is_its_own_study():
+    """A re-tune on a persistent store must not resume run 1's study (its trials would use up the
+    budget and the run would add none): run n tunes study <name>-run-<n>."""
+    from slotune.operator import children
+
+    spec = {"tuning": {"name": "chat", "model": "smollm2-135m"}}
+    assert [children.tuning_spec(spec, None, run)["name"] for run in (1, 2)] == ["chat-run-1", "chat-run-2"]
+    assert spec["tuning"]["name"] == "chat"  # the custom resource's own spec is not touched
