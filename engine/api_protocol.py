@@ -2,36 +2,82 @@
 
 Validated once, here, so nothing a client sends can reach the engine loop in a shape that
 would crash it (an out-of-range seed or top_k used to kill the loop for every request).
-Unknown fields are allowed because OpenAI clients send many optional ones; the ones we
-cannot honour are rejected by name instead of being silently ignored.
+The body is parsed here too, as strict JSON (UTF-8, no NaN, bounded nesting, no lone UTF-16
+surrogates anywhere: a JSON escape like "\\ud800" decodes to a str that no tokenizer or
+encoder takes), so every malformed body is a 400 naming the field.
+
+Every field of OpenAI's completions and chat-completions requests (openai-python 3.57's
+`CompletionCreateParams` and `chat.CompletionCreateParams`) is either honoured (declared on
+the models below), rejected by name unless it holds the value that asks for nothing
+(`REJECTED_UNLESS_DEFAULT`), or accepted and ignored because it cannot change what is
+generated (`IGNORED`: identifiers and caching hints). A top-level field outside all three
+is an error too, so a typo (`max_token`) never silently falls back to a default. Message
+objects keep their extra fields (`name`, `tool_calls`, ...): chat templates read them.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import json
+from typing import Any, Literal, TypeVar
 
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_STOP_SEQUENCES = 16
 MAX_STOP_CHARS = 256
+MAX_JSON_DEPTH = 32  # a chat body nests 5 deep (messages.0.content.0.text); tool schemas are refused anyway
+MAX_MODEL_CHARS = 1024
 
-# Fields OpenAI defines that we do not implement; a non-default value is a 400 naming it.
-UNSUPPORTED = ("logprobs", "top_logprobs", "logit_bias", "presence_penalty", "frequency_penalty", "echo",
-               "suffix", "tools", "functions", "tool_choice", "function_call")
+# OpenAI fields we do not implement -> the values that ask for nothing (None always does).
+# Any other value is a 400 naming the field: each would change what is generated or returned.
+REJECTED_UNLESS_DEFAULT: dict[str, tuple[Any, ...]] = {
+    "logprobs": (False,),  # completions: an int (0 still asks for the sampled token's logprob)
+    "top_logprobs": (0,),
+    "logit_bias": ({},),
+    "presence_penalty": (0,),
+    "frequency_penalty": (0,),
+    "echo": (False,),
+    "suffix": ("",),
+    "tools": ([],),
+    "functions": ([],),
+    "tool_choice": ("none", "auto"),  # without tools neither can call anything
+    "function_call": ("none", "auto"),
+    "response_format": ({"type": "text"},),  # json_object / json_schema: no constrained decoding here
+    "modalities": (["text"],),
+    "audio": (),
+    "prediction": (),
+    "web_search_options": (),
+    "reasoning_effort": (),
+    "verbosity": (),
+    "moderation": (),
+    "store": (False,),  # nothing is stored
+    "service_tier": ("auto", "default"),
+}
+# Accepted and ignored: they name the caller or hint at caching, never change the output.
+IGNORED = frozenset({"user", "safety_identifier", "metadata", "prompt_cache_key", "prompt_cache_retention",
+                     "prompt_cache_options", "parallel_tool_calls"})
+
+
+class InvalidRequest(ValueError):
+    """A body this server refuses (400): `message` names the field, `param` is its dotted path."""
+
+    def __init__(self, message: str, param: str | None = None, code: str = "invalid_request") -> None:
+        super().__init__(message)
+        self.message, self.param, self.code = message, param, code
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="forbid")
 
     include_usage: bool = False
+    include_obfuscation: bool = True  # accepted, ignored: no obfuscation padding is added to chunks
 
 
 class _Request(BaseModel):
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
-    model: str
+    model: str = Field(max_length=MAX_MODEL_CHARS)
     max_tokens: int | None = Field(None, ge=1, le=INT64_MAX)
     max_completion_tokens: int | None = Field(None, ge=1, le=INT64_MAX)
     temperature: float = Field(1.0, ge=0, le=2)
@@ -56,14 +102,18 @@ class _Request(BaseModel):
                 raise ValueError(f"each stop sequence must be 1..{MAX_STOP_CHARS} characters, got {len(s)}")
         return stops
 
-    def unsupported_field(self) -> str | None:
-        """The first OpenAI field set to something we cannot honour, if any."""
-        extra = self.model_extra or {}
-        for name in UNSUPPORTED:
-            if extra.get(name) not in (None, False, 0, 0.0, [], {}):
-                return name
+    def unsupported_field(self) -> tuple[str, str] | None:
+        """(field, message) for the first field we cannot honour or do not know, if any."""
+        for name, value in (self.model_extra or {}).items():
+            if name in IGNORED:
+                continue
+            shown = name if len(name) <= 64 else name[:64] + "..."
+            if name not in REJECTED_UNLESS_DEFAULT:
+                return shown, f"'{shown}' is not a field of this API (OpenAI completions/chat completions)"
+            if not _asks_for_nothing(value, REJECTED_UNLESS_DEFAULT[name]):
+                return name, f"'{name}' is not supported by this server"
         if self.best_of not in (None, 1):
-            return "best_of"
+            return "best_of", "'best_of' is not supported by this server"
         return None
 
     @property
@@ -73,6 +123,11 @@ class _Request(BaseModel):
     @property
     def is_usage_streamed(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+
+def _asks_for_nothing(value: Any, defaults: tuple[Any, ...]) -> bool:
+    # True == 1 in Python: a bool only matches a bool default, a number only a number.
+    return value is None or any(value == d and isinstance(value, bool) == isinstance(d, bool) for d in defaults)
 
 
 class CompletionRequest(_Request):
@@ -112,6 +167,74 @@ class ChatRequest(_Request):
     messages: list[ChatMessage] = Field(min_length=1, max_length=1024)
 
 
+R = TypeVar("R", bound=_Request)
+
+
+def parse_request(body: bytes, model: type[R]) -> R:
+    """The validated request in `body`.
+
+    Raises:
+        InvalidRequest: not UTF-8, not strict JSON, nested deeper than MAX_JSON_DEPTH, a string
+            holding a lone surrogate, or a field that fails validation; the message names it.
+    """
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidRequest(f"request body is not valid UTF-8 (byte {exc.start})") from None
+    try:
+        data = json.loads(text, parse_constant=_no_constant)
+    except RecursionError:
+        raise InvalidRequest(f"request body nests deeper than {MAX_JSON_DEPTH} levels") from None
+    except json.JSONDecodeError as exc:
+        raise InvalidRequest(f"request body is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})") from None
+    except ValueError as exc:  # NaN/Infinity (parse_constant), an integer of over 4300 digits
+        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+    _check_text(data)
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise InvalidRequest(*validation_message(list(exc.errors()))) from None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _check_text(data: Any) -> None:
+    """Raise InvalidRequest naming the first string (or key) that is not valid Unicode, or the
+    first container nested deeper than MAX_JSON_DEPTH. Iterative: depth cannot overflow the stack."""
+    if isinstance(data, str):
+        _check_str(data, ())
+    stack: list[tuple[Any, tuple, int]] = [(data, (), 0)] if isinstance(data, (dict, list)) else []
+    while stack:
+        value, path, depth = stack.pop()
+        if depth >= MAX_JSON_DEPTH:
+            raise InvalidRequest(f"{_dotted(path)}: nested deeper than {MAX_JSON_DEPTH} levels", _dotted(path) or None)
+        for key, item in (value.items() if isinstance(value, dict) else enumerate(value)):
+            if isinstance(key, str):
+                _check_str(key, path, is_key=True)
+            if isinstance(item, str):
+                _check_str(item, (*path, key))
+            elif isinstance(item, (dict, list)):
+                stack.append((item, (*path, key), depth + 1))
+
+
+def _check_str(s: str, path: tuple, is_key: bool = False) -> None:
+    if s.isascii():
+        return
+    try:
+        s.encode("utf-8")  # fails only on a surrogate code point (U+D800..U+DFFF)
+    except UnicodeEncodeError:
+        where = _dotted(path) or "request body"
+        what = "a field name" if is_key else "the text"
+        raise InvalidRequest(f"{where}: {what} holds a lone UTF-16 surrogate (an escape like \\ud800 without "
+                             "its pair), which is not valid Unicode", _dotted(path) or None) from None
+
+
+def _dotted(path: tuple) -> str:
+    return ".".join(str(p) if len(str(p)) <= 64 else str(p)[:64] + "..." for p in path)
+
+
 def error_response(status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
                    code: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
     """An OpenAI-style error body: {"error": {"message", "type", "param", "code"}}."""
@@ -122,8 +245,9 @@ def error_response(status: int, message: str, type_: str = "invalid_request_erro
 def validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
     """(message naming each bad field, first bad field) from pydantic errors; never echoes input."""
     def loc(e: dict[str, Any]) -> str:
-        # Drop "body" and pydantic's union-branch tags ("str", "list[int]") from the path.
-        parts = [str(p) for p in e.get("loc", ()) if p != "body" and not str(p).startswith(("str", "list["))]
+        # Drop "body" and pydantic's union-branch tags ("str", "list[int]") from the path; not
+        # "stream_options" or "stream", which a prefix test on "str" used to drop.
+        parts = [str(p) for p in e.get("loc", ()) if p not in ("body", "str") and not str(p).startswith("list[")]
         return ".".join(parts)
 
     if any(e.get("type") == "json_invalid" for e in errors):

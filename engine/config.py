@@ -16,6 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from slotune.engine.scheduler import SchedulingPolicy
 
 DEFAULT_MODEL = "smollm2-135m"
+# Served: a request waits behind at most this many others (a few batches on a GPU, about a
+# minute of queue at CPU speed) before the server says 429 instead of queueing without end.
+DEFAULT_MAX_PENDING_REQUESTS = 256
 
 
 class _Strict(BaseModel):
@@ -93,12 +96,23 @@ class SpeculativeConfig(_Strict):
 
 
 class AdmissionConfig(_Strict):
-    """Bounds that turn overload into fast, explicit rejections instead of unbounded queues."""
+    """Bounds that turn overload into fast, explicit rejections instead of unbounded queues.
+
+    Without any of these set, a request is still bounded: prompt <= max_model_len - 1 tokens,
+    prompt + max_tokens <= max_model_len, and it must fit the whole KV cache. A served engine
+    (`tune serve`, served trials) also holds at most max_num_seqs + max_pending_requests
+    requests by default; the offline `LLM` API queues its own batch and is not bounded by that.
+    """
 
     max_prompt_tokens: int | None = Field(None, ge=1)
     max_output_tokens: int | None = Field(None, ge=1)
-    max_queued_requests: int | None = Field(None, ge=0)
+    max_queued_requests: int | None = Field(None, ge=0, description="engine: requests waiting to be scheduled "
+                                            "beyond which add_request refuses (queue_full); None = unbounded")
     max_tokens_in_flight: int | None = Field(None, ge=1)
+    max_pending_requests: int | None = Field(
+        DEFAULT_MAX_PENDING_REQUESTS, ge=0, description="served: requests the HTTP server holds beyond max_num_seqs "
+        "(being tokenized, waiting in the engine queue, being admitted) before it answers 429 queue_full with "
+        "Retry-After; None = unbounded")
 
 
 class EngineConfig(_Strict):

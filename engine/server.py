@@ -1,9 +1,11 @@
 """`tune serve`: OpenAI-compatible HTTP API over AsyncLLM (FastAPI + uvicorn).
 
-The engine loop runs in its own thread; handlers only tokenize (off the event loop),
-enqueue and await deltas. Admission failures map to 400 (never fits) or 429 + Retry-After
-(overload). A client that disconnects, streaming or not, has its sequence aborted at once,
-freeing its KV blocks. Prompt text never reaches the logs.
+The engine loop runs in its own thread; handlers only parse (api_protocol.parse_request),
+tokenize (off the event loop), enqueue and await deltas. Admission failures map to 400 (never
+fits) or 429 + Retry-After (overload); the server itself holds at most max_num_seqs +
+admission.max_pending_requests requests, each from parsing to the end of its response, so
+its queue is bounded by default. A client that disconnects, streaming or not, has its
+sequence aborted at once, freeing its KV blocks. Prompt text never reaches the logs.
 """
 
 from __future__ import annotations
@@ -17,16 +19,16 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from slotune.engine.api_protocol import ChatRequest, CompletionRequest, _Request, error_response, validation_message
+from slotune.engine.api_protocol import (ChatRequest, CompletionRequest, InvalidRequest, _Request, error_response,
+                                         parse_request)
 from slotune.engine.async_llm import AsyncLLM, EngineDeadError
 from slotune.engine.chat_template import ChatTemplateError
 from slotune.engine.config import EngineConfig
@@ -37,6 +39,25 @@ from slotune.engine.serving_metrics import ServingMetrics
 log = logging.getLogger("slotune.server")
 OVERLOAD_REASONS = {"queue_full", "tokens_in_flight"}
 _UNAVAILABLE = {"Retry-After": "5"}
+
+
+class _EventStream(StreamingResponse):
+    """An SSE response whose `on_close` runs however it ends: finished, client gone, or never
+    started (a client that leaves before the headers go out leaves the generator unstarted, and
+    an unstarted generator's `finally` never runs)."""
+
+    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None], **kw) -> None:
+        super().__init__(content, **kw)
+        self.on_close = on_close
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            try:
+                await self.body_iterator.aclose()  # a started stream aborts and frees its blocks now, not at GC
+            finally:
+                self.on_close()
 
 
 class _Guard:
@@ -124,10 +145,9 @@ def build_app(llm: AsyncLLM, *, api_key: str | None = None, served_model_name: s
         metrics.rejected.labels(reason).inc()
         return error_response(status, message, param=param, code=reason, **kw)
 
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, exc: RequestValidationError):
-        message, param = validation_message(list(exc.errors()))
-        return refuse(400, "invalid_request", message, param)
+    adm = llm.config.admission
+    max_requests = None if adm.max_pending_requests is None else llm.config.max_num_seqs + adm.max_pending_requests
+    num_requests = 0  # held by handlers, parse to last byte; only the event loop touches it
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
@@ -137,6 +157,7 @@ def build_app(llm: AsyncLLM, *, api_key: str | None = None, served_model_name: s
     @app.exception_handler(Exception)
     async def internal(request: Request, exc: Exception):
         log.error("unhandled %s on %s", type(exc).__name__, request.url.path)  # no message: it may quote input
+        metrics.observe_status(500)  # this handler answers outside _Guard, which counts every other status
         return error_response(500, "internal server error", "server_error")
 
     @app.exception_handler(EngineDeadError)
@@ -171,8 +192,9 @@ def build_app(llm: AsyncLLM, *, api_key: str | None = None, served_model_name: s
             return refuse(404, "model_not_found", f"model '{req.model}' does not exist; this server serves '{model_id}'", "model")
         if req.n != 1:
             return refuse(400, "unsupported_parameter", f"n={req.n} is not supported (only n=1); send separate requests", "n")
-        if (name := req.unsupported_field()) is not None:
-            return refuse(400, "unsupported_parameter", f"'{name}' is not supported by this server", name)
+        if (unsupported := req.unsupported_field()) is not None:
+            name, message = unsupported
+            return refuse(400, "unsupported_parameter", message, name)
         vocab_size = llm.engine.runner.model_cfg.vocab_size
         top_k = req.top_k if 0 < req.top_k < vocab_size else 0  # k >= vocab keeps every token: same as off
         return SamplingParams(max_tokens=req.num_max_tokens, temperature=req.temperature, top_p=req.top_p, top_k=top_k,
@@ -198,18 +220,66 @@ def build_app(llm: AsyncLLM, *, api_key: str | None = None, served_model_name: s
         p, c = len(out.prompt_token_ids), len(out.output_token_ids)
         return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
-    async def respond(prompt: str | list[int], req: _Request, request: Request, chat: bool):
+    async def handle(request: Request, chat: bool):
+        """Parse, then respond while holding one of the server's `max_requests` places; a stream
+        gives its place back when its response ends (`_EventStream.on_close`)."""
+        nonlocal num_requests
+        if max_requests is not None and num_requests >= max_requests:
+            return refuse(429, "queue_full", f"server overloaded: {num_requests} requests in flight (max_num_seqs "
+                          f"{llm.config.max_num_seqs} + admission.max_pending_requests {adm.max_pending_requests}); "
+                          f"retry after {retry_after_s}s", headers={"Retry-After": str(retry_after_s)})
+        num_requests += 1
+        is_handed_over = False
+
+        def release() -> None:
+            nonlocal num_requests
+            num_requests -= 1
+
+        try:
+            try:
+                req = parse_request(await request.body(), ChatRequest if chat else CompletionRequest)
+            except InvalidRequest as exc:
+                return refuse(400, exc.code, exc.message, exc.param)
+            response = await respond(req, request, chat, release)
+            is_handed_over = isinstance(response, _EventStream)
+            return response
+        finally:
+            if not is_handed_over:
+                release()
+
+    async def respond(req: _Request, request: Request, chat: bool, release: Callable[[], None]):
         params = sampling_params(req)
         if isinstance(params, JSONResponse):
             return params
+        if chat:
+            try:
+                messages = [m.as_template_input() for m in req.messages]
+                prompt = await asyncio.to_thread(llm.tokenizer.apply_chat_template, messages)
+            except ChatTemplateError as exc:  # the model's template refuses this conversation (e.g. role order)
+                return refuse(400, "invalid_request", f"messages: {exc}", "messages")
+        else:
+            prompt = req.prompt
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         refusal = await admit(prompt, params, rid)
         if refusal is not None:
             return refusal
         created = int(time.time())
         if req.stream:
-            return StreamingResponse(sse(rid, created, chat, req.is_usage_streamed), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            is_started = False
+
+            def on_start() -> None:
+                nonlocal is_started
+                is_started = True
+
+            def on_close() -> None:
+                if not is_started:  # the client left before the first byte: nothing else aborts it
+                    metrics.requests.labels("abort").inc()
+                    llm.abort_nowait(rid)
+                release()
+
+            return _EventStream(sse(rid, created, chat, req.is_usage_streamed, on_start), on_close,
+                                media_type="text/event-stream",
+                                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         last = await collect_or_abort(rid, request)
         if last is None:
             return error_response(499, "client closed request", "aborted")
@@ -249,7 +319,8 @@ def build_app(llm: AsyncLLM, *, api_key: str | None = None, served_model_name: s
             return await result
         return None
 
-    async def sse(rid: str, created: int, chat: bool, include_usage: bool):
+    async def sse(rid: str, created: int, chat: bool, include_usage: bool, on_start: Callable[[], None]):
+        on_start()
         obj = "chat.completion.chunk" if chat else "text_completion"
 
         def event(choices: list, **extra) -> str:
@@ -283,16 +354,12 @@ def build_app(llm: AsyncLLM, *, api_key: str | None = None, served_model_name: s
             await stream.aclose()  # disconnect (GeneratorExit/cancel): abort + free blocks now
 
     @app.post("/v1/completions")
-    async def completions(req: CompletionRequest, request: Request):
-        return await respond(req.prompt, req, request, chat=False)
+    async def completions(request: Request):
+        return await handle(request, chat=False)
 
     @app.post("/v1/chat/completions")
-    async def chat(req: ChatRequest, request: Request):
-        try:
-            prompt = await asyncio.to_thread(llm.tokenizer.apply_chat_template, [m.as_template_input() for m in req.messages])
-        except ChatTemplateError as exc:  # the model's template refuses this conversation (e.g. role order)
-            return refuse(400, "invalid_request", f"messages: {exc}", "messages")
-        return await respond(prompt, req, request, chat=True)
+    async def chat(request: Request):
+        return await handle(request, chat=True)
 
     return app
 
