@@ -231,10 +231,16 @@ def _weights(mod) -> _Lin | str:
 # vs 95; int8 32 rows 97 vs 111, 64 rows 196 vs 193; int4 64 rows 157 vs 242; dense float32 runs
 # MKL's sgemm, slower than native at every size. int8 with int8_activations (the VNNI kernel): 64
 # rows 58 ms vs 146 for the float kernel above. None: every step up to the decoder's capacity.
-# Per build ISA (slotune_isa()): the numbers above are the AVX-512 build's.
+# Per build ISA (slotune_isa()): the numbers above are the AVX-512 build's. AVX2 build, 2-core AMD
+# EPYC (family 25 model 1, avx2 fma f16c bmi2, no AVX-512/AVX-VNNI), 2026-11-24, shared and loaded
+# (load average 1.4-7.5), medians of 20 interleaved steps, `bench/engine/native_avx2.py`: native won
+# at every row count measured, by more than on AVX-512 (torch's oneDNN bf16/int8 GEMMs have no
+# AVX512-BF16/VNNI here): int8 + int8 activations 16 rows 178 vs 2082 ms, 64 rows 518 vs 4400; int4-g32
+# + int8 activations 16 rows 40 vs 195; bf16 16 rows 1361 vs 4736 (load 7.5). So no limit on AVX2;
+# bf16 and the float int8 kernel past 16 rows were not measured on a quiet machine (re-measure there).
 MAX_NATIVE_ROWS = {
     ISA_AVX512: {W_BF16: 16, W_INT8: 32, W_INT4: None, W_F32: None, W_INT8_VNNI: None},
-    ISA_AVX2: {W_BF16: 16, W_INT8: 32, W_INT4: None, W_F32: None, W_INT8_AVX2: None},  # TODO measure
+    ISA_AVX2: {W_BF16: None, W_INT8: None, W_INT4: None, W_F32: None, W_INT8_AVX2: None},
 }
 # Rows of capacity beyond max_num_seqs: a short prompt's prefill chunk runs in the same native
 # call as the running decodes (TTFT p50 of a 32-token prompt, int4-g32 bf16, served at concurrency 1:
