@@ -92,6 +92,14 @@ class Int8Linear(_QuantLinear):
         return self.qweight.numel() + self.scales.numel() * 2
 
 
+def _cpu_int4_block() -> int:
+    """Channels per block of torch's CPU int4 pack in this process (64 AVX-512, 32 AVX2; 0 unknown:
+    then only torch's own kernel reads it)."""
+    from slotune.kernels.cpu_decode import torch_int4_block  # the probe lives with the kernel that reads the pack
+
+    return torch_int4_block()
+
+
 class Int4Linear(_QuantLinear):
     def __init__(self, weight: torch.Tensor, group_size: int, bias: torch.Tensor | None = None) -> None:
         super().__init__(bias)
@@ -126,8 +134,9 @@ class Int4Linear(_QuantLinear):
 
     def dequantize(self) -> torch.Tensor:
         """[N, K] float32 weights the kernel computes with (padding dropped)."""
-        if self.on_cpu and self.n % 64 == 0:  # unpack the CPU layout (see _dequant_gemm), exactly in float32
-            p = self.packed.view(self.n // 64, self.k, 32)
+        b = _cpu_int4_block()
+        if self.on_cpu and b and self.n % b == 0:  # unpack the CPU layout (see _dequant_gemm), exactly in float32
+            p = self.packed.view(self.n // b, self.k, b // 2)
             q = torch.cat([p & 15, p >> 4], dim=-1).permute(0, 2, 1).reshape(self.n, self.k).float()
             sz = self.scales_and_zeros.float().transpose(0, 1).repeat_interleave(self.group_size, dim=1)  # [N, K, 2]
             w = (q - 8) * sz[..., 0] + sz[..., 1]
@@ -149,7 +158,8 @@ class Int4Linear(_QuantLinear):
             return int4_matmul(x, self.packed, self.scales, self.mins, self.group_size, self.triton_tiles)
         if self.on_cpu:
             xb = x.to(torch.bfloat16)
-            if _rows(x) >= CPU_GEMM_MIN_ROWS["int4"] and self.n % 64 == 0:
+            b = _cpu_int4_block()
+            if _rows(x) >= CPU_GEMM_MIN_ROWS["int4"] and b and self.n % b == 0:
                 return self._dequant_gemm(xb).to(x.dtype)
             return torch.ops.aten._weight_int4pack_mm_for_cpu(
                 xb, self.packed, self.group_size, self.scales_and_zeros).to(x.dtype)
@@ -159,22 +169,24 @@ class Int4Linear(_QuantLinear):
         """x [..., K] bf16 @ W^T through a per-call bf16 copy of W in the packed layout's own order.
 
         torch's CPU int4 pack (`_convert_weight_to_int4pack_for_cpu`, innerKTiles=1) stores
-        blocks of 64 output channels: for each k, 32 bytes whose low nibbles are channels 0-31
-        and high nibbles 32-63. Unpacking in that order ([N/64, K, 64]) and multiplying per
-        block (a batched GEMM) avoids a transpose of the weight; tested against the kernel.
+        blocks of B output channels, B = 64 when torch runs AVX-512 code and 32 under AVX2
+        (`kernels.cpu_decode.torch_int4_block`): for each k, B/2 bytes whose low nibbles are the
+        block's first B/2 channels and high nibbles the rest. Unpacking in that order ([N/B, K, B])
+        and multiplying per block (a batched GEMM) avoids a transpose of the weight; tested
+        against the kernel.
         """
-        n, k, g = self.n, self.k, self.group_size
+        n, k, g, b = self.n, self.k, self.group_size, _cpu_int4_block()
         if self._gemm_scales is None:
             sz = self.scales_and_zeros.float()  # [K/g, N, 2]; w = (q - 8) * scale + zero
-            scale = sz[..., 0].view(k // g, n // 64, 64).permute(1, 0, 2).unsqueeze(2)
-            offset = (sz[..., 1] - 8 * sz[..., 0]).view(k // g, n // 64, 64).permute(1, 0, 2).unsqueeze(2)
+            scale = sz[..., 0].view(k // g, n // b, b).permute(1, 0, 2).unsqueeze(2)
+            offset = (sz[..., 1] - 8 * sz[..., 0]).view(k // g, n // b, b).permute(1, 0, 2).unsqueeze(2)
             self._gemm_scales = (scale.to(torch.bfloat16).contiguous(), offset.to(torch.bfloat16).contiguous())
         scale, offset = self._gemm_scales
-        p = self.packed.view(n // 64, k, 32)
-        q = torch.cat([p & 15, p >> 4], dim=-1).view(n // 64, k // g, g, 64).to(torch.bfloat16)
-        w = torch.addcmul(offset, q, scale).view(n // 64, k, 64)  # [N/64, K, 64]
+        p = self.packed.view(n // b, k, b // 2)
+        q = torch.cat([p & 15, p >> 4], dim=-1).view(n // b, k // g, g, b).to(torch.bfloat16)
+        w = torch.addcmul(offset, q, scale).view(n // b, k, b)  # [N/B, K, B]
         lead = x.shape[:-1]
-        out = torch.matmul(x.reshape(1, -1, k), w)  # [N/64, M, 64]
+        out = torch.matmul(x.reshape(1, -1, k), w)  # [N/B, M, B]
         return out.permute(1, 0, 2).reshape(*lead, n)
 
     def weight_bytes(self) -> int:

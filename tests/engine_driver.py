@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from slotune.engine import SamplingParams
 from slotune.engine.llm_engine import LLMEngine
+from slotune.engine.tokenizer import Tokenizer
 
 
 class IdsTokenizer:
@@ -14,6 +15,8 @@ class IdsTokenizer:
 
     def decode(self, ids, skip_special_tokens=True):
         return ""
+
+    decode_delta = Tokenizer.decode_delta  # the engine's incremental decoding, over the decode above
 
 
 def generate(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
