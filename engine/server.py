@@ -35,6 +35,7 @@ from slotune.engine.config import EngineConfig
 from slotune.engine.llm_engine import RequestRejected
 from slotune.engine.sampling_params import SamplingParams
 from slotune.engine.serving_metrics import ServingMetrics
+from slotune.engine.traffic_recorder import TrafficRecorder
 
 log = logging.getLogger("slotune.server")
 OVERLOAD_REASONS = {"queue_full", "tokens_in_flight"}
@@ -132,8 +133,10 @@ class _Guard:
 
 
 def build_app(llm: AsyncLLM, *, api_key: str | None = None, served_model_name: str | None = None,
-              max_body_bytes: int = 1 << 20, retry_after_s: int = 1) -> FastAPI:
-    """The FastAPI app over a (possibly not yet started) AsyncLLM; /ready is 503 until it is."""
+              max_body_bytes: int = 1 << 20, retry_after_s: int = 1,
+              recorder: TrafficRecorder | None = None) -> FastAPI:
+    """The FastAPI app over a (possibly not yet started) AsyncLLM; /ready is 503 until it is.
+    With a `recorder`, every request that reaches the engine is recorded when it leaves it."""
     app = FastAPI(title="slotune", docs_url=None, redoc_url=None, openapi_url=None)
     model_id = served_model_name or llm.config.model
     metrics = ServingMetrics()
@@ -181,6 +184,8 @@ def build_app(llm: AsyncLLM, *, api_key: str | None = None, served_model_name: s
     async def prom():
         if llm.is_ready:
             metrics.refresh(llm.stats())
+        if recorder is not None:
+            metrics.refresh_recorder(recorder)
         return PlainTextResponse(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
@@ -277,13 +282,13 @@ def build_app(llm: AsyncLLM, *, api_key: str | None = None, served_model_name: s
                     llm.abort_nowait(rid)
                 release()
 
-            return _EventStream(sse(rid, created, chat, req.is_usage_streamed, on_start), on_close,
+            return _EventStream(sse(rid, created, chat, req.is_usage_streamed, on_start, req.max_tokens), on_close,
                                 media_type="text/event-stream",
                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         last = await collect_or_abort(rid, request)
         if last is None:
             return error_response(499, "client closed request", "aborted")
-        metrics.observe_finished(last)
+        finished(last, chat, req.max_tokens)
         if last.finish_reason == "abort":
             return error_response(503, "server shut down before the request finished", "unavailable",
                                   code="shutting_down", headers=_UNAVAILABLE)
@@ -319,7 +324,13 @@ def build_app(llm: AsyncLLM, *, api_key: str | None = None, served_model_name: s
             return await result
         return None
 
-    async def sse(rid: str, created: int, chat: bool, include_usage: bool, on_start: Callable[[], None]):
+    def finished(last, chat: bool, max_tokens: int | None) -> None:
+        metrics.observe_finished(last)
+        if recorder is not None:
+            recorder.record(last, chat=chat, max_tokens=max_tokens)
+
+    async def sse(rid: str, created: int, chat: bool, include_usage: bool, on_start: Callable[[], None],
+                  max_tokens: int | None):
         on_start()
         obj = "chat.completion.chunk" if chat else "text_completion"
 
@@ -341,7 +352,7 @@ def build_app(llm: AsyncLLM, *, api_key: str | None = None, served_model_name: s
                 last = out
                 if out.new_text or out.finished:
                     yield event([choice(out.new_text, out.finish_reason if out.finished else None)])
-            metrics.observe_finished(last)
+            finished(last, chat, max_tokens)
             if include_usage:
                 yield event([], usage=usage(last))
             yield "data: [DONE]\n\n"
@@ -478,14 +489,21 @@ def serve_in_thread(llm: AsyncLLM, app: FastAPI, *, host: str = "127.0.0.1", por
 
 
 def serve_command(config: Path | None, host: str, port: int, api_key: str | None, served_model_name: str | None,
-                  grace_s: float = 20.0) -> None:
+                  grace_s: float = 20.0, record_traffic: Path | None = None,
+                  record_traffic_max_mib: float = 256) -> None:
     """Load, warm up, serve; on SIGTERM stop accepting, drain for grace_s, exit 0.
 
     A second SIGTERM/SIGINT skips the rest of the grace period (aborts what is left).
+    With `record_traffic`, what is served is recorded there (engine/traffic_recorder.py), the
+    folder bounded by `record_traffic_max_mib`.
     """
     cfg = EngineConfig.from_yaml(config) if config else EngineConfig()
     llm = AsyncLLM(cfg)
-    app = build_app(llm, api_key=api_key, served_model_name=served_model_name)
+    recorder = None
+    if record_traffic is not None:
+        recorder = TrafficRecorder(record_traffic, max_total_mib=record_traffic_max_mib,
+                                   max_file_mib=min(16.0, record_traffic_max_mib / 4))
+    app = build_app(llm, api_key=api_key, served_model_name=served_model_name, recorder=recorder)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     async def main() -> int:
@@ -508,6 +526,10 @@ def serve_command(config: Path | None, host: str, port: int, api_key: str | None
         return await _serve(llm, server, stopping=stopping, forced=forced, grace_s=grace_s, on_ready=lambda: log.info(
             "ready on http://%s:%d (model %s)", host, port, served_model_name or cfg.model))
 
-    code = asyncio.run(main())
+    try:
+        code = asyncio.run(main())
+    finally:
+        if recorder is not None:
+            recorder.close()  # the drained requests' lines reach the disk
     if code:
         raise SystemExit(code)

@@ -41,6 +41,10 @@ class ServingMetrics:
         self.step_tokens = Counter("slotune_engine_step_tokens", "Tokens engine steps ran through the model",
                                    registry=r)
         self._last = (0, 0.0, 0.0, 0)
+        # tune serve --record-traffic (engine/traffic_recorder.py)
+        self.traffic = Counter("slotune_traffic_records", "Finished requests the traffic recorder handled, by outcome",
+                               ["outcome"], registry=r)
+        self._last_traffic = {"written": 0, "dropped": 0, "error": 0}
 
     def observe_finished(self, out) -> None:
         """Record a request the engine finished (stop/length) or aborted (client went away)."""
@@ -53,6 +57,12 @@ class ServingMetrics:
         self.generation_tokens.inc(len(out.output_token_ids))
         self.requests.labels(out.finish_reason or "unknown").inc()
 
+    def refresh_recorder(self, recorder) -> None:
+        now = {"written": recorder.num_recorded, "dropped": recorder.num_dropped, "error": recorder.num_errors}
+        for outcome, n in now.items():
+            self.traffic.labels(outcome).inc(max(n - self._last_traffic[outcome], 0))
+        self._last_traffic = now
+
     def observe_status(self, status: int) -> None:
         self.http.labels(f"{status // 100}xx").inc()
 
@@ -64,6 +74,7 @@ class ServingMetrics:
         self.prefix_hit.set(stats.prefix_cache_hit_rate)
         self.spec_accept.set(stats.spec_acceptance_rate)
         now = (stats.num_steps, stats.step_seconds, stats.execute_seconds, stats.num_step_tokens)
-        for counter, new, old in zip((self.steps, self.step_seconds, self.execute_seconds, self.step_tokens), now, self._last):
+        counters = (self.steps, self.step_seconds, self.execute_seconds, self.step_tokens)
+        for counter, new, old in zip(counters, now, self._last):
             counter.inc(max(new - old, 0))
         self._last = now

@@ -159,13 +159,18 @@ def serve(
     port: Annotated[int, typer.Option(envvar="SLOTUNE_PORT")] = 8000,
     api_key: Annotated[Optional[str], typer.Option(envvar="SLOTUNE_API_KEY", help="require 'Authorization: Bearer KEY'")] = None,
     served_model_name: Annotated[Optional[str], typer.Option(help="model id reported by /v1/models")] = None,
+    record_traffic: Annotated[Optional[Path], typer.Option(
+        help="record every finished request into this folder (lengths, timing, keyed prefix hashes; no text) "
+             "for `tune workload fit` and trace workloads")] = None,
+    record_traffic_max_mib: Annotated[float, typer.Option(min=1, help="bound of the recording folder")] = 256,
 ) -> None:
     """Serve CONFIG over an OpenAI-compatible HTTP API."""
     with _reading(config):
         _check_yaml(config)
         from slotune.engine.server import serve_command
 
-        serve_command(config=config, host=host, port=port, api_key=api_key, served_model_name=served_model_name)
+        serve_command(config=config, host=host, port=port, api_key=api_key, served_model_name=served_model_name,
+                      record_traffic=record_traffic, record_traffic_max_mib=record_traffic_max_mib)
 
 
 @workload_app.command("fit")

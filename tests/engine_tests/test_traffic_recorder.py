@@ -76,3 +76,62 @@ def test_after_close_records_are_dropped_and_counted(tmp_path):
     rec.close()
     assert not rec.record(_finished(0, SYSTEM, 1, 1.0), chat=False, max_tokens=1)
     assert rec.num_dropped == 1
+
+
+def test_tune_serve_records_what_tune_bench_url_sent(tmp_path):
+    """A real `tune serve --record-traffic` subprocess, driven by the real `tune bench --url` client
+    (shared-prefix workload): after SIGTERM the recording loads as a trace with every request,
+    its lengths, its arrival gaps and its shared prefix blocks; /metrics counted the lines."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    from slotune.engine.loader import resolve_model_path
+    from slotune.engine.tokenizer import Tokenizer
+    from slotune.tuner.http_bench import run_http_benchmark
+    from slotune.tuner.workload import WorkloadSpec
+
+    with __import__("socket").socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("num_kv_blocks: 128\nmax_model_len: 512\nmax_num_seqs: 4\n")
+    rec_dir = tmp_path / "traffic"
+    proc = subprocess.Popen([sys.executable, "-m", "slotune.tuner.cli_main", "serve", str(cfg), "--port", str(port),
+                             "--record-traffic", str(rec_dir)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            try:
+                if httpx.get(base + "/ready").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        wl = WorkloadSpec.load({"arrivals": "poisson", "rate": 4.0, "num_requests": 12, "warmup_requests": 0,
+                                "prompt_len": {"kind": "uniform", "min": 20, "max": 60},
+                                "output_len": {"kind": "fixed", "value": 6},
+                                "shared_prefix": {"num_tokens": 128, "fraction": 1.0}, "seed": 3})
+        tok = Tokenizer.from_model_path(resolve_model_path("smollm2-135m"))
+        res = run_http_benchmark(base, wl, tokenizer=tok)
+        assert res.metrics["num_failed"] == 0
+        metrics = httpx.get(base + "/metrics").text
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    trace = load_trace(rec_dir)
+    assert len(trace.requests) == 12
+    sent = sorted(res.records, key=lambda r: r.arrival_s)
+    assert [r.prompt_tokens for r in trace.requests] == [r.prompt_tokens for r in sent]
+    assert all(r.output_tokens == 6 and r.is_chat is False for r in trace.requests)
+    gaps = [b.arrival_s - a.arrival_s for a, b in zip(trace.requests, trace.requests[1:])]
+    sent_gaps = [b.arrival_s - a.arrival_s for a, b in zip(sent, sent[1:])]
+    assert max(abs(g - h) for g, h in zip(gaps, sent_gaps)) < 0.25  # server clock vs client clock
+    first_blocks = {r.hash_ids[:2] for r in trace.requests}  # the 128-token shared prefix = two 64-token blocks
+    assert len(first_blocks) == 1
+    assert 'slotune_traffic_records_total{outcome="dropped"} 0.0' in metrics
