@@ -22,7 +22,7 @@ DEFAULT_MAX_PENDING_REQUESTS = 256
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class DecodeAttentionTiles(_Strict):
@@ -123,7 +123,7 @@ class EngineConfig(_Strict):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="activation/compute dtype; auto = bfloat16 on CUDA, float32 on CPU"
     )
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=2**32 - 1)
     num_threads: int | None = Field(None, ge=1, le=1024, description="CPU: intra-op threads of the engine process "
                                     "(torch.set_num_threads); None = torch's default (one per core). Fewer leave "
                                     "cores to the HTTP server and its clients")
@@ -145,8 +145,8 @@ class EngineConfig(_Strict):
         "fcfs", description="admission order of waiting requests: fcfs, or shortest_prompt_first (lower TTFT on "
                             "mixed prompt lengths; a request is passed over at most 64 times)")
     max_num_seqs: int = Field(16, ge=1, le=1024)
-    max_num_batched_tokens: int = Field(2048, ge=16)
-    max_model_len: int = Field(2048, ge=16)
+    max_num_batched_tokens: int = Field(2048, ge=16, le=2**24)
+    max_model_len: int = Field(2048, ge=16, le=2**24)
     enable_chunked_prefill: bool = True
 
     speculative: SpeculativeConfig = SpeculativeConfig()

@@ -50,3 +50,11 @@ def test_best_yaml_wrapper_is_accepted():
 def test_missing_file_is_clear(tmp_path):
     with pytest.raises(FileNotFoundError, match="config file not found"):
         EngineConfig.from_yaml(tmp_path / "nope.yaml")
+
+
+@pytest.mark.parametrize("bad", [{"kv_cache_memory_gb": float("inf")}, {"kv_cache_memory_gb": float("nan")},
+                                 {"seed": -1}, {"seed": 2**40}, {"max_model_len": 2**30},
+                                 {"max_num_batched_tokens": 2**30}])
+def test_non_finite_and_out_of_range_numbers_are_refused(bad):
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        EngineConfig.from_dict(bad)
