@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any, Literal, Union
 
 import numpy as np
-from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidatorFunctionWrapHandler, field_validator,
-                      model_validator)
+from pydantic import (BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, ValidationError,
+                      ValidatorFunctionWrapHandler, field_validator, model_serializer, model_validator)
 
 from slotune.tuner.errors import MissingFileError, SpecError, load_yaml_mapping
 from slotune.tuner.traces import Trace, TraceSource, iter_prompts, load_trace
@@ -90,7 +90,6 @@ class SharedPrefix(_Strict):
         return self
 
 
-_DEFAULT_PROMPT_LEN, _DEFAULT_OUTPUT_LEN = 64, 32
 # Fields a trace replay takes from the trace: given beside `trace: {path: ...}`, they would be ignored.
 _TRACE_DECIDES = {"prompt_len": "its prompt lengths", "output_len": "its output lengths",
                   "shared_prefix": "its block hash ids (the prefixes its requests shared)",
@@ -133,10 +132,8 @@ class WorkloadSpec(_Strict):
                                                              "unless duration_s is given; a trace: all of it)")
     duration_s: float | None = Field(None, gt=0, description="stop issuing requests after this long")
     warmup_requests: int = Field(1, ge=0, description="run first, excluded from metrics")
-    prompt_len: Length | None = Field(None, discriminator="kind",
-                                      description=f"default fixed {_DEFAULT_PROMPT_LEN}; none with a trace mapping")
-    output_len: Length | None = Field(None, discriminator="kind",
-                                      description=f"default fixed {_DEFAULT_OUTPUT_LEN}; none with a trace mapping")
+    prompt_len: Length = Field(default_factory=lambda: Fixed(value=64), discriminator="kind")
+    output_len: Length = Field(default_factory=lambda: Fixed(value=32), discriminator="kind")
     trace: str | TraceSource | None = Field(
         None, description="a lengths file (JSONL: one {prompt | prompt_len, output_len} per line; replaces "
                           "prompt_len/output_len, cycled if shorter), or a mapping {path, format, block_size, "
@@ -177,10 +174,6 @@ class WorkloadSpec(_Strict):
                              "< 1 burstier, > 1 more even)")
         if self.burstiness is not None and self.arrivals != "gamma":
             raise ValueError(f"burstiness applies to arrivals 'gamma' only, not '{self.arrivals}'")
-        if self.prompt_len is None:
-            self.prompt_len = Fixed(value=_DEFAULT_PROMPT_LEN)
-        if self.output_len is None:
-            self.output_len = Fixed(value=_DEFAULT_OUTPUT_LEN)
         return self
 
     def _check_trace_replay(self) -> None:
@@ -188,7 +181,7 @@ class WorkloadSpec(_Strict):
             raise ValueError(f"arrivals '{self.arrivals}': a trace mapping replays the trace's own arrival times "
                              "(arrivals 'trace', the default); for generated arrivals with traced lengths, give "
                              "`trace` a lengths file (tune workload fit --empirical writes one)")
-        given = [k for k in _TRACE_DECIDES if getattr(self, k) is not None]
+        given = [k for k in _TRACE_DECIDES if k in self.model_fields_set and getattr(self, k) is not None]
         if self.burstiness is not None:
             given.append("burstiness")
         if given:
@@ -198,6 +191,16 @@ class WorkloadSpec(_Strict):
         if self.mode == "chat":
             raise ValueError("mode 'chat' with a trace mapping: traced prompt lengths already include the chat "
                              "template, and prompts are rebuilt as token ids; use mode 'completion'")
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # A trace replay has no length distributions: its dump (a trial's input, validated again) leaves
+        # the unused defaults out, so that it validates as what the user wrote.
+        data = handler(self)
+        if isinstance(self.trace, TraceSource):
+            data.pop("prompt_len", None)
+            data.pop("output_len", None)
+        return data
 
     @property
     def is_closed_loop(self) -> bool:
