@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import tempfile
 from importlib import resources
 from pathlib import Path
@@ -286,7 +287,11 @@ def validate_command(spec: Path) -> TuningSpec:
             f"budget: {s.budget.n_trials} trials, measured {s.budget.measure.replace('_', ' ')}", highlight=False)
     if replay is not None:
         c.print(f"  traffic: {replay}", highlight=False)
-    c.print(Syntax(yaml.safe_dump(resolved_dict(s), sort_keys=False), "yaml", theme="ansi_dark", background_color="default"))
+    text = yaml.safe_dump(resolved_dict(s), sort_keys=False)
+    if c.is_terminal:  # wrapped, never cropped at the terminal's width
+        c.print(Syntax(text, "yaml", theme="ansi_dark", background_color="default", word_wrap=True))
+    else:  # piped: the YAML as it is, one line per line, usable as a file
+        sys.stdout.write(text)
     return s
 
 

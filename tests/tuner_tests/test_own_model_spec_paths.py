@@ -30,5 +30,5 @@ def test_own_model_example_resolves_model_against_its_folder(tmp_path, monkeypat
     (ex / "my-model" / "config.json").write_text(json.dumps({"max_position_embeddings": 4096}))
     r = CliRunner().invoke(app, ["validate", "../ex/spec.yaml"])
     assert r.exit_code == 0, r.stderr
-    assert f"model: {ex / 'my-model'}" in r.stdout
+    assert f"model:{ex / 'my-model'}" in "".join(r.stdout.split())  # however the console wrapped a long path
     assert "relative to the folder the spec file is in" in " ".join((EXAMPLE / "README.md").read_text().split())
