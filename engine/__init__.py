@@ -9,14 +9,13 @@ from slotune.engine.outputs import RequestMetrics, RequestOutput
 from slotune.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from slotune.engine.async_llm import AsyncLLM
     from slotune.engine.llm import LLM, PromptLogprobs
     from slotune.engine.llm_engine import EngineStats, LLMEngine, RequestRejected
 
 _LAZY = {
     "LLM": "slotune.engine.llm", "PromptLogprobs": "slotune.engine.llm",
     "LLMEngine": "slotune.engine.llm_engine", "RequestRejected": "slotune.engine.llm_engine",
-    "EngineStats": "slotune.engine.llm_engine", "AsyncLLM": "slotune.engine.async_llm",
+    "EngineStats": "slotune.engine.llm_engine",
 }
 
 

@@ -1,6 +1,6 @@
 """Canary metrics: scrape the pods' Prometheus /metrics and turn histograms into quantiles.
 
-The metric names are the ones `tune serve` exports (engine/server.py); they live here, in
+The metric names are the ones `tune serve` exports (engine/serving/server.py); they live here, in
 one place, so the operator and the server stay aligned (a test scrapes a real server).
 """
 

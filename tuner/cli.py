@@ -167,7 +167,7 @@ def serve(
     """Serve CONFIG over an OpenAI-compatible HTTP API."""
     with _reading(config):
         _check_yaml(config)
-        from slotune.engine.server import serve_command
+        from slotune.engine.serving.server import serve_command
 
         serve_command(config=config, host=host, port=port, api_key=api_key, served_model_name=served_model_name,
                       record_traffic=record_traffic, record_traffic_max_mib=record_traffic_max_mib)

@@ -132,7 +132,7 @@ def run_trial(req: dict[str, Any]) -> dict[str, Any]:
 
     phase("loading model")
     t0 = time.perf_counter()
-    if measure == "served":  # the server's engine thread loads it: see engine/async_llm.py for why
+    if measure == "served":  # the server's engine thread loads it: see engine/serving/async_llm.py for why
         llm, res, load_s = _replay_served(cfg, req, phase)
     else:
         llm = LLM(cfg)
@@ -186,8 +186,8 @@ def _replay_served(cfg, req: dict[str, Any], phase: Callable[[str], None]):
     peak memory are this process's, taken over the client's measured run only (see
     `_run_client`), as `run_benchmark` takes them. Returns (llm, result, seconds to ready).
     """
-    from slotune.engine.async_llm import AsyncLLM
-    from slotune.engine.server import build_app, serve_in_thread  # imports the engine, hence torch
+    from slotune.engine.serving.async_llm import AsyncLLM
+    from slotune.engine.serving.server import build_app, serve_in_thread  # imports the engine, hence torch
 
     t0 = time.perf_counter()
     objective, es = req["objective"], req.get("early_stop") or {}

@@ -5,8 +5,8 @@ One workload with a long tail of prompt lengths (lognormal, median 64 tokens, si
 order decides who waits. Both policies run the same config otherwise (each its own engine, built
 once), interleaved inside every repeat on the same request seeds; medians over repeats.
 
-Usage: .venv/bin/python bench/scheduling/run.py [--repeats 3] [--rate 6] [--num-requests 60]
-Writes bench/scheduling/results-DATE.{json,md}.
+Usage: .venv/bin/python bench/scheduling/run.py [--repeats 3] [--rate 6] [--num-requests 60] [--engine JSON]
+Writes bench/scheduling/results-DATE-rateR.{json,md}.
 """
 
 from __future__ import annotations
@@ -32,11 +32,13 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--rate", type=float, default=6.0, help="Poisson arrivals, requests/s")
     ap.add_argument("--num-requests", type=int, default=60)
+    ap.add_argument("--engine", type=json.loads, default={},
+                    help='EngineConfig overrides as JSON, e.g. \'{"kernels": {"int8_activations": true}}\'')
     ap.add_argument("--out", type=Path, default=Path(__file__).parent)
     args = ap.parse_args()
 
     base = {"quantization": "int8", "dtype": "bfloat16", "max_num_seqs": 8, "max_num_batched_tokens": 256,
-            "max_model_len": 1280, "num_kv_blocks": 8 * 1280 // 16}
+            "max_model_len": 1280, "num_kv_blocks": 8 * 1280 // 16, **args.engine}
     llms = {p: LLM(EngineConfig.from_dict({**base, "scheduling_policy": p})) for p in POLICIES}
     rows: dict[str, list[dict[str, float]]] = {p: [] for p in POLICIES}
     load = [os.getloadavg()[0]]
@@ -57,17 +59,17 @@ def main() -> int:
            "config": base, "rate": args.rate, "num_requests": args.num_requests, "repeats": rows, "medians": med,
            "load_avg_before_after": load}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"results-{date}.json").write_text(json.dumps(out, indent=2))
+    (args.out / f"results-{date}-rate{args.rate:g}.json").write_text(json.dumps(out, indent=2))
     lines = [f"# scheduling_policy on mixed prompt lengths ({date}, {os.cpu_count()} CPUs)", "",
              f"Command: `python bench/scheduling/run.py --repeats {args.repeats} --rate {args.rate} "
-             f"--num-requests {args.num_requests}`. Config: `{json.dumps(base)}`. Workload: Poisson {args.rate} req/s, "
+             f"--num-requests {args.num_requests}" + (f" --engine '{json.dumps(args.engine)}'" if args.engine else "") + f"`. Config: `{json.dumps(base)}`. Workload: Poisson {args.rate} req/s, "
              "prompt lognormal(median 64, sigma 1.2, 8..1024), output lognormal(median 32, sigma 0.5, 8..128); "
              f"medians of {args.repeats} interleaved repeats. Load average before/after: {load[0]:.1f} / {load[1]:.1f}.", "",
              "| metric | fcfs | shortest_prompt_first | ratio (spf / fcfs) |", "|---|---|---|---|"]
     for k in KEYS:
         a, b = med["fcfs"][k], med["shortest_prompt_first"][k]
         lines.append(f"| {k} | {a:.3f} | {b:.3f} | {b / a:.2f}x |")
-    (args.out / f"results-{date}.md").write_text("\n".join(lines) + "\n")
+    (args.out / f"results-{date}-rate{args.rate:g}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
 

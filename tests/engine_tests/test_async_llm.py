@@ -11,7 +11,7 @@ from slotune.engine import SamplingParams
 
 @pytest.fixture(scope="module")
 def async_llm(llm):
-    from slotune.engine import AsyncLLM
+    from slotune.engine.serving.async_llm import AsyncLLM
 
     a = AsyncLLM(llm.config)  # its own engine: the loop thread owns it exclusively
     asyncio.run(a.start(warmup=True))

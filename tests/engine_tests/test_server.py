@@ -15,7 +15,8 @@ import time
 import httpx
 import pytest
 
-from slotune.engine import AsyncLLM, EngineConfig
+from slotune.engine import EngineConfig
+from slotune.engine.serving.async_llm import AsyncLLM
 
 openai = pytest.importorskip("openai")
 MODEL = "smollm2-135m"
@@ -32,7 +33,7 @@ def server():
     """A real uvicorn server in a thread, on a loopback port."""
     import uvicorn
 
-    from slotune.engine.server import build_app
+    from slotune.engine.serving.server import build_app
 
     cfg = EngineConfig(max_num_seqs=4, num_kv_blocks=64, max_model_len=512,
                        admission={"max_prompt_tokens": 200, "max_queued_requests": 2})

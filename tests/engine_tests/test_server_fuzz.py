@@ -28,9 +28,10 @@ import time
 import httpx
 import pytest
 
-from slotune.engine import AsyncLLM, EngineConfig
-from slotune.engine.api_protocol import IGNORED, REJECTED_UNLESS_DEFAULT
-from slotune.engine.server import build_app, serve_in_thread
+from slotune.engine import EngineConfig
+from slotune.engine.serving.async_llm import AsyncLLM
+from slotune.engine.serving.api_protocol import IGNORED, REJECTED_UNLESS_DEFAULT
+from slotune.engine.serving.server import build_app, serve_in_thread
 
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402

@@ -9,10 +9,11 @@ import time
 import httpx
 import pytest
 
-from slotune.engine import AsyncLLM, EngineConfig
-from slotune.engine.api_protocol import IGNORED, REJECTED_UNLESS_DEFAULT, ChatRequest, CompletionRequest
+from slotune.engine import EngineConfig
+from slotune.engine.serving.async_llm import AsyncLLM
+from slotune.engine.serving.api_protocol import IGNORED, REJECTED_UNLESS_DEFAULT, ChatRequest, CompletionRequest
 from slotune.engine.config import DEFAULT_MAX_PENDING_REQUESTS
-from slotune.engine.server import build_app, serve_in_thread
+from slotune.engine.serving.server import build_app, serve_in_thread
 
 MODEL = "smollm2-135m"
 JSON = {"content-type": "application/json"}

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from slotune.engine import AsyncLLM, EngineConfig, SamplingParams
+from slotune.engine import EngineConfig, SamplingParams
+from slotune.engine.serving.async_llm import AsyncLLM
 from slotune.engine.chat_template import ChatTemplateError
 from slotune.engine.llm_engine import LLMEngine
 from slotune.engine.tokenizer import Tokenizer
@@ -271,7 +272,7 @@ def test_generation_stops_on_every_eos_id_the_model_declares(checkpoint, tmp_pat
 def test_a_conversation_the_template_refuses_is_a_400_naming_it(checkpoint):
     from fastapi.testclient import TestClient
 
-    from slotune.engine.server import build_app
+    from slotune.engine.serving.server import build_app
 
     llm = AsyncLLM(EngineConfig(model=str(checkpoint), device="cpu", num_kv_blocks=64, block_size=8, max_model_len=128))
     with TestClient(build_app(llm)) as client:

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from slotune.engine.outputs import RequestMetrics, RequestOutput
-from slotune.engine.traffic_recorder import KEY_ENV, TrafficRecorder
+from slotune.engine.serving.traffic_recorder import KEY_ENV, TrafficRecorder
 from slotune.tuner.traces import block_hash_ids, load_trace
 
 SYSTEM = list(range(1000, 1128))  # a 128-token shared start: two full 64-token blocks

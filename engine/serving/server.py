@@ -27,15 +27,15 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from slotune.engine.api_protocol import (ChatRequest, CompletionRequest, InvalidRequest, _Request, error_response,
+from slotune.engine.serving.api_protocol import (ChatRequest, CompletionRequest, InvalidRequest, _Request, error_response,
                                          parse_request)
-from slotune.engine.async_llm import AsyncLLM, EngineDeadError
+from slotune.engine.serving.async_llm import AsyncLLM, EngineDeadError
 from slotune.engine.chat_template import ChatTemplateError
 from slotune.engine.config import EngineConfig
 from slotune.engine.llm_engine import RequestRejected
 from slotune.engine.sampling_params import SamplingParams
-from slotune.engine.serving_metrics import ServingMetrics
-from slotune.engine.traffic_recorder import TrafficRecorder
+from slotune.engine.serving.serving_metrics import ServingMetrics
+from slotune.engine.serving.traffic_recorder import TrafficRecorder
 
 log = logging.getLogger("slotune.server")
 OVERLOAD_REASONS = {"queue_full", "tokens_in_flight"}
@@ -494,7 +494,7 @@ def serve_command(config: Path | None, host: str, port: int, api_key: str | None
     """Load, warm up, serve; on SIGTERM stop accepting, drain for grace_s, exit 0.
 
     A second SIGTERM/SIGINT skips the rest of the grace period (aborts what is left).
-    With `record_traffic`, what is served is recorded there (engine/traffic_recorder.py), the
+    With `record_traffic`, what is served is recorded there (engine/serving/traffic_recorder.py), the
     folder bounded by `record_traffic_max_mib`.
     """
     cfg = EngineConfig.from_yaml(config) if config else EngineConfig()

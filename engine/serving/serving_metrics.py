@@ -41,7 +41,7 @@ class ServingMetrics:
         self.step_tokens = Counter("slotune_engine_step_tokens", "Tokens engine steps ran through the model",
                                    registry=r)
         self._last = (0, 0.0, 0.0, 0)
-        # tune serve --record-traffic (engine/traffic_recorder.py)
+        # tune serve --record-traffic (engine/serving/traffic_recorder.py)
         self.traffic = Counter("slotune_traffic_records", "Finished requests the traffic recorder handled, by outcome",
                                ["outcome"], registry=r)
         self._last_traffic = {"written": 0, "dropped": 0, "error": 0}
