@@ -118,6 +118,7 @@ async def _join(tasks: list[asyncio.Task]) -> None:
 
 
 class _Replay:
+    SEND_ATTEMPTS = 3  # a closed pooled connection is dropped from the pool, so 3 covers two stale ones
     """One run over one client: sends requests, turns streams into records, stops early.
 
     Lifecycle: `warm_up` (results discarded) -> `closed_loop` or `open_loop` (records kept) ->
@@ -136,6 +137,7 @@ class _Replay:
         self.total, self.on_progress, self.should_stop = total, on_progress, should_stop
         self.records: list[RequestRecord] = []
         self.causes: Counter[str] = Counter()
+        self.num_resent = 0  # requests sent again after a pooled connection turned out closed
         self.num_short_outputs = 0
         self.tasks: set[asyncio.Task] = set()
         self.is_early = False
@@ -166,7 +168,7 @@ class _Replay:
         arrival = start if arrival is None else arrival
         deadline = start + self.timeout_s
         try:
-            async with self.client.post(self.base_url + self.path, json=body) as resp:
+            async with await self._post(body) as resp:
                 if not 200 <= resp.status < 300:
                     await resp.read()  # drain the error body so the connection is reused
                     cause = str(resp.status)
@@ -225,6 +227,26 @@ class _Replay:
             e2e=end - arrival, queue_time=None, itls=split_itls(times, n), finish_reason=finish,
             cached_prompt_tokens=int(cached), arrival_s=arrival - self.t0)
         return rec, None
+
+    async def _post(self, body: dict[str, Any]) -> aiohttp.ClientResponse:
+        """POST; sent again on another connection if it failed before any response byte came.
+
+        Some servers answer `Keep-Alive` and then close the connection after a streamed response
+        (llama.cpp's llama-server does), so the next request on that pooled connection fails while
+        writing its body (ClientOSError) or finds the socket at EOF (ServerDisconnectedError):
+        the server has not taken it. httpx retries that case by itself; aiohttp does not. A
+        failure after the response started is never retried (it is counted as `connection`),
+        the request's clock keeps its original start, so a retry's cost shows in its TTFT, and
+        `num_resent` in the metrics counts the retries.
+        """
+        for attempt in range(self.SEND_ATTEMPTS):
+            try:
+                return await self.client.post(self.base_url + self.path, json=body)
+            except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError):
+                if attempt == self.SEND_ATTEMPTS - 1:
+                    raise
+                self.num_resent += 1
+        raise AssertionError("unreachable")
 
     # --- bookkeeping ----------------------------------------------------------------------
     def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task:
@@ -345,6 +367,7 @@ async def _run(base: str, workload: WorkloadSpec, *, tokenizer, api_key: str | N
     for cause, n in sorted(replay.causes.items()):
         metrics[f"num_failed_{cause}"] = float(n)
     metrics["num_short_outputs"] = float(replay.num_short_outputs)
+    metrics["num_resent"] = float(replay.num_resent)
     metrics["client_cpu_s"] = cpu_s
     return BenchResult(config={"url": base, "api": api, "model": model, "served_models": served},
                        workload=workload.model_dump(mode="json"), metrics=metrics, records=replay.records,

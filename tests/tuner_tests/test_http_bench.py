@@ -295,3 +295,40 @@ def test_split_itls_spreads_multi_token_chunks_evenly():
     spread = split_itls([0.0, 0.3, 0.4, 1.0], 11)
     assert len(spread) == 10 and sum(spread) == pytest.approx(1.0)
     assert split_itls([0.0], 6) == []
+
+
+class _KeepAliveThenClose(_ScriptedSSE):
+    """llama-server's habit (seen on 2026-11-24 with the llama.cpp that llama-cpp-python 0.3.36 vendors, bench/peers/build_llama_cpp.sh): each streamed response says
+    `Keep-Alive`, is sent chunked over HTTP/1.1, and then the server closes the connection. A real
+    llama-server is not built in CI, so this scripted server reproduces the behaviour."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.send_header("Keep-Alive", "timeout=5, max=100")
+        self.end_headers()
+        for event in _SCRIPTS["multi"]:
+            data = f"data: {event if isinstance(event, str) else json.dumps(event)}\n\n".encode()
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+        self.close_connection = True  # without saying `Connection: close`
+
+
+def test_a_pooled_connection_the_server_closed_is_resent_not_failed(tokenizer):
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _KeepAliveThenClose)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}"
+    wl = WorkloadSpec(**{**BASE, "num_requests": 6, "warmup_requests": 1, "concurrency": 1,
+                         "output_len": {"kind": "fixed", "value": 6}})
+    try:
+        res = run_http_benchmark(url, wl, tokenizer=tokenizer)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert res.metrics["num_failed"] == 0 and res.metrics["num_completed"] == 6
+    assert res.metrics["num_resent"] >= 1  # every request after the first met a closed connection
