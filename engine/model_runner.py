@@ -1,8 +1,10 @@
 """Turns a scheduled batch into tensors, runs the model, returns logits where they are needed.
 
 Owns the torch side: device, dtype, the model, and the one preallocated paged KV cache. On CPU
-(kernels.backend auto|native) a step's rows go to the native step (kernels/cpu_decode.py) when
-they fit its row limit; what does not fit, and speculative verification, runs through torch.
+(kernels.backend auto|native) a step's rows go to the native step (kernels/cpu_decode.py): all of
+them, in several calls if need be, where the weight format has no measured crossover to torch's
+GEMM (every format on AVX2); else up to that crossover. What does not go, and speculative
+verification, runs through torch.
 """
 
 from __future__ import annotations
@@ -207,7 +209,7 @@ class ModelRunner:
         their rows fit, else the decodes alone, else none."""
         limit = self.native.max_native_rows
         plain = [s for s in batch if s.num_draft_tokens == 0]
-        if sum(s.num_new_tokens for s in plain) <= limit:
+        if limit is None or sum(s.num_new_tokens for s in plain) <= limit:
             return plain
         decode = [s for s in batch if s.num_new_tokens == 1]
         return decode if len(decode) <= limit else []
@@ -253,7 +255,18 @@ class ModelRunner:
                 logit_rows.append(len(ids) - 1)
             else:
                 ranges.append((0, 0))
-        return self.native.step(ids, pos, slots, tables, logit_rows), ranges
+        cap = self.native.max_rows
+        if len(ids) <= cap:
+            return self.native.step(ids, pos, slots, tables, logit_rows), ranges
+        # More rows than one call holds (a burst of prompts): consecutive calls in row order. A
+        # sequence's rows are in position order, so a later call attends to the KV an earlier one
+        # wrote. Each call's logits live in one reused buffer, hence the copies.
+        parts = []
+        for a in range(0, len(ids), cap):
+            b = min(a + cap, len(ids))
+            rows = [r - a for r in logit_rows if a <= r < b]
+            parts.append(self.native.step(ids[a:b], pos[a:b], slots[a:b], tables[a:b], rows).clone())
+        return torch.cat(parts), ranges
 
     @torch.inference_mode()
     def run_decode(self, seqs: list, token_ids: list[int], positions: list[int], num_layers: int | None = None) -> torch.Tensor:

@@ -285,7 +285,9 @@ class CpuDecoder:
         self._scratch["ctx_slots"] = torch.zeros(max_rows, max_ctx, dtype=torch.int32)
         self.logits = torch.empty(max_rows, cfg.vocab_size, **f32)
         limit = MAX_NATIVE_ROWS[isa() & (ISA_AVX512 | ISA_AVX2)][self._layers[0].gate_up.kind]
-        self.max_native_rows = max_rows if limit is None else min(limit, max_rows)
+        # Rows per step worth running natively: None = any number (beyond max_rows, in several
+        # calls), where no measured crossover hands many rows to torch's GEMM.
+        self.max_native_rows = None if limit is None else min(limit, max_rows)
         self._model = model  # keeps every viewed tensor alive
         self._cache = cache
         self._m = _Model(

@@ -45,7 +45,7 @@ def _engine(overrides: dict, backend: str, rows: int, steps: int) -> LLMEngine:
     })
     engine = LLMEngine(cfg)
     if engine.runner.native is not None:
-        engine.runner.native.max_native_rows = engine.runner.native.max_rows  # measure past the limit
+        engine.runner.native.max_native_rows = None  # measure past the limit: every row native
     params = SamplingParams(max_tokens=steps + 8, ignore_eos=True)
     for i in range(rows):
         engine.add_request(f"r{i}", [(37 * i + 11 * j + 5) % 40000 for j in range(PROMPT_LEN)], params)

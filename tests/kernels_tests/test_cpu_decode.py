@@ -239,6 +239,23 @@ def test_native_engine_matches_torch_engine_on_a_tiny_gqa_model(overrides, max_n
         assert any(max(g) > 1 for g in groups)  # prefill rows ran natively
 
 
+def test_a_step_with_more_rows_than_one_native_call_runs_natively_in_several():
+    """A burst of prompts: 3 sequences of 40-70 tokens in one step is 170 rows, more than one
+    native call holds (max_num_seqs + 64 = 67), for a weight format with no torch crossover
+    (float32). The step runs natively in consecutive calls, each attending to the KV the earlier
+    ones wrote, and gives torch's greedy tokens."""
+    from tests.kernels_tests.test_triton_engine import _engine
+
+    prompts = [[(5 * j + 1) % 256 for j in range(n)] for n in (40, 60, 70)]
+    native, plain = _engine(kernels={"backend": "native"}, max_num_seqs=3), _engine(kernels={"backend": "torch"}, max_num_seqs=3)
+    assert native.runner.native.max_native_rows is None and native.runner.native.max_rows == 67
+    calls = []
+    real = native.runner.native.step
+    native.runner.native.step = lambda ids, *a: calls.append(len(ids)) or real(ids, *a)
+    assert generate(native, prompts, 24) == generate(plain, prompts, 24)
+    assert calls[:3] == [67, 67, 36]  # the first step: 170 rows in three calls
+
+
 @pytest.mark.parametrize("variant", ["qk_norm", "sliding_window", "both"])
 def test_native_engine_matches_torch_engine_on_qk_norm_and_window_variants(variant):
     """Qwen3's per-head q/k RMSNorm and Mistral's sliding window (12 keys here, prompts of up to 33
