@@ -118,7 +118,6 @@ async def _join(tasks: list[asyncio.Task]) -> None:
 
 
 class _Replay:
-    SEND_ATTEMPTS = 3  # a closed pooled connection is dropped from the pool, so 3 covers two stale ones
     """One run over one client: sends requests, turns streams into records, stops early.
 
     Lifecycle: `warm_up` (results discarded) -> `closed_loop` or `open_loop` (records kept) ->
@@ -239,11 +238,17 @@ class _Replay:
         the request's clock keeps its original start, so a retry's cost shows in its TTFT, and
         `num_resent` in the metrics counts the retries.
         """
-        for attempt in range(self.SEND_ATTEMPTS):
+        # Each failed try drops its stale connection from the pool, so at most pool-size + 1 tries.
+        # A connection that cannot be opened at all (ClientConnectorError: the server is down)
+        # is not retried.
+        tries = (self.client.connector.limit or 64) + 1
+        for attempt in range(tries):
             try:
                 return await self.client.post(self.base_url + self.path, json=body)
+            except aiohttp.ClientConnectorError:
+                raise
             except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError):
-                if attempt == self.SEND_ATTEMPTS - 1:
+                if attempt == tries - 1:
                     raise
                 self.num_resent += 1
         raise AssertionError("unreachable")
