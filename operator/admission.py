@@ -27,7 +27,10 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from pydantic import ValidationError
+
 from slotune.operator import children, schedule, traffic
+from slotune.tuner.spec import TuningSpec
 
 _NAME = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 # distribution's reference grammar, lower-case names; a registry port only before a '/'
@@ -270,12 +273,6 @@ def _persists(url: str | None, spec: dict[str, Any]) -> bool:
 
 
 def _tuning_spec_problem(tuning_spec: dict[str, Any]) -> str | None:
-    try:  # pydantic comes with the tuner
-        from pydantic import ValidationError
-
-        from slotune.tuner.spec import TuningSpec
-    except ImportError:  # an operator image without the tuner: `tune run` validates in the Job
-        return None
     try:
         TuningSpec.model_validate(tuning_spec)
     except ValidationError as exc:

@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from slotune.operator import api
+from slotune.tuner.spec import TuningSpec
 
 
 def render_tuning(spec_path: Path, name: str | None = None, namespace: str = "default",
@@ -30,12 +31,7 @@ def render_tuning(spec_path: Path, name: str | None = None, namespace: str = "de
     data = yaml.safe_load(spec_path.read_text())
     if not isinstance(data, dict):
         raise ValueError(f"{spec_path}: expected a mapping at the top level")
-    try:
-        from slotune.tuner.spec import TuningSpec
-    except ImportError:  # pragma: no cover - operator-only install
-        TuningSpec = None
-    if TuningSpec is not None:
-        TuningSpec.from_yaml(spec_path)  # pydantic ValidationError is a ValueError: the CLI prints it
+    TuningSpec.from_yaml(spec_path)  # pydantic ValidationError is a ValueError: the CLI prints it
     name = name or dns_name(str(data.get("name") or spec_path.stem))
     objective = data.get("objective") or {}
     slo = {"percentile": int(objective.get("percentile", 95)), "minRequests": 20}

@@ -11,6 +11,9 @@ import hashlib
 import json
 from typing import Any
 
+from pydantic import ValidationError
+
+from slotune.engine.config import EngineConfig
 from slotune.operator import admission, api, children
 
 SPEC_HASH = f"{api.GROUP}/spec-hash"
@@ -18,11 +21,6 @@ SPEC_HASH = f"{api.GROUP}/spec-hash"
 
 def validate_config(config: dict[str, Any]) -> None:
     """ValueError (one `field: message` per problem) when `config` is not a valid EngineConfig."""
-    try:
-        from slotune.engine.config import EngineConfig
-    except ImportError:  # the operator image may ship without the engine
-        return
-    from pydantic import ValidationError
 
     try:
         EngineConfig.model_validate(config)
