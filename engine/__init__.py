@@ -27,4 +27,6 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'slotune.engine' has no attribute '{name}'")
 
 
-__all__ = ["EngineConfig", "SamplingParams", "RequestOutput", "RequestMetrics", *_LAZY]
+__all__ = ["EngineConfig", "SamplingParams", "RequestOutput", "RequestMetrics",
+           "LLM", "PromptLogprobs", "LLMEngine", "RequestRejected", "EngineStats"]
+assert set(__all__) >= set(_LAZY)

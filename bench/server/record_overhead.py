@@ -32,6 +32,7 @@ from slotune.tuner.workload import WorkloadSpec
 
 CONFIG = "quantization: int8\ndtype: bfloat16\nkernels: {int8_activations: true}\nmax_num_seqs: 16\n" \
          "num_kv_blocks: 512\nmax_model_len: 512\n"
+CONFIG_LINE = "; ".join(CONFIG.strip().splitlines())  # the config on one line, for the report
 
 
 def _port() -> int:
@@ -93,7 +94,7 @@ def main() -> int:
     md = "\n".join([
         f"# `tune serve --record-traffic` overhead ({date}, {os.cpu_count()} CPUs)", "",
         f"Command: `python bench/server/record_overhead.py --rounds {args.rounds} --concurrency {args.concurrency} "
-        f"--num-requests {args.num_requests}`; config `{"; ".join(CONFIG.strip().splitlines())}`; closed loop, 32-token prompts, 64 output "
+        f"--num-requests {args.num_requests}`; config `{CONFIG_LINE}`; closed loop, 32-token prompts, 64 output "
         f"tokens; load average before/after {load[0]:.1f} / {load[1]:.1f}.", "",
         "| recording | tok/s per round | median |", "|---|---|---|",
         f"| off | {', '.join(f'{x:.1f}' for x in tps['off'])} | {off:.1f} |",

@@ -209,7 +209,7 @@ def test_every_relative_path_resolves_against_the_spec_folder(tmp_path, monkeypa
 
 def test_validate_cli_from_another_directory(tmp_path, monkeypatch):
     d = _project(tmp_path)
-    spec = write(d / "spec.yaml", BASE + "search_space: spaces/s.yaml\nworkload: wl/w.yaml\nsampler: grid\n"
+    write(d / "spec.yaml", BASE + "search_space: spaces/s.yaml\nworkload: wl/w.yaml\nsampler: grid\n"
                  "output_dir: out\n")
     monkeypatch.chdir(tmp_path)
     code, out, err = cli("validate", "project/spec.yaml")
