@@ -5,6 +5,8 @@ NeverReady); once ready it serves for `canaryDurationSeconds`, then its pods' hi
 hold the SLO (pXX TTFT and TPOT under their limits) over at least `minRequests` requests.
 Too little traffic is waited out for one more canary duration, then rolled back
 (InsufficientTraffic): a config that was never shown to hold the SLO is not promoted.
+The SLO itself is judged by `slotune.tuner.slo.judge`, the tuner's own rule, with limits read
+from the CRD by `SLOLimits.from_crd`; a limit the canary did not measure counts as missed.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from slotune.operator.metrics import Histogram
+from slotune.tuner.slo import SLOLimits, judge as judge_slo, metric_key
 
 Action = Literal["wait", "promote", "rollback"]
 
@@ -25,9 +28,7 @@ class Policy:
     canary_fraction: float = 0.1
     canary_duration_s: float = 300.0
     ready_deadline_s: float = 600.0
-    percentile: int = 95
-    ttft_limit_s: float | None = None
-    tpot_limit_s: float | None = None
+    slo: SLOLimits = SLOLimits()
     min_requests: int = 1
 
     @classmethod
@@ -37,9 +38,7 @@ class Policy:
         return cls(mode=r.get("mode", "auto"), canary_fraction=float(r.get("canaryFraction", 0.1)),
                    canary_duration_s=float(r.get("canaryDurationSeconds", 300)),
                    ready_deadline_s=float(r.get("readyDeadlineSeconds", 600)),
-                   percentile=int(slo.get("percentile", 95)),
-                   ttft_limit_s=slo.get("ttftSeconds"), tpot_limit_s=slo.get("tpotSeconds"),
-                   min_requests=int(slo.get("minRequests", 1)))
+                   slo=SLOLimits.from_crd(slo), min_requests=int(slo.get("minRequests", 1)))
 
     def canary_replicas(self, replicas: int) -> int:
         """Replicas that give the canary about `canary_fraction` of a Service's pods."""
@@ -71,23 +70,18 @@ def judge(policy: Policy, *, since_start_s: float, since_ready_s: float | None,
         return Verdict("wait", "CanaryStarting", "waiting for the canary pods to become ready")
     if since_ready_s < policy.canary_duration_s or histograms is None:
         return Verdict("wait", "CanaryObserving", f"observing the canary for {policy.canary_duration_s:g}s")
-    q = policy.percentile / 100.0
-    ttft, tpot = histograms.get("ttft"), histograms.get("tpot")
+    ttft = histograms.get("ttft")
     num_requests = int(ttft.count) if ttft is not None else 0
     if num_requests < policy.min_requests:
         if since_ready_s > 2 * policy.canary_duration_s:
             return Verdict("rollback", "InsufficientTraffic",
                            f"canary served {num_requests} requests, fewer than minRequests={policy.min_requests}")
         return Verdict("wait", "CanaryObserving", f"canary has {num_requests}/{policy.min_requests} requests")
-    measured = {"requests": float(num_requests)}
-    problems = []
-    for short, h, limit in (("ttft", ttft, policy.ttft_limit_s), ("tpot", tpot, policy.tpot_limit_s)):
-        value = h.quantile(q) if h is not None else None
-        if value is not None:
-            measured[f"{short}_p{policy.percentile}"] = round(value, 6)
-        if limit is not None and (value is None or value > limit):
-            shown = "no data" if value is None else f"{value:.4g}s"
-            problems.append(f"{short} p{policy.percentile} {shown} > {limit:g}s")
-    if problems:
-        return Verdict("rollback", "SLOViolated", "; ".join(problems), measured)
+    p = policy.slo.percentile
+    quantiles = {metric_key(name, p): h.quantile(p / 100.0) for name, h in histograms.items() if name in ("ttft", "tpot")}
+    quantiles = {k: v for k, v in quantiles.items() if v is not None}
+    measured = {"requests": float(num_requests), **{k: round(v, 6) for k, v in quantiles.items()}}
+    slo = judge_slo(quantiles, policy.slo, require_measured=True)
+    if not slo.passed:
+        return Verdict("rollback", "SLOViolated", "; ".join(slo.reasons), measured)
     return Verdict("promote", "SLOHeld", f"canary held the SLO over {num_requests} requests", measured)

@@ -61,8 +61,7 @@ from typing import Any
 import aiohttp
 
 from slotune.tuner.bench import BenchResult
-from slotune.tuner.metrics import PERCENTILES, RequestRecord, summarize
-from slotune.tuner.slo import breaks_slo_so_far
+from slotune.tuner.metrics import PERCENTILES, RequestRecord, breaks_slo_so_far, summarize
 from slotune.tuner.workload import BenchRequest, WorkloadSpec, iter_requests
 
 APIS = ("completions", "chat")

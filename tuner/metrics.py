@@ -7,8 +7,8 @@ touched, lazily, to read CUDA peak memory). Definitions, per request:
   itl         every gap between consecutive output tokens (pooled over requests)
   e2e         finish_time - arrival_time
   queue_time  first scheduled - arrival_time
-Goodput counts requests whose *own* TTFT and TPOT are within the limits (per-request SLO),
-divided by the run's duration.
+Goodput counts requests whose *own* TTFT and TPOT are within the limits (per-request SLO,
+`slo.meets_slo`), divided by the run's duration. Metric keys are `slo.metric_key`'s.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import numpy as np
+
+from slotune.tuner.slo import SLOLimits, breaks_slo_early, meets_slo, metric_key
 
 PERCENTILES: tuple[float, ...] = (50, 90, 95, 99)
 LATENCY_SERIES = ("ttft", "tpot", "itl", "e2e", "queue_time")
@@ -74,25 +76,12 @@ class RequestRecord:
         return cls(request_id, prompt_tokens, 0, None, None, None, None, [], reason)
 
 
-def pkey(name: str, p: float) -> str:
-    """Metric key of a percentile: pkey('ttft', 95) -> 'ttft_p95', pkey('itl', 99.9) -> 'itl_p99.9'."""
-    return f"{name}_p{p:g}"
+pkey = metric_key  # the old name, still imported by tuner/bench.py
 
 
 def percentile(values: list[float | None], p: float) -> float | None:
     v = [x for x in values if x is not None]
     return float(np.percentile(v, p)) if v else None
-
-
-def meets_slo(r: RequestRecord, ttft_limit_s: float | None, tpot_limit_s: float | None) -> bool:
-    """Per request: completed, its TTFT within the limit, its TPOT (if any) within the limit."""
-    if not r.is_completed:
-        return False
-    if ttft_limit_s is not None and (r.ttft is None or r.ttft > ttft_limit_s):
-        return False
-    if tpot_limit_s is not None and r.tpot is not None and r.tpot > tpot_limit_s:
-        return False
-    return True
 
 
 def series(records: list[RequestRecord]) -> dict[str, list[float]]:
@@ -127,13 +116,14 @@ def summarize(records: list[RequestRecord], duration_s: float, *, ttft_limit_s: 
             continue
         arr = np.asarray(vals, dtype=float)
         for p, v in zip(percentiles, np.percentile(arr, list(percentiles))):
-            m[pkey(name, p)] = float(v)
+            m[metric_key(name, p)] = float(v)
         m[f"{name}_mean"] = float(arr.mean())
         m[f"{name}_max"] = float(arr.max())
     done = [r for r in records if r.is_completed]
     out_tokens = sum(r.output_tokens for r in done)
     duration_s = max(duration_s, 1e-9)
-    good = [r for r in records if meets_slo(r, ttft_limit_s, tpot_limit_s)]
+    limits = SLOLimits(ttft_s=ttft_limit_s, tpot_s=tpot_limit_s)
+    good = [r for r in records if meets_slo(r, limits)]
     m.update(
         num_requests=float(len(records)),
         num_completed=float(len(done)),
@@ -150,6 +140,19 @@ def summarize(records: list[RequestRecord], duration_s: float, *, ttft_limit_s: 
         slo_attainment=len(good) / len(records) if records else 0.0,
     )
     return m
+
+
+def breaks_slo_so_far(records: list[RequestRecord], objective: dict[str, Any], es: dict[str, Any]) -> bool:
+    """The early-stop rule: at least `es.min_requests` requests have finished (aborted and broken
+    ones do not count) and their pXX already misses a latency limit by `es.factor` x
+    (`slo.breaks_slo_early`).
+
+    Used by both replays: `run_benchmark`'s should_stop in tuner/trial_runner.py, the HTTP
+    client's in tuner/http_bench.py `main`.
+    """
+    done = [r for r in records if r.finish_reason not in ("abort", "error")]
+    return len(done) >= es["min_requests"] and breaks_slo_early(
+        summarize(done, 1.0, percentiles=(objective["percentile"],)), objective, es["factor"])
 
 
 def engine_stats_delta(before: Any, after: Any) -> dict[str, float]:

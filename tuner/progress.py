@@ -8,6 +8,7 @@ from rich.live import Live
 from rich.table import Table
 
 from slotune.tuner.objective import is_measured
+from slotune.tuner.slo import metric_key
 
 
 class Progress:
@@ -74,7 +75,8 @@ class Progress:
         self.finish()
         obj = self.spec.objective
         p = obj.percentile
-        keys = [obj.metric_key(), f"ttft_p{p}", f"tpot_p{p}", "output_tokens_per_s", "goodput_rps", "slo_attainment"]
+        keys = [obj.metric_key(), metric_key("ttft", p), metric_key("tpot", p), "output_tokens_per_s", "goodput_rps",
+                "slo_attainment"]
         t = Table(title=f"study {self.spec.name}: winner = trial {best.number}")
         for c in ("metric", "winner", "re-measured", "default", "baseline"):
             t.add_column(c, justify="right" if c != "metric" else "left")

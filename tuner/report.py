@@ -11,6 +11,7 @@ import secrets
 from pathlib import Path
 from typing import Any
 
+from slotune.tuner.slo import SLO_KEYS, SLOLimits, judge, metric_key
 from slotune.tuner.workload import describe_replay
 
 
@@ -75,26 +76,27 @@ def _pareto_plot(spec, study, path: Path) -> bool:
     return True
 
 
-def _slo_text(obj) -> str:
-    p = obj.percentile
-    parts = [f"ttft p{p} <= {obj.ttft_limit_s:g} s" if obj.ttft_limit_s else "",
-             f"tpot p{p} <= {obj.tpot_limit_s:g} s" if obj.tpot_limit_s else "",
-             f"output tokens/s >= {obj.min_output_tokens_per_s:g}" if obj.min_output_tokens_per_s else ""]
-    return ", ".join(x for x in parts if x) or "none"
-
-
-def _slo_rows(obj, metrics: dict) -> list[tuple[str, str, str, bool]]:
-    """(check, limit, measured, passed) for each SLO limit of the objective."""
-    p = obj.percentile
+def _slo_rows(limits: SLOLimits, metrics: dict) -> list[tuple[str, str, str, bool]]:
+    """(check, limit, measured, passed) for each SLO limit, as the study judged it."""
     rows = []
-    for name, limit in (("ttft", obj.ttft_limit_s), ("tpot", obj.tpot_limit_s)):
-        if limit:
-            v = metrics.get(f"{name}_p{p}")
-            rows.append((f"{name} p{p} (s)", f"<= {limit:g}", _fmt(v), v is not None and v <= limit))
-    if obj.min_output_tokens_per_s:
-        v = metrics.get("output_tokens_per_s", 0.0)
-        rows.append(("output tokens/s", f">= {obj.min_output_tokens_per_s:g}", _fmt(v), v >= obj.min_output_tokens_per_s))
+    for c in judge(metrics, limits).checks:
+        if c.name == "throughput":
+            rows.append((c.label, f">= {c.limit:g}", _fmt(c.value), c.passed))
+        else:
+            rows.append((f"{c.label} (s)", f"<= {c.limit:g}", _fmt(c.value), c.passed))
     return rows
+
+
+def _infeasible_note(limits: SLOLimits, ua: dict) -> str:
+    """Why a trial is infeasible, in words: its missed limits, then the failed flags."""
+    v = ua.get("violations") or {}
+    words = []
+    if any(v.get(k, 0) > 0 for k in SLO_KEYS):
+        # Judged again from the stored metrics for the words; the stored numbers if those are gone.
+        words = judge(ua.get("metrics") or {}, limits).reasons or [f"{k}={v[k]:.3g}" for k in SLO_KEYS if v.get(k, 0) > 0]
+    if v.get("quality_gates", 0) > 0:
+        words.append("quality gates failed")
+    return "; ".join(words)
 
 
 def write_report(spec, study, best, remeasure, out: Path) -> dict[str, Path]:
@@ -113,12 +115,13 @@ def write_report(spec, study, best, remeasure, out: Path) -> dict[str, Path]:
     from slotune.tuner.study import reference_metrics
 
     obj = spec.objective
+    limits = SLOLimits.from_objective(obj)
     key = obj.metric_key()
     states = [t.state.name for t in study.trials]
     lines = [f"# slotune study `{spec.name}`", "",
              f"Objective: **{obj.direction()} {key}**"
              + (f" with Pareto over {', '.join(obj.metric_key(m) for m in obj.pareto_with)}" if obj.pareto_with else ""),
-             f"SLO: {_slo_text(obj)}; quality gates: "
+             f"SLO: {limits.describe()}; quality gates: "
              f"{', '.join(g['name'] for g in spec.quality_gates) or 'none'}; sampler {spec.sampler}; "
              f"{len(states)} trials ({states.count('COMPLETE')} complete, {states.count('FAIL')} failed, "
              f"{states.count('PRUNED')} pruned).", ""]
@@ -133,7 +136,8 @@ def write_report(spec, study, best, remeasure, out: Path) -> dict[str, Path]:
         lines += ["## Winner", "", f"Trial {best.number}: `{key}` = {_fmt(best.values[0])}; "
                   f"re-measured on workload seed {seed}: {_fmt(rm.get(key))}", "",
                   f"| metric | winner | re-measured (seed {seed}) | default | baseline |", "|---|---|---|---|---|"]
-        for k in dict.fromkeys((key, "ttft_p50", f"ttft_p{obj.percentile}", "tpot_p50", f"tpot_p{obj.percentile}",
+        for k in dict.fromkeys((key, metric_key("ttft", 50), metric_key("ttft", obj.percentile), metric_key("tpot", 50),
+                                metric_key("tpot", obj.percentile),
                                 "output_tokens_per_s", "goodput_rps", "slo_attainment", "weight_bytes", "peak_kv_blocks",
                                 "peak_memory_mb")):
             row = [_fmt(bm.get(k)), _fmt(rm.get(k))] + [_fmt(m.get(k)) if m else "-" for m in ref.values()]
@@ -150,8 +154,8 @@ def write_report(spec, study, best, remeasure, out: Path) -> dict[str, Path]:
                   f"Requests meeting the per-request limits: {_fmt(bm.get('slo_attainment'))} "
                   f"(re-measured: {_fmt(rm.get('slo_attainment'))}).", "",
                   "| check | limit | winner | pass | re-measured | pass |", "|---|---|---|---|---|---|"]
-        rrows = {r[0]: r for r in _slo_rows(obj, rm)} if rm else {}
-        for check, limit, v, ok in _slo_rows(obj, bm):
+        rrows = {r[0]: r for r in _slo_rows(limits, rm)} if rm else {}
+        for check, limit, v, ok in _slo_rows(limits, bm):
             r = rrows.get(check)
             lines.append(f"| {check} | {limit} | {v} | {'yes' if ok else 'no'} | {r[2] if r else '-'} | "
                          f"{('yes' if r[3] else 'no') if r else '-'} |")
@@ -165,7 +169,7 @@ def write_report(spec, study, best, remeasure, out: Path) -> dict[str, Path]:
     lines += ["## Trials", "", f"| # | tag | state | {key} | feasible | params | note |", "|---|---|---|---|---|---|---|"]
     for t in study.trials:
         ua = t.user_attrs
-        note = ua.get("fail_reason") or (", ".join(f"{k}={v:.3g}" for k, v in (ua.get("violations") or {}).items() if v > 0))
+        note = ua.get("fail_reason") or _infeasible_note(limits, ua)
         if ua.get("early_stopped"):
             note = "early-stopped; " + note
         params = ", ".join(f"{k}={v}" for k, v in t.params.items())

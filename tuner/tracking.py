@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from slotune.tuner.slo import SLOLimits, judge
 
 PARENT_ATTR = "mlflow_parent_run_id"
 
@@ -105,8 +106,11 @@ class MLflowTracker:
             c.log_metric(rid, f"violation_{k}", float(v))
         c.set_tag(rid, "slotune.feasible", str(ua.get("feasible")))
         if ua.get("violations") is not None:
-            c.set_tag(rid, "slotune.slo_pass", str(all(v <= 0 for k, v in ua["violations"].items()
-                                                        if k != "quality_gates")))
+            slo = judge(ua.get("metrics") or {}, SLOLimits.from_objective(self.spec.objective))
+            early = ua["violations"].get("early_stop", 0) > 0  # judged on the first requests only
+            c.set_tag(rid, "slotune.slo_pass", str(slo.passed and not early))
+            if not slo.passed or early:
+                c.set_tag(rid, "slotune.slo_reasons", "; ".join((["stopped early"] if early else []) + slo.reasons))
         c.set_tag(rid, "slotune.early_stopped", str(bool(ua.get("early_stopped"))))
         if ua.get("tag"):
             c.set_tag(rid, "slotune.tag", ua["tag"])

@@ -43,7 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from slotune.tuner.bench import BenchResult, EngineWindow, run_benchmark
-from slotune.tuner.slo import breaks_slo_so_far, certain_violations, is_feasible, slo_violations
+from slotune.tuner.metrics import breaks_slo_so_far
+from slotune.tuner.slo import certain_violations, is_feasible, slo_violations
 from slotune.tuner.workload import WorkloadSpec
 
 

@@ -83,7 +83,7 @@ def test_rollback_on_bad_metrics(cluster, operator, ns, tmp_path):
         metrics.terminate()
     assert status["phase"] == "RolledBack" and status["history"][-1]["reason"] == "SLOViolated"
     cond = next(c for c in status["conditions"] if c["type"] == "RolledOut")
-    assert cond["status"] == "False" and cond["reason"] == "SLOViolated" and "ttft p95" in cond["message"]
+    assert cond["status"] == "False" and cond["reason"] == "SLOViolated" and "p95 TTFT" in cond["message"]
     slos = get_cr(client, api.SERVINGS, ns, "slow")
     assert slos["spec"]["config"] == {"max_num_seqs": 8} and not slos["spec"].get("canary")  # last good config
     wait_for("the canary to go", lambda: get(client, "Deployment", ns, "slow-canary") is None)

@@ -1,9 +1,14 @@
 import pytest
 
 from slotune.operator.metrics import Histogram
-from slotune.operator.rollout import Policy, judge
+import os
+import subprocess
+import sys
 
-POLICY = Policy(canary_duration_s=60, ready_deadline_s=120, ttft_limit_s=0.5, tpot_limit_s=0.05, min_requests=10)
+from slotune.operator.rollout import Policy, judge
+from slotune.tuner.slo import SLOLimits
+
+POLICY = Policy(canary_duration_s=60, ready_deadline_s=120, slo=SLOLimits(ttft_s=0.5, tpot_s=0.05), min_requests=10)
 
 
 def hist(value: float, n: int) -> Histogram:
@@ -27,7 +32,14 @@ def test_observes_for_the_canary_duration():
 def test_slo_violation_names_the_metric():
     v = judge(POLICY, since_start_s=90, since_ready_s=61, histograms={"ttft": hist(0.1, 50), "tpot": hist(0.2, 50)})
     assert (v.action, v.reason) == ("rollback", "SLOViolated")
-    assert "tpot p95" in v.message and "ttft" not in v.message
+    assert "p95 TPOT" in v.message and "TTFT" not in v.message
+    assert v.message.startswith("p95 TPOT 0.") and "> limit 0.05 s (+" in v.message
+
+
+def test_an_unmeasured_limit_is_not_promoted():
+    """The tuner lets a missing TPOT pass (one-token outputs); the canary must show every limit held."""
+    v = judge(POLICY, since_start_s=90, since_ready_s=61, histograms={"ttft": hist(0.1, 50)})
+    assert (v.action, v.reason) == ("rollback", "SLOViolated") and "p95 TPOT not measured" in v.message
 
 
 def test_too_little_traffic_waits_one_more_duration_then_rolls_back():
@@ -43,4 +55,15 @@ def test_canary_replicas(fraction, replicas, expected):
 
 def test_policy_defaults_from_an_empty_spec():
     p = Policy.from_spec({})
-    assert (p.mode, p.canary_duration_s, p.ready_deadline_s, p.percentile) == ("auto", 300.0, 600.0, 95)
+    assert (p.mode, p.canary_duration_s, p.ready_deadline_s, p.slo.percentile) == ("auto", 300.0, 600.0, 95)
+
+
+def test_policy_reads_the_slo_from_the_crd():
+    p = Policy.from_spec({"slo": {"percentile": 99, "ttftSeconds": 0.5, "minRequests": 7}})
+    assert p.slo == SLOLimits(percentile=99, ttft_s=0.5) and p.min_requests == 7
+
+
+def test_the_rollout_imports_no_torch():
+    """The operator image judges canaries with tuner/slo.py; that must not pull the engine in."""
+    code = "import slotune.operator.rollout, sys; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, env=os.environ.copy())

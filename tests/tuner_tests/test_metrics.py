@@ -4,7 +4,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from slotune.tuner.metrics import MemoryTracker, RequestRecord, engine_stats_delta, meets_slo, pkey, summarize
+from slotune.tuner.metrics import MemoryTracker, RequestRecord, engine_stats_delta, summarize
+from slotune.tuner.slo import SLOLimits, meets_slo, metric_key
 
 
 def _r(i, ttft, tpot, n=10, reason="length"):
@@ -28,8 +29,8 @@ def test_percentiles_throughput_and_goodput():
 def test_any_percentile():
     recs = [_r(i, ttft=float(i), tpot=0.01) for i in range(101)]
     m = summarize(recs, 1.0, percentiles=(80, 99.9))
-    assert m["ttft_p80"] == pytest.approx(80.0) and m[pkey("ttft", 99.9)] == pytest.approx(99.9)
-    assert pkey("ttft", 95.0) == "ttft_p95" and "ttft_p50" not in m
+    assert m["ttft_p80"] == pytest.approx(80.0) and m[metric_key("ttft", 99.9)] == pytest.approx(99.9)
+    assert metric_key("ttft", 95.0) == "ttft_p95" and "ttft_p50" not in m
 
 
 def test_goodput_is_per_request_on_both_limits():
@@ -40,7 +41,8 @@ def test_goodput_is_per_request_on_both_limits():
     m = summarize([fast_first_slow_decode, slow_first_fast_decode, good, one_token], 1.0,
                   ttft_limit_s=1.0, tpot_limit_s=0.1)
     assert m["goodput_rps"] == 2 and m["slo_attainment"] == 0.5
-    assert meets_slo(good, None, None) and not meets_slo(RequestRecord.rejected("x", 3), None, None)
+    assert meets_slo(good, SLOLimits()) and not meets_slo(RequestRecord.rejected("x", 3), SLOLimits())
+    assert meets_slo(one_token, SLOLimits(ttft_s=1.0, tpot_s=0.1)) and not meets_slo(fast_first_slow_decode, SLOLimits(tpot_s=0.1))
 
 
 def test_rejected_and_aborted_count_against_goodput_not_latency():
