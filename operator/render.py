@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from slotune.operator import api
+from slotune.tuner.slo import SLOLimits
 from slotune.tuner.spec import TuningSpec
 
 
@@ -31,14 +32,9 @@ def render_tuning(spec_path: Path, name: str | None = None, namespace: str = "de
     data = yaml.safe_load(spec_path.read_text())
     if not isinstance(data, dict):
         raise ValueError(f"{spec_path}: expected a mapping at the top level")
-    TuningSpec.from_yaml(spec_path)  # pydantic ValidationError is a ValueError: the CLI prints it
+    spec = TuningSpec.from_yaml(spec_path)  # pydantic ValidationError is a ValueError: the CLI prints it
     name = name or dns_name(str(data.get("name") or spec_path.stem))
-    objective = data.get("objective") or {}
-    slo = {"percentile": int(objective.get("percentile", 95)), "minRequests": 20}
-    if objective.get("ttft_limit_s"):
-        slo["ttftSeconds"] = objective["ttft_limit_s"]
-    if objective.get("tpot_limit_s"):
-        slo["tpotSeconds"] = objective["tpot_limit_s"]
+    slo = {**SLOLimits.from_objective(spec.objective).to_crd(), "minRequests": 20}
     return {
         "apiVersion": api.API_VERSION,
         "kind": "SLOTuning",

@@ -24,6 +24,7 @@ HERE = Path(__file__).resolve().parent
 def main() -> None:
     from slotune.engine.config import EngineConfig
     from slotune.tuner.objective import TrialFailure, measure
+    from slotune.tuner.slo import metric_key
     from slotune.tuner.spec import TuningSpec
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -37,7 +38,7 @@ def main() -> None:
     configs = {"default": spec.base_config(), "tuned": EngineConfig.from_yaml(args.run_dir / "best.yaml")}
     obj = spec.objective
     p = obj.percentile
-    keys = list(dict.fromkeys([obj.metric_key(), f"ttft_p{p}", f"tpot_p{p}", "output_tokens_per_s", "goodput_rps",
+    keys = list(dict.fromkeys([obj.metric_key(), metric_key("ttft", p), metric_key("tpot", p), "output_tokens_per_s", "goodput_rps",
                                "slo_attainment"]))
     runs: dict[str, list[dict]] = {k: [] for k in configs}
     for i in range(args.repeats):
