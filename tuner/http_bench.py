@@ -378,6 +378,30 @@ async def _run(base: str, workload: WorkloadSpec, *, tokenizer, api_key: str | N
                        early_stopped=replay.is_early, device="http", started_at=started_at)
 
 
+def wait_ready(base_url: str, *, timeout_s: float = 120.0, proc=None, path: str = "/ready") -> None:
+    """Block until GET base_url + path answers 200 (`tune serve`'s /ready: the engine is loaded).
+
+    Args:
+        proc: the server's `subprocess.Popen`, if this process started it: its exit ends the wait.
+
+    Raises:
+        RuntimeError: the server exited (with its code) or was not ready within timeout_s.
+    """
+    import httpx  # sync and light; this module's replay uses aiohttp
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"the server exited with {proc.returncode} before {path} answered")
+        try:
+            if httpx.get(base_url + path, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{base_url}{path} not ready after {timeout_s:g} s")
+
+
 def run_http_benchmark(url: str, workload: WorkloadSpec, *, tokenizer, api_key: str | None = None,
                        model: str | None = None, api: str = "completions", ttft_limit_s: float | None = None,
                        tpot_limit_s: float | None = None, seed: int | None = None,

@@ -28,7 +28,8 @@ import time
 from datetime import date
 from pathlib import Path
 
-import httpx
+
+from slotune.tuner.http_bench import wait_ready
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -56,18 +57,12 @@ def _serve(best: Path, log: Path):
     proc = subprocess.Popen([*TUNE, "serve", str(best), "--port", str(port)], stdout=log.open("w"),
                             stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"tune serve exited with {proc.returncode}; see {log}")
-        try:
-            if httpx.get(url + "/ready", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.terminate()
-    raise RuntimeError(f"tune serve did not become ready; see {log}")
+    try:
+        wait_ready(url, timeout_s=600, proc=proc)
+    except RuntimeError as exc:
+        proc.terminate()
+        raise RuntimeError(f"tune serve: {exc}; see {log}") from None
+    return proc, url
 
 
 def _stop(proc) -> None:

@@ -18,15 +18,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-import httpx
 
 from slotune.engine.loader import resolve_model_path
 from slotune.engine.tokenizer import Tokenizer
-from slotune.tuner.http_bench import run_http_benchmark
+from slotune.tuner.http_bench import run_http_benchmark, wait_ready
 from slotune.tuner.traces import load_trace
 from slotune.tuner.workload import WorkloadSpec
 
@@ -49,13 +47,7 @@ def measure(cfg: Path, record_dir: Path | None, wl: WorkloadSpec, tok) -> tuple[
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(1200):
-            try:
-                if httpx.get(base + "/ready").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
+        wait_ready(base, proc=proc)
         res = run_http_benchmark(base, wl, tokenizer=tok)
         assert res.metrics["num_failed"] == 0, res.metrics
     finally:

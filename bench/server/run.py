@@ -30,6 +30,8 @@ from pathlib import Path
 
 import httpx
 
+from slotune.tuner.http_bench import wait_ready
+
 MODEL = "smollm2-135m"
 SERVER_CONFIG = """\
 max_num_seqs: 4
@@ -248,17 +250,12 @@ def start_server(config_path: Path, port: int, log_path: Path) -> subprocess.Pop
     proc = subprocess.Popen([sys.executable, "-m", "slotune.tuner.cli_main", "serve", str(config_path), "--port", str(port)],
                             stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
-    for _ in range(1200):
-        if proc.poll() is not None:
-            raise RuntimeError(f"tune serve exited with {proc.returncode}; see {log_path}")
-        try:
-            if httpx.get(base + "/ready", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError(f"tune serve not ready after 120 s; see {log_path}")
+    try:
+        wait_ready(base, proc=proc)
+    except RuntimeError as exc:
+        proc.kill()
+        raise RuntimeError(f"tune serve: {exc}; see {log_path}") from None
+    return proc
 
 
 def rss_mib(pid: int) -> float:

@@ -17,6 +17,7 @@ import pytest
 
 from slotune.engine import EngineConfig
 from slotune.engine.serving.async_llm import AsyncLLM
+from slotune.tuner.http_bench import wait_ready
 
 openai = pytest.importorskip("openai")
 MODEL = "smollm2-135m"
@@ -51,13 +52,7 @@ def server():
     t = threading.Thread(target=run, daemon=True)
     t.start()
     base = f"http://127.0.0.1:{port}"
-    for _ in range(300):
-        try:
-            if httpx.get(base + "/ready").status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
+    wait_ready(base, timeout_s=30)
     yield base, llm
     srv.should_exit = True
     t.join(10)
@@ -145,13 +140,7 @@ def test_sigterm_mid_stream_drains_refuses_new_and_exits_zero(tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(600):
-            try:
-                if httpx.get(base + "/ready").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
+        wait_ready(base, timeout_s=60, proc=proc)
         c = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=60)
         stream = c.completions.create(model=MODEL, prompt="Hello", max_tokens=40, stream=True,
                                       stream_options={"include_usage": True}, extra_body={"ignore_eos": True})

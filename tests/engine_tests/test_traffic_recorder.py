@@ -85,13 +85,12 @@ def test_tune_serve_records_what_tune_bench_url_sent(tmp_path):
     import signal
     import subprocess
     import sys
-    import time
 
     import httpx
 
     from slotune.engine.loader import resolve_model_path
     from slotune.engine.tokenizer import Tokenizer
-    from slotune.tuner.http_bench import run_http_benchmark
+    from slotune.tuner.http_bench import run_http_benchmark, wait_ready
     from slotune.tuner.workload import WorkloadSpec
 
     with __import__("socket").socket() as s:
@@ -104,13 +103,7 @@ def test_tune_serve_records_what_tune_bench_url_sent(tmp_path):
                              "--record-traffic", str(rec_dir)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(600):
-            try:
-                if httpx.get(base + "/ready").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
+        wait_ready(base, timeout_s=60, proc=proc)
         wl = WorkloadSpec.load({"arrivals": "poisson", "rate": 4.0, "num_requests": 12, "warmup_requests": 0,
                                 "prompt_len": {"kind": "uniform", "min": 20, "max": 60},
                                 "output_len": {"kind": "fixed", "value": 6},

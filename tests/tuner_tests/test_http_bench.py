@@ -29,7 +29,7 @@ from typer.testing import CliRunner
 
 from slotune.tuner.bench import BenchResult, load_tokenizer, print_result
 from slotune.tuner.cli import app
-from slotune.tuner.http_bench import run_http_benchmark, split_itls
+from slotune.tuner.http_bench import run_http_benchmark, split_itls, wait_ready
 from slotune.tuner.workload import WorkloadSpec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,17 +64,10 @@ def server(tmp_path_factory):
                              "--port", str(port), "--api-key", KEY], stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(1200):
-            if proc.poll() is not None:
-                pytest.fail(f"tune serve exited with {proc.returncode}: {(d / 'serve.log').read_text()[-2000:]}")
-            try:
-                if httpx.get(base + "/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        else:
-            pytest.fail("tune serve not ready after 120 s")
+        try:
+            wait_ready(base, proc=proc)
+        except RuntimeError as exc:
+            pytest.fail(f"tune serve: {exc}: {(d / 'serve.log').read_text()[-2000:]}")
         yield base
     finally:
         proc.send_signal(signal.SIGTERM)
