@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import random
 
-import pytest
 
 from slotune.engine.loader import resolve_model_path
 from slotune.engine.tokenizer import Tokenizer
@@ -52,21 +51,8 @@ def test_deltas_add_up_to_the_whole_decode_byte_level_bpe():
 
 
 def test_deltas_add_up_to_the_whole_decode_sentencepiece(tmp_path):
-    spm = pytest.importorskip("sentencepiece", reason="trains the SentencePiece vocabulary")
-    from tests.engine_tests.test_tokenizer_families import write_gguf
+    from tests.engine_tests.test_tokenizer_families import sentencepiece_gguf
 
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter((corpus_text() + EXTRA_TEXT).splitlines()), model_prefix=str(tmp_path / "sp"),
-        model_type="bpe", vocab_size=1500, byte_fallback=True, split_digits=True, normalization_rule_name="identity",
-        remove_extra_whitespaces=False, add_dummy_prefix=True, allow_whitespace_only_pieces=True, minloglevel=2)
-    sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "sp.model"))
+    sp, path = sentencepiece_gguf(tmp_path)
     n = sp.vocab_size()
-    types = [2 if sp.IsUnknown(i) else 3 if sp.IsControl(i) else 5 if sp.IsUnused(i) else 6 if sp.IsByte(i) else 1
-             for i in range(n)]
-    path = write_gguf(tmp_path / "model.gguf", {
-        "tokenizer.ggml.model": "llama", "tokenizer.ggml.pre": "default",
-        "tokenizer.ggml.tokens": [sp.IdToPiece(i) for i in range(n)],
-        "tokenizer.ggml.scores": [sp.GetScore(i) for i in range(n)], "tokenizer.ggml.token_type": types,
-        "tokenizer.ggml.bos_token_id": sp.bos_id(), "tokenizer.ggml.eos_token_id": sp.eos_id(),
-        "tokenizer.ggml.unknown_token_id": sp.unk_id()})
     _check(Tokenizer.from_gguf(path), random_ids=[i for i in range(n) if not sp.IsByte(i)])

@@ -114,9 +114,10 @@ def test_unsupported_gguf_vocabulary_is_refused_before_any_weight(kv, match, tmp
         LLMEngine(EngineConfig(model=str(path), device="cpu"))
 
 
-def test_sentencepiece_gguf_encodes_and_decodes_like_sentencepiece(tmp_path):
+def sentencepiece_gguf(tmp_path):
+    """A SentencePiece BPE vocabulary trained on the corpus, written as a GGUF the way
+    convert_hf_to_gguf.py does. -> (SentencePieceProcessor, GGUF path); skips without sentencepiece."""
     spm = pytest.importorskip("sentencepiece", reason="the reference for SentencePiece GGUF vocabularies")
-
     # Llama 2's trainer settings: BPE, byte fallback, digits split, no normalization, spaces kept.
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter((corpus_text() + EXTRA_TEXT).splitlines()), model_prefix=str(tmp_path / "sp"),
@@ -133,8 +134,13 @@ def test_sentencepiece_gguf_encodes_and_decodes_like_sentencepiece(tmp_path):
         "tokenizer.ggml.scores": [sp.GetScore(i) for i in range(n)], "tokenizer.ggml.token_type": types,
         "tokenizer.ggml.bos_token_id": sp.bos_id(), "tokenizer.ggml.eos_token_id": sp.eos_id(),
         "tokenizer.ggml.unknown_token_id": sp.unk_id()})
+    return sp, path
+
+
+def test_sentencepiece_gguf_encodes_and_decodes_like_sentencepiece(tmp_path):
+    sp, path = sentencepiece_gguf(tmp_path)
     ours = Tokenizer.from_gguf(path)
-    assert 6 in types and ours.add_bos  # byte pieces exist; llama.cpp adds BOS for SentencePiece vocabularies
+    assert any(sp.IsByte(i) for i in range(sp.vocab_size())) and ours.add_bos  # byte pieces exist; llama.cpp adds BOS for SentencePiece vocabularies
     for s in STRINGS[:-1]:  # the last one holds ChatML tokens this vocabulary does not have
         want = sp.encode(s)
         assert ours.encode(s) == want, s
