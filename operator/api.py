@@ -93,10 +93,22 @@ def owner_reference(body: Any) -> dict[str, Any]:
             "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}
 
 
+# The namespaced kinds the operator manages: kind -> (API group client, resource in the method names).
+_KINDS = {"ConfigMap": (core, "config_map"), "Service": (core, "service"),
+          "Deployment": (apps, "deployment"), "Job": (batch, "job"),
+          "Role": (rbac, "role"), "RoleBinding": (rbac, "role_binding")}
+
+
+def _call(verb: str, kind: str):
+    """The kubernetes client's `<verb>_namespaced_<resource>` method for `kind` (create, read, patch, delete)."""
+    api, resource = _KINDS[kind]
+    return getattr(api(), f"{verb}_namespaced_{resource}")
+
+
 def create(kind: str, namespace: str, obj: dict[str, Any]) -> bool:
     """Create a namespaced child; False when it already exists (idempotent)."""
     try:
-        _creator(kind)(namespace, obj)
+        _call("create", kind)(namespace, obj)
         return True
     except ApiException as exc:
         if exc.status == 409:
@@ -107,7 +119,7 @@ def create(kind: str, namespace: str, obj: dict[str, Any]) -> bool:
 def read(kind: str, namespace: str, name: str) -> Any | None:
     """Read a child as a plain dict, None when absent."""
     try:
-        obj = _reader(kind)(name, namespace)
+        obj = _call("read", kind)(name, namespace)
     except ApiException as exc:
         if exc.status == 404:
             return None
@@ -116,13 +128,13 @@ def read(kind: str, namespace: str, name: str) -> Any | None:
 
 
 def patch(kind: str, namespace: str, name: str, body: dict[str, Any]) -> None:
-    _patcher(kind)(name, namespace, body)
+    _call("patch", kind)(name, namespace, body, _content_type=MERGE_PATCH)
 
 
 def delete(kind: str, namespace: str, name: str) -> bool:
     """Delete a child (background propagation); False when it was already gone."""
     try:
-        _deleter(kind)(name, namespace, propagation_policy="Background")
+        _call("delete", kind)(name, namespace, propagation_policy="Background")
         return True
     except ApiException as exc:
         if exc.status == 404:
@@ -130,33 +142,7 @@ def delete(kind: str, namespace: str, name: str) -> bool:
         raise
 
 
-def _creator(kind: str):
-    return {"ConfigMap": lambda ns, o: core().create_namespaced_config_map(ns, o),
-            "Service": lambda ns, o: core().create_namespaced_service(ns, o),
-            "Deployment": lambda ns, o: apps().create_namespaced_deployment(ns, o),
-            "Job": lambda ns, o: batch().create_namespaced_job(ns, o),
-            "Role": lambda ns, o: rbac().create_namespaced_role(ns, o),
-            "RoleBinding": lambda ns, o: rbac().create_namespaced_role_binding(ns, o)}[kind]
-
-
-def _reader(kind: str):
-    return {"ConfigMap": lambda n, ns: core().read_namespaced_config_map(n, ns),
-            "Service": lambda n, ns: core().read_namespaced_service(n, ns),
-            "Deployment": lambda n, ns: apps().read_namespaced_deployment(n, ns),
-            "Job": lambda n, ns: batch().read_namespaced_job(n, ns),
-            "Role": lambda n, ns: rbac().read_namespaced_role(n, ns),
-            "RoleBinding": lambda n, ns: rbac().read_namespaced_role_binding(n, ns)}[kind]
-
-
 MERGE_PATCH = "application/merge-patch+json"  # lists are replaced whole, `null` deletes a key
-
-
-def _patcher(kind: str):
-    kw = {"_content_type": MERGE_PATCH}
-    return {"ConfigMap": lambda n, ns, b: core().patch_namespaced_config_map(n, ns, b, **kw),
-            "Service": lambda n, ns, b: core().patch_namespaced_service(n, ns, b, **kw),
-            "Deployment": lambda n, ns, b: apps().patch_namespaced_deployment(n, ns, b, **kw),
-            "Job": lambda n, ns, b: batch().patch_namespaced_job(n, ns, b, **kw)}[kind]
 
 
 def patch_serving(namespace: str, name: str, body: dict[str, Any]) -> None:
@@ -172,12 +158,3 @@ def read_serving(namespace: str, name: str) -> dict[str, Any] | None:
         if exc.status == 404:
             return None
         raise
-
-
-def _deleter(kind: str):
-    return {"ConfigMap": lambda n, ns, **kw: core().delete_namespaced_config_map(n, ns, **kw),
-            "Service": lambda n, ns, **kw: core().delete_namespaced_service(n, ns, **kw),
-            "Deployment": lambda n, ns, **kw: apps().delete_namespaced_deployment(n, ns, **kw),
-            "Job": lambda n, ns, **kw: batch().delete_namespaced_job(n, ns, **kw),
-            "Role": lambda n, ns, **kw: rbac().delete_namespaced_role(n, ns, **kw),
-            "RoleBinding": lambda n, ns, **kw: rbac().delete_namespaced_role_binding(n, ns, **kw)}[kind]
