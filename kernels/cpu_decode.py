@@ -64,7 +64,10 @@ class _Model(ctypes.Structure):
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("SLOTUNE_CACHE_DIR", Path.home() / ".cache" / "slotune")) / "native"
+    """engine/paths.py's cache root + /native (kernels is the leaf: it cannot import engine)."""
+    if os.environ.get("SLOTUNE_CACHE_DIR"):
+        return Path(os.environ["SLOTUNE_CACHE_DIR"]) / "native"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "slotune" / "native"
 
 
 def _cpu_flags() -> str:
