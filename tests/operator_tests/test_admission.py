@@ -203,7 +203,10 @@ def test_shipped_operator_configuration_is_the_default():
     assert Admission.from_env(config["data"]) == Admission()
     container = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]
     assert {"configMapRef": {"name": config["metadata"]["name"]}} in container["envFrom"]
-    assert container["image"] == Admission().default_image
+    # The operator runs the light image of the same release (operator/Dockerfile --target operator);
+    # the Jobs and pods it creates default to the full one.
+    name, tag = Admission().default_image.rsplit(":", 1)
+    assert container["image"] == f"{name}-operator:{tag}"
 
 
 def test_pod_identities_are_dedicated_and_least_privilege():
