@@ -56,7 +56,8 @@ class BlockManager:
         self.hash_to_block: dict[Hashable, int] = {}
         self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self._serials = itertools.count(1)
-        self.peak_blocks_used = 0
+        self.peak_blocks_used = 0  # since the engine started
+        self.window_peak_blocks = 0  # since `start_peak_window` (a measured run)
         self.num_prefix_queries = 0  # prompt tokens looked up
         self.num_prefix_hits = 0  # prompt tokens found
         self.num_hash_collisions = 0  # a key matched but the tokens or parent did not: refused, counted
@@ -166,7 +167,13 @@ class BlockManager:
         seq.block_table = []
         seq.block_hashes = []
 
+    def start_peak_window(self) -> None:
+        """Measure the KV-block peak afresh from now (the lifetime peak is kept)."""
+        self.window_peak_blocks = self.num_blocks - len(self.free)
+
     def _track_peak(self) -> None:
         used = self.num_blocks - len(self.free)
         if used > self.peak_blocks_used:
             self.peak_blocks_used = used
+        if used > self.window_peak_blocks:
+            self.window_peak_blocks = used

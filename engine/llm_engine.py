@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -17,6 +18,10 @@ from slotune.engine.sampling_params import SamplingParams
 from slotune.engine.scheduler import ScheduledSeq, Scheduler
 from slotune.engine.sequence import Sequence, SequenceStatus
 from slotune.engine.tokenizer import Tokenizer
+
+# Called after every step that ran, with the engine and the step's outputs; returns extra outputs
+# to emit (e.g. those of requests it aborted), or None. The trial runner's in-flight early stop is one.
+StepHook = Callable[["LLMEngine", list[RequestOutput]], Iterable[RequestOutput] | None]
 
 
 class RequestRejected(Exception):
@@ -46,6 +51,7 @@ class EngineStats:
     step_seconds: float = 0.0  # wall time inside `step` (schedule, model, sample, detokenize), cumulative
     execute_seconds: float = 0.0  # of which the model's forward (`ModelRunner.execute`)
     num_step_tokens: int = 0  # tokens the steps ran through the model (prefill + decode + drafts)
+    window_peak_blocks: int = 0  # KV-block peak since `LLMEngine.start_stats_window` (a measured run)
 
     @property
     def spec_mean_accepted_length(self) -> float:
@@ -80,6 +86,7 @@ class LLMEngine:
         self.num_accepted_tokens = 0
         self.num_spec_verifications = 0
         self.num_rejected: dict[str, int] = {}
+        self._step_hooks: list[StepHook] = []
         self.proposer = None
         if cfg.speculative.method != "none":
             from slotune.engine.speculative import build_proposer
@@ -168,6 +175,8 @@ class LLMEngine:
         self.execute_seconds += t2 - t1
         self.step_seconds += time.perf_counter() - t0
         self.num_step_tokens += sched.num_batched_tokens
+        for hook in list(self._step_hooks):
+            outputs = outputs + list(hook(self, outputs) or ())
         return outputs
 
     def _postprocess(self, batch: list[ScheduledSeq], result) -> list[RequestOutput]:
@@ -290,4 +299,17 @@ class LLMEngine:
             step_seconds=self.step_seconds,
             execute_seconds=self.execute_seconds,
             num_step_tokens=self.num_step_tokens,
+            window_peak_blocks=bm.window_peak_blocks,
         )
+
+    def start_stats_window(self) -> None:
+        """Start a measured run: `stats().window_peak_blocks` counts from here. The cumulative
+        counters are read as differences of two `stats()` snapshots (tuner/metrics.py:
+        engine_stats_delta), so nothing else is reset."""
+        self.block_manager.start_peak_window()
+
+    def add_step_hook(self, hook: StepHook) -> Callable[[], None]:
+        """Call `hook(engine, outputs)` after every step that ran; the outputs it returns (e.g. of
+        requests it aborted) are added to the step's. Returns a function that removes the hook."""
+        self._step_hooks.append(hook)
+        return lambda: self._step_hooks.remove(hook)

@@ -120,6 +120,21 @@ class ModelRunner:
         return CpuDecoder(self.model, self.kv_cache, max_rows=rows, max_ctx=cfg.max_model_len,
                           int8_activations=cfg.kernels.int8_activations)
 
+    @torch.inference_mode()
+    def forward_hidden(self, batch: list[ScheduledSeq]) -> list[torch.Tensor]:
+        """Teacher forcing for scoring and quality checks: run every new token of `batch` through
+        the torch model over the paged KV cache (writing their K/V, exactly as a serving step does)
+        and return each scheduled sequence's final hidden states [num_new_tokens, D], in `batch`'s
+        order. `model.compute_logits` turns rows into logits; row j predicts token j + 1."""
+        input_ids, positions, meta, _, _ = self._prepare(batch)
+        hidden = self.model(input_ids, positions, self.kv_cache, meta)  # rows: extend steps first, then decodes
+        order = [s for s in batch if s.num_new_tokens > 1] + [s for s in batch if s.num_new_tokens == 1]
+        at, start = {}, 0
+        for s in order:
+            at[id(s)] = (start, start + s.num_new_tokens)
+            start += s.num_new_tokens
+        return [hidden[slice(*at[id(s)])] for s in batch]
+
     # --- input preparation ---------------------------------------------------------------
     def _prepare(self, batch: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[tuple[int, int]], torch.Tensor]:
         bs = self.block_size

@@ -106,7 +106,7 @@ class PagedScorer:
         from slotune.engine.scheduler import ScheduledSeq
         from slotune.engine.sequence import Sequence
 
-        bm, runner = self.engine.block_manager, self.runner
+        bm = self.engine.block_manager
         seqs = [Sequence(f"score-{k}", ids, SamplingParams(max_tokens=1), 0.0) for k, (ids, _) in enumerate(reqs)]
         try:
             for s in seqs:
@@ -130,28 +130,17 @@ class PagedScorer:
         """One forward; per step, logits [n_k, V] of the rows that predict its last n_k new tokens."""
         runner = self.runner
         # The engine's own input preparation (block tables, slots, masks): the same attention
-        # path as serving. Private API of ModelRunner, used deliberately; see module docstring.
-        input_ids, positions, meta, _, _ = runner._prepare(steps)
-        hidden = runner.model(input_ids, positions, runner.kv_cache, meta)  # [T, D]
-        # _prepare lays out extend steps (>1 new token) first, then decode steps (1 token).
-        order = [k for k, s in enumerate(steps) if s.num_new_tokens > 1] + \
-                [k for k, s in enumerate(steps) if s.num_new_tokens == 1]
-        start, rows = 0, {}
-        for k in order:
-            n_new = steps[k].num_new_tokens
+        # path as serving (ModelRunner.forward_hidden, teacher forcing).
+        out = []
+        for hidden, s, n in zip(runner.forward_hidden(steps), steps, num_scored):
             # Token j is predicted by token j-1's row. In a multi-token step the last row predicts
             # past the sequence and is skipped; a 1-token step (a lone sequence's first token) is
             # asked only for its own row, which predicts the next token.
-            end = start + n_new - 1 if n_new > 1 else start + n_new
-            rows[k] = (end - num_scored[k], end)
-            start += n_new
-        out = []
-        for k in range(len(steps)):
-            a, b = rows[k]
-            if b <= a:
+            end = s.num_new_tokens - 1 if s.num_new_tokens > 1 else s.num_new_tokens
+            if n <= 0:
                 out.append(runner.model.compute_logits(hidden[:0]).float())  # [0, V]
                 continue
-            h = hidden[a:b]
+            h = hidden[end - n:end]
             out.append(torch.cat([runner.model.compute_logits(h[j:j + LOGIT_ROWS_PER_CHUNK])
                                   for j in range(0, h.shape[0], LOGIT_ROWS_PER_CHUNK)]).float())
         return out

@@ -66,9 +66,7 @@ class EngineWindow:
 
     def __init__(self, engine) -> None:
         self.engine = engine
-        bm = engine.block_manager
-        self._peak_blocks_before = bm.peak_blocks_used
-        bm.peak_blocks_used = bm.num_used_blocks  # peak of this run only
+        engine.start_stats_window()  # the KV-block peak of this run only
         self._stats0 = engine.stats()
         self._memory = MemoryTracker(str(engine.runner.device))
 
@@ -76,9 +74,8 @@ class EngineWindow:
         self._memory.sample()
 
     def metrics(self) -> dict[str, float]:
-        engine, bm = self.engine, self.engine.block_manager
+        engine = self.engine
         m = engine_stats_delta(self._stats0, engine.stats())
-        bm.peak_blocks_used = max(self._peak_blocks_before, bm.peak_blocks_used)  # the engine's lifetime peak, for its owner
         m.update(self._memory.metrics())
         m["weight_bytes"] = float(engine.weight_bytes)
         m["kv_bytes_per_token"] = float(engine.kv_bytes_per_token)

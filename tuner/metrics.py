@@ -158,7 +158,8 @@ def breaks_slo_so_far(records: list[RequestRecord], objective: dict[str, Any], e
 def engine_stats_delta(before: Any, after: Any) -> dict[str, float]:
     """Engine counters over a run, from two `EngineStats` snapshots (duck-typed).
 
-    Returns peak_kv_blocks / kv_block_usage (peak over the run, if the caller reset the peak),
+    Returns peak_kv_blocks / kv_block_usage (the peak since `after`'s engine last started a stats
+    window: `LLMEngine.start_stats_window`),
     prefix_cache_hit_rate, spec_acceptance_rate, spec_mean_accepted_length (tokens emitted per
     verification, bonus token included), num_preemptions and rejected counts by reason.
     """
@@ -168,9 +169,9 @@ def engine_stats_delta(before: Any, after: Any) -> dict[str, float]:
     q, drafts, verifs = d("prefix_cache_queries"), d("num_draft_tokens"), d("num_spec_verifications")
     acc = d("num_accepted_tokens")
     m = {
-        "peak_kv_blocks": float(after.peak_blocks_used),
+        "peak_kv_blocks": float(after.window_peak_blocks),
         "num_kv_blocks": float(after.num_total_blocks),
-        "kv_block_usage": after.peak_blocks_used / after.num_total_blocks if after.num_total_blocks else 0.0,
+        "kv_block_usage": after.window_peak_blocks / after.num_total_blocks if after.num_total_blocks else 0.0,
         "prefix_cache_hit_rate": d("prefix_cache_hits") / q if q else 0.0,
         "spec_acceptance_rate": acc / drafts if drafts else 0.0,
         "spec_mean_accepted_length": (acc + verifs) / verifs if verifs else 0.0,

@@ -75,8 +75,8 @@ class _InFlightWatchdog:
     """Early stop for requests that have not finished yet.
 
     The replay asks `should_stop` only when a request finishes; a static batch or a long
-    prefill can keep that from happening for minutes while the SLO is already lost. This wraps
-    `engine.step`: once `min_requests` in-flight requests are certain to miss a limit by
+    prefill can keep that from happening for minutes while the SLO is already lost. This is an
+    engine step hook: once `min_requests` in-flight requests are certain to miss a limit by
     `factor` x, it aborts everything in flight. In process, the aborted outputs reach
     `should_stop`, which then ends the replay as early-stopped; served, they reach the client as
     aborted streams, which end its replay, and the trial reads `is_hopeless`.
@@ -85,25 +85,25 @@ class _InFlightWatchdog:
     def __init__(self, engine, objective: dict[str, Any], es: dict[str, Any]) -> None:
         self.engine, self.objective, self.es = engine, objective, es
         self.is_hopeless = False
-        self._step = engine.step
+        self._remove = None
 
     def install(self) -> None:
-        self.engine.step = self._checked_step
+        self._remove = self.engine.add_step_hook(self._check)
 
     def uninstall(self) -> None:
-        self.engine.step = self._step
+        if self._remove is not None:
+            self._remove()
+            self._remove = None
 
-    def _checked_step(self):
-        outputs = self._step()
+    def _check(self, engine, outputs) -> list | None:
         if self.is_hopeless or not (self.objective.get("ttft_limit_s") or self.objective.get("tpot_limit_s")):
-            return outputs
-        seqs = [q for q in self.engine.seqs.values() if not q.request_id.startswith("warmup-")]
-        if certain_violations(seqs, time.perf_counter(), self.objective, self.es["factor"]) >= self.es["min_requests"]:
-            self.is_hopeless = True
-            done = {o.request_id for o in outputs if o.finished}
-            outputs = list(outputs) + [o for rid in list(self.engine.seqs) if rid not in done
-                                       for o in [self.engine.abort_request(rid)] if o is not None]
-        return outputs
+            return None
+        seqs = [q for q in engine.seqs.values() if not q.request_id.startswith("warmup-")]
+        if certain_violations(seqs, time.perf_counter(), self.objective, self.es["factor"]) < self.es["min_requests"]:
+            return None
+        self.is_hopeless = True
+        done = {o.request_id for o in outputs if o.finished}
+        return [o for rid in list(engine.seqs) if rid not in done for o in [engine.abort_request(rid)] if o is not None]
 
 
 def run_trial(req: dict[str, Any]) -> dict[str, Any]:

@@ -162,8 +162,8 @@ def cache_path_logits(llm: LLM, ids: list[int]) -> torch.Tensor:
     try:
         runner.execute([ScheduledSeq(seq, 1)])
         seq.num_computed_tokens = 1
-        input_ids, positions, meta, _, _ = runner._prepare([ScheduledSeq(seq, len(ids) - 1)])
-        return runner.model.compute_logits(runner.model(input_ids, positions, runner.kv_cache, meta)).float()
+        (hidden,) = runner.forward_hidden([ScheduledSeq(seq, len(ids) - 1)])
+        return runner.model.compute_logits(hidden).float()
     finally:
         eng.block_manager.free_seq(seq)
 

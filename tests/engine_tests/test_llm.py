@@ -126,3 +126,44 @@ def test_prompt_logprobs_match_logits(llm):
     ref = torch.log_softmax(llm.logits(ids), -1)
     assert len(lp.token_logprobs) == len(ids) - 1
     assert lp.token_logprobs[0] == pytest.approx(ref[0, ids[1]].item(), abs=1e-4)
+
+
+def test_a_step_hook_sees_every_step_and_its_aborts_reach_the_outputs(llm):
+    """The engine's extension point for per-step checks (the trial runner's in-flight early stop):
+    the hook runs after each step with its outputs; outputs it returns are emitted by that step;
+    removing it stops the calls. Nothing replaces `engine.step`."""
+    eng = llm.engine
+    seen: list[int] = []
+
+    def hook(engine, outputs):
+        seen.append(len(outputs))
+        if len(seen) == 3:  # abort everything in flight, as the early stop does
+            return [o for rid in list(engine.seqs) for o in [engine.abort_request(rid)] if o is not None]
+        return None
+
+    remove = eng.add_step_hook(hook)
+    try:
+        for i, p in enumerate(PROMPTS):
+            eng.add_request(f"hook-{i}", p, SamplingParams(max_tokens=50, ignore_eos=True))
+        finished = {}
+        while eng.has_unfinished_requests():
+            finished |= {o.request_id: o.finish_reason for o in eng.step() if o.finished}
+    finally:
+        remove()
+    assert len(seen) == 3 and finished == {f"hook-{i}": "abort" for i in range(3)}
+    eng.add_request("after", PROMPTS[0], SamplingParams(max_tokens=2, ignore_eos=True))
+    while eng.has_unfinished_requests():
+        eng.step()
+    assert len(seen) == 3  # removed: not called again
+    assert eng.stats().num_free_blocks == eng.stats().num_total_blocks
+
+
+def test_stats_window_peak_counts_from_its_start_and_lifetime_peak_is_kept(llm):
+    eng = llm.engine
+    llm.generate([llm.tokenizer.encode(p * 4) for p in PROMPTS], SamplingParams(max_tokens=4, ignore_eos=True))
+    lifetime = eng.stats().peak_blocks_used
+    eng.start_stats_window()
+    assert eng.stats().window_peak_blocks == 0  # nothing in flight
+    llm.generate([llm.tokenizer.encode(PROMPTS[0])], SamplingParams(max_tokens=2, ignore_eos=True))
+    st = eng.stats()
+    assert 0 < st.window_peak_blocks < lifetime and st.peak_blocks_used == lifetime

@@ -71,17 +71,17 @@ def test_record_from_engine_output_and_round_trip():
 
 def test_engine_stats_delta():
     def st(**kw):
-        base = dict(peak_blocks_used=0, num_total_blocks=100, prefix_cache_queries=0, prefix_cache_hits=0,
+        base = dict(peak_blocks_used=90, window_peak_blocks=0, num_total_blocks=100, prefix_cache_queries=0, prefix_cache_hits=0,
                     num_draft_tokens=0, num_accepted_tokens=0, num_spec_verifications=0, num_preemptions=0,
                     num_steps=0, num_rejected={})
         return SimpleNamespace(**{**base, **kw})
 
     before = st(prefix_cache_queries=10, prefix_cache_hits=10, num_rejected={"queue_full": 1})
-    after = st(peak_blocks_used=40, prefix_cache_queries=20, prefix_cache_hits=15, num_draft_tokens=40,
+    after = st(window_peak_blocks=40, prefix_cache_queries=20, prefix_cache_hits=15, num_draft_tokens=40,
                num_accepted_tokens=30, num_spec_verifications=10, num_preemptions=2, num_steps=7,
                num_rejected={"queue_full": 3, "never_fits": 1})
     m = engine_stats_delta(before, after)
-    assert m["peak_kv_blocks"] == 40 and m["kv_block_usage"] == 0.4
+    assert m["peak_kv_blocks"] == 40 and m["kv_block_usage"] == 0.4  # this run's window, not the lifetime 90
     assert m["prefix_cache_hit_rate"] == 0.5  # 5 hits of 10 queries in this run
     assert m["spec_acceptance_rate"] == 0.75 and m["spec_mean_accepted_length"] == 4.0
     assert m["num_preemptions"] == 2 and m["num_engine_steps"] == 7
