@@ -330,7 +330,7 @@ class Objective:
         trial.set_user_attr("config", config.model_dump(mode="json"))
         self._phase(trial.number, "starting trial process")
         try:
-            # The default and baseline trials are the yardsticks: measured in full, never cut short.
+            # The default and naive trials are the yardsticks: measured in full, never cut short.
             result = measure(self.spec, config, on_phase=lambda p: self._phase(trial.number, p),
                              early_stop=not trial.user_attrs.get("tag"))
         except TrialFailure as exc:

@@ -71,17 +71,17 @@ class Progress:
         self.console.print(text, highlight=False, soft_wrap=True)
 
     def summary(self, best, remeasure: dict, references: dict, out) -> None:
-        """Final table: winner vs its re-measurement vs the default and baseline configs."""
+        """Final table: winner vs its re-measurement vs the default and naive configs."""
         self.finish()
         obj = self.spec.objective
         p = obj.percentile
         keys = [obj.metric_key(), metric_key("ttft", p), metric_key("tpot", p), "output_tokens_per_s", "goodput_rps",
                 "slo_attainment"]
         t = Table(title=f"study {self.spec.name}: winner = trial {best.number}")
-        for c in ("metric", "winner", "re-measured", "default", "baseline"):
+        for c in ("metric", "winner", "re-measured", "default", "naive"):
             t.add_column(c, justify="right" if c != "metric" else "left")
         cols = [best.user_attrs.get("metrics") or {}, (remeasure or {}).get("metrics") or {},
-                references.get("default") or {}, references.get("baseline") or {}]
+                references.get("default") or {}, references.get("naive") or {}]
         for k in dict.fromkeys(keys):
             t.add_row(k, *[_fmt(c.get(k)) for c in cols])
         self.console.print(t)

@@ -1,4 +1,4 @@
-"""The study report (markdown + HTML): trials, winner vs default and baseline, SLO attainment,
+"""The study report (markdown + HTML): trials, winner vs the default and naive configs, SLO attainment,
 Pareto front for multi-objective runs."""
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def write_report(spec, study, best, remeasure, out: Path) -> dict[str, Path]:
         seed = (remeasure or {}).get("seed", spec.robustness_seed)
         lines += ["## Winner", "", f"Trial {best.number}: `{key}` = {_fmt(best.values[0])}; "
                   f"re-measured on workload seed {seed}: {_fmt(rm.get(key))}", "",
-                  f"| metric | winner | re-measured (seed {seed}) | default | baseline |", "|---|---|---|---|---|"]
+                  f"| metric | winner | re-measured (seed {seed}) | default | naive |", "|---|---|---|---|---|"]
         for k in dict.fromkeys((key, metric_key("ttft", 50), metric_key("ttft", obj.percentile), metric_key("tpot", 50),
                                 metric_key("tpot", obj.percentile),
                                 "output_tokens_per_s", "goodput_rps", "slo_attainment", "weight_bytes", "peak_kv_blocks",

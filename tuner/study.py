@@ -30,10 +30,13 @@ from slotune.tuner.objective import (UNMEASURED_OVER_BUDGET, Objective, TrialFai
 from slotune.tuner.report import write_atomic
 from slotune.tuner.spec import TuningSpec
 
-DEFAULT_TAG, BASELINE_TAG = "default", "baseline"
-# The naive server every result is compared with: static batches, no levers.
-BASELINE_UPDATES = {"scheduling": "static", "enable_prefix_caching": False, "quantization": "none",
-                    "speculative.method": "none", "kv_dtype": "auto"}
+# Two reference configs measured in every study. "naive" is the naive server every result is
+# compared with (static batches, no levers); the quality gates' full-precision reference is the
+# "baseline" (evals/gates.py), a different thing with its own word.
+DEFAULT_TAG, NAIVE_TAG = "default", "naive"
+LEGACY_TAGS = {"baseline": NAIVE_TAG}  # studies made before the rename tagged the naive config "baseline"
+NAIVE_UPDATES = {"scheduling": "static", "enable_prefix_caching": False, "quantization": "none",
+               "speculative.method": "none", "kv_dtype": "auto"}
 # Optuna heartbeat: a running trial whose process has not written for GRACE_S is failed by the
 # next process that asks for a trial (`optuna.storages.fail_stale_trials`).
 HEARTBEAT_INTERVAL_S, HEARTBEAT_GRACE_S = 10, 60
@@ -241,7 +244,7 @@ def _is_alive(pid: int | None) -> bool:
 
 
 def enqueue_reference_trials(study, spec: TuningSpec) -> None:
-    """Default and naive baseline first, so every result is a comparison.
+    """Default and naive reference configs first, so every result is a comparison.
 
     Only the process that created the study calls this, right after creating it (two processes
     starting together would each enqueue them otherwise; another may have started a trial
@@ -253,7 +256,7 @@ def enqueue_reference_trials(study, spec: TuningSpec) -> None:
         return
     space = spec.space()
     base = spec.base_config()
-    for tag, cfg in ((DEFAULT_TAG, base), (BASELINE_TAG, base.with_updates(BASELINE_UPDATES))):
+    for tag, cfg in ((DEFAULT_TAG, base), (NAIVE_TAG, base.with_updates(NAIVE_UPDATES))):
         params = _params_of(space, cfg, base)
         if params is not None and (tag == DEFAULT_TAG or cfg != base):
             study.enqueue_trial(params, user_attrs={"tag": tag}, skip_if_exists=True)
@@ -512,11 +515,11 @@ def _fmt_metric(remeasure: dict, key: str) -> str:
 
 
 def _measure_references_if_missing(spec: TuningSpec, study) -> None:
-    """Measure the default / baseline config beside the study when no trial is tagged with it."""
-    tagged = {t.user_attrs.get("tag") for t in study.trials if t.state.name == "COMPLETE"}
+    """Measure the default / naive config beside the study when no trial is tagged with it."""
+    tagged = {_tag(t) for t in study.trials if t.state.name == "COMPLETE"}
     base = spec.base_config()
-    for tag, cfg in ((DEFAULT_TAG, base), (BASELINE_TAG, base.with_updates(BASELINE_UPDATES))):
-        if tag in tagged or tag in study.user_attrs:
+    for tag, cfg in ((DEFAULT_TAG, base), (NAIVE_TAG, base.with_updates(NAIVE_UPDATES))):
+        if tag in tagged or tag in study.user_attrs or any(study.user_attrs.get(o) for o, n in LEGACY_TAGS.items() if n == tag):
             continue
         try:
             r = measure(spec, cfg, early_stop=False)
@@ -525,14 +528,21 @@ def _measure_references_if_missing(spec: TuningSpec, study) -> None:
             study.set_user_attr(tag, {"error": exc.reason})
 
 
+def _tag(trial) -> str | None:
+    tag = trial.user_attrs.get("tag")
+    return LEGACY_TAGS.get(tag, tag)
+
+
 def reference_metrics(study) -> dict[str, dict | None]:
-    """Metrics of the default-config and naive-baseline trials (or the side measurement)."""
-    refs: dict[str, dict | None] = {DEFAULT_TAG: None, BASELINE_TAG: None}
+    """Metrics of the default-config and naive-config trials (or the side measurement)."""
+    refs: dict[str, dict | None] = {DEFAULT_TAG: None, NAIVE_TAG: None}
     for t in study.trials:
-        tag = t.user_attrs.get("tag")
+        tag = _tag(t)
         if tag in refs and t.state.name == "COMPLETE" and refs[tag] is None:
             refs[tag] = t.user_attrs.get("metrics")
     for tag in refs:
         if refs[tag] is None:
-            refs[tag] = (study.user_attrs.get(tag) or {}).get("metrics")
+            old = [o for o, n in LEGACY_TAGS.items() if n == tag]
+            refs[tag] = next(((study.user_attrs.get(k) or {}).get("metrics") for k in (tag, *old)
+                              if (study.user_attrs.get(k) or {}).get("metrics")), None)
     return refs

@@ -178,7 +178,7 @@ def test_default_trial_is_enqueued_only_when_the_space_expresses_it(tmp_path, fa
     t0 = study.trials[0]
     assert t0.user_attrs["tag"] == "default" and t0.params == {"max_num_seqs": 16, "quantization": "none"}
     assert EngineConfig.model_validate(t0.user_attrs["config"]) == EngineConfig()
-    assert study.user_attrs["baseline"]["config"]["scheduling"] == "static"
+    assert study.user_attrs["naive"]["config"]["scheduling"] == "static"
     assert summary["references"]["default"] == t0.user_attrs["metrics"]
 
 
@@ -206,3 +206,22 @@ def test_a_sampler_stuck_on_forbidden_points_still_stops(tmp_path, fake_trials):
     assert run_command(spec, progress=False) is None
     trials = _study(tmp_path / "out").trials
     assert sum(bool(t.user_attrs.get("forbidden")) for t in trials) == 10
+
+
+def test_reference_metrics_read_the_naive_config_of_studies_made_before_its_rename():
+    """The naive reference config was tagged "baseline" (now the quality gates' word only): a
+    resumed old study still finds it, and a new study's "naive" tag is read the same way."""
+    import optuna
+
+    from slotune.tuner.study import reference_metrics
+
+    def trial(tag, tps):
+        return optuna.trial.create_trial(value=tps, user_attrs={"tag": tag, "metrics": {"output_tokens_per_s": tps}})
+
+    old = optuna.create_study()
+    old.add_trials([trial("default", 10.0), trial("baseline", 4.0)])
+    assert reference_metrics(old) == {"default": {"output_tokens_per_s": 10.0}, "naive": {"output_tokens_per_s": 4.0}}
+    new = optuna.create_study()
+    new.add_trial(trial("naive", 5.0))
+    new.set_user_attr("default", {"metrics": {"output_tokens_per_s": 9.0}})  # measured beside the study
+    assert reference_metrics(new) == {"default": {"output_tokens_per_s": 9.0}, "naive": {"output_tokens_per_s": 5.0}}
