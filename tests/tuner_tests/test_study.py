@@ -169,7 +169,7 @@ def test_hopeless_trial_stops_early_and_is_infeasible(tmp_path):
 
 def test_default_trial_is_enqueued_only_when_the_space_expresses_it(tmp_path, fake_trials):
     """Reference trials (fake measurement): the default config is trial 0 when the space can
-    express it exactly; the static-batching baseline, not expressible here, is measured beside."""
+    express it exactly; the static-batching naive config, not expressible here, is measured beside."""
     spec = write_spec(tmp_path, budget={"n_trials": 2}, search_space={"name": "s", "knobs": [
         {"name": "max_num_seqs", "type": "int", "low": 1, "high": 16},
         {"name": "quantization", "type": "categorical", "choices": ["none", "int8"]}]})
