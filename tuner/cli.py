@@ -120,6 +120,9 @@ def run(
                                                                   "one is kept under another name)")] = False,
     resume_anyway: Annotated[bool, typer.Option("--resume-anyway", help="continue a stored study although its spec "
                                                                           "changed")] = False,
+    trial_runner: Annotated[Optional[str], typer.Option(
+        "--trial-runner", hidden=True, help="the trial process (a .py file or a module) instead of slotune's: "
+                                            "tests of study mechanics pass a stand-in measurement")] = None,
 ) -> None:
     """Run (or resume) the tuning study of SPEC and write best.yaml and the report."""
     with _reading(spec):
@@ -132,10 +135,11 @@ def run(
         if storage:
             checked.storage = storage
         preflight(checked)
+        from slotune.tuner.objective import trial_runner_command
         from slotune.tuner.study import run_command
 
         run_command(spec, n_trials=n_trials, storage=storage, output_dir=output_dir, worker=worker, progress=not no_progress,
-                    force_new=force_new, resume_anyway=resume_anyway)
+                    force_new=force_new, resume_anyway=resume_anyway, trial_runner=trial_runner_command(trial_runner))
 
 
 @app.command("eval")

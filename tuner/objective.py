@@ -159,10 +159,24 @@ def trial_env(threads: int | None = None, wait_policy: str = "auto") -> dict[str
     return env
 
 
+# The trial process: `python -m slotune.tuner.trial_runner IN.json OUT.json`. Tests of study
+# mechanics supply another command with the same contract (tests/tuner_tests/fake_trial_runner.py,
+# a cheap stand-in measurement) through `runner=` / `tune run --trial-runner`.
+DEFAULT_TRIAL_RUNNER: tuple[str, ...] = (sys.executable, "-m", "slotune.tuner.trial_runner")
+
+
+def trial_runner_command(runner: str | None) -> tuple[str, ...]:
+    """`tune run --trial-runner`'s value -> the command: a .py file runs as a script, anything
+    else as a module (`python -m`); None = DEFAULT_TRIAL_RUNNER."""
+    if not runner:
+        return DEFAULT_TRIAL_RUNNER
+    return (sys.executable, str(Path(runner).resolve())) if runner.endswith(".py") else (sys.executable, "-m", runner)
+
+
 def run_trial_process(request: dict[str, Any], *, timeout_s: float, memory_gb: float,
                       on_phase: Callable[[str], None] | None = None, threads: int | None = None,
-                      wait_policy: str = "auto") -> dict[str, Any]:
-    """Run `python -m slotune.tuner.trial_runner` on `request`; raise TrialFailure on any fault.
+                      wait_policy: str = "auto", runner: tuple[str, ...] = DEFAULT_TRIAL_RUNNER) -> dict[str, Any]:
+    """Run the trial process (`runner IN.json OUT.json`) on `request`; raise TrialFailure on any fault.
 
     Args:
         request: JSON-able trial request (see `trial_request`).
@@ -170,6 +184,7 @@ def run_trial_process(request: dict[str, Any], *, timeout_s: float, memory_gb: f
         memory_gb: resident-set limit of the child (and its children); killed past it.
         on_phase: called with the child's current phase ("loading model", "replay 5/48", ...).
         threads: CPU threads of the child (OMP_NUM_THREADS); None = torch's default.
+        runner: the trial process's command, before IN.json OUT.json.
 
     Returns:
         The child's result dict: metrics, violations, early_stopped, gates, latencies, measure.
@@ -187,7 +202,7 @@ def run_trial_process(request: dict[str, Any], *, timeout_s: float, memory_gb: f
         with open(Path(d) / "log.txt", "w+") as log:
             # Its own process group (session): killed as a whole, and out of reach of a
             # terminal's Ctrl-C, which `trials_die_with_this_process` handles for it.
-            proc = subprocess.Popen([sys.executable, "-m", "slotune.tuner.trial_runner", str(src), str(dst)],
+            proc = subprocess.Popen([*runner, str(src), str(dst)],
                                     stdout=log, stderr=subprocess.STDOUT, env=trial_env(threads, wait_policy),
                                     start_new_session=True)
             _live_groups.add(proc.pid)
@@ -247,7 +262,8 @@ def trial_request(spec, config, seed: int | None = None, early_stop: bool = True
     }
 
 
-def measure(spec, config, seed: int | None = None, on_phase=None, early_stop: bool = True) -> dict[str, Any]:
+def measure(spec, config, seed: int | None = None, on_phase=None, early_stop: bool = True,
+            runner: tuple[str, ...] = DEFAULT_TRIAL_RUNNER) -> dict[str, Any]:
     """Measure `config` on the spec's workload in a child process; raises TrialFailure.
 
     Args:
@@ -257,11 +273,12 @@ def measure(spec, config, seed: int | None = None, on_phase=None, early_stop: bo
         on_phase: progress callback, see `run_trial_process`.
         early_stop: allow the cheap early stop (off for reference measurements, which must be
             complete to compare against).
+        runner: the trial process's command (see `run_trial_process`).
     """
     b = spec.budget
     return run_trial_process(trial_request(spec, config, seed, early_stop), timeout_s=b.trial_timeout_s,
                              memory_gb=b.trial_memory_gb, on_phase=on_phase, threads=b.trial_threads,
-                             wait_policy=b.trial_omp_wait_policy)
+                             wait_policy=b.trial_omp_wait_policy, runner=runner)
 
 
 def trial_constraints(trial) -> list[float]:
@@ -280,10 +297,12 @@ class Objective:
         budget: decides whether a new trial may be measured (`TrialBudget.admits`, tuner/study.py);
             None = always. Asked after the trial exists, so several processes sharing a study
             never measure more than the budget between them.
+        runner: the trial process's command (see `run_trial_process`).
     """
 
-    def __init__(self, spec, progress=None, budget=None) -> None:
+    def __init__(self, spec, progress=None, budget=None, runner: tuple[str, ...] = DEFAULT_TRIAL_RUNNER) -> None:
         self.spec = spec
+        self.runner = runner
         self.space = spec.space()
         self.base = spec.base_config()
         self.progress = progress
@@ -332,7 +351,7 @@ class Objective:
         try:
             # The default and naive trials are the yardsticks: measured in full, never cut short.
             result = measure(self.spec, config, on_phase=lambda p: self._phase(trial.number, p),
-                             early_stop=not trial.user_attrs.get("tag"))
+                             early_stop=not trial.user_attrs.get("tag"), runner=self.runner)
         except TrialFailure as exc:
             raise self._fail(trial, exc.reason) from None
         return self._record(trial, result)

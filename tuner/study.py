@@ -25,8 +25,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from slotune.tuner.objective import (UNMEASURED_OVER_BUDGET, Objective, TrialFailure, is_measured, measure,
-                                     omp_wait_policy, trial_constraints, trials_die_with_this_process)
+from slotune.tuner.objective import (DEFAULT_TRIAL_RUNNER, UNMEASURED_OVER_BUDGET, Objective, TrialFailure,
+                                     is_measured, measure, omp_wait_policy, trial_constraints,
+                                     trials_die_with_this_process)
 from slotune.tuner.report import write_atomic
 from slotune.tuner.spec import TuningSpec
 
@@ -296,7 +297,8 @@ def best_trial(study, spec: TuningSpec):
 
 def run_command(spec_path: Path | None, n_trials: int | None = None, storage: str | None = None,
                 output_dir: Path | None = None, worker: bool = False, progress: bool = True,
-                force_new: bool = False, resume_anyway: bool = False) -> dict[str, Any] | None:
+                force_new: bool = False, resume_anyway: bool = False,
+                trial_runner: tuple[str, ...] = DEFAULT_TRIAL_RUNNER) -> dict[str, Any] | None:
     """`tune run`: run (or resume) the study, then re-measure the winner and write best.yaml + report.
 
     Args:
@@ -308,6 +310,8 @@ def run_command(spec_path: Path | None, n_trials: int | None = None, storage: st
         progress: live display (True) or plain log lines (False).
         force_new: `--force-new`: start a fresh study under the spec's name (see `open_study`).
         resume_anyway: `--resume-anyway`: continue a study made for a different spec.
+        trial_runner: the trial process's command (tests supply a stand-in; see
+            `objective.run_trial_process`).
 
     Returns:
         The winner summary (also written to best_metrics.json), or None for a worker or when
@@ -355,7 +359,7 @@ def run_command(spec_path: Path | None, n_trials: int | None = None, storage: st
         # The budget counts every measured trial of the study (resumed runs and all processes
         # together), not forbidden combinations or invalid configs, rejected before any measurement.
         budget = TrialBudget(total)
-        objective = Objective(spec, prog, budget)
+        objective = Objective(spec, prog, budget, runner=trial_runner)
         callbacks = [c for c in (tracker, prog.callback) if c is not None] + [budget]
         if not budget.exhausted(study):
             try:
@@ -368,7 +372,7 @@ def run_command(spec_path: Path | None, n_trials: int | None = None, storage: st
             return None
         wait_for_running_trials(study, spec, prog.say, on_failed)
         prog.phase(None, "re-measuring the winner on a fresh workload seed")
-        return finalize(spec, study, tracker, prog)
+        return finalize(spec, study, tracker, prog, runner=trial_runner)
 
 
 class _Relay:
@@ -462,7 +466,8 @@ class TrialBudget:
             study.stop()
 
 
-def finalize(spec: TuningSpec, study, tracker=None, prog=None) -> dict[str, Any] | None:
+def finalize(spec: TuningSpec, study, tracker=None, prog=None,
+             runner: tuple[str, ...] = DEFAULT_TRIAL_RUNNER) -> dict[str, Any] | None:
     """Re-measure the winner on a fresh workload seed, write best.yaml, best_metrics.json, report."""
     from slotune.engine.config import EngineConfig
     from slotune.tuner.report import write_report
@@ -470,7 +475,7 @@ def finalize(spec: TuningSpec, study, tracker=None, prog=None) -> dict[str, Any]
     out = spec.resolved_output_dir()
     say = prog.say if prog is not None else print
     best = best_trial(study, spec)
-    _measure_references_if_missing(spec, study)
+    _measure_references_if_missing(spec, study, runner)
     if best is None:
         for stale in ("best.yaml", "best_metrics.json"):  # never leave an older winner behind
             (out / stale).unlink(missing_ok=True)
@@ -486,7 +491,7 @@ def finalize(spec: TuningSpec, study, tracker=None, prog=None) -> dict[str, Any]
     remeasure = study.user_attrs.get(key)
     if remeasure is None:  # stored, so a resumed finalize does not measure twice
         try:
-            r = measure(spec, config, seed=spec.robustness_seed, early_stop=False)
+            r = measure(spec, config, seed=spec.robustness_seed, early_stop=False, runner=runner)
             remeasure = {"seed": spec.robustness_seed, "metrics": r["metrics"], "violations": r["violations"]}
         except TrialFailure as exc:
             remeasure = {"seed": spec.robustness_seed, "error": exc.reason}
@@ -514,7 +519,7 @@ def _fmt_metric(remeasure: dict, key: str) -> str:
     return f"{v:.6g}" if v is not None else f"failed ({remeasure.get('error', 'not measured')})"
 
 
-def _measure_references_if_missing(spec: TuningSpec, study) -> None:
+def _measure_references_if_missing(spec: TuningSpec, study, runner: tuple[str, ...] = DEFAULT_TRIAL_RUNNER) -> None:
     """Measure the default / naive config beside the study when no trial is tagged with it."""
     tagged = {_tag(t) for t in study.trials if t.state.name == "COMPLETE"}
     base = spec.base_config()
@@ -522,7 +527,7 @@ def _measure_references_if_missing(spec: TuningSpec, study) -> None:
         if tag in tagged or tag in study.user_attrs or any(study.user_attrs.get(o) for o, n in LEGACY_TAGS.items() if n == tag):
             continue
         try:
-            r = measure(spec, cfg, early_stop=False)
+            r = measure(spec, cfg, early_stop=False, runner=runner)
             study.set_user_attr(tag, {"metrics": r["metrics"], "config": cfg.model_dump(mode="json")})
         except TrialFailure as exc:
             study.set_user_attr(tag, {"error": exc.reason})

@@ -16,13 +16,6 @@ How the replay is measured (`budget.measure`, the request's `measure`):
   rejections) and peak memory, which HTTP does not show, cover the measured requests only.
 - in_process: `run_benchmark` drives the engine directly, with no server, HTTP or second
   process (quicker trials, but without the serving cost users pay).
-
-Test hooks (environment variables, read only here):
-- SLOTUNE_TEST_TRIAL_FAULT=crash|hang|oom|raise: simulate a crashing, hanging, memory-hungry
-  or unimplemented trial (fault-handling tests).
-- SLOTUNE_FAKE_TRIAL=1: replace the engine measurement with a cheap deterministic function of
-  the config. ONLY for tests of study mechanics (storage, resume, workers, samplers); every
-  test that uses it says so in its docstring.
 """
 
 from __future__ import annotations
@@ -46,29 +39,6 @@ from slotune.tuner.bench import BenchResult, EngineWindow, run_benchmark
 from slotune.tuner.metrics import breaks_slo_so_far
 from slotune.tuner.slo import certain_violations, is_feasible, slo_violations
 from slotune.tuner.workload import WorkloadSpec
-
-
-def _fake_metrics(cfg) -> dict[str, float]:
-    """Test-only stand-in for a measurement (see the module docstring)."""
-    seqs = cfg.max_num_seqs
-    q = {"none": 1.0, "int8": 0.7, "int4": 0.55}.get(cfg.quantization, 1.0)
-    tpot = 0.02 * q * (1 + 0.05 * seqs)
-    tput = seqs / tpot
-    return {"ttft_p50": 0.05 * q, "ttft_p95": 0.08 * q * (1 + 0.02 * seqs), "tpot_p50": tpot, "tpot_p95": tpot * 1.1,
-            "output_tokens_per_s": tput, "goodput_rps": tput / 32, "requests_per_s": tput / 32,
-            "slo_attainment": 1.0, "num_completed": 8.0, "num_requests": 8.0}
-
-
-def _fault_hook() -> None:
-    hook = os.environ.get("SLOTUNE_TEST_TRIAL_FAULT", "")
-    if hook == "crash":
-        os._exit(3)
-    if hook == "hang":
-        time.sleep(3600)
-    if hook == "oom":
-        hog = [bytearray(256 * 2**20) for _ in range(64)]  # noqa: F841 - grow until killed
-    if hook == "raise":
-        raise NotImplementedError("lever not implemented in this engine build (test hook)")
 
 
 class _InFlightWatchdog:
@@ -121,14 +91,6 @@ def run_trial(req: dict[str, Any]) -> dict[str, Any]:
     cfg = EngineConfig.model_validate(req["config"])
     objective = req["objective"]
     measure = req.get("measure", "served")  # validated as budget.measure (tuner/spec.py)
-    _fault_hook()
-    if os.environ.get("SLOTUNE_FAKE_TRIAL") == "1":
-        phase("fake measurement")
-        time.sleep(float(os.environ.get("SLOTUNE_FAKE_TRIAL_SLEEP", "0")))
-        metrics = _fake_metrics(cfg)
-        return {"metrics": metrics, "violations": slo_violations(metrics, objective), "early_stopped": False,
-                "gates": None, "measure": measure}
-
     from slotune.engine import LLM
 
     phase("loading model")
@@ -296,12 +258,14 @@ def die_with_parent(parent_pid: int | None) -> None:
         os._exit(1)  # orphaned already: nobody would read the result
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], run: Callable[[dict[str, Any]], dict[str, Any]] = run_trial) -> int:
+    """`IN.json OUT.json`: run `run` (the measurement) on the request, write its result or the
+    error. A stand-in trial process (tests) calls this with its own `run`."""
     src, dst = Path(argv[0]), Path(argv[1])
     req = json.loads(src.read_text())
     die_with_parent(req.get("parent_pid"))
     try:
-        result = run_trial(req)
+        result = run(req)
         result["status"] = "ok"
     except Exception as exc:  # recorded by the parent as the trial's failure reason
         result = {"status": "error", "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(limit=8)}

@@ -33,5 +33,11 @@ def write_spec(tmp: Path, **over) -> Path:
 @pytest.fixture
 def fake_trials(monkeypatch):
     """Study-mechanics tests replace the engine measurement with a cheap deterministic function
-    of the config (SLOTUNE_FAKE_TRIAL, read by the real trial process) — a stand-in, said here."""
-    monkeypatch.setenv("SLOTUNE_FAKE_TRIAL", "1")
+    of the config: the stand-in trial process tests/tuner_tests/fake_trial_runner.py, passed as
+    `run_command(..., trial_runner=fake_trials)` — a stand-in, said here. Its behaviour
+    (FAKE_TRIAL_SLEEP, FAKE_TRIAL_FAULT) defaults to an instant, healthy trial."""
+    from tests.tuner_tests.fake_trial_runner import FAKE_RUNNER
+
+    monkeypatch.delenv("FAKE_TRIAL_FAULT", raising=False)
+    monkeypatch.setenv("FAKE_TRIAL_SLEEP", "0")
+    return FAKE_RUNNER

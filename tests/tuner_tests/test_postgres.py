@@ -47,17 +47,19 @@ def postgres_url():
         shutil.rmtree(data, ignore_errors=True)
 
 
-def test_two_workers_share_one_study_without_loss_or_duplicates(tmp_path, postgres_url, monkeypatch):
-    monkeypatch.setenv("SLOTUNE_FAKE_TRIAL", "1")
-    monkeypatch.setenv("SLOTUNE_FAKE_TRIAL_SLEEP", "0.3")
+def test_two_workers_share_one_study_without_loss_or_duplicates(tmp_path, postgres_url, fake_trials, monkeypatch):
+    """Two `tune run --worker` processes on one PostgreSQL study, with the stand-in trial process
+    (fake_trials: study mechanics only)."""
+    monkeypatch.setenv("FAKE_TRIAL_SLEEP", "0.3")
     spec = write_spec(tmp_path, budget={"n_trials": 10}, storage=postgres_url,
                       search_space={"name": "grid8", "knobs": [{"name": "max_num_seqs", "type": "int", "low": 1, "high": 64}]})
     from slotune.tuner.study import open_study
     from slotune.tuner.spec import TuningSpec
 
     open_study(TuningSpec.from_yaml(spec))  # create it once, as the leader would
-    env = {**os.environ, "SLOTUNE_FAKE_TRIAL": "1", "SLOTUNE_FAKE_TRIAL_SLEEP": "0.3"}
-    cmd = [sys.executable, "-m", "slotune.tuner.cli_main", "run", str(spec), "--worker", "--no-progress"]
+    env = {**os.environ, "FAKE_TRIAL_SLEEP": "0.3"}
+    cmd = [sys.executable, "-m", "slotune.tuner.cli_main", "run", str(spec), "--worker", "--no-progress",
+           "--trial-runner", fake_trials[-1]]
     workers = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
     logs = [w.communicate(timeout=300)[0] for w in workers]
     assert all(w.returncode == 0 for w in workers), logs

@@ -15,7 +15,7 @@ def test_failing_trials_say_why_in_words(tmp_path, fake_trials):
                       search_space={"name": "q", "knobs": [
                           {"name": "max_num_seqs", "type": "categorical", "choices": [4]},
                           {"name": "quantization", "type": "categorical", "choices": ["none", "int8"]}]})
-    run_command(spec, progress=False)
+    run_command(spec, progress=False, trial_runner=fake_trials)
     out = tmp_path / "out"
     runs = [r for r in tracking_summary(f"sqlite:///{out / 'mlflow.db'}", "t") if r["tags"].get("mlflow.parentRunId")]
     by_quant = {r["params"]["quantization"]: r["tags"] for r in runs}

@@ -24,7 +24,7 @@ def _study(out):
 
 def test_study_writes_best_report_and_mlflow_runs(tmp_path, fake_trials):
     """Study mechanics and outputs, with the fake measurement (fake_trials)."""
-    summary = run_command(write_spec(tmp_path, budget={"n_trials": 4}), progress=False)
+    summary = run_command(write_spec(tmp_path, budget={"n_trials": 4}), progress=False, trial_runner=fake_trials)
     out = tmp_path / "out"
     best = EngineConfig.from_yaml(out / "best.yaml")  # loadable as-is by bench/serve
     assert best.max_num_seqs == summary["params"]["max_num_seqs"]
@@ -56,8 +56,8 @@ def test_study_writes_best_report_and_mlflow_runs(tmp_path, fake_trials):
 def test_faulty_trials_are_recorded_and_the_study_goes_on(tmp_path, fake_trials, monkeypatch, fault, budget, reason):
     """Fault hooks in the real trial process (crash, raise, hang, memory hog); the measurement
     itself is the test stand-in (fake_trials), since the fault fires before it."""
-    monkeypatch.setenv("SLOTUNE_TEST_TRIAL_FAULT", fault)
-    summary = run_command(write_spec(tmp_path, budget={"n_trials": 2, **budget}), progress=False)
+    monkeypatch.setenv("FAKE_TRIAL_FAULT", fault)
+    summary = run_command(write_spec(tmp_path, budget={"n_trials": 2, **budget}), progress=False, trial_runner=fake_trials)
     assert summary is None  # nothing feasible
     study = _study(tmp_path / "out")
     assert len(study.trials) == 2
@@ -67,10 +67,11 @@ def test_faulty_trials_are_recorded_and_the_study_goes_on(tmp_path, fake_trials,
 
 def test_sigkill_then_resume_keeps_completed_trials(tmp_path, fake_trials, monkeypatch):
     """SIGKILL of `tune run` mid-study, then a rerun (fake measurement: study mechanics only)."""
-    monkeypatch.setenv("SLOTUNE_FAKE_TRIAL_SLEEP", "1.5")
+    monkeypatch.setenv("FAKE_TRIAL_SLEEP", "1.5")
     spec = write_spec(tmp_path, budget={"n_trials": 5})
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "slotune.tuner.cli_main", "run", str(spec), "--no-progress"],
+    proc = subprocess.Popen([sys.executable, "-m", "slotune.tuner.cli_main", "run", str(spec), "--no-progress",
+                             "--trial-runner", fake_trials[-1]],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 120
     done = []
@@ -87,8 +88,8 @@ def test_sigkill_then_resume_keeps_completed_trials(tmp_path, fake_trials, monke
     proc.wait()
     assert len(done) >= 2
     before = {t.number: (t.params, t.values) for t in done}
-    monkeypatch.setenv("SLOTUNE_FAKE_TRIAL_SLEEP", "0")
-    run_command(spec, progress=False)
+    monkeypatch.setenv("FAKE_TRIAL_SLEEP", "0")
+    run_command(spec, progress=False, trial_runner=fake_trials)
     study = _study(out)
     after = {t.number: (t.params, t.values) for t in study.trials if t.state.name == "COMPLETE"}
     assert all(after[n] == v for n, v in before.items())  # completed trials intact
@@ -102,12 +103,12 @@ def test_grid_and_nsga2_samplers_run(tmp_path, fake_trials):
     """Sampler plumbing with the fake measurement (fake_trials)."""
     spec = write_spec(tmp_path, sampler="grid", budget={"n_trials": 3},
                       search_space={"name": "g", "knobs": [{"name": "max_num_seqs", "type": "categorical", "choices": [1, 2, 4]}]})
-    run_command(spec, progress=False)
+    run_command(spec, progress=False, trial_runner=fake_trials)
     assert sorted(t.params["max_num_seqs"] for t in _study(tmp_path / "out").trials) == [1, 2, 4]
     (tmp_path / "p").mkdir()
     spec2 = write_spec(tmp_path / "p", sampler="nsga2", objective={"pareto_with": ["output_tokens_per_s"]},
                        output_dir=str(tmp_path / "out2"))
-    run_command(spec2, progress=False)
+    run_command(spec2, progress=False, trial_runner=fake_trials)
     assert (tmp_path / "out2" / "pareto.png").exists()
 
 
@@ -132,7 +133,8 @@ def test_plain_progress_lines_and_summary_table(tmp_path, fake_trials):
 
     from slotune.tuner.cli import app
 
-    r = CliRunner().invoke(app, ["run", str(write_spec(tmp_path, budget={"n_trials": 3})), "--no-progress"])
+    r = CliRunner().invoke(app, ["run", str(write_spec(tmp_path, budget={"n_trials": 3})), "--no-progress",
+                                 "--trial-runner", fake_trials[-1]])
     assert r.exit_code == 0, r.output
     assert "[1/3] trial 0 COMPLETE" in r.output and "[3/3] trial 2" in r.output
     assert "winner = trial" in r.output and "re-measured" in r.output and "best.yaml" in r.output
@@ -173,7 +175,7 @@ def test_default_trial_is_enqueued_only_when_the_space_expresses_it(tmp_path, fa
     spec = write_spec(tmp_path, budget={"n_trials": 2}, search_space={"name": "s", "knobs": [
         {"name": "max_num_seqs", "type": "int", "low": 1, "high": 16},
         {"name": "quantization", "type": "categorical", "choices": ["none", "int8"]}]})
-    summary = run_command(spec, progress=False)
+    summary = run_command(spec, progress=False, trial_runner=fake_trials)
     study = _study(tmp_path / "out")
     t0 = study.trials[0]
     assert t0.user_attrs["tag"] == "default" and t0.params == {"max_num_seqs": 16, "quantization": "none"}
@@ -189,7 +191,7 @@ def test_forbidden_combinations_do_not_use_up_the_budget(tmp_path, fake_trials):
              {"name": "quantization", "type": "categorical", "choices": ["none", "int8"]}]
     spec = write_spec(tmp_path, budget={"n_trials": 4},
                       search_space={"name": "f", "knobs": knobs, "forbidden": [{"max_num_seqs": [1, 2]}]})
-    run_command(spec, progress=False)
+    run_command(spec, progress=False, trial_runner=fake_trials)
     trials = _study(tmp_path / "out").trials
     forbidden = [t for t in trials if t.user_attrs.get("forbidden")]
     measured = [t for t in trials if not t.user_attrs.get("forbidden")]
@@ -203,7 +205,7 @@ def test_a_sampler_stuck_on_forbidden_points_still_stops(tmp_path, fake_trials):
     spec = write_spec(tmp_path, budget={"n_trials": 2},
                       search_space={"name": "f", "knobs": [{"name": "max_num_seqs", "type": "categorical", "choices": [1, 2]}],
                                     "forbidden": [{"max_num_seqs": [1, 2]}]})
-    assert run_command(spec, progress=False) is None
+    assert run_command(spec, progress=False, trial_runner=fake_trials) is None
     trials = _study(tmp_path / "out").trials
     assert sum(bool(t.user_attrs.get("forbidden")) for t in trials) == 10
 

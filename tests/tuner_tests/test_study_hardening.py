@@ -3,7 +3,7 @@ processes sharing a study share its budget, outputs are replaced whole, the winn
 running trials, invalid configs cost no budget.
 
 Every test here is about study mechanics and runs the real trial process with the fake
-measurement (`fake_trials` / SLOTUNE_FAKE_TRIAL, a stand-in said so here); no timing is asserted
+measurement (`fake_trials`: tests/tuner_tests/fake_trial_runner.py, a stand-in said so here); no timing is asserted
 (the waits are deadlines for something to happen at all).
 """
 
@@ -28,6 +28,7 @@ from slotune.tuner.spec import TuningSpec
 from slotune.tuner.study import StudySpecChanged, TrialBudget, open_study, run_command
 from slotune.tuner.tracking import tracking_summary
 from tests.tuner_tests.conftest import write_spec
+from tests.tuner_tests.fake_trial_runner import FAKE_RUNNER
 
 
 def _study(out: Path, name: str = "t"):
@@ -36,8 +37,9 @@ def _study(out: Path, name: str = "t"):
 
 def _tune_run(spec: Path, *args: str, sleep_s: float = 0.0) -> subprocess.Popen:
     """`tune run SPEC --no-progress ARGS` in its own session, with the fake measurement."""
-    env = {**os.environ, "SLOTUNE_FAKE_TRIAL": "1", "SLOTUNE_FAKE_TRIAL_SLEEP": str(sleep_s)}
-    return subprocess.Popen([sys.executable, "-m", "slotune.tuner.cli_main", "run", str(spec), "--no-progress", *args],
+    env = {**os.environ, "FAKE_TRIAL_SLEEP": str(sleep_s)}
+    return subprocess.Popen([sys.executable, "-m", "slotune.tuner.cli_main", "run", str(spec), "--no-progress",
+                             "--trial-runner", FAKE_RUNNER[-1], *args],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
 
@@ -56,7 +58,7 @@ def _trial_processes(pid: int) -> list[int]:
     """Descendants of `pid` once one of them is a trial process (else [])."""
     try:
         kids = psutil.Process(pid).children(recursive=True)
-        is_trial = any("slotune.tuner.trial_runner" in " ".join(k.cmdline()) for k in kids)
+        is_trial = any("fake_trial_runner" in " ".join(k.cmdline()) for k in kids)
     except psutil.Error:
         return []
     return [k.pid for k in kids] if is_trial else []
@@ -88,12 +90,12 @@ def _trial_runs(out: Path) -> list[dict]:
 
 def test_a_changed_spec_is_refused_unless_forced_or_resumed(tmp_path, fake_trials):
     out = tmp_path / "out"
-    run_command(write_spec(tmp_path, budget={"n_trials": 2}), progress=False)
+    run_command(write_spec(tmp_path, budget={"n_trials": 2}), progress=False, trial_runner=fake_trials)
     old = {t.number: t.values for t in _study(out).trials}
     # A new SLO changes what every trial's numbers mean: refused, naming what changed and the ways on.
     changed = write_spec(tmp_path, budget={"n_trials": 2}, objective={"ttft_limit_s": 0.5})
     with pytest.raises(StudySpecChanged) as exc:
-        run_command(changed, progress=False)
+        run_command(changed, progress=False, trial_runner=fake_trials)
     msg = str(exc.value)
     assert "objective changed" in msg and "--force-new" in msg and "--resume-anyway" in msg
     assert {t.number: t.values for t in _study(out).trials} == old  # untouched
@@ -150,7 +152,7 @@ def test_sigkill_of_tune_run_kills_its_trial_process_and_resume_logs_the_orphan(
     finally:
         _kill_all(proc, pids)
     assert _study(out).trials[0].state.name == "RUNNING"
-    run_command(spec, progress=False)  # resume
+    run_command(spec, progress=False, trial_runner=fake_trials)  # resume
     trials = _study(out).trials
     assert trials[0].state.name == "FAIL" and "orphaned" in trials[0].user_attrs["fail_reason"]
     assert [t.state.name for t in trials] == ["FAIL", "COMPLETE"]  # the orphan used one of the 2 trials
@@ -215,7 +217,7 @@ def test_a_failed_write_leaves_the_previous_outputs_whole(tmp_path, fake_trials,
     """A write that fails part-way (RLIMIT_FSIZE: the kernel refuses bytes past 64, as a full
     disk refuses them) must leave every previous output intact, and say which file failed."""
     spec = write_spec(tmp_path, budget={"n_trials": 2})
-    assert run_command(spec, progress=False) is not None
+    assert run_command(spec, progress=False, trial_runner=fake_trials) is not None
     out = tmp_path / "out"
     names = ("best.yaml", "best_metrics.json", "report.md", "report.html")
     before = {n: (out / n).read_bytes() for n in names}
@@ -249,7 +251,7 @@ def test_a_full_disk_while_writing_a_trial_input_fails_the_trial_naming_the_file
         return real_write_text(self, *args, **kwargs)
 
     monkeypatch.setattr(Path, "write_text", disk_full_for_inputs)
-    assert run_command(write_spec(tmp_path, budget={"n_trials": 2}), progress=False) is None
+    assert run_command(write_spec(tmp_path, budget={"n_trials": 2}), progress=False, trial_runner=fake_trials) is None
     trials = _study(tmp_path / "out").trials
     assert len(trials) == 2 and all(t.state.name == "FAIL" for t in trials)
     for t in trials:
@@ -269,7 +271,7 @@ def test_the_winner_is_declared_after_a_workers_running_trial_finished(tmp_path,
     try:
         _wait_until(lambda: [t for t in _study(out).trials if t.state.name == "RUNNING" and t.user_attrs.get("pid")],
                     what="the worker's trial")
-        summary = run_command(spec, progress=False)
+        summary = run_command(spec, progress=False, trial_runner=fake_trials)
         log = worker.communicate(timeout=120)[0]
     finally:
         _kill_all(worker, [])
@@ -289,7 +291,7 @@ def test_an_invalid_config_does_not_use_the_budget_and_its_reason_names_the_fiel
     knobs = [{"name": "enable_chunked_prefill", "type": "categorical", "choices": [True, False]},
              {"name": "max_num_batched_tokens", "type": "categorical", "choices": [512, 4096]}]
     spec = write_spec(tmp_path, budget={"n_trials": 3}, search_space={"name": "inv", "knobs": knobs})
-    run_command(spec, progress=False)
+    run_command(spec, progress=False, trial_runner=fake_trials)
     trials = _study(tmp_path / "out").trials
     invalid = [t for t in trials if t.params == {"enable_chunked_prefill": False, "max_num_batched_tokens": 512}]
     assert invalid, "the seeded random sampler proposes the invalid combination in this space"

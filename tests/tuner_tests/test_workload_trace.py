@@ -216,7 +216,7 @@ def test_study_on_a_trace_workload_reports_the_traffic_window(tmp_path, fake_tri
     spec_path.write_text(yaml.safe_dump(doc))
     from slotune.tuner.study import run_command
 
-    run_command(spec_path, progress=False)
+    run_command(spec_path, progress=False, trial_runner=fake_trials)
     n = len(load_trace(tmp_path / "recording", window=(0, 30)))
     report = (tmp_path / "out" / "report.md").read_text()
     assert (f"Traffic: tuned on trace {tmp_path / 'recording'} (recorded), window [0, 30) s, time_scale 0.5: "

@@ -1,0 +1,61 @@
+"""A stand-in trial process for tests of study mechanics (storage, resume, workers, samplers,
+fault handling): the real trial process's contract (`IN.json OUT.json`, tuner/trial_runner.py:
+`main`) with a cheap deterministic function of the config instead of a measurement. Tests pass it
+explicitly (`tune run --trial-runner tests/tuner_tests/fake_trial_runner.py`, or
+`runner=FAKE_RUNNER`); every test that does says so in its docstring.
+
+Its behaviour is set by the test through the environment of the process it runs in:
+- FAKE_TRIAL_SLEEP=seconds: how long the stand-in measurement takes (default 0);
+- FAKE_TRIAL_FAULT=crash|hang|oom|raise: a crashing, hanging, memory-hungry or unimplemented trial.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from slotune.engine.config import EngineConfig
+from slotune.tuner import trial_runner
+from slotune.tuner.slo import slo_violations
+
+FAKE_RUNNER = (sys.executable, str(Path(__file__).resolve()))
+
+
+def fake_metrics(cfg: EngineConfig) -> dict[str, float]:
+    seqs = cfg.max_num_seqs
+    q = {"none": 1.0, "int8": 0.7, "int4": 0.55}.get(cfg.quantization, 1.0)
+    tpot = 0.02 * q * (1 + 0.05 * seqs)
+    tput = seqs / tpot
+    return {"ttft_p50": 0.05 * q, "ttft_p95": 0.08 * q * (1 + 0.02 * seqs), "tpot_p50": tpot, "tpot_p95": tpot * 1.1,
+            "output_tokens_per_s": tput, "goodput_rps": tput / 32, "requests_per_s": tput / 32,
+            "slo_attainment": 1.0, "num_completed": 8.0, "num_requests": 8.0}
+
+
+def _fault() -> None:
+    fault = os.environ.get("FAKE_TRIAL_FAULT", "")
+    if fault == "crash":
+        os._exit(3)
+    if fault == "hang":
+        time.sleep(3600)
+    if fault == "oom":
+        hog = [bytearray(256 * 2**20) for _ in range(64)]  # noqa: F841 - grow until killed
+    if fault == "raise":
+        raise NotImplementedError("lever not implemented in this engine build (test hook)")
+
+
+def fake_trial(req: dict[str, Any]) -> dict[str, Any]:
+    cfg = EngineConfig.model_validate(req["config"])
+    if req.get("phase_file"):
+        Path(req["phase_file"]).write_text("fake measurement")
+    _fault()
+    time.sleep(float(os.environ.get("FAKE_TRIAL_SLEEP", "0")))
+    metrics = fake_metrics(cfg)
+    return {"metrics": metrics, "violations": slo_violations(metrics, req["objective"]), "early_stopped": False,
+            "gates": None, "measure": req.get("measure", "served")}
+
+
+if __name__ == "__main__":
+    sys.exit(trial_runner.main(sys.argv[1:], run=fake_trial))
