@@ -62,6 +62,18 @@ def _client(base):
     return openai.OpenAI(base_url=base + "/v1", api_key="sk-test", max_retries=0)
 
 
+def _assert_engine_idle_soon(llm, timeout_s: float = 10.0) -> None:
+    """The server notices a departed client asynchronously: within timeout_s nothing runs or waits
+    and every KV block is free again."""
+    for _ in range(int(timeout_s / 0.1)):
+        st = llm.stats()
+        if st.num_running == 0 and st.num_waiting == 0 and st.num_free_blocks == st.num_total_blocks:
+            break
+        time.sleep(0.1)
+    st = llm.stats()
+    assert st.num_running == 0 and st.num_free_blocks == st.num_total_blocks
+
+
 def test_openai_client_completion_chat_and_stream(server):
     base, _ = server
     c = _client(base)
@@ -123,13 +135,7 @@ def test_client_disconnect_mid_stream_frees_blocks(server):
         for i, _ in enumerate(r.iter_lines()):
             if i >= 3:
                 break  # leave mid-stream
-    for _ in range(100):
-        st = llm.stats()
-        if st.num_running == 0 and st.num_waiting == 0 and st.num_free_blocks == st.num_total_blocks:
-            break
-        time.sleep(0.1)
-    st = llm.stats()
-    assert st.num_running == 0 and st.num_free_blocks == st.num_total_blocks
+    _assert_engine_idle_soon(llm)
 
 
 def test_sigterm_mid_stream_drains_refuses_new_and_exits_zero(tmp_path):
@@ -223,12 +229,6 @@ def test_non_stream_client_that_gives_up_is_aborted(server):
     with pytest.raises(httpx.TimeoutException):
         httpx.post(base + "/v1/completions", headers={"Authorization": "Bearer sk-test"}, timeout=0.5,
                    json={"model": MODEL, "prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True})
-    for _ in range(100):  # 400 tokens would take far longer than this if it kept running
-        st = llm.stats()
-        if st.num_running == 0 and st.num_waiting == 0 and st.num_free_blocks == st.num_total_blocks:
-            break
-        time.sleep(0.1)
-    st = llm.stats()
-    assert st.num_running == 0 and st.num_free_blocks == st.num_total_blocks
+    _assert_engine_idle_soon(llm)  # 400 tokens would take far longer if the request kept running
     m = httpx.get(base + "/metrics").text
     assert 'slotune_requests_total{finish_reason="abort"}' in m
