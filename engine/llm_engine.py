@@ -52,6 +52,7 @@ class EngineStats:
     execute_seconds: float = 0.0  # of which the model's forward (`ModelRunner.execute`)
     num_step_tokens: int = 0  # tokens the steps ran through the model (prefill + decode + drafts)
     window_peak_blocks: int = 0  # KV-block peak since `LLMEngine.start_stats_window` (a measured run)
+    kernel_fallbacks: dict[str, int] = field(default_factory=dict)  # `ModelRunner.kernel_fallbacks`, cumulative
 
     @property
     def spec_mean_accepted_length(self) -> float:
@@ -300,6 +301,7 @@ class LLMEngine:
             execute_seconds=self.execute_seconds,
             num_step_tokens=self.num_step_tokens,
             window_peak_blocks=bm.window_peak_blocks,
+            kernel_fallbacks=self.runner.kernel_fallbacks(),
         )
 
     def start_stats_window(self) -> None:

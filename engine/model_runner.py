@@ -97,6 +97,9 @@ class ModelRunner:
                                 self.dtype, cfg.kv_dtype, self.device)
         self.block_size = cfg.block_size
         self.native = self._native_decoder(cfg)
+        # Rows the chosen kernel backend did not run, by reason: a lever must never be credited
+        # with another path's timings (EngineStats.kernel_fallbacks, trial metrics).
+        self.num_native_rows_to_torch = 0
         self.graphs = None
         if cfg.use_cuda_graph and self.device.type == "cuda" and self.backend == "triton":
             from slotune.engine.cuda_graph import DecodeGraphs
@@ -217,7 +220,18 @@ class ModelRunner:
             native = self._native_group(batch)
             if native:
                 return self._execute_split(batch, native)
+            self.num_native_rows_to_torch += sum(s.num_new_tokens for s in batch)
         return self._execute_torch(batch, num_layers)
+
+    def kernel_fallbacks(self) -> dict[str, int]:
+        """Cumulative count per fallback: rows the native step handed to torch
+        (`native_rows_to_torch`: past its row limit, or speculative verification) and Triton
+        prefill calls that ran torch's SDPA after the kernel failed (`triton_prefill_to_sdpa`)."""
+        out = {"native_rows_to_torch": self.num_native_rows_to_torch} if self.native is not None else {}
+        n = getattr(self.model.attn, "num_prefill_fallbacks", None)  # the Triton backend's counter
+        if n is not None:
+            out["triton_prefill_to_sdpa"] = n
+        return out
 
     def _native_group(self, batch: list[ScheduledSeq]) -> list[ScheduledSeq]:
         """The sequences whose rows run natively this step: every one without draft tokens when
@@ -242,6 +256,7 @@ class ModelRunner:
             return StepResult(logits=native_logits, row_ranges=native_ranges)
         chosen = {id(s) for s in native}
         rest = [s for s in batch if id(s) not in chosen]
+        self.num_native_rows_to_torch += sum(s.num_new_tokens for s in rest)
         res = self._execute_torch(rest)
         n = res.logits.shape[0]
         where = {id(s): r for s, r in zip(rest, res.row_ranges)}

@@ -183,6 +183,11 @@ def engine_stats_delta(before: Any, after: Any) -> dict[str, float]:
     for reason, n in rej_after.items():
         if n - rej_before.get(reason, 0):
             m[f"num_rejected_{reason}"] = float(n - rej_before.get(reason, 0))
+    # Every fallback the backend can have is reported, 0 included: a trial whose tile or backend
+    # lever ran on another path says so (num_kernel_fallback_<reason>).
+    fb_before, fb_after = getattr(before, "kernel_fallbacks", {}) or {}, getattr(after, "kernel_fallbacks", {}) or {}
+    for reason, n in fb_after.items():
+        m[f"num_kernel_fallback_{reason}"] = float(n - fb_before.get(reason, 0))
     return m
 
 

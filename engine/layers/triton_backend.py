@@ -31,6 +31,7 @@ class TritonAttentionBackend(TorchAttentionBackend):
             p.block_m, p.block_n, p.num_warps, p.num_stages)
         self.max_context: int | None = None  # set by the model runner (static bound: no host sync)
         self._prefill_ran = self._prefill_failed = False
+        self.num_prefill_fallbacks = 0  # prefill calls that ran torch SDPA because the kernel failed
         self._extend_meta: AttentionMetadata | None = None  # the step whose extend tensors are cached
         self._extend_args: tuple = ()
 
@@ -55,6 +56,7 @@ class TritonAttentionBackend(TorchAttentionBackend):
     def _extend(self, cache: KVCache, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 meta: AttentionMetadata, scale: float) -> torch.Tensor:
         if meta.extend_mask is None or self._prefill_failed:  # one fresh prompt: flash SDPA over its own K/V
+            self.num_prefill_fallbacks += self._prefill_failed and meta.extend_mask is not None
             return super()._extend(cache, layer, q, k, v, meta, scale)
         from slotune.kernels.prefill_attention import paged_prefill_attention
 
@@ -82,6 +84,7 @@ class TritonAttentionBackend(TorchAttentionBackend):
 
             logging.getLogger("slotune.engine").warning("Triton prefill kernel unavailable (%r); using torch SDPA", exc)
             self._prefill_failed = True
+            self.num_prefill_fallbacks += 1
             return super()._extend(cache, layer, q, k, v, meta, scale)
         self._prefill_ran = True
         return out

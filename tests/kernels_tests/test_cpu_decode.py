@@ -233,10 +233,14 @@ def test_native_engine_matches_torch_engine_on_a_tiny_gqa_model(overrides, max_n
     real = native.runner._native_step
     native.runner._native_step = lambda group: groups.append([s.num_new_tokens for s in group]) or real(group)
     assert generate(native, prompts, 24) == generate(plain, prompts, 24)
+    fallbacks = native.stats().kernel_fallbacks["native_rows_to_torch"]
     if max_native_rows:
         assert all(sum(g) <= 2 for g in groups) and any(len(g) == 2 for g in groups)
+        assert fallbacks > 0  # the rows past the limit ran on torch, and the stats say so
     else:
         assert any(max(g) > 1 for g in groups)  # prefill rows ran natively
+        assert fallbacks == 0
+    assert "native_rows_to_torch" not in plain.stats().kernel_fallbacks  # torch chosen: not a fallback
 
 
 def test_a_step_with_more_rows_than_one_native_call_runs_natively_in_several():

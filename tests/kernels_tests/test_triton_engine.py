@@ -139,3 +139,20 @@ def test_triton_engine_matches_torch_engine_on_family_variants(variant, prefill_
         outs.append(generate(engine, PROMPTS, 6))
     assert outs[0] == outs[1]
     assert any(c > q for qs, cs in prefill_calls for q, c in zip(qs, cs))  # the paged prefill kernel, over a cache
+
+
+def test_a_failing_triton_prefill_falls_back_to_sdpa_and_the_stats_count_it(monkeypatch):
+    """When the paged prefill kernel cannot run (a toolchain or tile problem), the engine keeps
+    serving through torch SDPA, with the same tokens, and EngineStats counts every such call, so a
+    prefill tile lever can never be credited with SDPA's timings. The failure is simulated: a real
+    one cannot be produced on demand here, so the kernel is replaced by one that raises."""
+    from slotune.kernels import prefill_attention as pa
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("simulated: the kernel does not compile for these tiles")
+
+    monkeypatch.setattr(pa, "paged_prefill_attention", broken)
+    torch_engine = _engine(kernels=TORCH, max_num_batched_tokens=16)
+    triton_engine = _engine(kernels=TRITON, max_num_batched_tokens=16)  # chunked: prefill over a cached context
+    assert generate(triton_engine, PROMPTS, 4) == generate(torch_engine, PROMPTS, 4)
+    assert triton_engine.stats().kernel_fallbacks["triton_prefill_to_sdpa"] > 0

@@ -86,6 +86,8 @@ def test_engine_stats_delta():
     assert m["spec_acceptance_rate"] == 0.75 and m["spec_mean_accepted_length"] == 4.0
     assert m["num_preemptions"] == 2 and m["num_engine_steps"] == 7
     assert m["num_rejected_queue_full"] == 2 and m["num_rejected_never_fits"] == 1
+    fb = engine_stats_delta(st(kernel_fallbacks={"native_rows_to_torch": 5}), st(kernel_fallbacks={"native_rows_to_torch": 12}))
+    assert fb["num_kernel_fallback_native_rows_to_torch"] == 7
 
 
 def test_memory_tracker_on_cpu():
