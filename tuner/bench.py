@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from slotune.tuner.errors import parse_yaml
-from slotune.tuner.metrics import (LATENCY_SERIES, PERCENTILES, MemoryTracker, RequestRecord, engine_stats_delta, pkey,
+from slotune.tuner.metrics import (LATENCY_SERIES, PERCENTILES, MemoryTracker, RequestRecord, engine_stats_delta,
                                    summarize)
+from slotune.tuner.slo import metric_key
 from slotune.tuner.workload import BenchRequest, WorkloadSpec, iter_requests
 
 DEFAULT_WORKLOAD = "chat-small"
@@ -49,7 +50,7 @@ class BenchResult:
 
     def latency(self, name: str, p: float) -> float | None:
         """Any percentile of ttft/tpot/itl/e2e/queue_time, from the records if not precomputed."""
-        key = pkey(name, p)
+        key = metric_key(name, p)
         if key not in self.metrics:
             self.metrics.update({k: v for k, v in summarize(self.records, self.metrics.get("duration_s", 1.0),
                                                               percentiles=(p,)).items() if k == key})
@@ -220,7 +221,7 @@ def print_result(res: BenchResult, title: str = "benchmark", percentiles: tuple[
     for p in (*percentiles, "mean"):
         t.add_column(f"p{p:g}" if p != "mean" else "mean", justify="right")
     for name in LATENCY_SERIES:
-        keys = [pkey(name, p) for p in percentiles] + [f"{name}_mean"]
+        keys = [metric_key(name, p) for p in percentiles] + [f"{name}_mean"]
         t.add_row(name, *[_fmt(m.get(k), 1e3) for k in keys])
     console = Console()
     console.print(t)

@@ -76,9 +76,6 @@ class RequestRecord:
         return cls(request_id, prompt_tokens, 0, None, None, None, None, [], reason)
 
 
-pkey = metric_key  # the old name, still imported by tuner/bench.py
-
-
 def percentile(values: list[float | None], p: float) -> float | None:
     v = [x for x in values if x is not None]
     return float(np.percentile(v, p)) if v else None

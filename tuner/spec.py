@@ -30,6 +30,7 @@ from slotune.evals.gates import GateSpec
 from slotune.evals.tasks import data_dir as tasks_data_dir
 from slotune.search_spaces.schema import SearchSpace, builtin_spaces
 from slotune.tuner.errors import Problem, SpecError, load_yaml_mapping, parse_yaml
+from slotune.tuner.slo import metric_key
 from slotune.tuner.traces import load_trace
 from slotune.tuner.workload import (MAX_SEED, WorkloadSpec, builtin_workloads, describe_replay, read_trace,
                                     resolve_trace_path)
@@ -72,7 +73,7 @@ class Objective(_Strict):
 
     def metric_key(self, metric: str | None = None) -> str:
         m = metric or self.metric
-        return f"{m}_p{self.percentile}" if m in LATENCY_METRICS else m
+        return metric_key(m, self.percentile) if m in LATENCY_METRICS else m
 
     def direction(self, metric: str | None = None) -> str:
         return "minimize" if (metric or self.metric) in LATENCY_METRICS else "maximize"

@@ -524,7 +524,7 @@ def _measure_references_if_missing(spec: TuningSpec, study, runner: tuple[str, .
     tagged = {_tag(t) for t in study.trials if t.state.name == "COMPLETE"}
     base = spec.base_config()
     for tag, cfg in ((DEFAULT_TAG, base), (NAIVE_TAG, base.with_updates(NAIVE_UPDATES))):
-        if tag in tagged or tag in study.user_attrs or any(study.user_attrs.get(o) for o, n in LEGACY_TAGS.items() if n == tag):
+        if tag in tagged or _side_measurement(study, tag) is not None:
             continue
         try:
             r = measure(spec, cfg, early_stop=False, runner=runner)
@@ -538,6 +538,14 @@ def _tag(trial) -> str | None:
     return LEGACY_TAGS.get(tag, tag)
 
 
+def _side_measurement(study, tag: str) -> dict | None:
+    """The reference measured beside the study under `tag`, or under its name before the rename."""
+    for key in (tag, *(old for old, new in LEGACY_TAGS.items() if new == tag)):
+        if study.user_attrs.get(key):
+            return study.user_attrs[key]
+    return None
+
+
 def reference_metrics(study) -> dict[str, dict | None]:
     """Metrics of the default-config and naive-config trials (or the side measurement)."""
     refs: dict[str, dict | None] = {DEFAULT_TAG: None, NAIVE_TAG: None}
@@ -547,7 +555,5 @@ def reference_metrics(study) -> dict[str, dict | None]:
             refs[tag] = t.user_attrs.get("metrics")
     for tag in refs:
         if refs[tag] is None:
-            old = [o for o, n in LEGACY_TAGS.items() if n == tag]
-            refs[tag] = next(((study.user_attrs.get(k) or {}).get("metrics") for k in (tag, *old)
-                              if (study.user_attrs.get(k) or {}).get("metrics")), None)
+            refs[tag] = (_side_measurement(study, tag) or {}).get("metrics")
     return refs

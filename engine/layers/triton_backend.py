@@ -55,8 +55,10 @@ class TritonAttentionBackend(TorchAttentionBackend):
 
     def _extend(self, cache: KVCache, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 meta: AttentionMetadata, scale: float) -> torch.Tensor:
-        if meta.extend_mask is None or self._prefill_failed:  # one fresh prompt: flash SDPA over its own K/V
-            self.num_prefill_fallbacks += self._prefill_failed and meta.extend_mask is not None
+        if meta.extend_mask is None:  # one fresh prompt: flash SDPA over its own K/V
+            return super()._extend(cache, layer, q, k, v, meta, scale)
+        if self._prefill_failed:  # the kernel failed before: torch's extend path, counted
+            self.num_prefill_fallbacks += 1
             return super()._extend(cache, layer, q, k, v, meta, scale)
         from slotune.kernels.prefill_attention import paged_prefill_attention
 
