@@ -252,9 +252,9 @@ def trial_request(spec, config, seed: int | None = None, early_stop: bool = True
     es["enabled"] = es["enabled"] and early_stop
     return {
         "config": config.model_dump(mode="json"),
-        "workload": spec.workload_spec().model_dump(mode="json"),
+        "workload": spec.workload.model_dump(mode="json"),
         "objective": spec.objective.model_dump(mode="json"),
-        "gates": spec.quality_gates,
+        "gates": [g.model_dump(mode="json") for g in spec.quality_gates],
         "early_stop": es,
         "seed": seed,
         "cache_dir": str(spec.resolved_output_dir() / "cache"),
@@ -303,7 +303,7 @@ class Objective:
     def __init__(self, spec, progress=None, budget=None, runner: tuple[str, ...] = DEFAULT_TRIAL_RUNNER) -> None:
         self.spec = spec
         self.runner = runner
-        self.space = spec.space()
+        self.space = spec.search_space
         self.base = spec.base_config()
         self.progress = progress
         self.budget = budget

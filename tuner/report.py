@@ -122,10 +122,10 @@ def write_report(spec, study, best, remeasure, out: Path) -> dict[str, Path]:
              f"Objective: **{obj.direction()} {key}**"
              + (f" with Pareto over {', '.join(obj.metric_key(m) for m in obj.pareto_with)}" if obj.pareto_with else ""),
              f"SLO: {limits.describe()}; quality gates: "
-             f"{', '.join(g['name'] for g in spec.quality_gates) or 'none'}; sampler {spec.sampler}; "
+             f"{', '.join(g.name for g in spec.quality_gates) or 'none'}; sampler {spec.sampler}; "
              f"{len(states)} trials ({states.count('COMPLETE')} complete, {states.count('FAIL')} failed, "
              f"{states.count('PRUNED')} pruned).", ""]
-    replay = describe_replay(spec.workload_spec())
+    replay = describe_replay(spec.workload)
     if replay is not None:  # a trace workload: which traffic window the numbers below are about
         lines += [f"Traffic: tuned on {replay}.", ""]
     ref = reference_metrics(study)

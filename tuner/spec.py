@@ -1,8 +1,11 @@
 """TuningSpec: the one YAML file a user writes (model, workload, SLO objective, gates, space, budget).
 
-Validated once at load; every problem is reported as `field.path: message`, unknown keys
-are errors, NaN and inf are refused, and the file is read by `tuner.errors.load_yaml` (plain
-YAML: no tags, no duplicate keys, bounded alias expansion).
+Validated and resolved once, at load; every problem is reported as `field.path: message`, unknown
+keys are errors, NaN and inf are refused, and the file is read by `tuner.errors.load_yaml` (plain
+YAML: no tags, no duplicate keys, bounded alias expansion). References are resolved in the same pass:
+`workload` becomes a WorkloadSpec, `search_space` a SearchSpace, `quality_gates` GateSpecs (a
+built-in name, a file or the mapping itself), so the rest of the code gets objects, never names.
+`engine` stays the user's overrides (checked as an EngineConfig); `base_config()` merges them.
 
 Paths in a spec (model, workload, search_space, workload.trace or workload.trace.path, output_dir,
 a sqlite storage or MLflow URL, speculative.draft_model) are relative to the spec file's folder:
@@ -113,10 +116,12 @@ class TuningSpec(_Strict):
                        "(a relative path is relative to the spec file's folder)")
     engine: dict[str, Any] = Field(default_factory=dict, description="fixed EngineConfig fields for every trial "
                                    "(not `model`: that is the top-level field)")
-    workload: str | dict[str, Any] = "chat-small"
+    workload: WorkloadSpec = Field("chat-small", validate_default=True, description="a built-in workload name, a "
+                                   "YAML file (relative to the spec's folder) or the workload itself; resolved at load")
     objective: Objective
-    quality_gates: list[dict[str, Any]] = Field(default_factory=list)
-    search_space: str | dict[str, Any] = "latency"
+    quality_gates: list[GateSpec] = Field(default_factory=list)
+    search_space: SearchSpace = Field("latency", validate_default=True, description="a built-in search space name, "
+                                      "a YAML file or the space itself; resolved at load")
     budget: Budget = Budget()
     sampler: Literal["tpe", "random", "nsga2", "gp", "grid"] = "tpe"
     seed: int = Field(0, ge=0, le=MAX_SEED)
@@ -144,47 +149,53 @@ class TuningSpec(_Strict):
         _validate_nested(EngineConfig, v)
         return v
 
-    @field_validator("workload")
+    @field_validator("workload", mode="before")
     @classmethod
-    def _workload_ok(cls, v, info: ValidationInfo):
+    def _workload_ok(cls, v, info: ValidationInfo) -> WorkloadSpec:
+        if isinstance(v, WorkloadSpec):
+            return v
         if isinstance(v, dict):
             base = _base_dir(info)
             try:
                 if base is not None:
                     v = resolve_trace_path(v, base)
-                _validate_nested(WorkloadSpec, v).check_trace_exists()
+                wl = _validate_nested(WorkloadSpec, v)
+                wl.check_trace_exists()
             except SpecError as exc:
                 raise ValueError("; ".join(f"workload.{p.field}: {p.message}" for p in exc.problems)) from None
-            return v
-        v = _resolve_ref(v, _base_dir(info), builtin_workloads())
-        WorkloadSpec.load(v)  # the file's own problems, named by its path
-        return v
+            return wl
+        if not isinstance(v, str):
+            raise ValueError("a built-in workload name, a workload file or a workload mapping")
+        return WorkloadSpec.load(_resolve_ref(v, _base_dir(info), builtin_workloads()))  # its problems name its file
 
-    @field_validator("search_space")
+    @field_validator("search_space", mode="before")
     @classmethod
-    def _space_ok(cls, v, info: ValidationInfo):
+    def _space_ok(cls, v, info: ValidationInfo) -> SearchSpace:
+        if isinstance(v, SearchSpace):
+            return v
         if isinstance(v, dict):
-            _validate_nested(SearchSpace, v)
-            return v
-        v = _resolve_ref(v, _base_dir(info), builtin_spaces())
-        SearchSpace.load(v)
-        return v
+            return _validate_nested(SearchSpace, v)
+        if not isinstance(v, str):
+            raise ValueError("a built-in search space name, a search space file or a search space mapping")
+        return SearchSpace.load(_resolve_ref(v, _base_dir(info), builtin_spaces()))
 
-    @field_validator("quality_gates")
+    @field_validator("quality_gates", mode="before")
     @classmethod
-    def _gates_ok(cls, v):
-        names: list[str] = []
+    def _gates_ok(cls, v) -> list[GateSpec]:
+        if not isinstance(v, list):
+            raise ValueError("a list of gates")
+        gates: list[GateSpec] = []
         for i, g in enumerate(v):
-            gate = _validate_nested(GateSpec, g, prefix=f"[{i}]")
-            if gate.name in names:
+            gate = g if isinstance(g, GateSpec) else _validate_nested(GateSpec, g, prefix=f"[{i}]")
+            if any(gate.name == other.name for other in gates):
                 raise ValueError(f"[{i}]: gate name '{gate.name}' used twice; names identify gates in reports")
-            names.append(gate.name)
             if gate.kind != "agreement":
                 metrics = _task_metrics(gate.task)
                 if gate.metric_name not in metrics:
                     raise ValueError(f"[{i}] gate '{gate.name}': metric '{gate.metric_name}' is not reported by task "
                                      f"'{gate.task}' (its metrics: {', '.join(metrics)})")
-        return v
+            gates.append(gate)
+        return gates
 
     @field_validator("output_dir")
     @classmethod
@@ -203,7 +214,7 @@ class TuningSpec(_Strict):
     @model_validator(mode="after")
     def _check(self) -> "TuningSpec":
         if self.sampler == "grid":
-            self.space().grid()  # raises for float knobs without a step
+            self.search_space.grid()  # raises for float knobs without a step
         if self.objective.pareto_with and self.sampler not in ("nsga2", "tpe", "random", "gp"):
             raise ValueError(f"sampler '{self.sampler}' cannot run a multi-objective study")
         return self
@@ -223,15 +234,6 @@ class TuningSpec(_Strict):
     def base_config(self) -> EngineConfig:
         return EngineConfig.model_validate({**self.engine, "model": self.model})
 
-    def workload_spec(self) -> WorkloadSpec:
-        return WorkloadSpec.load(self.workload)
-
-    def space(self) -> SearchSpace:
-        return SearchSpace.load(self.search_space)
-
-    def gates(self) -> list[GateSpec]:
-        return [GateSpec.model_validate(g) for g in self.quality_gates]
-
     def resolved_output_dir(self) -> Path:
         return Path(self.output_dir) if self.output_dir else Path("runs") / self.name
 
@@ -249,10 +251,10 @@ def default_spec_path() -> Path:
 
 def resolved_dict(spec: TuningSpec) -> dict[str, Any]:
     """The spec with every reference resolved: workload, search space, defaults, output paths."""
-    space, wl = spec.space(), spec.workload_spec()
     d = spec.model_dump(mode="json")
-    d["workload"] = wl.model_dump(mode="json", exclude_none=True)
-    d["search_space"] = space.model_dump(mode="json", exclude_none=True)
+    d["workload"] = spec.workload.model_dump(mode="json", exclude_none=True)
+    d["search_space"] = spec.search_space.model_dump(mode="json", exclude_none=True)
+    d["quality_gates"] = [g.model_dump(mode="json", exclude_none=True) for g in spec.quality_gates]
     d["output_dir"] = str(spec.resolved_output_dir())
     d["storage"] = spec.resolved_storage()
     d["mlflow_tracking_uri"] = spec.resolved_tracking_uri()
@@ -275,7 +277,7 @@ def validate_command(spec: Path) -> TuningSpec:
 
     s = TuningSpec.from_yaml(spec)
     preflight(s)
-    space, wl = s.space(), s.workload_spec()
+    space, wl = s.search_space, s.workload
     obj = s.objective
     c = Console()
     c.print(f"[green]ok[/green] {spec}: study '{s.name}', {obj.kind} objective {obj.direction()} {obj.metric_key()}"
@@ -399,7 +401,7 @@ def preflight(spec: TuningSpec) -> None:
     for field, url in (("storage", spec.resolved_storage()), ("mlflow_tracking_uri", spec.resolved_tracking_uri())):
         if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
             run(field, _check_writable_file, Path(url[len("sqlite:///"):]))
-    wl = spec.workload_spec()
+    wl = spec.workload
     if wl.trace_source is not None:
         run("workload.trace", load_trace, wl.trace_source)
     elif wl.trace:
@@ -453,7 +455,7 @@ def _check_context(spec: TuningSpec, base: EngineConfig) -> list[Problem]:
     if limit is None:
         return []
     lens = {"engine.max_model_len": [base.max_model_len]}
-    for k in spec.space().knobs:
+    for k in spec.search_space.knobs:
         if k.name == "max_model_len":
             lens["search_space"] = list(k.choices) if k.type == "categorical" else [int(k.high)]
     problems = []

@@ -69,7 +69,7 @@ def make_sampler(spec: TuningSpec):
         if s == "gp":
             return optuna.samplers.GPSampler(seed=seed, **con)
         if s == "grid":
-            return optuna.samplers.GridSampler(spec.space().grid(), seed=seed)
+            return optuna.samplers.GridSampler(spec.search_space.grid(), seed=seed)
         return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=4, **con)
 
 
@@ -84,10 +84,10 @@ def spec_fingerprint(spec: TuningSpec) -> dict[str, Any]:
         {"sha256": hex digest of all parts, "parts": {part: first 16 hex digits of its own}}.
     """
     parts = {
-        "workload": spec.workload_spec().model_dump(mode="json", exclude_defaults=True),
-        "search_space": spec.space().model_dump(mode="json", exclude_defaults=True),
+        "workload": spec.workload.model_dump(mode="json", exclude_defaults=True),
+        "search_space": spec.search_space.model_dump(mode="json", exclude_defaults=True),
         "objective": spec.objective.model_dump(mode="json", exclude_defaults=True),
-        "quality_gates": [g.model_dump(mode="json", exclude_defaults=True) for g in spec.gates()],
+        "quality_gates": [g.model_dump(mode="json", exclude_defaults=True) for g in spec.quality_gates],
         "engine": spec.base_config().model_dump(mode="json", exclude_defaults=True),
         "measure": spec.budget.measure,
     }
@@ -255,7 +255,7 @@ def enqueue_reference_trials(study, spec: TuningSpec) -> None:
     """
     if spec.sampler == "grid" or any(t.user_attrs.get("tag") for t in study.get_trials(deepcopy=False)):
         return
-    space = spec.space()
+    space = spec.search_space
     base = spec.base_config()
     for tag, cfg in ((DEFAULT_TAG, base), (NAIVE_TAG, base.with_updates(NAIVE_UPDATES))):
         params = _params_of(space, cfg, base)

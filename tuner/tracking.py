@@ -55,7 +55,7 @@ class MLflowTracker:
                 study.set_user_attr(PARENT_ATTR, parent)
                 self.client.log_param(parent, "objective", spec.objective.metric_key())
                 self.client.log_param(parent, "sampler", spec.sampler)
-                self.client.log_param(parent, "search_space", spec.space().name)
+                self.client.log_param(parent, "search_space", spec.search_space.name)
         self._parent = parent
         self.client.set_tag(parent, "slotune.omp_wait_policy", spec.budget.trial_omp_wait_policy)
         self.client.set_tag(parent, "slotune.measure", spec.budget.measure)

@@ -82,7 +82,7 @@ def _replay(url: str, spec, out: Path, seed: int) -> dict:
         "from slotune.tuner.bench import load_tokenizer\n"
         "from slotune.tuner.http_bench import run_http_benchmark\n"
         "spec = TuningSpec.from_yaml(sys.argv[1]); o = spec.objective\n"
-        "res = run_http_benchmark(sys.argv[2], spec.workload_spec(), tokenizer=load_tokenizer(spec.model),\n"
+        "res = run_http_benchmark(sys.argv[2], spec.workload, tokenizer=load_tokenizer(spec.model),\n"
         "    ttft_limit_s=o.ttft_limit_s, tpot_limit_s=o.tpot_limit_s, seed=int(sys.argv[4]), percentiles=(o.percentile,))\n"
         "open(sys.argv[3], 'w').write(json.dumps(res.metrics))\n")
     subprocess.run([sys.executable, "-c", code, str(spec["path"]), url, str(out), str(seed)], check=True)
@@ -112,7 +112,7 @@ def main() -> int:
             print(f"[{spec.name}] study took {time.perf_counter() - t0:.0f} s", flush=True)
         best = json.loads((out_dir / "best_metrics.json").read_text())
         key, trial_m = best["objective"], best["metrics"]
-        seed = spec.workload_spec().seed
+        seed = spec.workload.seed
         proc, url = _serve(out_dir / "best.yaml", out_dir / "serve.log")
         served = []
         try:

@@ -45,7 +45,7 @@ def test_own_model_spec_resolves_and_serves_its_workload(user_model):
     assert resolved_dict(spec)["engine"]["model"] == str(user_model)
     llm = LLM(spec.base_config())
     assert llm.tokenizer.chat_template_source == "tokenizer_config.json: chat_template"
-    workload = spec.workload_spec().model_copy(update={"num_requests": 3, "warmup_requests": 1, "concurrency": 2})
+    workload = spec.workload.model_copy(update={"num_requests": 3, "warmup_requests": 1, "concurrency": 2})
     res = run_benchmark(None, workload, llm=llm)
     assert len(res.records) == 3 and res.metrics["output_tokens_per_s"] > 0
     assert llm.engine.eos_token_ids == {llm.tokenizer.token_to_id("<|im_end|>")}  # config.json and tokenizer_config

@@ -54,3 +54,49 @@ def test_budget_measure_defaults_to_served_and_names_the_field():
     with pytest.raises(ValidationError) as exc:
         TuningSpec.model_validate({**base, "budget": {"measure": "http"}})
     assert "budget.measure" in format_error(exc.value)
+
+
+def test_references_are_resolved_once_into_typed_parts(tmp_path):
+    """The rest of the code gets resolved objects: a workload file, a built-in search space and gate
+    mappings arrive as WorkloadSpec, SearchSpace and GateSpec, and a spec built from those objects
+    (as the operator and tests do) is the same spec."""
+    from slotune.evals.gates import GateSpec
+    from slotune.search_spaces.schema import SearchSpace
+    from slotune.tuner.workload import WorkloadSpec
+
+    (tmp_path / "wl.yaml").write_text("name: mine\nnum_requests: 5\nconcurrency: 2\n")
+    spec = TuningSpec.from_yaml(_write(tmp_path / "s.yaml", "name: x\nworkload: wl.yaml\nsearch_space: latency\n"
+                                       "objective: {kind: latency, metric: tpot}\n"
+                                       "quality_gates: [{name: agree, kind: agreement, min_top1: 0.9}]\n"))
+    assert isinstance(spec.workload, WorkloadSpec) and spec.workload.name == "mine" and spec.workload.num_requests == 5
+    assert isinstance(spec.search_space, SearchSpace) and spec.search_space.name == "latency"
+    assert [type(g) for g in spec.quality_gates] == [GateSpec] and spec.quality_gates[0].min_top1 == 0.9
+    again = TuningSpec(name="x", workload=spec.workload, search_space=spec.search_space,
+                       objective=spec.objective, quality_gates=spec.quality_gates)
+    assert again.model_dump() == spec.model_dump()
+    with pytest.raises(ValidationError, match="workload"):
+        TuningSpec.model_validate({"name": "x", "workload": 3, "objective": {"kind": "latency", "metric": "tpot"}})
+
+
+def test_study_fingerprints_survive_the_typed_spec():
+    """A study remembers its spec's fingerprint and refuses to resume under another (tuner/study.py):
+    these are the built-in quickstart's and examples 01/02's fingerprints as written before the spec
+    was typed (commit faf0a4e), so a refactor that changes them would refuse every existing study."""
+    from pathlib import Path
+
+    from slotune.tuner.spec import default_spec_path
+    from slotune.tuner.study import spec_fingerprint
+
+    root = Path(__file__).resolve().parents[2] / "examples"
+    pinned = {
+        default_spec_path(): "160a6d045c2b7ff75b43c3684b337aad69c166fedc1067e282d5deef1c3d885c",
+        root / "01-chat-latency" / "spec.yaml": "aecc6eadff027d98dfb8e93aaebedd231fa879ecf01f23b37e409cdc5e51dc64",
+        root / "02-batch-throughput" / "spec.yaml": "457c01125e128cf696ff4a29f75a4f2837a9706633def41493ede12fcfe972ea",
+    }
+    for path, sha in pinned.items():
+        assert spec_fingerprint(TuningSpec.from_yaml(path))["sha256"] == sha, path
+
+
+def _write(path, text):
+    path.write_text(text)
+    return path

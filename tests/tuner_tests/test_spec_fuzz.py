@@ -139,11 +139,11 @@ def test_tuning_spec_fuzz(doc):
     spec = check(TuningSpec.model_validate, doc)
     if spec is not None:  # accepted: everything the CLI reads from it works too
         spec.base_config()
-        spec.gates()
-        space = spec.space()
+        assert len({g.name for g in spec.quality_gates}) == len(spec.quality_gates)
+        space = spec.search_space
         for k in space.knobs:
             k.distribution()
-        assert spec.workload_spec().num_requests or spec.workload_spec().duration_s
+        assert spec.workload.num_requests or spec.workload.duration_s
         resolved_dict(spec)
 
 

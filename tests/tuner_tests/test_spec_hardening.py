@@ -195,16 +195,16 @@ def test_every_relative_path_resolves_against_the_spec_folder(tmp_path, monkeypa
     assert spec.output_dir == str(d / "out")
     assert spec.storage == f"sqlite:///{d / 'out' / 'study.db'}"
     assert spec.mlflow_tracking_uri == f"sqlite:///{d / 'out' / 'ml.db'}"
-    assert spec.space().grid() == {"max_num_seqs": [1, 2]}
-    assert spec.workload_spec().trace == str(d / "wl" / "t.jsonl")
+    assert spec.search_space.grid() == {"max_num_seqs": [1, 2]}
+    assert spec.workload.trace == str(d / "wl" / "t.jsonl")
     from slotune.tuner.study import make_sampler
 
     assert type(make_sampler(spec)).__name__ == "GridSampler"  # sampler: grid from another directory
     inline = TuningSpec.from_yaml(write(d / "inline.yaml", BASE + "workload: {trace: data/inline.jsonl}\n"))
-    assert inline.workload_spec().trace == str(d / "data" / "inline.jsonl")
+    assert inline.workload.trace == str(d / "data" / "inline.jsonl")
     # built-in names stay names, absolute paths stay absolute
     named = TuningSpec.from_yaml(write(d / "named.yaml", BASE + f"workload: chat-small\noutput_dir: {tmp_path}/abs\n"))
-    assert named.workload == "chat-small" and named.model == "smollm2-135m" and named.output_dir == f"{tmp_path}/abs"
+    assert named.workload.name == "chat-small" and named.model == "smollm2-135m" and named.output_dir == f"{tmp_path}/abs"
 
 
 def test_validate_cli_from_another_directory(tmp_path, monkeypatch):

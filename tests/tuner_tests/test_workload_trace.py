@@ -188,7 +188,7 @@ def test_tuning_spec_resolves_the_nested_trace_path_and_preflights_it(tmp_path, 
     spec_path = _trace_project(tmp_path, "{trace: {path: recording/, window: [0, 30]}, warmup_requests: 0}")
     monkeypatch.chdir(tmp_path)
     spec = TuningSpec.from_yaml(os.path.relpath(spec_path))
-    wl = spec.workload_spec()
+    wl = spec.workload
     assert wl.trace_source.path == str(spec_path.parent / "recording") and wl.arrivals == "trace"
     code, out, err = cli("validate", os.path.relpath(spec_path))
     assert code == 0, err
