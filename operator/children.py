@@ -170,7 +170,7 @@ def tuning_jobs(tuning: str, spec: dict[str, Any], owner, run: int, namespace: s
     runs the study and then writes best.yaml and its metrics into the result ConfigMap through
     the API: results never travel through pod logs. With a traffic `plan`, the recording's claim
     is mounted read-only and the publisher snapshots and summarizes the window first, and skips
-    the study when the traffic has not drifted from `plan.baseline`.
+    the study when the traffic has not drifted from `plan.tuned_traffic`.
     """
     labels = {api.LABEL_TUNING: tuning, api.LABEL_RUN: str(run)}
     env = [{"name": "SLOTUNE_RUN", "value": str(run)}]
@@ -183,8 +183,8 @@ def tuning_jobs(tuning: str, spec: dict[str, Any], owner, run: int, namespace: s
     if plan is not None:
         main += ["--traffic-dir", recording_dir(plan.serving), "--traffic-window-s", str(plan.window_s),
                  "--traffic-snapshot", TRAFFIC_SNAPSHOT, "--drift-threshold", f"{plan.drift_threshold:g}"]
-        if plan.baseline is not None:
-            main += ["--baseline-traffic", json.dumps(plan.baseline, sort_keys=True)]
+        if plan.tuned_traffic is not None:
+            main += ["--tuned-traffic", json.dumps(plan.tuned_traffic, sort_keys=True)]
     main += ["--", *tune]
     workers = int(spec.get("workers", 1))
     jobs = [_job(job_name(tuning, run), spec, owner, labels, env, main, parallelism=1, is_publisher=True,

@@ -2,7 +2,7 @@
 
     python -m slotune.operator.publish --configmap NAME [--namespace NS] --result-dir DIR
         [--traffic-dir DIR --traffic-window-s S --traffic-snapshot FILE --drift-threshold X
-         [--baseline-traffic JSON]] -- tune run ...
+         [--tuned-traffic JSON]] -- tune run ...
 
 The operator pre-creates the (empty, owned) result ConfigMap; this fills it with `best.yaml`,
 `best_metrics.json` and, when the study logged one, `mlflow_run_id` -- or with `error` when
@@ -17,7 +17,7 @@ last `--traffic-window-s` seconds of every recording under the folder (one sub-f
 serving pod; the window ends at the newest request recorded) are copied into
 `--traffic-snapshot`, the file the tuning spec's workload replays, and summarized
 (`traffic.json`, published at once, so status shows it while the study runs). When that
-summary has not drifted from `--baseline-traffic` by `--drift-threshold`, the command does not
+summary has not drifted from `--tuned-traffic` by `--drift-threshold`, the command does not
 run: `skipped` ("NoDrift: traffic drift 4% < threshold 15% ...") is published instead, exit 0.
 No recorded request in the window publishes `error` ("NoTraffic: ..."), exit 1. Lines that are
 not a RecordedRequest (a pod killed mid-write leaves half a line) are left out and counted
@@ -163,7 +163,7 @@ def traffic_summary(s: TraceSummary, w: Window) -> dict:
 
 
 def prepare_traffic(root: Path, window_s: float, snapshot: Path, threshold: float,
-                    baseline: dict | None) -> tuple[dict, str | None]:
+                    tuned_traffic: dict | None) -> tuple[dict, str | None]:
     """Snapshot and summarize the window; returns (status.traffic summary with the drift verdict,
     "NoDrift: ..." when the run should not tune, else None). Raises NoTraffic, ValueError."""
     window = snapshot_traffic(root, window_s, snapshot)
@@ -171,12 +171,12 @@ def prepare_traffic(root: Path, window_s: float, snapshot: Path, threshold: floa
         raise NoTraffic(f"no request recorded under {root} in the {window_s:g} s before the newest one")
     summary = traffic_summary(summarize(load_trace(TraceSource(path=str(snapshot), format="recorded"))), window)
     summary.update(driftThreshold=threshold, drift=None, driftField=None, driftFrom=None)
-    if baseline is None:
+    if tuned_traffic is None:
         return summary, None
-    d = traffic.drift(summary, baseline)
-    summary.update(drift=_sig(d.value), driftField=d.field, driftFrom=baseline.get("run"))
+    d = traffic.drift(summary, tuned_traffic)
+    summary.update(drift=_sig(d.value), driftField=d.field, driftFrom=tuned_traffic.get("run"))
     if traffic.is_skipped(d, threshold):
-        return summary, f"NoDrift: {traffic.describe(d, threshold, baseline.get('run'))}"
+        return summary, f"NoDrift: {traffic.describe(d, threshold, tuned_traffic.get('run'))}"
     return summary, None
 
 
@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--traffic-window-s", type=float, default=86400.0)
     p.add_argument("--traffic-snapshot", type=Path, default=None, help="where the window is copied (the workload's trace)")
     p.add_argument("--drift-threshold", type=float, default=0.0)
-    p.add_argument("--baseline-traffic", type=json.loads, default=None,
+    p.add_argument("--tuned-traffic", "--baseline-traffic", dest="tuned_traffic", type=json.loads, default=None,
                    help="JSON: the traffic summary the last result was tuned on")
     args = p.parse_args(argv)
     namespace = args.namespace or _pod_namespace()
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
             snapshot = args.traffic_snapshot or args.result_dir / "traffic.jsonl"
             try:
                 summary, skipped = prepare_traffic(args.traffic_dir, args.traffic_window_s, snapshot,
-                                                   args.drift_threshold, args.baseline_traffic)
+                                                   args.drift_threshold, args.tuned_traffic)
             except NoTraffic as exc:
                 report_result(args.configmap, namespace, error=f"NoTraffic: {exc}")
                 return 1

@@ -10,14 +10,14 @@ workload replays that snapshot (`trace: {path: SNAPSHOT}`). A snapshot, not the 
 recorders keep rotating files away while a study runs, and every trial must replay the same
 requests.
 
-Drift of a summary from a baseline: the largest of the relative changes of meanRate,
+Drift of a summary from the tuned-on traffic: the largest of the relative changes of meanRate,
 promptP50, promptP95, outputP50 and outputP95, and the absolute change of cacheableShare (a
 share is a fraction already). The inter-arrival CV is reported, not compared: over a window of
 bursty traffic it swings while the config that serves the traffic best does not.
 
-The baseline is the traffic the last result was tuned on -- not the last run's, which may have
+The tuned-on traffic (`status.tunedTraffic`) is the traffic the last result was tuned on -- not the last run's, which may have
 been skipped -- so a slow creep, too small to notice run by run, still adds up to a re-tune. A
-changed tuning spec or traffic source (window, time scale, serving) is a new baseline: the next
+changed tuning spec or traffic source (window, time scale, serving) is a new reference: the next
 run tunes whatever the drift. Pure functions; the operator and the Job share them.
 """
 
@@ -47,8 +47,8 @@ class Plan:
     window_s: int
     drift_threshold: float
     time_scale: float
-    source_hash: str  # the tuning spec and traffic source a baseline must share (`source_hash`)
-    baseline: dict[str, Any] | None = None  # the summary the last result was tuned on, if comparable
+    source_hash: str  # the tuning spec and traffic source the tuned-on traffic must share (`source_hash`)
+    tuned_traffic: dict[str, Any] | None = None  # the summary the last result was tuned on, if comparable
 
 
 def settings(spec: dict[str, Any]) -> dict[str, Any] | None:
@@ -85,23 +85,23 @@ def problem(spec: dict[str, Any]) -> tuple[str, str] | None:
 
 
 def source_hash(spec: dict[str, Any]) -> str:
-    """What a baseline must have been tuned with to be compared: the tuning spec and traffic source."""
+    """What the tuned-on traffic must have been tuned with to be compared: the tuning spec and traffic source."""
     t = settings(spec) or {}
     key = {"tuning": spec.get("tuning"), "fromServing": t.get("fromServing"), "window": t.get("window"),
            "timeScale": t.get("timeScale")}
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
 
 
-def make_plan(spec: dict[str, Any], claim: str, baseline: dict[str, Any] | None) -> Plan:
-    """The Plan of a run; `baseline` (status.baselineTraffic) is kept only if tuned on the same source."""
+def make_plan(spec: dict[str, Any], claim: str, tuned_traffic: dict[str, Any] | None) -> Plan:
+    """The Plan of a run; `tuned_traffic` (status.tunedTraffic) is kept only if tuned on the same source."""
     t = settings(spec)
     assert t is not None and problem(spec) is None, "check spec.traffic (problem) first"
     digest = source_hash(spec)
-    comparable = baseline if baseline and baseline.get("sourceHash") == digest else None
+    comparable = tuned_traffic if tuned_traffic and tuned_traffic.get("sourceHash") == digest else None
     return Plan(serving=t["fromServing"], claim=claim,
                 window_s=int(schedule.parse_duration(t["window"]).total_seconds()),
                 drift_threshold=t["driftThreshold"], time_scale=t["timeScale"], source_hash=digest,
-                baseline={k: comparable.get(k) for k in ("run", *SUMMARY_FIELDS)} if comparable else None)
+                tuned_traffic={k: comparable.get(k) for k in ("run", *SUMMARY_FIELDS)} if comparable else None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,10 +129,10 @@ def drift(new: dict[str, Any], old: dict[str, Any]) -> Drift:
     return Drift(changes[key], key)
 
 
-def describe(d: Drift, threshold: float, baseline_run: Any = None) -> str:
+def describe(d: Drift, threshold: float, tuned_run: Any = None) -> str:
     """"traffic drift 4% < threshold 15% (largest: promptP95, vs run 3)"."""
     op = "<" if is_skipped(d, threshold) else ">="
-    vs = f", vs run {baseline_run}" if baseline_run is not None else ""
+    vs = f", vs run {tuned_run}" if tuned_run is not None else ""
     return f"traffic drift {_percent(d.value)} {op} threshold {_percent(threshold)} (largest: {d.field}{vs})"
 
 

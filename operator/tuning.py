@@ -17,9 +17,9 @@ condition and creates nothing.
 
 With `spec.traffic` a run tunes on the traffic its SLOServing recorded (traffic.py): the Job
 publishes the summary of the window it snapshotted (`traffic.json`, copied into
-`status.traffic`) and, when it has not drifted from `status.baselineTraffic` (the traffic the
+`status.traffic`) and, when it has not drifted from `status.tunedTraffic` (the traffic the
 last result was tuned on) by `driftThreshold`, `skipped` instead of a result: the run ends
-`Skipped` with the `Retuned=False` condition. A run that tunes makes its traffic the baseline;
+`Skipped` with the `Retuned=False` condition. A run that tunes makes its traffic the tuned-on traffic;
 a result rolled back or superseded before approval leaves none, so the next run tunes
 whatever the drift.
 """
@@ -201,7 +201,13 @@ def admit_run(s: Step) -> tuple[admission.Rejection | None, traffic.Plan | None]
         return admission.Rejection("spec.traffic.fromServing", "TrafficNotRecorded",
                                    f"spec.traffic.fromServing: SLOServing '{name}' records no traffic: set its "
                                    "spec.recordTraffic.claimName"), None
-    return None, traffic.make_plan(s.spec, record["claimName"], s.get("baselineTraffic"))
+    return None, traffic.make_plan(s.spec, record["claimName"], tuned_traffic(s))
+
+
+def tuned_traffic(s: Step) -> dict[str, Any] | None:
+    """The traffic the last result was tuned on; `baselineTraffic` is its name in objects written by
+    operators before 0.2 (read once, replaced by `tunedTraffic` at the next result)."""
+    return s.get("tunedTraffic") or s.get("baselineTraffic")
 
 
 def start_run(s: Step, run: int) -> None:
@@ -251,7 +257,7 @@ def note_traffic(s: Step, data: dict[str, str]) -> None:
     old = dict(s.get("traffic") or {})
     if old.get("run") != s.run:  # not started with spec.traffic (changed since): compare with nothing
         old = {"run": s.run}
-    # null is no value (a merge patch deletes the key): drift stays unset without a baseline
+    # null is no value (a merge patch deletes the key): drift stays unset without tuned-on traffic
     new = {k: v for k, v in {**old, **json.loads(data["traffic.json"])}.items() if v is not None}
     if new == s.get("traffic"):
         return
@@ -288,7 +294,8 @@ def take_result(s: Step, data: dict[str, str]) -> None:
     s.set(best=best, mlflowRunId=data.get("mlflow_run_id"))
     run_traffic = s.get("traffic") or {}
     if run_traffic.get("run") == s.run and run_traffic.get("requests"):
-        s.replace("baselineTraffic", run_traffic)  # what the next run's traffic is compared with
+        s.replace("tunedTraffic", run_traffic)  # what the next run's traffic is compared with
+        s.set(baselineTraffic=None)  # its pre-rename name, written by operators before 0.2
     s.condition("Tuned", True, "ResultReady", f"run {s.run}: {best['summary']}")
     s.event("Normal", "ResultReady", f"run {s.run}: {best['summary']}")
     if s.policy.mode == "manual":
@@ -341,7 +348,7 @@ def promote(s: Step, verdict: rollout.Verdict) -> None:
 
 def roll_back(s: Step, verdict: rollout.Verdict) -> None:
     api.patch_serving(s.namespace, s.serving, {"spec": {"canary": None}})
-    s.set(baselineTraffic=None)  # a result that failed in production: the next run re-tunes
+    s.set(tunedTraffic=None, baselineTraffic=None)  # a result that failed in production: the next run re-tunes
     s.condition("RolledOut", False, verdict.reason, f"run {s.run} rolled back: {verdict.message}")
     s.event("Warning", "RolledBack", f"run {s.run}: {verdict.reason}: {verdict.message}")
     finish(s, "RolledBack", verdict.reason, verdict.message, verdict.measured)
@@ -393,7 +400,7 @@ def reschedule(s: Step) -> None:
         record(s, {"run": s.run, "outcome": "Superseded", "reason": "Scheduled",
                    "message": "a scheduled run started before approval", "at": stamp(now()),
                    "configHash": (s.get("best") or {}).get("configHash")})
-        s.set(baselineTraffic=None)  # a result never rolled out: the next run re-tunes
+        s.set(tunedTraffic=None, baselineTraffic=None)  # a result never rolled out: the next run re-tunes
     start_run(s, s.run + 1)
 
 

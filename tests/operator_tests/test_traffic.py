@@ -44,7 +44,7 @@ def test_drift_is_the_largest_relative_change_or_the_share_change():
     assert d.field == "cacheableShare" and d.value == pytest.approx(0.25)
     # the CV is reported, not compared
     assert traffic.drift({**BASE, "cv": 3.0}, BASE).value == 0.0
-    # a field missing on either side, or zero in the baseline, is left out
+    # a field missing on either side, or zero in the tuned-on traffic, is left out
     assert traffic.drift({**BASE, "meanRate": None, "cacheableShare": None}, {**BASE, "outputP50": 0}).value == 0.0
     assert traffic.drift({}, {}) == traffic.Drift(0.0, "none")
 
@@ -56,18 +56,18 @@ def test_describe_and_the_skip_rule():
     assert traffic.describe(traffic.Drift(0.15, "meanRate"), 0.15).startswith("traffic drift 15% >= threshold 15%")
 
 
-def test_a_baseline_counts_only_for_the_same_spec_and_source():
+def test_tuned_traffic_counts_only_for_the_same_spec_and_source():
     spec = {"tuning": {"name": "a"}, "target": {"servingName": "chat"}, "traffic": {"window": "1h"}}
     digest = traffic.source_hash(spec)
-    baseline = {**BASE, "sourceHash": digest, "window": {"seconds": 3600}}
-    plan = traffic.make_plan(spec, "rec", baseline)
+    tuned = {**BASE, "sourceHash": digest, "window": {"seconds": 3600}}
+    plan = traffic.make_plan(spec, "rec", tuned)
     assert (plan.serving, plan.claim, plan.window_s, plan.drift_threshold) == ("chat", "rec", 3600, 0.15)
-    assert plan.baseline == {k: BASE[k] for k in ("run", *traffic.SUMMARY_FIELDS)}
+    assert plan.tuned_traffic == {k: BASE[k] for k in ("run", *traffic.SUMMARY_FIELDS)}
     for changed in ({**spec, "tuning": {"name": "b"}}, {**spec, "traffic": {"window": "2h"}},
                     {**spec, "traffic": {"window": "1h", "fromServing": "other"}}):
-        assert traffic.make_plan(changed, "rec", baseline).baseline is None
-    # the threshold is how the baseline is judged, not what it was tuned on
-    assert traffic.make_plan({**spec, "traffic": {"window": "1h", "driftThreshold": 0.5}}, "rec", baseline).baseline
+        assert traffic.make_plan(changed, "rec", tuned).tuned_traffic is None
+    # the threshold is how the tuned-on traffic is judged, not what it was tuned on
+    assert traffic.make_plan({**spec, "traffic": {"window": "1h", "driftThreshold": 0.5}}, "rec", tuned).tuned_traffic
 
 
 @pytest.mark.parametrize("patch,field", [
@@ -122,7 +122,7 @@ def test_a_traffic_run_mounts_the_recording_read_only_and_replays_its_snapshot()
     arg = lambda flag: cmd[cmd.index(flag) + 1]  # noqa: E731
     assert arg("--traffic-dir") == "/traffic/chat" and arg("--traffic-window-s") == "7200"
     assert arg("--traffic-snapshot") == children.TRAFFIC_SNAPSHOT and arg("--drift-threshold") == "0.2"
-    assert json.loads(arg("--baseline-traffic"))["promptP95"] == 900
+    assert json.loads(arg("--tuned-traffic"))["promptP95"] == 900
     assert cmd[cmd.index("--") + 1:][:2] == ["tune", "run"]
     workload = children.tuning_spec(spec, plan, 1)["workload"]
     assert workload["trace"] == {"path": children.TRAFFIC_SNAPSHOT, "format": "recorded", "time_scale": 2.0}
@@ -179,3 +179,17 @@ def test_every_run_is_its_own_study():
     spec = {"tuning": {"name": "chat", "model": "smollm2-135m"}}
     assert [children.tuning_spec(spec, None, run)["name"] for run in (1, 2)] == ["chat-run-1", "chat-run-2"]
     assert spec["tuning"]["name"] == "chat"  # the custom resource's own spec is not touched
+
+
+def test_tuned_traffic_written_under_its_pre_rename_name_is_still_read_then_replaced():
+    """Objects written by operators before 0.2 keep the tuned-on traffic in `status.baselineTraffic`:
+    it is still what the next run compares with, and the next result moves it to `tunedTraffic`."""
+    from slotune.operator import tuning
+
+    old = {"run": 1, "requests": 200, "sourceHash": "h"}
+    s = tuning.Step(name="t", namespace="ns", spec={"rollout": {"mode": "manual"}, "target": {"servingName": "chat"}},
+                    status={"baselineTraffic": old, "run": 2, "traffic": {"run": 2, "requests": 180}}, body={})
+    assert tuning.tuned_traffic(s) == old
+    tuning.take_result(s, {"best.yaml": "max_num_seqs: 4\n"})
+    assert s.patch["tunedTraffic"]["run"] == 2 and s.patch["baselineTraffic"] is None
+    assert tuning.tuned_traffic(s)["requests"] == 180

@@ -72,13 +72,13 @@ def test_scheduled_runs_tune_on_recorded_traffic_and_skip_without_drift(cluster,
                               traffic={"fromServing": "rec", "window": "1h", "driftThreshold": 0.15}))
     claims = {"rec-traffic": claim}
 
-    # run 1: no baseline yet -- tunes on the window, which becomes the baseline
+    # run 1: no tuned-on traffic yet -- tunes on the window, which becomes the tuned-on traffic
     job = wait_for("job run 1", lambda: get(client, "Job", ns, "rec-tune-run-1"))
     pod = job["spec"]["template"]["spec"]
     assert {"name": "traffic", "mountPath": "/traffic", "readOnly": True} in pod["containers"][0]["volumeMounts"]
     assert {"name": "traffic", "persistentVolumeClaim": {"claimName": "rec-traffic", "readOnly": True}} \
         in pod["volumes"]
-    assert "--baseline-traffic" not in pod["containers"][0]["command"]
+    assert "--tuned-traffic" not in pod["containers"][0]["command"]
     spec = yaml.safe_load(get(client, "ConfigMap", ns, "rec-tune-spec")["data"]["spec.yaml"])
     assert spec["workload"]["trace"] == {"path": children.TRAFFIC_SNAPSHOT, "format": "recorded", "time_scale": 1.0}
     proc = run_job(cluster, ns, "rec-tune-run-1", tmp_path / "job1", best_config={"max_num_seqs": 4}, claims=claims)
@@ -87,9 +87,9 @@ def test_scheduled_runs_tune_on_recorded_traffic_and_skip_without_drift(cluster,
     status = wait_for("run 1's result", lambda: tuning_status(client, ns, "rec-tune",
                                                               lambda s: (s.get("best") or {}).get("run") == 1))
     t = status["traffic"]
-    assert (t["run"], t["requests"], t["window"]["seconds"]) == (1, 200, 3600) and "drift" not in t  # no baseline
+    assert (t["run"], t["requests"], t["window"]["seconds"]) == (1, 200, 3600) and "drift" not in t  # nothing to compare with
     assert t["meanRate"] == pytest.approx(0.4, rel=0.05) and 400 <= t["promptP50"] <= 430
-    assert status["baselineTraffic"]["run"] == 1
+    assert status["tunedTraffic"]["run"] == 1
     cond = condition(client, api.TUNINGS, ns, "rec-tune", "Retuned")
     assert (cond["status"], cond["reason"]) == ("True", "NoBaseline")
     # run 1 goes out through a canary that holds the SLO
@@ -105,8 +105,8 @@ def test_scheduled_runs_tune_on_recorded_traffic_and_skip_without_drift(cluster,
 
     # run 2: the same traffic -- the Job publishes `skipped`, `tune run` never starts
     job = wait_for("job run 2", lambda: get(client, "Job", ns, "rec-tune-run-2"))
-    baseline = job["spec"]["template"]["spec"]["containers"][0]["command"]
-    assert '"run": 1' in baseline[baseline.index("--baseline-traffic") + 1]
+    cmd = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert '"run": 1' in cmd[cmd.index("--tuned-traffic") + 1]
     proc = run_job(cluster, ns, "rec-tune-run-2", tmp_path / "job2", best_config={"max_num_seqs": 2}, claims=claims)
     assert proc.returncode == 0, proc.stderr
     assert not (tmp_path / "job2" / "out" / "best.yaml").exists()
@@ -116,7 +116,7 @@ def test_scheduled_runs_tune_on_recorded_traffic_and_skip_without_drift(cluster,
         client, ns, "rec-tune", lambda s: any(h["run"] == 2 for h in s.get("history") or [])))
     entry = next(h for h in status["history"] if h["run"] == 2)
     assert (entry["outcome"], entry["reason"], entry["traffic"]["drift"]) == ("Skipped", "NoDrift", 0.0)
-    assert status["best"]["run"] == 1 and status["baselineTraffic"]["run"] == 1  # the baseline stays
+    assert status["best"]["run"] == 1 and status["tunedTraffic"]["run"] == 1  # the tuned-on traffic stays
     cond = condition(client, api.TUNINGS, ns, "rec-tune", "Retuned")
     assert (cond["status"], cond["reason"]) == ("False", "NoDrift")
     assert cond["message"].startswith("run 2: traffic drift 0% < threshold 15%") and "vs run 1" in cond["message"]
@@ -132,7 +132,7 @@ def test_scheduled_runs_tune_on_recorded_traffic_and_skip_without_drift(cluster,
                                                               lambda s: (s.get("best") or {}).get("run") == 3))
     t = status["traffic"]
     assert t["run"] == 3 and t["requests"] == 500 and t["drift"] >= 0.15 and t["driftFrom"] == 1
-    assert status["baselineTraffic"]["run"] == 3
+    assert status["tunedTraffic"]["run"] == 3
     cond = condition(client, api.TUNINGS, ns, "rec-tune", "Retuned")
     assert (cond["status"], cond["reason"]) == ("True", "TrafficDrifted")
     assert f"largest: {t['driftField']}, vs run 1" in cond["message"]
