@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from importlib import resources
 from pathlib import Path
 
 import torch
 
-from slotune.evals.gates import Baseline, GateResult, GateSpec
+from slotune.evals.baseline import Baseline
+from slotune.evals.gate_spec import GateResult, GateSpec
+from slotune.evals.scoring import PagedScorer
 from slotune.evals.stats import judge, mean, mean_stderr
 
 TOP_K = 32
@@ -65,10 +68,6 @@ def _top_k(i: int, logits: torch.Tensor) -> dict:
 def agreement_gate(gate: GateSpec, llm, base: Baseline) -> GateResult:
     """Top-1 agreement must stay >= min_top1 (drop = 1 - top1 <= 1 - min_top1, or <= max_abs_drop)
     and mean KL <= max_mean_kl; in non_inferiority mode each with its one-sided bound."""
-    import time
-
-    from slotune.evals.scoring import PagedScorer
-
     n = gate.limit or DEFAULT_NUM_PROMPTS
     prompts = agreement_prompts(llm.tokenizer, n)
     reqs = [(ids, len(ids) - 1) for ids in prompts]

@@ -13,6 +13,9 @@ The baseline is the same config with 16-bit-or-better everything and no drafts
 limit, scorer version, baseline dtype/device) and cached on disk as JSON, per item, so later
 candidates are compared pairwise on the same items.
 
+Records: evals/gate_spec.py (GateSpec, GateResult, GateReport); the baseline and its cache:
+evals/baseline.py; gate kinds: `_task_gate` here, `agreement_gate` in evals/agreement.py.
+
 Lifecycle: `evaluate_gates(config, gates, llm=trial_llm)` -> for each gate: baseline from the
 cache (or computed on a lazily loaded baseline engine) -> candidate on `llm` -> `stats.judge`.
 A gate that raises is recorded as failed with the error as its reason, never raised.
@@ -20,206 +23,27 @@ A gate that raises is recorded as failed with the error as its reason, never rai
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import math
-import os
-import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from importlib import resources
 from pathlib import Path
-from typing import Any, Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
 
-from slotune.engine.paths import cache_root
+from slotune.engine.config import EngineConfig
+from slotune.evals.baseline import Baseline, default_cache_dir
+from slotune.evals.gate_spec import GateReport, GateResult, GateSpec
 from slotune.evals.stats import judge, paired_drop, paired_perplexity_drop
+from slotune.evals.tasks import run_task, task_fingerprint
 from slotune.tuner.errors import SpecError, load_yaml
 
 log = logging.getLogger(__name__)
 
-SCORER_VERSION = 2  # bump when scoring changes numerics: invalidates cached baselines
-DEFAULT_METRIC = {"lm_eval": "acc", "perplexity": "word_perplexity", "agreement": "top1"}
-DEFAULT_TASK = {"perplexity": "slotune_kjv_perplexity"}
 
-
-class GateSpec(BaseModel):
-    """One quality gate, as written under `quality_gates:` in a tuning spec or a gates YAML."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: str
-    kind: Literal["agreement", "lm_eval", "perplexity"]
-    task: str | None = Field(None, description="bundled lm-eval task (lm_eval, perplexity); see evals/tasks/SOURCES.md")
-    metric: str | None = Field(None, description="lm_eval: acc | acc_norm | exact_match; perplexity: "
-                               "word_perplexity | byte_perplexity; agreement: top1 (default per kind)")
-    limit: int | None = Field(None, ge=2, description="documents (lm_eval, perplexity) or prompts (agreement); None = all")
-    max_abs_drop: float | None = Field(None, ge=0, description="largest accepted drop, in the metric's units")
-    max_rel_drop: float | None = Field(None, ge=0, le=10, description="largest accepted drop as a fraction of the baseline")
-    min_top1: float | None = Field(None, ge=0, le=1, description="agreement: minimum top-1 agreement")
-    max_mean_kl: float | None = Field(None, ge=0, description="agreement: maximum mean KL(baseline || candidate), nats")
-    mode: Literal["threshold", "non_inferiority"] = "threshold"
-    confidence: float = Field(0.95, gt=0.5, lt=1, description="non_inferiority: one-sided confidence")
-
-    @model_validator(mode="after")
-    def _check(self) -> "GateSpec":
-        where = f"gate '{self.name}'"
-        if self.kind == "agreement":
-            if self.task:
-                raise ValueError(f"{where}: agreement takes no task")
-            if self.metric not in (None, "top1"):
-                raise ValueError(f"{where}: agreement metric must be top1, got '{self.metric}'")
-            if self.min_top1 is None and self.max_mean_kl is None and self.max_abs_drop is None:
-                raise ValueError(f"{where}: agreement needs min_top1, max_mean_kl or max_abs_drop")
-            return self
-        if self.min_top1 is not None or self.max_mean_kl is not None:
-            raise ValueError(f"{where}: min_top1 / max_mean_kl apply to agreement gates only")
-        self.task = self.task or DEFAULT_TASK.get(self.kind)
-        if not self.task:
-            raise ValueError(f"{where}: {self.kind} needs a task")
-        from slotune.evals.tasks import bundled_tasks
-
-        if self.task not in bundled_tasks():
-            raise ValueError(f"{where}: unknown task '{self.task}'; bundled: {', '.join(bundled_tasks())}")
-        if self.max_abs_drop is None and self.max_rel_drop is None:
-            raise ValueError(f"{where}: set max_abs_drop and/or max_rel_drop")
-        return self
-
-    @property
-    def metric_name(self) -> str:
-        return self.metric or DEFAULT_METRIC[self.kind]
-
-    def margin(self, baseline: float) -> float:
-        """Largest accepted drop: the tighter of the absolute and relative limits."""
-        m = math.inf
-        if self.max_abs_drop is not None:
-            m = min(m, self.max_abs_drop)
-        if self.max_rel_drop is not None:
-            m = min(m, self.max_rel_drop * abs(baseline))
-        return m
-
-
-@dataclass
-class GateResult:
-    name: str
-    kind: str
-    passed: bool
-    baseline: float | None  # the metric on the baseline config
-    candidate: float | None  # the metric on the candidate config
-    stderr: float | None  # SE of the drop (paired where the items match)
-    drop: float | None  # positive = candidate worse, in the metric's units
-    reason: str
-    metric: str = ""
-    margin: float | None = None
-    num_items: int = 0
-    seconds: float = 0.0  # candidate evaluation time (baseline excluded)
-    details: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class GateReport:
-    gates: list[GateResult]
-
-    @property
-    def passed(self) -> bool:
-        return all(g.passed for g in self.gates)
-
-    @property
-    def failures(self) -> list[str]:
-        return [f"{g.name}: {g.reason}" for g in self.gates if not g.passed]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"passed": self.passed, "gates": [asdict(g) for g in self.gates]}
-
-
-# --- baseline --------------------------------------------------------------------------------
-def model_identity(model_path: Path) -> str:
-    """Cheap stable identity: size + mtime + hash of the first MiB (files) or of each file's stat (dirs)."""
-    p = Path(model_path)
-    h = hashlib.sha256()
-    if p.is_dir():
-        for f in sorted(p.glob("*.json")) + sorted(p.glob("*.safetensors")):
-            st = f.stat()
-            h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
-    else:
-        st = p.stat()
-        h.update(f"{st.st_size}:{st.st_mtime_ns}".encode())
-        with p.open("rb") as fh:
-            h.update(fh.read(2**20))
-    return h.hexdigest()[:16]
-
-
-def default_cache_dir() -> Path:
-    return cache_root() / "baselines"
-
-
-def baseline_config(config):
-    """The reference for a candidate: same model and shape knobs, full-precision weights and KV
-    cache, default compute dtype (bf16 on CUDA, fp32 on CPU), no speculative decoding."""
-    return config.with_updates({"quantization": "none", "kv_dtype": "auto", "speculative.method": "none",
-                                "dtype": "auto", "num_kv_blocks": None,
-                                "kv_cache_memory_gb": min(config.kv_cache_memory_gb, 0.5)})
-
-
-def _resolved(config) -> dict[str, Any]:
-    """The fields that decide a config's numbers, with auto resolved."""
-    from slotune.engine.model_runner import resolve_device, resolve_dtype
-
-    dev = resolve_device(config)
-    return {"device": dev.type, "dtype": str(resolve_dtype(config, dev)), "quantization": config.quantization,
-            "quant_group_size": config.quant_group_size if config.quantization == "int4" else None,
-            "kv_dtype": config.kv_dtype, "speculative": config.speculative.method, "model": config.model}
-
-
-class Baseline:
-    """The baseline engine (loaded only when a number is not cached) and the on-disk cache."""
-
-    def __init__(self, candidate_llm, cache_dir: Path, baseline_llm=None) -> None:
-        from slotune.engine.loader import resolve_model_path
-
-        self.config = baseline_config(candidate_llm.config)
-        self.cache_dir = cache_dir
-        spec = _resolved(self.config)
-        # The candidate is its own baseline when every number-deciding field already matches.
-        self.is_candidate = _resolved(candidate_llm.config) == spec
-        if baseline_llm is not None and _resolved(baseline_llm.config) != spec:
-            raise ValueError(f"baseline_llm does not run the baseline config: {_resolved(baseline_llm.config)} != {spec}")
-        self._llm = candidate_llm if self.is_candidate else baseline_llm
-        self.identity = {"model": model_identity(resolve_model_path(self.config.model)),
-                         "device": spec["device"], "dtype": spec["dtype"], "scorer": SCORER_VERSION}
-
-    @property
-    def llm(self):
-        if self._llm is None:
-            from slotune.engine import LLM
-
-            log.info("loading the baseline engine for quality gates")
-            self._llm = LLM(self.config)
-        return self._llm
-
-    def cached(self, key: dict[str, Any], compute: Callable[[], Any]) -> Any:
-        full = {**key, **self.identity}
-        digest = hashlib.sha256(json.dumps(full, sort_keys=True).encode()).hexdigest()[:24]
-        path = self.cache_dir / f"{key.get('kind', 'gate')}-{digest}.json"
-        if path.exists():
-            try:
-                return json.loads(path.read_text())["value"]
-            except (ValueError, KeyError):
-                log.warning("ignoring unreadable baseline cache %s", path)
-        value = compute()
-        self.cache_dir.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.cache_dir, suffix=".tmp")  # atomic: parallel trials share it
-        with os.fdopen(fd, "w") as fh:
-            json.dump({"key": full, "value": value}, fh)
-        os.replace(tmp, path)
-        return value
-
-
-# --- gates -----------------------------------------------------------------------------------
 def _task_gate(gate: GateSpec, llm, base: Baseline) -> GateResult:
-    from slotune.evals.tasks import run_task, task_fingerprint
-
     metric = gate.metric_name
     key = {"kind": gate.kind, "task": gate.task, "data": task_fingerprint(gate.task), "limit": gate.limit}
     cand = None
@@ -265,7 +89,7 @@ def evaluate_gates(config, gates: list[GateSpec], *, llm=None, cache_dir: str | 
         A gate that errors is a failed GateResult whose reason starts with "error:".
     """
     if llm is None:
-        from slotune.engine import LLM
+        from slotune.engine import LLM  # imports torch: only when the caller brings no engine
 
         llm = LLM(config)
     base = Baseline(llm, Path(cache_dir) if cache_dir else default_cache_dir(), baseline_llm)
@@ -274,7 +98,7 @@ def evaluate_gates(config, gates: list[GateSpec], *, llm=None, cache_dir: str | 
         t0 = time.perf_counter()
         try:
             if g.kind == "agreement":
-                from slotune.evals.agreement import agreement_gate
+                from slotune.evals.agreement import agreement_gate  # imports torch: agreement gates only
 
                 r = agreement_gate(g, llm, base)
             else:
@@ -290,8 +114,6 @@ def evaluate_gates(config, gates: list[GateSpec], *, llm=None, cache_dir: str | 
 
 # --- built-in gates and the `tune eval` command -----------------------------------------------
 def builtin_gates_path() -> Path:
-    from importlib import resources
-
     return Path(str(resources.files("slotune.evals") / "tasks" / "default_gates.yaml"))
 
 
@@ -321,8 +143,6 @@ def load_gates(path: Path | None) -> list[GateSpec]:
 
 
 def render_report(report: GateReport, title: str = "quality gates"):
-    from rich.table import Table
-
     t = Table(title=f"{title}: {'[green]PASS[/green]' if report.passed else '[red]FAIL[/red]'}")
     for c in ("gate", "metric", "baseline", "candidate", "drop", "stderr", "margin", "n", "s", "result"):
         t.add_column(c, justify="right" if c not in ("gate", "metric", "result") else "left")
@@ -335,10 +155,6 @@ def render_report(report: GateReport, title: str = "quality gates"):
 
 def eval_command(config: Path | None, gates: Path | None, json_out: Path | None) -> GateReport:
     """`tune eval CONFIG --gates GATES.yaml [--json OUT]`: run gates alone and print a table."""
-    from rich.console import Console
-
-    from slotune.engine.config import EngineConfig
-
     cfg = EngineConfig.from_yaml(config) if config else EngineConfig()
     specs = load_gates(gates)
     report = evaluate_gates(cfg, specs)

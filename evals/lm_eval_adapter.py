@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from lm_eval.api.model import LM
 
+from slotune.engine.sampling_params import SamplingParams
 from slotune.evals.scoring import PagedScorer
 
 
@@ -78,8 +79,6 @@ class SlotuneLM(LM):
         return totals
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        from slotune.engine import SamplingParams
-
         prompts, params = [], []
         for req in requests:
             context, kw = req.args

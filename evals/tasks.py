@@ -77,7 +77,7 @@ def run_task(llm, task: str, limit: int | None = None, *, max_batch_tokens: int 
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    from slotune.evals.lm_eval_adapter import SlotuneLM
+    from slotune.evals.lm_eval_adapter import SlotuneLM  # imports torch and lm_eval, as the two lines above
 
     task_fingerprint(task)  # raises on unknown names
     tm = TaskManager(include_path=str(tasks_dir()), include_defaults=False)

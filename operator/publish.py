@@ -198,7 +198,7 @@ def _core(api_client=None):
     import kubernetes
 
     if api_client is None:
-        from slotune.operator.api import load_configuration
+        from slotune.operator.api import load_configuration  # imports kubernetes, as _core does: only to publish
 
         api_client = kubernetes.client.ApiClient(load_configuration())
     return kubernetes.client.CoreV1Api(api_client)

@@ -34,6 +34,7 @@ from typing import Any, Callable
 import yaml
 
 from slotune.operator import admission, api, children, conditions, metrics, rollout, schedule, traffic
+from slotune.operator.serving import ensure
 
 TERMINAL = ("Promoted", "RolledBack", "Failed", "Skipped")
 
@@ -241,8 +242,6 @@ def create_run_children(s: Step, run: int, plan: traffic.Plan | None) -> None:
     labels = {api.LABEL_TUNING: s.name}
     spec_cm = children.config_map(f"{s.name}-spec", owner, labels,
                                   {"spec.yaml": yaml.safe_dump(children.tuning_spec(s.spec, plan, run), sort_keys=False)})
-    from slotune.operator.serving import ensure
-
     ensure("ConfigMap", s.namespace, spec_cm)
     api.create("ConfigMap", s.namespace, children.config_map(
         children.result_name(s.name, run), owner, {**labels, api.LABEL_RUN: str(run)}, {}))

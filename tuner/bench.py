@@ -12,49 +12,21 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+from rich.table import Table
+
+from slotune.engine.config import EngineConfig
 from slotune.tuner.errors import parse_yaml
-from slotune.tuner.metrics import (LATENCY_SERIES, PERCENTILES, MemoryTracker, RequestRecord, engine_stats_delta,
-                                   summarize)
+from slotune.tuner.metrics import (LATENCY_SERIES, PERCENTILES, BenchResult, MemoryTracker, RequestRecord,
+                                   engine_stats_delta, summarize)
 from slotune.tuner.slo import metric_key
 from slotune.tuner.workload import BenchRequest, WorkloadSpec, iter_requests
 
 DEFAULT_WORKLOAD = "chat-small"
-
-
-@dataclass
-class BenchResult:
-    """One measured run: the config and workload it used, flat metrics, per-request records."""
-
-    config: dict[str, Any]
-    workload: dict[str, Any]
-    metrics: dict[str, float]
-    records: list[RequestRecord] = field(default_factory=list)
-    early_stopped: bool = False
-    device: str = ""
-    started_at: str = ""  # UTC ISO time
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"config": self.config, "workload": self.workload, "metrics": self.metrics,
-                "records": [r.to_dict() for r in self.records], "early_stopped": self.early_stopped,
-                "device": self.device, "started_at": self.started_at}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "BenchResult":
-        return cls(d["config"], d["workload"], d["metrics"], [RequestRecord.from_dict(r) for r in d.get("records", [])],
-                   d.get("early_stopped", False), d.get("device", ""), d.get("started_at", ""))
-
-    def latency(self, name: str, p: float) -> float | None:
-        """Any percentile of ttft/tpot/itl/e2e/queue_time, from the records if not precomputed."""
-        key = metric_key(name, p)
-        if key not in self.metrics:
-            self.metrics.update({k: v for k, v in summarize(self.records, self.metrics.get("duration_s", 1.0),
-                                                              percentiles=(p,)).items() if k == key})
-        return self.metrics.get(key)
 
 
 class EngineWindow:
@@ -115,7 +87,7 @@ def run_benchmark(cfg, workload: WorkloadSpec, *, llm=None, ttft_limit_s: float 
         BenchResult: `metrics` (flat floats: latency percentiles, throughput, goodput, engine
         stats, peak memory) and per-request `records`.
     """
-    from slotune.engine import LLM, SamplingParams
+    from slotune.engine import LLM, SamplingParams  # imports torch: only an in-process replay needs it
     from slotune.engine.llm_engine import RequestRejected
 
     llm = llm or LLM(cfg)
@@ -211,9 +183,6 @@ def print_result(res: BenchResult, title: str = "benchmark", percentiles: tuple[
 
     Rows whose metric the run did not produce (engine stats over HTTP) are left out.
     """
-    from rich.console import Console
-    from rich.table import Table
-
     m = res.metrics
     flag = ", early-stopped" if res.early_stopped else ""
     t = Table(title=f"{title} ({res.device}, {int(m['num_completed'])}/{int(m['num_requests'])} completed{flag})")
@@ -275,10 +244,6 @@ def bench_command(config: Path | None, workload: Path | str | None, json_out: Pa
     server (tuner/http_bench.py), its prompts made with the tokenizer of `tokenizer` (a model
     reference), else of CONFIG's model, else of the default model.
     """
-    from rich.console import Console
-
-    from slotune.engine.config import EngineConfig
-
     if url is None:
         for flag, value in (("--model", model), ("--api", api), ("--tokenizer", tokenizer)):
             if value is not None:
@@ -300,7 +265,7 @@ def bench_command(config: Path | None, workload: Path | str | None, json_out: Pa
             res = run_benchmark(cfg, wl, seed=seed, ttft_limit_s=ttft_limit_s, tpot_limit_s=tpot_limit_s,
                                 on_progress=progress)
         else:
-            # Imported here: aiohttp is only needed with --url, and http_bench builds on this module.
+            # Imported here: aiohttp is only needed with --url.
             from slotune.tuner.http_bench import run_http_benchmark
 
             status.update(f"loading the tokenizer of {tokenizer or cfg.model}")

@@ -60,8 +60,7 @@ from typing import Any
 
 import aiohttp
 
-from slotune.tuner.bench import BenchResult
-from slotune.tuner.metrics import PERCENTILES, RequestRecord, breaks_slo_so_far, summarize
+from slotune.tuner.metrics import PERCENTILES, BenchResult, RequestRecord, breaks_slo_so_far, summarize
 from slotune.tuner.workload import BenchRequest, WorkloadSpec, iter_requests
 
 APIS = ("completions", "chat")

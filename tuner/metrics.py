@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import resource
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -150,6 +150,37 @@ def breaks_slo_so_far(records: list[RequestRecord], objective: dict[str, Any], e
     done = [r for r in records if r.finish_reason not in ("abort", "error")]
     return len(done) >= es["min_requests"] and breaks_slo_early(
         summarize(done, 1.0, percentiles=(objective["percentile"],)), objective, es["factor"])
+
+
+@dataclass
+class BenchResult:
+    """One measured run: the config and workload it used, flat metrics, per-request records."""
+
+    config: dict[str, Any]
+    workload: dict[str, Any]
+    metrics: dict[str, float]
+    records: list[RequestRecord] = field(default_factory=list)
+    early_stopped: bool = False
+    device: str = ""
+    started_at: str = ""  # UTC ISO time
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"config": self.config, "workload": self.workload, "metrics": self.metrics,
+                "records": [r.to_dict() for r in self.records], "early_stopped": self.early_stopped,
+                "device": self.device, "started_at": self.started_at}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "BenchResult":
+        return cls(d["config"], d["workload"], d["metrics"], [RequestRecord.from_dict(r) for r in d.get("records", [])],
+                   d.get("early_stopped", False), d.get("device", ""), d.get("started_at", ""))
+
+    def latency(self, name: str, p: float) -> float | None:
+        """Any percentile of ttft/tpot/itl/e2e/queue_time, from the records if not precomputed."""
+        key = metric_key(name, p)
+        if key not in self.metrics:
+            self.metrics.update({k: v for k, v in summarize(self.records, self.metrics.get("duration_s", 1.0),
+                                                              percentiles=(p,)).items() if k == key})
+        return self.metrics.get(key)
 
 
 def engine_stats_delta(before: Any, after: Any) -> dict[str, float]:

@@ -63,6 +63,17 @@ def is_measured(trial) -> bool:
     return not (ua.get("forbidden") or ua.get("unmeasured"))
 
 
+def best_trial(study, spec):
+    """Best feasible completed trial (first objective), or None."""
+    from optuna.trial import TrialState  # optuna: the [tune] extra, imported where a study exists
+
+    done = [t for t in study.get_trials(states=(TrialState.COMPLETE,)) if t.user_attrs.get("feasible")]
+    if not done:
+        return None
+    sign = 1 if spec.objective.direction() == "minimize" else -1
+    return min(done, key=lambda t: sign * t.values[0])
+
+
 # Process groups (pgid == the trial process's pid) of the trial processes running now.
 _live_groups: set[int] = set()
 

@@ -7,7 +7,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from slotune.tuner.objective import is_measured
+from slotune.tuner.objective import best_trial, is_measured
 from slotune.tuner.slo import metric_key
 
 
@@ -89,8 +89,6 @@ class Progress:
 
     # --- rendering -------------------------------------------------------------------------
     def _add(self, study, trial, log: bool) -> None:
-        from slotune.tuner.study import best_trial
-
         ua = trial.user_attrs
         value = f"{trial.values[0]:.4g}" if trial.values else "-"
         feasible = {True: "yes", False: "no", None: "-"}[ua.get("feasible")]

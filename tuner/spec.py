@@ -29,7 +29,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from slotune.engine.config import DEFAULT_MODEL, EngineConfig
-from slotune.evals.gates import GateSpec
+from slotune.evals.gate_spec import GateSpec
 from slotune.evals.tasks import data_dir as tasks_data_dir
 from slotune.search_spaces.schema import SearchSpace, builtin_spaces
 from slotune.tuner.errors import Problem, SpecError, load_yaml_mapping, parse_yaml

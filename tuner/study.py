@@ -25,15 +25,18 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from slotune.engine.config import EngineConfig
 from slotune.tuner.objective import (DEFAULT_TRIAL_RUNNER, UNMEASURED_OVER_BUDGET, Objective, TrialFailure,
-                                     is_measured, measure, omp_wait_policy, trial_constraints,
+                                     best_trial, is_measured, measure, omp_wait_policy, trial_constraints,
                                      trials_die_with_this_process)
-from slotune.tuner.report import write_atomic
-from slotune.tuner.spec import TuningSpec
+from slotune.tuner.progress import Progress
+from slotune.tuner.report import write_atomic, write_report
+from slotune.tuner.spec import TuningSpec, default_spec_path
+from slotune.tuner.tracking import MLflowTracker
 
 # Two reference configs measured in every study. "naive" is the naive server every result is
 # compared with (static batches, no levers); the quality gates' full-precision reference is the
-# "baseline" (evals/gates.py), a different thing with its own word.
+# "baseline" (evals/baseline.py), a different thing with its own word.
 DEFAULT_TAG, NAIVE_TAG = "default", "naive"
 LEGACY_TAGS = {"baseline": NAIVE_TAG}  # studies made before the rename tagged the naive config "baseline"
 NAIVE_UPDATES = {"scheduling": "static", "enable_prefix_caching": False, "quantization": "none",
@@ -284,17 +287,6 @@ def _representable(knob, value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and knob.low <= value <= knob.high
 
 
-def best_trial(study, spec: TuningSpec):
-    """Best feasible completed trial (first objective), or None."""
-    from optuna.trial import TrialState
-
-    done = [t for t in study.get_trials(states=(TrialState.COMPLETE,)) if t.user_attrs.get("feasible")]
-    if not done:
-        return None
-    sign = 1 if spec.objective.direction() == "minimize" else -1
-    return min(done, key=lambda t: sign * t.values[0])
-
-
 def run_command(spec_path: Path | None, n_trials: int | None = None, storage: str | None = None,
                 output_dir: Path | None = None, worker: bool = False, progress: bool = True,
                 force_new: bool = False, resume_anyway: bool = False,
@@ -322,9 +314,6 @@ def run_command(spec_path: Path | None, n_trials: int | None = None, storage: st
     """
     import optuna
 
-    from slotune.tuner.progress import Progress
-    from slotune.tuner.spec import default_spec_path
-
     if worker and force_new:
         raise ValueError("--force-new replaces the study, which a --worker only joins: run it without --worker")
     spec = TuningSpec.from_yaml(spec_path if spec_path is not None else default_spec_path())
@@ -346,8 +335,6 @@ def run_command(spec_path: Path | None, n_trials: int | None = None, storage: st
     spec.budget.trial_omp_wait_policy = omp_wait_policy(spec.budget.trial_omp_wait_policy)
     tracker = None
     if not worker or spec.mlflow_tracking_uri:
-        from slotune.tuner.tracking import MLflowTracker
-
         tracker = MLflowTracker(spec, study)
         on_failed.targets.append(tracker)
     if not worker:
@@ -469,9 +456,6 @@ class TrialBudget:
 def finalize(spec: TuningSpec, study, tracker=None, prog=None,
              runner: tuple[str, ...] = DEFAULT_TRIAL_RUNNER) -> dict[str, Any] | None:
     """Re-measure the winner on a fresh workload seed, write best.yaml, best_metrics.json, report."""
-    from slotune.engine.config import EngineConfig
-    from slotune.tuner.report import write_report
-
     out = spec.resolved_output_dir()
     say = prog.say if prog is not None else print
     best = best_trial(study, spec)

@@ -35,8 +35,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from slotune.tuner.bench import BenchResult, EngineWindow, run_benchmark
-from slotune.tuner.metrics import breaks_slo_so_far
+from slotune.engine.config import EngineConfig
+from slotune.evals.gate_spec import GateSpec
+from slotune.evals.gates import evaluate_gates
+from slotune.tuner.bench import EngineWindow, run_benchmark
+from slotune.tuner.metrics import BenchResult, breaks_slo_so_far
 from slotune.tuner.slo import certain_violations, is_feasible, slo_violations
 from slotune.tuner.workload import WorkloadSpec
 
@@ -78,8 +81,6 @@ class _InFlightWatchdog:
 
 def run_trial(req: dict[str, Any]) -> dict[str, Any]:
     """Measure one config. Returns metrics, SLO violations, early_stopped, gates, latencies, measure."""
-    from slotune.engine.config import EngineConfig
-
     phase_file = req.get("phase_file")
 
     def phase(text: str) -> None:
@@ -91,7 +92,7 @@ def run_trial(req: dict[str, Any]) -> dict[str, Any]:
     cfg = EngineConfig.model_validate(req["config"])
     objective = req["objective"]
     measure = req.get("measure", "served")  # validated as budget.measure (tuner/spec.py)
-    from slotune.engine import LLM
+    from slotune.engine import LLM  # imports torch (the trial process's own import; the parent never loads it)
 
     phase("loading model")
     t0 = time.perf_counter()
@@ -106,8 +107,6 @@ def run_trial(req: dict[str, Any]) -> dict[str, Any]:
     violations["early_stop"] = 1.0 if res.early_stopped else 0.0
     gates = None
     if req.get("gates") and is_feasible(violations):  # cheap first: gates only for SLO-meeting trials
-        from slotune.evals.gates import GateSpec, evaluate_gates
-
         phase("quality gates")  # served: the server has stopped; the same engine, idle
         report = evaluate_gates(cfg, [GateSpec.model_validate(g) for g in req["gates"]], llm=llm,
                                 cache_dir=req.get("cache_dir"))

@@ -25,7 +25,8 @@ from run_all import make_checkpoint  # noqa: E402
 
 def main(tok_dir: Path, out: Path) -> None:
     from slotune.engine import LLM, EngineConfig
-    from slotune.evals.gates import GateSpec, evaluate_gates
+    from slotune.evals.gate_spec import GateSpec
+    from slotune.evals.gates import evaluate_gates
     from slotune.evals.scoring import PagedScorer
 
     model = Path("/tmp/evals-smollm2")

@@ -65,7 +65,8 @@ def main() -> None:
     args = ap.parse_args()
 
     from slotune.engine import LLM, EngineConfig
-    from slotune.evals.gates import GateSpec, evaluate_gates
+    from slotune.evals.gate_spec import GateSpec
+    from slotune.evals.gates import evaluate_gates
 
     gates = [GateSpec(name="agreement", kind="agreement", min_top1=0.0, max_mean_kl=100.0, limit=args.prompts)]
     for task, metric in TASK_METRIC.items():

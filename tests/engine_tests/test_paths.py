@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from slotune.engine.paths import cache_root
-from slotune.evals.gates import default_cache_dir
+from slotune.evals.baseline import default_cache_dir
 from slotune.kernels import cpu_decode
 
 

@@ -13,7 +13,8 @@ import contextlib
 import pytest
 import torch
 
-from slotune.evals.gates import GateSpec, evaluate_gates
+from slotune.evals.gate_spec import GateSpec
+from slotune.evals.gates import evaluate_gates
 
 # Small limits keep this CPU test to a few minutes; the items are the first N of each task.
 GATES = [

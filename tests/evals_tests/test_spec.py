@@ -7,7 +7,9 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from slotune.evals.gates import Baseline, GateSpec, builtin_gates_path, load_gates, model_identity
+from slotune.evals.baseline import Baseline, model_identity
+from slotune.evals.gate_spec import GateSpec
+from slotune.evals.gates import builtin_gates_path, load_gates
 from slotune.evals.tasks import bundled_tasks
 
 

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from slotune.tuner.bench import BenchResult, parse_overrides, run_benchmark
+from slotune.tuner.bench import parse_overrides, run_benchmark
+from slotune.tuner.metrics import BenchResult
 from slotune.tuner.cli import app
 from slotune.tuner.workload import WorkloadSpec
 

@@ -27,7 +27,8 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from slotune.tuner.bench import BenchResult, load_tokenizer, print_result
+from slotune.tuner.bench import load_tokenizer, print_result
+from slotune.tuner.metrics import BenchResult
 from slotune.tuner.cli import app
 from slotune.tuner.http_bench import run_http_benchmark, split_itls, wait_ready
 from slotune.tuner.workload import WorkloadSpec

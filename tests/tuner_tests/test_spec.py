@@ -60,7 +60,7 @@ def test_references_are_resolved_once_into_typed_parts(tmp_path):
     """The rest of the code gets resolved objects: a workload file, a built-in search space and gate
     mappings arrive as WorkloadSpec, SearchSpace and GateSpec, and a spec built from those objects
     (as the operator and tests do) is the same spec."""
-    from slotune.evals.gates import GateSpec
+    from slotune.evals.gate_spec import GateSpec
     from slotune.search_spaces.schema import SearchSpace
     from slotune.tuner.workload import WorkloadSpec
 

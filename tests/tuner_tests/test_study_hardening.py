@@ -228,7 +228,7 @@ def test_a_failed_write_leaves_the_previous_outputs_whole(tmp_path, fake_trials,
         "import resource, signal\n"
         "from slotune.tuner.report import write_report\n"
         "from slotune.tuner.spec import TuningSpec\n"
-        "from slotune.tuner.study import best_trial, finalize, open_study\n"
+        "from slotune.tuner.objective import best_trial\nfrom slotune.tuner.study import finalize, open_study\n"
         f"spec = TuningSpec.from_yaml({str(spec)!r})\n"
         "study, _ = open_study(spec)\n"
         "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of death\n"
