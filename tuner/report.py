@@ -1,18 +1,33 @@
-"""The study report (markdown + HTML): trials, winner vs the default and naive configs, SLO attainment,
-Pareto front for multi-objective runs."""
+"""The study report: facts gathered once from the study (`gather`), rendered twice from them.
+
+`write_report` = gather -> `render_markdown` (report.md, here) and `report_html.render_html`
+(report.html: a self-contained page with plotly figures). Both show the same facts in the same
+words: numbers with their units (`format_value`: 45.1 ms, 63.9 tok/s, 129 MiB, 100%), infeasible
+trials explained by tuner/reasons.py (`slo.judge`'s words and the gates'), and the winner in
+one sentence. Other parts of slotune add sections (load curves, ...) as `ReportSection`s passed
+to `write_report`; neither renderer changes for them.
+"""
 
 from __future__ import annotations
 
-import base64
-import html
-import io
 import os
 import secrets
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slotune.tuner.slo import SLO_KEYS, SLOLimits, judge, metric_key
+from slotune.evals.gate_spec import GateSpec
+from slotune.tuner.references import DEFAULT_TAG, reference_metrics, reference_results
+from slotune.tuner.reasons import gate_words, infeasible_reasons
+from slotune.tuner.report_html import ReportSection, render_html
+from slotune.tuner.slo import SLOLimits, judge, metric_key
+from slotune.tuner.units import format_value, interval, metric_label, number, value_with_ci
 from slotune.tuner.workload import describe_replay
+
+MIN_TRIALS_FOR_IMPORTANCE = 4  # fANOVA on fewer complete trials says nothing
+COST_KEYS = ("usd_per_1m_output_tokens", "usd_per_1m_total_tokens")
 
 
 def write_atomic(path: Path, data: str | bytes) -> None:
@@ -44,63 +59,369 @@ def write_atomic(path: Path, data: str | bytes) -> None:
         raise
 
 
-def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return "-" if v is None else str(v)
+# --- the facts -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TrialFacts:
+    """One trial as the report shows it; `values` and `metrics` raw, for the plots."""
+
+    number: int
+    tag: str
+    state: str  # COMPLETE | FAIL | PRUNED | RUNNING | WAITING
+    values: tuple[float, ...] | None
+    feasible: bool | None
+    params: dict[str, Any]
+    reasons: list[str]  # why it cannot win, in words ([] for a feasible trial)
+    early_stopped: bool
+    metrics: dict[str, Any]
+    latencies: dict[str, list[float]] | None  # per-request TTFT/TPOT in seconds, when stored
+
+    @property
+    def note(self) -> str:
+        return "; ".join((["early-stopped"] if self.early_stopped else []) + self.reasons)
 
 
-def _pareto_plot(spec, study, path: Path) -> bool:
-    if not spec.objective.pareto_with:
-        return False
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    done = [t for t in study.trials if t.state.name == "COMPLETE"]
-    front = {t.number for t in study.best_trials}
-    keys = [spec.objective.metric_key(m) for m in spec.objective.metrics[:2]]
-    fig, ax = plt.subplots(figsize=(5, 4))
-    for t in done:
-        ax.scatter(t.values[0], t.values[1], c="tab:red" if t.number in front else "tab:gray",
-                   marker="o" if t.user_attrs.get("feasible") else "x")
-    ax.set_xlabel(keys[0])
-    ax.set_ylabel(keys[1])
-    ax.set_title("Pareto front (red), infeasible (x)")
-    fig.tight_layout()
-    png = io.BytesIO()
-    fig.savefig(png, format="png")
-    plt.close(fig)
-    write_atomic(path, png.getvalue())
-    return True
+@dataclass(frozen=True)
+class GateFacts:
+    name: str
+    kind: str
+    metric: str
+    baseline: float | None
+    candidate: float | None
+    passed: bool
+    words: str  # 'top-1 agreement 0.956 >= 0.9'
 
 
-def _slo_rows(limits: SLOLimits, metrics: dict) -> list[tuple[str, str, str, bool]]:
-    """(check, limit, measured, passed) for each SLO limit, as the study judged it."""
-    rows = []
-    for c in judge(metrics, limits).checks:
+@dataclass(frozen=True)
+class WinnerFacts:
+    """The winning trial against the default and naive configs."""
+
+    number: int
+    config_words: str  # 'int8 weights + int8 KV + 2 sequences per step'
+    claims: list[str]  # 'p95 TPOT 45 ms (default 86 ms), 1.9x better', 'p95 TTFT 1.44 s within the 2 s limit', ...
+    notes: list[str]  # improvements, noise, re-measurement, cost
+    comparison: list[list[str]]  # metric | winner | re-measured | default | naive (header first)
+    attainment: str  # '100% of requests (8 of 8) met the per-request limits'
+    slo: list[list[str]]  # check | limit | winner | pass | re-measured | pass (header first)
+    gates: list[GateFacts]
+    params: list[list[str]]  # parameter | winner | default (header first)
+    metrics: dict[str, Any]
+    references: dict[str, dict | None]  # metrics of the reference configs: default, naive
+    default: dict | None  # the default config's metrics
+    default_latencies: dict[str, list[float]] | None  # its per-request TTFT/TPOT, when stored
+
+    def gates_table(self) -> list[list[str]]:
+        """gate | kind | result in words | unquantized | winner | pass (header first)."""
+        rows = [["gate", "kind", "result", "unquantized", "winner", "pass"]]
+        for g in self.gates:
+            rows.append([g.name, g.kind, g.words, "–" if g.baseline is None else number(g.baseline),
+                         "–" if g.candidate is None else number(g.candidate), "yes" if g.passed else "no"])
+        return rows
+
+    @property
+    def headline(self) -> str:
+        return f"{self.config_words}: " + "; ".join(self.claims)
+
+
+@dataclass(frozen=True)
+class ReportData:
+    """Everything the report says, gathered once from the study (`gather`)."""
+
+    name: str
+    objective_keys: list[str]  # first = the one the winner is chosen on
+    directions: list[str]
+    summary: list[str]  # objective, SLO and gates, sampler and trial counts, traffic
+    winner: WinnerFacts | None
+    trials: list[TrialFacts]
+    pareto_front: set[int]
+    importances: dict[str, float] | None
+    importance_note: str
+    context_keys: list[str]  # shown beside the objective in the trials table: pXX TTFT, output tokens/s
+
+    @property
+    def is_multi_objective(self) -> bool:
+        return len(self.objective_keys) > 1
+
+    def trials_table(self) -> list[list[str]]:
+        """# | tag | state | objective value(s) | feasible | context metrics | parameters | why not feasible."""
+        extra = [k for k in self.context_keys if k not in self.objective_keys]
+        rows = [["#", "tag", "state", *(metric_label(k) for k in self.objective_keys), "feasible",
+                 *(metric_label(k) for k in extra), "parameters", "why not feasible"]]
+        for t in self.trials:
+            vals = [format_value(k, t.values[i]) if t.values and i < len(t.values) else "–"
+                    for i, k in enumerate(self.objective_keys)]
+            feasible = "–" if t.feasible is None else ("yes" if t.feasible else "no")
+            rows.append([str(t.number), t.tag, t.state.lower(), *vals, feasible,
+                         *(format_value(k, t.metrics.get(k)) for k in extra),
+                         ", ".join(f"{k}={v}" for k, v in t.params.items()), t.note])
+        return rows
+
+
+def _gate_facts(gates: Mapping[str, Any] | None, gate_specs: Sequence[GateSpec]) -> list[GateFacts]:
+    specs = {g.name: g for g in gate_specs}
+    return [GateFacts(g["name"], g.get("kind", ""), g.get("metric", ""), g.get("baseline"), g.get("candidate"),
+                      bool(g.get("passed")), gate_words(g, specs.get(g["name"])))
+            for g in (gates or {}).get("gates", [])]
+
+
+_KNOB_WORDS = {
+    "quantization": lambda v: "unquantized weights" if v == "none" else f"{v} weights",
+    "kv_dtype": lambda v: "model-dtype KV" if v == "auto" else f"{v} KV",
+    "dtype": lambda v: "model dtype" if v == "auto" else f"{v} compute",
+    "max_num_seqs": lambda v: f"{v} sequence{'s' if v != 1 else ''} per step",
+    "max_num_batched_tokens": lambda v: f"{v} tokens per step",
+    "enable_prefix_caching": lambda v: "prefix caching" if v else "no prefix caching",
+    "scheduling": lambda v: "static batches" if v == "static" else f"{v} scheduling",
+    "scheduling_policy": lambda v: f"{str(v).replace('_', '-')} scheduling",
+    "speculative.method": lambda v: "no speculation" if v == "none" else f"{str(v).replace('_', '-')} speculation",
+    "speculative.num_speculative_tokens": lambda v: f"{v} draft tokens",
+}
+
+
+def config_words(params: Mapping[str, Any], default: Mapping[str, Any]) -> str:
+    """The knobs where `params` differ from the default config, in words:
+    'int8 weights + int8 KV + 2 sequences per step'; 'the default config' when none differ."""
+    changed = [(k, v) for k, v in params.items() if default.get(k, object()) != v]
+    if not changed:
+        return "the default config"
+    return " + ".join(_KNOB_WORDS[k](v) if k in _KNOB_WORDS else f"{k}={v}" for k, v in changed)
+
+
+def _config_value(config: Mapping[str, Any], dotted: str) -> Any:
+    v: Any = config
+    for part in dotted.split("."):
+        if not isinstance(v, Mapping) or part not in v:
+            return None
+        v = v[part]
+    return v
+
+
+def _ratio(winner: float, ref: float, direction: str) -> float | None:
+    """How many times better the winner is (> 1: better), or None when undefined."""
+    if not winner or not ref:
+        return None
+    return ref / winner if direction == "minimize" else winner / ref
+
+
+def _times(r: float) -> str:
+    """1.9x, 2.45x -> '2.5x': two significant digits, as a reader compares them."""
+    return f"{number(r, 2)}x"
+
+
+def _claims(key: str, direction: str, bm: dict, default: dict | None, limits: SLOLimits,
+            gates: list[GateFacts]) -> list[str]:
+    first = f"{metric_label(key)} {value_with_ci(bm, key)}"
+    r = _ratio(bm.get(key), (default or {}).get(key), direction)
+    if r is not None:
+        misses = "" if judge(default, limits).passed else ", which misses the SLO"
+        first += f" (default {value_with_ci(default, key)}{misses}), {_times(r)} {'better' if r >= 1 else 'worse'}"
+    out = [first]
+    for c in judge(bm, limits).checks:
+        if c.key == key or c.value is None:
+            continue
+        limit = format_value(c.key, c.limit)
         if c.name == "throughput":
-            rows.append((c.label, f">= {c.limit:g}", _fmt(c.value), c.passed))
+            out.append(f"{c.label} {format_value(c.key, c.value)} {'above' if c.passed else 'below'} the {limit} minimum")
         else:
-            rows.append((f"{c.label} (s)", f"<= {c.limit:g}", _fmt(c.value), c.passed))
-    return rows
+            out.append(f"{c.label} {format_value(c.key, c.value)} {'within' if c.passed else 'over'} the {limit} limit")
+    out += [g.words for g in gates]
+    return out
 
 
-def _infeasible_note(limits: SLOLimits, ua: dict) -> str:
-    """Why a trial is infeasible, in words: its missed limits, then the failed flags."""
-    v = ua.get("violations") or {}
-    words = []
-    if any(v.get(k, 0) > 0 for k in SLO_KEYS):
-        # Judged again from the stored metrics for the words; the stored numbers if those are gone.
-        words = judge(ua.get("metrics") or {}, limits).reasons or [f"{k}={v[k]:.3g}" for k in SLO_KEYS if v.get(k, 0) > 0]
-    if v.get("quality_gates", 0) > 0:
-        words.append("quality gates failed")
-    return "; ".join(words)
+def _noise_note(key: str, direction: str, bm: dict, default: dict | None) -> str | None:
+    """Say plainly when the win over the default is small: within noise (intervals overlap) when
+    both have intervals; without intervals, only that it is small and unproven."""
+    if not default or default.get(key) is None or bm.get(key) is None:
+        return None
+    a, b = interval(bm, key), interval(default, key)
+    if a is not None and b is not None:
+        if a[0] <= b[1] and b[0] <= a[1]:
+            return (f"The improvement over the default on {metric_label(key)} is within noise: the intervals "
+                    f"overlap ({value_with_ci(bm, key)} vs {value_with_ci(default, key)}).")
+        return None
+    r = _ratio(bm[key], default[key], direction)
+    if r is not None and 1 <= r < 1.05:
+        return (f"The improvement over the default on {metric_label(key)} is small ({r - 1:.0%}); the measurements "
+                f"carry no uncertainty intervals, so whether it is more than noise is unknown.")
+    return None
 
 
-def write_report(spec, study, best, remeasure, out: Path) -> dict[str, Path]:
-    """Write report.md and report.html (and pareto.png for multi-objective runs) into `out`.
+def _attainment(m: Mapping[str, Any]) -> str:
+    share, n = m.get("slo_attainment"), m.get("num_requests")
+    if share is None:
+        return "not measured"
+    return format_value("slo_attainment", share) + (f" of requests ({share * n:.0f} of {n:.0f})" if n else " of requests")
+
+
+def _winner(spec, best, remeasure, refs: dict[str, dict | None], default_latencies, limits: SLOLimits,
+            trials: list[TrialFacts]) -> WinnerFacts:
+    obj = spec.objective
+    key, direction = obj.metric_key(), obj.direction()
+    bm = best.user_attrs["metrics"]
+    rm = (remeasure or {}).get("metrics") or {}
+    seed = (remeasure or {}).get("seed", spec.robustness_seed)
+    default = refs.get(DEFAULT_TAG)
+    gates = _gate_facts(best.user_attrs.get("gates"), spec.quality_gates)
+    base = spec.base_config().model_dump(mode="json")
+    defaults = {k: _config_value(base, k) for k in best.params}
+
+    notes = []
+    for name, m in refs.items():
+        r = _ratio(bm.get(key), (m or {}).get(key), direction)
+        if r is not None:
+            notes.append(f"{_times(r)} improvement over {name} on {metric_label(key)} "
+                         f"({format_value(key, m[key])} -> {format_value(key, bm[key])})")
+    noise = _noise_note(key, direction, bm, default)
+    if noise:
+        notes.append(noise)
+    if rm:
+        notes.append(f"Re-measured on workload seed {seed}: {metric_label(key)} {value_with_ci(rm, key)}.")
+    elif remeasure and "error" in remeasure:
+        notes.append(f"The re-measurement on workload seed {seed} failed: {remeasure['error']}")
+    for k in COST_KEYS:
+        if bm.get(k) is not None:
+            d = (default or {}).get(k)
+            notes.append(f"{metric_label(k)}: {value_with_ci(bm, k)}"
+                         + (f" (default {value_with_ci(default, k)})" if d is not None else ""))
+
+    keys = dict.fromkeys((key, *(obj.metric_key(m) for m in obj.pareto_with), metric_key("ttft", 50),
+                          metric_key("ttft", obj.percentile), metric_key("tpot", 50), metric_key("tpot", obj.percentile),
+                          "output_tokens_per_s", "goodput_rps", "slo_attainment", *COST_KEYS, "weight_bytes",
+                          "peak_kv_blocks", "peak_memory_mb"))
+    comparison = [["metric", "winner", f"re-measured (seed {seed})", *refs]]
+    for k in keys:
+        row = [value_with_ci(m, k) if m else "–" for m in (bm, rm, *refs.values())]
+        if any(c != "–" for c in row):
+            comparison.append([metric_label(k), *row])
+
+    slo = [["check", "limit", "winner", "pass", "re-measured", "pass"]]
+    again = {c.key: c for c in judge(rm, limits).checks} if rm else {}
+    for c in judge(bm, limits).checks:
+        r = again.get(c.key)
+        slo.append([c.label, f"{'>=' if c.name == 'throughput' else '<='} {format_value(c.key, c.limit)}",
+                    format_value(c.key, c.value), "yes" if c.passed else "no",
+                    format_value(c.key, r.value) if r else "–", ("yes" if r.passed else "no") if r else "–"])
+    attainment = f"{_attainment(bm)} met the per-request limits"
+    if rm:
+        attainment += f"; re-measured: {_attainment(rm)}"
+
+    params = [["parameter", "winner", "default"]] + [[k, str(v), str(defaults.get(k))] for k, v in best.params.items()]
+    return WinnerFacts(number=best.number, config_words=config_words(best.params, defaults),
+                       claims=_claims(key, direction, bm, default, limits, gates), notes=notes, comparison=comparison,
+                       attainment=attainment + ".", slo=slo, gates=gates, params=params, metrics=bm, references=refs,
+                       default=default, default_latencies=default_latencies)
+
+
+def _importances(study, trials: list[TrialFacts]) -> tuple[dict[str, float] | None, str]:
+    done = [t for t in trials if t.state == "COMPLETE" and t.values]
+    if len(done) < MIN_TRIALS_FOR_IMPORTANCE:
+        return None, (f"Parameter importances need at least {MIN_TRIALS_FOR_IMPORTANCE} complete trials; "
+                      f"this study has {len(done)}.")
+    import optuna  # heavy: the tuner's own dependency, imported only where a report is written
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            imp = optuna.importance.get_param_importances(study, target=lambda t: t.values[0])
+    except Exception as exc:  # a constant space, a single distinct value: no importance to report
+        return None, f"Parameter importances could not be computed: {type(exc).__name__}: {exc}"
+    if not imp:
+        return None, "Parameter importances: no parameter varied across the complete trials."
+    return dict(imp), ("How much of the variation of the first objective each parameter explains "
+                       "(Optuna's fANOVA over the complete trials).")
+
+
+def gather(spec, study, best, remeasure) -> ReportData:
+    """The report's facts, read once from the study.
+
+    Args:
+        spec: the TuningSpec.
+        study: the finished Optuna study (trials with their user attributes).
+        best: the winning FrozenTrial, or None when no trial was feasible.
+        remeasure: the winner's re-measurement on a fresh workload seed (`metrics` or `error`).
+    """
+    obj = spec.objective
+    limits = SLOLimits.from_objective(obj)
+    keys = [obj.metric_key(m) for m in obj.metrics]
+    trials = []
+    for t in study.trials:
+        ua = t.user_attrs
+        trials.append(TrialFacts(
+            number=t.number, tag=str(ua.get("tag") or ""), state=t.state.name,
+            values=tuple(t.values) if t.values else None, feasible=ua.get("feasible"), params=dict(t.params),
+            reasons=[] if ua.get("feasible") else infeasible_reasons(ua, limits, spec.quality_gates),
+            early_stopped=bool(ua.get("early_stopped")), metrics=dict(ua.get("metrics") or {}),
+            latencies=ua.get("latencies") or None))
+    states = [t.state for t in trials]
+    gates = ", ".join(g.name for g in spec.quality_gates) or "none"
+    summary = [f"Objective: {obj.direction()} {metric_label(keys[0])}"
+               + (f", Pareto with {', '.join(metric_label(k) for k in keys[1:])}" if keys[1:] else "") + ".",
+               f"SLO: {limits.describe()}; quality gates: {gates}.",
+               f"Sampler {spec.sampler}; {len(states)} trials ({states.count('COMPLETE')} complete, "
+               f"{states.count('FAIL')} failed, {states.count('PRUNED')} pruned)."]
+    replay = describe_replay(spec.workload)
+    if replay is not None:  # a trace workload: which traffic window the numbers are about
+        summary.append(f"Traffic: tuned on {replay}.")
+    refs = reference_metrics(study)
+    winner = (_winner(spec, best, remeasure, refs, reference_results(study, "latencies")[DEFAULT_TAG], limits, trials)
+              if best is not None else None)
+    front: set[int] = set()
+    if len(keys) > 1:
+        front = {t.number for t in study.best_trials if t.user_attrs.get("feasible")}
+    importances, note = _importances(study, trials)
+    return ReportData(name=spec.name, objective_keys=keys, directions=[obj.direction(m) for m in obj.metrics],
+                      summary=summary, winner=winner, trials=trials, pareto_front=front, importances=importances,
+                      importance_note=note,
+                      context_keys=[metric_key("ttft", obj.percentile), "output_tokens_per_s"])
+
+
+# --- markdown --------------------------------------------------------------------------------
+
+def _md_cell(text: str) -> str:
+    return str(text).replace("|", "/").replace("\n", " ")
+
+
+def _md_table(rows: Sequence[Sequence[str]]) -> list[str]:
+    if not rows:
+        return []
+    head, *body = rows
+    return (["| " + " | ".join(map(_md_cell, head)) + " |", "|" + "---|" * len(head)]
+            + ["| " + " | ".join(map(_md_cell, r)) + " |" for r in body] + [""])
+
+
+def render_markdown(data: ReportData, sections: Sequence[ReportSection] = ()) -> str:
+    """report.md: the same facts as report.html, as plain markdown (the plots are named, not drawn)."""
+    lines = [f"# slotune study report: {data.name}", "", *data.summary, "",
+             "Plots (optimization history, distributions, importances"
+             + (", Pareto front" if data.is_multi_objective else "") + "): report.html beside this file.", ""]
+    w = data.winner
+    if w is not None:
+        lines += ["## Winner", "", f"Trial {w.number}: {w.headline}.", ""]
+        lines += [f"- {n}" for n in w.notes] + [""]
+        lines += _md_table(w.comparison)
+        lines += ["## SLO attainment of the winner", "", w.attainment, ""] + _md_table(w.slo)
+        if w.gates:
+            lines += ["## Quality gates of the winner", ""] + _md_table(w.gates_table())
+        lines += ["## Parameters of the winner", ""] + _md_table(w.params)
+    else:
+        lines += ["## No feasible trial", "",
+                  "No trial met the SLO and the quality gates; the trials table says why.", ""]
+    lines += ["## Parameter importances", ""]
+    if data.importances:
+        lines += [data.importance_note, ""] + [f"- {k}: {v:.0%}" for k, v in data.importances.items()] + [""]
+    else:
+        lines += [data.importance_note, ""]
+    lines += ["## Trials", ""] + _md_table(data.trials_table())
+    for s in sections:
+        lines += [f"## {s.title}", ""] + [ln for line in s.text.splitlines() if line for ln in (line, "")]
+        lines += _md_table(s.table)
+        if s.figures:
+            lines += [f"({len(s.figures)} figure{'s' if len(s.figures) > 1 else ''} in report.html)", ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def write_report(spec, study, best, remeasure, out: Path, sections: Sequence[ReportSection] = ()) -> dict[str, Path]:
+    """Write report.md and report.html into `out`.
 
     Args:
         spec: the TuningSpec.
@@ -108,112 +429,14 @@ def write_report(spec, study, best, remeasure, out: Path) -> dict[str, Path]:
         best: the winning FrozenTrial, or None when no trial was feasible.
         remeasure: the winner's re-measurement on a fresh workload seed (`metrics` or `error`).
         out: output directory.
+        sections: extra sections (load curves, ...), after the built-in ones in both files.
 
     Returns:
-        Paths written: {"md", "html"[, "pareto"]}.
+        Paths written: {"md", "html"}.
     """
-    from slotune.tuner.study import reference_metrics
-
-    obj = spec.objective
-    limits = SLOLimits.from_objective(obj)
-    key = obj.metric_key()
-    states = [t.state.name for t in study.trials]
-    lines = [f"# slotune study `{spec.name}`", "",
-             f"Objective: **{obj.direction()} {key}**"
-             + (f" with Pareto over {', '.join(obj.metric_key(m) for m in obj.pareto_with)}" if obj.pareto_with else ""),
-             f"SLO: {limits.describe()}; quality gates: "
-             f"{', '.join(g.name for g in spec.quality_gates) or 'none'}; sampler {spec.sampler}; "
-             f"{len(states)} trials ({states.count('COMPLETE')} complete, {states.count('FAIL')} failed, "
-             f"{states.count('PRUNED')} pruned).", ""]
-    replay = describe_replay(spec.workload)
-    if replay is not None:  # a trace workload: which traffic window the numbers below are about
-        lines += [f"Traffic: tuned on {replay}.", ""]
-    ref = reference_metrics(study)
-    if best is not None:
-        bm = best.user_attrs["metrics"]
-        rm = (remeasure or {}).get("metrics", {})
-        seed = (remeasure or {}).get("seed", spec.robustness_seed)
-        lines += ["## Winner", "", f"Trial {best.number}: `{key}` = {_fmt(best.values[0])}; "
-                  f"re-measured on workload seed {seed}: {_fmt(rm.get(key))}", "",
-                  f"| metric | winner | re-measured (seed {seed}) | default | naive |", "|---|---|---|---|---|"]
-        for k in dict.fromkeys((key, metric_key("ttft", 50), metric_key("ttft", obj.percentile), metric_key("tpot", 50),
-                                metric_key("tpot", obj.percentile),
-                                "output_tokens_per_s", "goodput_rps", "slo_attainment", "weight_bytes", "peak_kv_blocks",
-                                "peak_memory_mb")):
-            row = [_fmt(bm.get(k)), _fmt(rm.get(k))] + [_fmt(m.get(k)) if m else "-" for m in ref.values()]
-            lines.append(f"| {k} | " + " | ".join(row) + " |")
-        lines.append("")
-        for name, m in ref.items():
-            if m and m.get(key) is not None and best.values[0]:
-                a, b = best.values[0], m[key]
-                ratio = (b / a) if obj.direction() == "minimize" else (a / b if b else float("inf"))
-                lines.append(f"- improvement over {name}: **{ratio:.2f}x** on {key}")
-        if remeasure and "error" in remeasure:
-            lines.append(f"- re-measurement failed: {remeasure['error']}")
-        lines += ["", "## SLO attainment of the winner", "",
-                  f"Requests meeting the per-request limits: {_fmt(bm.get('slo_attainment'))} "
-                  f"(re-measured: {_fmt(rm.get('slo_attainment'))}).", "",
-                  "| check | limit | winner | pass | re-measured | pass |", "|---|---|---|---|---|---|"]
-        rrows = {r[0]: r for r in _slo_rows(limits, rm)} if rm else {}
-        for check, limit, v, ok in _slo_rows(limits, bm):
-            r = rrows.get(check)
-            lines.append(f"| {check} | {limit} | {v} | {'yes' if ok else 'no'} | {r[2] if r else '-'} | "
-                         f"{('yes' if r[3] else 'no') if r else '-'} |")
-        gates = best.user_attrs.get("gates")
-        for g in (gates or {}).get("gates", []):
-            lines.append(f"| gate {g['name']} ({g['kind']}) | {g.get('reason', '')[:60]} | {_fmt(g.get('candidate'))} | "
-                         f"{'yes' if g['passed'] else 'no'} | - | - |")
-        lines += ["", "Parameters:", "", *[f"- `{k}`: {v}" for k, v in best.params.items()], ""]
-    else:
-        lines += ["## No feasible trial", "", "No trial met the SLO and the quality gates; the trials table says why.", ""]
-    lines += ["## Trials", "", f"| # | tag | state | {key} | feasible | params | note |", "|---|---|---|---|---|---|---|"]
-    for t in study.trials:
-        ua = t.user_attrs
-        note = ua.get("fail_reason") or _infeasible_note(limits, ua)
-        if ua.get("early_stopped"):
-            note = "early-stopped; " + note
-        params = ", ".join(f"{k}={v}" for k, v in t.params.items())
-        lines.append(f"| {t.number} | {ua.get('tag', '')} | {t.state.name} | {_fmt(t.values[0] if t.values else None)} | "
-                     f"{_fmt(ua.get('feasible'))} | {params} | {note[:160].replace('|', '/')} |")
-    md = out / "report.md"
-    pareto = out / "pareto.png"
-    has_plot = _pareto_plot(spec, study, pareto)
-    if has_plot:
-        lines += ["", "![Pareto front](pareto.png)"]
-    write_atomic(md, "\n".join(lines) + "\n")
-    body = []
-    for line in lines:  # a tiny markdown subset: headings, tables, bullets, paragraphs
-        if line.startswith("# "):
-            body.append(f"<h1>{html.escape(line[2:])}</h1>")
-        elif line.startswith("## "):
-            body.append(f"<h2>{html.escape(line[3:])}</h2>")
-        elif line.startswith("|---"):
-            continue
-        elif line.startswith("|"):
-            cells = [html.escape(c.strip()) for c in line.strip("|").split("|")]
-            body.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
-        elif line.startswith("- "):
-            body.append(f"<li>{html.escape(line[2:])}</li>")
-        elif line.startswith("!["):
-            data = base64.b64encode(pareto.read_bytes()).decode()
-            body.append(f'<img src="data:image/png;base64,{data}"/>')
-        elif line:
-            body.append(f"<p>{html.escape(line)}</p>")
-    page, in_table = [], False
-    for b in body:
-        if b.startswith("<tr>") and not in_table:
-            page.append("<table border=1 cellspacing=0 cellpadding=3>")
-            in_table = True
-        if not b.startswith("<tr>") and in_table:
-            page.append("</table>")
-            in_table = False
-        page.append(b)
-    if in_table:
-        page.append("</table>")
-    page_html = out / "report.html"
-    write_atomic(page_html, f"<!doctype html><html><head><meta charset='utf-8'><title>slotune {html.escape(spec.name)}</title>"
-                            f"</head><body style='font-family:sans-serif'>{''.join(page)}</body></html>")
-    paths = {"md": md, "html": page_html}
-    if has_plot:
-        paths["pareto"] = pareto
+    data = gather(spec, study, best, remeasure)
+    md, page = render_markdown(data, sections), render_html(data, sections)
+    paths = {"md": Path(out) / "report.md", "html": Path(out) / "report.html"}
+    write_atomic(paths["md"], md)  # first: the shorter file, so a full disk is named on it
+    write_atomic(paths["html"], page)
     return paths

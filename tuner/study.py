@@ -30,17 +30,12 @@ from slotune.tuner.objective import (DEFAULT_TRIAL_RUNNER, UNMEASURED_OVER_BUDGE
                                      best_trial, is_measured, measure, omp_wait_policy, trial_constraints,
                                      trials_die_with_this_process)
 from slotune.tuner.progress import Progress
+from slotune.tuner.references import (DEFAULT_TAG, reference_configs, reference_metrics,
+                                      side_measurement, trial_tag)
 from slotune.tuner.report import write_atomic, write_report
 from slotune.tuner.spec import TuningSpec, default_spec_path
 from slotune.tuner.tracking import MLflowTracker
 
-# Two reference configs measured in every study. "naive" is the naive server every result is
-# compared with (static batches, no levers); the quality gates' full-precision reference is the
-# "baseline" (evals/baseline.py), a different thing with its own word.
-DEFAULT_TAG, NAIVE_TAG = "default", "naive"
-LEGACY_TAGS = {"baseline": NAIVE_TAG}  # studies made before the rename tagged the naive config "baseline"
-NAIVE_UPDATES = {"scheduling": "static", "enable_prefix_caching": False, "quantization": "none",
-               "speculative.method": "none", "kv_dtype": "auto"}
 # Optuna heartbeat: a running trial whose process has not written for GRACE_S is failed by the
 # next process that asks for a trial (`optuna.storages.fail_stale_trials`).
 HEARTBEAT_INTERVAL_S, HEARTBEAT_GRACE_S = 10, 60
@@ -260,7 +255,7 @@ def enqueue_reference_trials(study, spec: TuningSpec) -> None:
         return
     space = spec.search_space
     base = spec.base_config()
-    for tag, cfg in ((DEFAULT_TAG, base), (NAIVE_TAG, base.with_updates(NAIVE_UPDATES))):
+    for tag, cfg in reference_configs(base):
         params = _params_of(space, cfg, base)
         if params is not None and (tag == DEFAULT_TAG or cfg != base):
             study.enqueue_trial(params, user_attrs={"tag": tag}, skip_if_exists=True)
@@ -505,39 +500,16 @@ def _fmt_metric(remeasure: dict, key: str) -> str:
 
 def _measure_references_if_missing(spec: TuningSpec, study, runner: tuple[str, ...] = DEFAULT_TRIAL_RUNNER) -> None:
     """Measure the default / naive config beside the study when no trial is tagged with it."""
-    tagged = {_tag(t) for t in study.trials if t.state.name == "COMPLETE"}
+    tagged = {trial_tag(t) for t in study.trials if t.state.name == "COMPLETE"}
     base = spec.base_config()
-    for tag, cfg in ((DEFAULT_TAG, base), (NAIVE_TAG, base.with_updates(NAIVE_UPDATES))):
-        if tag in tagged or _side_measurement(study, tag) is not None:
+    for tag, cfg in reference_configs(base):
+        if tag in tagged or side_measurement(study, tag) is not None:
             continue
         try:
             r = measure(spec, cfg, early_stop=False, runner=runner)
-            study.set_user_attr(tag, {"metrics": r["metrics"], "config": cfg.model_dump(mode="json")})
+            study.set_user_attr(tag, {"metrics": r["metrics"], "latencies": r.get("latencies"),
+                                      "config": cfg.model_dump(mode="json")})
         except TrialFailure as exc:
             study.set_user_attr(tag, {"error": exc.reason})
 
 
-def _tag(trial) -> str | None:
-    tag = trial.user_attrs.get("tag")
-    return LEGACY_TAGS.get(tag, tag)
-
-
-def _side_measurement(study, tag: str) -> dict | None:
-    """The reference measured beside the study under `tag`, or under its name before the rename."""
-    for key in (tag, *(old for old, new in LEGACY_TAGS.items() if new == tag)):
-        if study.user_attrs.get(key):
-            return study.user_attrs[key]
-    return None
-
-
-def reference_metrics(study) -> dict[str, dict | None]:
-    """Metrics of the default-config and naive-config trials (or the side measurement)."""
-    refs: dict[str, dict | None] = {DEFAULT_TAG: None, NAIVE_TAG: None}
-    for t in study.trials:
-        tag = _tag(t)
-        if tag in refs and t.state.name == "COMPLETE" and refs[tag] is None:
-            refs[tag] = t.user_attrs.get("metrics")
-    for tag in refs:
-        if refs[tag] is None:
-            refs[tag] = (_side_measurement(study, tag) or {}).get("metrics")
-    return refs

@@ -16,9 +16,19 @@ from typing import Any
 
 import yaml
 
+from slotune.tuner.reasons import infeasible_reasons
 from slotune.tuner.slo import SLOLimits, judge
 
 PARENT_ATTR = "mlflow_parent_run_id"
+# MLflow 3 opens an experiment on the view its kind names; without the tag it guesses, and a
+# study's experiment (runs with params and metrics, no traces) may open on the GenAI traces
+# overview. "custom_model_development" opens the runs table. (The tag and its values are
+# MLflow's own: mlflow/server/js `ExperimentKind`, `mlflow.experimentKind`.)
+EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
+# The metric the runs table sorts by and charts first (mlflow.utils.mlflow_tags).
+PRIMARY_METRIC_TAG = "mlflow.experiment.primaryMetric.name"
+PRIMARY_METRIC_GREATER_IS_BETTER_TAG = "mlflow.experiment.primaryMetric.greaterIsBetter"
+MAX_TAG_CHARS = 5000
 
 
 class MLflowTracker:
@@ -61,11 +71,22 @@ class MLflowTracker:
         self.client.set_tag(parent, "slotune.measure", spec.budget.measure)
 
     def _experiment(self) -> str:
+        """The study's experiment, created if missing, tagged to open on its runs table (also one
+        made by an older slotune)."""
         exp = self.client.get_experiment_by_name(self.spec.name)
         if exp is not None:
-            return exp.experiment_id
-        return self.client.create_experiment(
-            self.spec.name, artifact_location=str((self.spec.resolved_output_dir() / "mlartifacts").resolve().as_uri()))
+            eid = exp.experiment_id
+        else:
+            eid = self.client.create_experiment(
+                self.spec.name, artifact_location=str((self.spec.resolved_output_dir() / "mlartifacts").resolve().as_uri()))
+        obj = self.spec.objective
+        tags = {EXPERIMENT_KIND_TAG: EXPERIMENT_KIND, PRIMARY_METRIC_TAG: obj.metric_key(),
+                PRIMARY_METRIC_GREATER_IS_BETTER_TAG: str(obj.direction() == "maximize")}
+        have = exp.tags if exp is not None else {}
+        for k, v in tags.items():
+            if have.get(k) != v:
+                self.client.set_experiment_tag(eid, k, v)
+        return eid
 
     @property
     def parent_run_id(self) -> str:
@@ -105,6 +126,12 @@ class MLflowTracker:
         for k, v in (ua.get("violations") or {}).items():
             c.log_metric(rid, f"violation_{k}", float(v))
         c.set_tag(rid, "slotune.feasible", str(ua.get("feasible")))
+        if not ua.get("feasible"):  # the same words as the report's trials table
+            why = infeasible_reasons(ua, SLOLimits.from_objective(self.spec.objective), self.spec.quality_gates)
+            if trial.state.name == "PRUNED" and not why:
+                why = ["pruned"]
+            if why:
+                c.set_tag(rid, "slotune.infeasible_reason", "; ".join(why)[:MAX_TAG_CHARS])
         if ua.get("violations") is not None:
             slo = judge(ua.get("metrics") or {}, SLOLimits.from_objective(self.spec.objective))
             early = ua["violations"].get("early_stop", 0) > 0  # judged on the first requests only
@@ -117,7 +144,7 @@ class MLflowTracker:
         if ua.get("measure"):
             c.set_tag(rid, "slotune.measure", ua["measure"])
         if ua.get("fail_reason"):
-            c.set_tag(rid, "slotune.fail_reason", ua["fail_reason"][:5000])
+            c.set_tag(rid, "slotune.fail_reason", ua["fail_reason"][:MAX_TAG_CHARS])
         gates = ua.get("gates")
         if gates:
             c.set_tag(rid, "slotune.gates_pass", str(gates.get("passed")))
@@ -137,7 +164,8 @@ class MLflowTracker:
         c.set_terminated(rid, status="FINISHED" if trial.state.name == "COMPLETE" else "FAILED")
 
     def log_study_end(self, best, config, report_paths: dict[str, Path], out: Path) -> None:
-        """Parent run: the winner's metrics and config, the report, the Pareto plot; then close it."""
+        """Parent run: the winner's metrics and config (best.yaml, best_metrics.json), the report
+        (report.md, report.html: self-contained, so it opens in MLflow's artifact view); then close it."""
         c, rid = self.client, self.parent_run_id
         if best is not None:
             c.set_tag(rid, "slotune.best_trial", str(best.number))

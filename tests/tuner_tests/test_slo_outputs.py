@@ -25,4 +25,4 @@ def test_failing_trials_say_why_in_words(tmp_path, fake_trials):
     report = (out / "report.md").read_text()
     assert "SLO: p95 TTFT <= 0.08 s;" in report
     assert "| p95 TTFT 0.0864 s > limit 0.08 s (+8%) |" in report  # the infeasible trial's note
-    assert "| p95 TTFT (s) | <= 0.08 | 0.06048 | yes |" in report  # the winner's SLO row
+    assert "| p95 TTFT | <= 80 ms | 60.5 ms | yes |" in report  # the winner's SLO row, in units

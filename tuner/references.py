@@ -1,0 +1,57 @@
+"""The two reference configs measured in every study, and how their numbers are found again.
+
+"default" is the engine's defaults with the spec's fixed overrides; "naive" is the naive server
+every result is compared with (static batches, no levers). The quality gates' full-precision
+reference is the "baseline" (evals/baseline.py), a different thing with its own word.
+
+Each is enqueued as a tagged trial (`study.enqueue_reference_trials`); when the search space
+cannot represent one, it is measured beside the study and kept in a study user attribute under
+its tag. Studies made before the naive config's rename tagged it "baseline" and are still read.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+DEFAULT_TAG, NAIVE_TAG = "default", "naive"
+LEGACY_TAGS = {"baseline": NAIVE_TAG}  # studies made before the rename tagged the naive config "baseline"
+NAIVE_UPDATES = {"scheduling": "static", "enable_prefix_caching": False, "quantization": "none",
+                 "speculative.method": "none", "kv_dtype": "auto"}
+
+
+def reference_configs(base) -> list[tuple[str, Any]]:
+    """[(tag, EngineConfig)] of the references of a study whose fixed config is `base`."""
+    return [(DEFAULT_TAG, base), (NAIVE_TAG, base.with_updates(NAIVE_UPDATES))]
+
+
+def trial_tag(trial) -> str | None:
+    """A trial's reference tag under its current name, or None for a searched trial."""
+    tag = trial.user_attrs.get("tag")
+    return LEGACY_TAGS.get(tag, tag)
+
+
+def side_measurement(study, tag: str) -> dict | None:
+    """The reference measured beside the study under `tag`, or under its name before the rename."""
+    for key in (tag, *(old for old, new in LEGACY_TAGS.items() if new == tag)):
+        if study.user_attrs.get(key):
+            return study.user_attrs[key]
+    return None
+
+
+def reference_results(study, field: str) -> dict[str, Any]:
+    """{tag: the `field` ("metrics", "latencies") of the default-config and naive-config trials, or of
+    their side measurements; None where neither has it}."""
+    refs: dict[str, Any] = {DEFAULT_TAG: None, NAIVE_TAG: None}
+    for t in study.trials:
+        tag = trial_tag(t)
+        if tag in refs and t.state.name == "COMPLETE" and refs[tag] is None:
+            refs[tag] = t.user_attrs.get(field)
+    for tag in refs:
+        if refs[tag] is None:
+            refs[tag] = (side_measurement(study, tag) or {}).get(field)
+    return refs
+
+
+def reference_metrics(study) -> dict[str, dict | None]:
+    """Metrics of the default-config and naive-config trials (or their side measurements)."""
+    return reference_results(study, "metrics")
