@@ -37,18 +37,23 @@ def tune_to_canary(cluster, ns, tmp_path, name="chat", rollout=None, best=None):
     return client, port
 
 
+def judge_canary(cluster, client, ns, port, name, ttft_s, tpot_s):
+    """Serve canary metrics with these latencies, start the canary's pods, wait for the verdict."""
+    metrics = serve_metrics(port, ttft_s=ttft_s, tpot_s=tpot_s)
+    try:
+        start_pods(cluster, ns, f"{name}-canary")
+        return wait_for("a verdict", lambda: phase_of(client, ns, f"{name}-tune", "Promoted", "RolledBack"))
+    finally:
+        metrics.terminate()
+
+
 def test_tune_then_promote_on_good_metrics(cluster, operator, ns, tmp_path):
     client, port = tune_to_canary(cluster, ns, tmp_path)
     canary = wait_for("the canary Deployment", lambda: get(client, "Deployment", ns, "chat-canary"))
     assert canary["spec"]["replicas"] == 1  # canaryFraction 0.1 of 2 replicas rounds up to one pod
     cm = get(client, "ConfigMap", ns, "chat-canary-config")
     assert yaml.safe_load(cm["data"]["config.yaml"]) == {"max_num_seqs": 4, "model": "smollm2-135m"}
-    metrics = serve_metrics(port, ttft_s=0.1, tpot_s=0.02)
-    try:
-        start_pods(cluster, ns, "chat-canary")
-        status = wait_for("phase Promoted", lambda: phase_of(client, ns, "chat-tune", "Promoted", "RolledBack"))
-    finally:
-        metrics.terminate()
+    status = judge_canary(cluster, client, ns, port, "chat", ttft_s=0.1, tpot_s=0.02)
     assert status["phase"] == "Promoted", status
     assert status["best"]["summary"] == "tpot_p95=0.0123" and status["mlflowRunId"] == "0123456789abcdef"
     assert status["history"][-1]["outcome"] == "Promoted"
@@ -75,12 +80,7 @@ def test_tune_then_promote_on_good_metrics(cluster, operator, ns, tmp_path):
 def test_rollback_on_bad_metrics(cluster, operator, ns, tmp_path):
     client, port = tune_to_canary(cluster, ns, tmp_path, name="slow")
     wait_for("the canary Deployment", lambda: get(client, "Deployment", ns, "slow-canary"))
-    metrics = serve_metrics(port, ttft_s=2.0, tpot_s=0.2)
-    try:
-        start_pods(cluster, ns, "slow-canary")
-        status = wait_for("a verdict", lambda: phase_of(client, ns, "slow-tune", "Promoted", "RolledBack"))
-    finally:
-        metrics.terminate()
+    status = judge_canary(cluster, client, ns, port, "slow", ttft_s=2.0, tpot_s=0.2)
     assert status["phase"] == "RolledBack" and status["history"][-1]["reason"] == "SLOViolated"
     cond = next(c for c in status["conditions"] if c["type"] == "RolledOut")
     assert cond["status"] == "False" and cond["reason"] == "SLOViolated" and "p95 TTFT" in cond["message"]
