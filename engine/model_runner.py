@@ -19,7 +19,9 @@ from slotune.engine.config import EngineConfig
 from slotune.engine.layers.attention import AttentionMetadata, KVCache
 from slotune.engine.loader import ModelConfig, load_model
 from slotune.engine.models.llama import LlamaModel
+from slotune.engine.native_step import native_decoder
 from slotune.engine.scheduler import ScheduledSeq
+from slotune.kernels.cpu_decode import PREFILL_ROWS
 
 log = logging.getLogger(__name__)
 
@@ -110,18 +112,16 @@ class ModelRunner:
         """The native CPU decode step (kernels/cpu_decode.py) when chosen and possible, else None."""
         if self.device.type != "cpu" or cfg.kernels.backend not in ("auto", "native"):
             return None
-        from slotune.kernels.cpu_decode import PREFILL_ROWS, CpuDecoder
-
-        reason = CpuDecoder.unsupported(self.model, self.kv_cache)
-        if reason is not None:
+        rows = cfg.max_num_seqs + min(PREFILL_ROWS, cfg.max_num_batched_tokens)
+        decoder = native_decoder(self.model, self.kv_cache, max_rows=rows, max_ctx=cfg.max_model_len,
+                                 int8_activations=cfg.kernels.int8_activations)
+        if isinstance(decoder, str):
             if cfg.kernels.backend == "native":
-                raise ValueError(f"kernels.backend: native cannot run this config: {reason}; use kernels.backend: torch")
-            log.info("decode steps stay on torch ops: %s", reason)
+                raise ValueError(f"kernels.backend: native cannot run this config: {decoder}; use kernels.backend: torch")
+            log.info("decode steps stay on torch ops: %s", decoder)
             return None
         self.backend = "native"
-        rows = cfg.max_num_seqs + min(PREFILL_ROWS, cfg.max_num_batched_tokens)
-        return CpuDecoder(self.model, self.kv_cache, max_rows=rows, max_ctx=cfg.max_model_len,
-                          int8_activations=cfg.kernels.int8_activations)
+        return decoder
 
     @torch.inference_mode()
     def forward_hidden(self, batch: list[ScheduledSeq]) -> list[torch.Tensor]:

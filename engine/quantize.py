@@ -70,13 +70,13 @@ class Int8Linear(_QuantLinear):
         scale = (w.abs().amax(dim=1) / 127.0).clamp_min(1e-10).to(torch.bfloat16)
         self.register_buffer("qweight", torch.round(w / scale.float()[:, None]).clamp_(-127, 127).to(torch.int8))  # [N, K]
         self.register_buffer("scales", scale)  # [N]
-        self.triton_tiles = None  # set by the Triton backend: use kernels/quant_matmul.py
+        self.tiles = None  # set by the Triton backend: use kernels/quant_matmul.py
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
-        if self.triton_tiles is not None:
+        if self.tiles is not None:
             from slotune.kernels.quant_matmul import int8_matmul
 
-            return int8_matmul(x, self.qweight, self.scales, self.triton_tiles)
+            return int8_matmul(x, self.qweight, self.scales, self.tiles)
         if x.device.type == "cpu":
             xb = x.to(torch.bfloat16)
             if _rows(x) >= CPU_GEMM_MIN_ROWS["int8"]:  # per-channel scale commutes with the GEMM
@@ -109,7 +109,7 @@ class Int4Linear(_QuantLinear):
         w = F.pad(weight.float(), (0, self.pad)).view(n, k // group_size, group_size)
         lo, hi = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)
         self.group_size, self.n, self.k = group_size, n, k
-        self.triton_tiles = None
+        self.tiles = None
         self.on_cpu = weight.device.type == "cpu"
         # Codes are computed against the stored (rounded) scale and min, as the kernel will read them.
         sdt = torch.bfloat16 if self.on_cpu else weight.dtype
@@ -152,10 +152,10 @@ class Int4Linear(_QuantLinear):
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         if self.pad:
             x = F.pad(x, (0, self.pad))
-        if self.triton_tiles is not None and not self.on_cpu:
+        if self.tiles is not None and not self.on_cpu:
             from slotune.kernels.quant_matmul import int4_matmul
 
-            return int4_matmul(x, self.packed, self.scales, self.mins, self.group_size, self.triton_tiles)
+            return int4_matmul(x, self.packed, self.scales, self.mins, self.group_size, self.tiles)
         if self.on_cpu:
             xb = x.to(torch.bfloat16)
             b = _cpu_int4_block()
@@ -202,17 +202,17 @@ class FP8Linear(_QuantLinear):
         scale = (w.abs().amax(dim=1) / FP8_MAX).clamp_min(1e-12)
         self.register_buffer("qweight", (w / scale[:, None]).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn))
         self.register_buffer("scales", scale)  # [N] float32
-        self.triton_tiles = None  # set by the Triton backend: decode-sized batches use kernels/quant_matmul.py
+        self.tiles = None  # set by the Triton backend: decode-sized batches use kernels/quant_matmul.py
 
     def _use_scaled_mm(self, x: torch.Tensor) -> bool:
         return x.device.type == "cuda" and torch.cuda.get_device_capability(x.device) >= (8, 9)
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
-        if self.triton_tiles is not None and x.numel() <= 16 * x.shape[-1]:
+        if self.tiles is not None and x.numel() <= 16 * x.shape[-1]:
             # Decode: weight-only fp8 (bf16 activations, no per-call activation quantization).
             from slotune.kernels.quant_matmul import fp8_matmul
 
-            return fp8_matmul(x, self.qweight, self.scales, self.triton_tiles)
+            return fp8_matmul(x, self.qweight, self.scales, self.tiles)
         if self._use_scaled_mm(x):
             # Per-token activation scales, per-channel weight scales; both fp8 e4m3.
             x2 = x.reshape(-1, x.shape[-1])

@@ -13,8 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-FP8_MAX = 448.0
-INT8_MAX = 127.0
+from slotune.kernels.kv_quant import quantize_kv
 
 
 @dataclass(slots=True)
@@ -63,18 +62,6 @@ class KVCache:
         elem = {"auto": torch.finfo(dtype).bits // 8 if dtype.is_floating_point else 4, "int8": 1, "fp8": 1}[kv_dtype]
         scale = 4 if kv_dtype != "auto" else 0
         return 2 * num_layers * num_kv_heads * (head_dim * elem + scale)
-
-
-def quantize_kv(x: torch.Tensor, kv_dtype: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-(token, head) symmetric quantization. x: [T, H, D] -> (q [T, H, D], scale [T, H])."""
-    amax = x.abs().amax(dim=-1).float().clamp_min(1e-8)
-    if kv_dtype == "int8":
-        scale = amax / INT8_MAX
-        q = torch.round(x.float() / scale[..., None]).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
-    else:
-        scale = amax / FP8_MAX
-        q = (x.float() / scale[..., None]).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-    return q, scale
 
 
 class TorchAttentionBackend:

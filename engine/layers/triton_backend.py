@@ -133,5 +133,5 @@ def use_triton(model, cfg) -> None:
     t = cfg.kernels.matmul
     tiles = MatmulConfig(t.block_m, t.block_n, t.block_k, t.num_warps, t.num_stages, t.split_k)
     for m in model.modules():
-        if hasattr(m, "triton_tiles"):
-            m.triton_tiles = tiles
+        if hasattr(m, "tiles"):
+            m.tiles = tiles
