@@ -14,21 +14,16 @@ from __future__ import annotations
 import torch
 
 from slotune.engine.layers.attention import AttentionMetadata, KVCache, TorchAttentionBackend
+from slotune.kernels.tiles import PrefillAttentionConfig
 
 
 class TritonAttentionBackend(TorchAttentionBackend):
     name = "triton"
 
     def __init__(self, tiles, prefill_tiles=None, sliding_window: int | None = None) -> None:
-        from slotune.kernels.decode_attention import DecodeAttentionConfig
-        from slotune.kernels.prefill_attention import PrefillAttentionConfig
-
         super().__init__(sliding_window)  # the torch masks serve the one-fresh-prompt SDPA path
-
-        self.config = DecodeAttentionConfig(tiles.block_n, tiles.num_splits, tiles.num_warps, tiles.num_stages)
-        p = prefill_tiles
-        self.prefill_config = PrefillAttentionConfig() if p is None else PrefillAttentionConfig(
-            p.block_m, p.block_n, p.num_warps, p.num_stages)
+        self.config = tiles
+        self.prefill_config = prefill_tiles or PrefillAttentionConfig()
         self.max_context: int | None = None  # set by the model runner (static bound: no host sync)
         self._prefill_ran = self._prefill_failed = False
         self.num_prefill_fallbacks = 0  # prefill calls that ran torch SDPA because the kernel failed
@@ -128,10 +123,7 @@ def use_triton(model, cfg) -> None:
     model.attn = TritonAttentionBackend(cfg.kernels.decode_attention, cfg.kernels.prefill_attention,
                                         model.cfg.sliding_window)
     model.ops = TritonOps()
-    from slotune.kernels.quant_matmul import MatmulConfig
-
-    t = cfg.kernels.matmul
-    tiles = MatmulConfig(t.block_m, t.block_n, t.block_k, t.num_warps, t.num_stages, t.split_k)
+    tiles = cfg.kernels.matmul
     for m in model.modules():
         if hasattr(m, "tiles"):
             m.tiles = tiles
