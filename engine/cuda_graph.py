@@ -24,7 +24,6 @@ class DecodeGraphs:
             self.buckets.append(max_batch)
         n = self.buckets[-1]
         self.max_blocks = -(-runner.cfg.max_model_len // bs)
-        model.attn.max_context = self.max_blocks * bs  # a static bound: no host sync, same launch every replay
         self.ids = torch.zeros(n, dtype=torch.int64, device=dev)
         self.pos = torch.zeros(n, dtype=torch.int64, device=dev)
         self.slots = torch.full((n,), -1, dtype=torch.int64, device=dev)
@@ -39,7 +38,8 @@ class DecodeGraphs:
             meta = AttentionMetadata(
                 slot_mapping=self.slots[:b], num_extend_tokens=0, extend_query_lens=[], extend_context_lens=[],
                 extend_block_tables=None, extend_mask=None, decode_block_tables=self.bt[:b],
-                decode_context_lens=self.ctx[:b], decode_mask=None, block_size=bs, has_skipped_slots=True)
+                decode_context_lens=self.ctx[:b], decode_mask=None, block_size=bs, has_skipped_slots=True,
+                max_context=self.max_blocks * bs)  # a static bound: no host sync, same launch every replay
             with torch.inference_mode():
                 for _ in range(2):  # warm up: Triton autotune/compile outside capture
                     model.compute_logits(model(self.ids[:b], self.pos[:b], runner.kv_cache, meta))

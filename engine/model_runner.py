@@ -17,9 +17,11 @@ import torch
 
 from slotune.engine.config import EngineConfig
 from slotune.engine.layers.attention import AttentionMetadata, KVCache
+from slotune.engine.layers.backend import backend_name, select_backend
 from slotune.engine.loader import ModelConfig, load_model
 from slotune.engine.models.llama import LlamaModel
 from slotune.engine.native_step import native_decoder
+from slotune.engine.quantize import quantize_model
 from slotune.engine.scheduler import ScheduledSeq
 from slotune.kernels.cpu_decode import PREFILL_ROWS
 
@@ -46,8 +48,27 @@ class StepResult:
     row_ranges: list[tuple[int, int]]  # per scheduled seq: [start, end) rows of logits (empty = no logits)
 
 
+def build_model(cfg: EngineConfig, model_cfg: ModelConfig, sd: dict[str, torch.Tensor], dtype: torch.dtype,
+                device: torch.device) -> LlamaModel:
+    """The model `cfg` serves: built with the kernel backend cfg.kernels selects, then its Linear
+    layers converted to cfg.quantization (the quantized layers take the backend's matmul tiles)."""
+    backend = select_backend(cfg.kernels, device, model_cfg.sliding_window)
+    model = LlamaModel(model_cfg, sd, dtype, device, backend)
+    if cfg.quantization != "none":
+        quantize_model(model, cfg.quantization, cfg.quant_group_size, tiles=backend.matmul)
+    return model
+
+
 class ModelRunner:
-    def __init__(self, cfg: EngineConfig, model: LlamaModel | None = None, model_cfg: ModelConfig | None = None) -> None:
+    """Args:
+        cfg: the engine config.
+        weights: (model config, state dict) to build the model from instead of loading `cfg.model`.
+        model: an already built model to share (`build_model` for a config with the same weights,
+            dtype, quantization and kernel backend); used as it is.
+    """
+
+    def __init__(self, cfg: EngineConfig, weights: tuple[ModelConfig, dict[str, torch.Tensor]] | None = None,
+                 model: LlamaModel | None = None) -> None:
         self.cfg = cfg
         self.device = resolve_device(cfg)
         self.dtype = resolve_dtype(cfg, self.device)
@@ -56,20 +77,17 @@ class ModelRunner:
             torch.set_num_threads(cfg.num_threads)  # process-wide: the engine owns its process
         t0 = time.perf_counter()
         if model is None:
-            model_cfg, sd, self.model_path = load_model(cfg.model)
-            model = LlamaModel(model_cfg, sd, self.dtype, self.device)
-        if cfg.quantization != "none":
-            from slotune.engine.quantize import quantize_model
-
-            quantize_model(model, cfg.quantization, cfg.quant_group_size)
-        self.backend = "triton" if cfg.kernels.backend == "triton" or (
-            cfg.kernels.backend == "auto" and self.device.type == "cuda") else "torch"
-        if self.backend == "triton":
-            from slotune.engine.layers.triton_backend import use_triton
-
-            use_triton(model, cfg)
+            if weights is None:
+                model_cfg, sd, self.model_path = load_model(cfg.model)
+            else:
+                model_cfg, sd = weights
+            model = build_model(cfg, model_cfg, sd, self.dtype, self.device)
+        elif model.backend.name != backend_name(cfg.kernels, self.device):
+            raise ValueError(f"a shared model built for the {model.backend.name} backend cannot serve kernels.backend "
+                             f"{cfg.kernels.backend} on {self.device.type}")
+        self.backend = model.backend.name  # "native" below when the native CPU step takes decode steps
         self.model = model
-        self.model_cfg: ModelConfig = model_cfg or model.cfg
+        self.model_cfg: ModelConfig = model.cfg
         self.load_time_s = time.perf_counter() - t0
         if cfg.max_model_len > self.model_cfg.max_position_embeddings:
             raise ValueError(
@@ -228,10 +246,7 @@ class ModelRunner:
         (`native_rows_to_torch`: past its row limit, or speculative verification) and Triton
         prefill calls that ran torch's SDPA after the kernel failed (`triton_prefill_to_sdpa`)."""
         out = {"native_rows_to_torch": self.num_native_rows_to_torch} if self.native is not None else {}
-        n = getattr(self.model.attn, "num_prefill_fallbacks", None)  # the Triton backend's counter
-        if n is not None:
-            out["triton_prefill_to_sdpa"] = n
-        return out
+        return out | self.model.backend.attn.kernel_fallbacks()
 
     def _native_group(self, batch: list[ScheduledSeq]) -> list[ScheduledSeq]:
         """The sequences whose rows run natively this step: every one without draft tokens when

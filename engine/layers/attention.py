@@ -33,6 +33,9 @@ class AttentionMetadata:
     # Known on the host when the batch is built: some slot_mapping entries are -1 (not stored).
     # Reading it from the tensor instead cost a host sync in every layer.
     has_skipped_slots: bool = False
+    # A static upper bound on every context length of the step (CUDA graphs: the same launch on
+    # every replay, no host sync); None = the decode block tables' width.
+    max_context: int | None = None
 
 
 class KVCache:
@@ -86,6 +89,10 @@ class TorchAttentionBackend:
             self._window_masks = window_masks(meta, self.sliding_window)
             self._window_meta = meta
         return self._window_masks
+
+    def kernel_fallbacks(self) -> dict[str, int]:
+        """Calls that ran another path than this backend's kernels, by reason (none here)."""
+        return {}
 
     def store_kv(self, cache: KVCache, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
         # k, v: [T, Hkv, D]; slots: [T]

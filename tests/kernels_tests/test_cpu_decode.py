@@ -100,7 +100,7 @@ def test_native_decode_matches_dequantized_torch_reference(overrides):
             got[i].append(logits[row].clone())
     ref = _reference(llm)
     reference = ModelRunner(EngineConfig(device="cpu", num_kv_blocks=2, max_model_len=128, kernels={"backend": "torch"}),
-                            model=ref, model_cfg=ref.cfg)
+                            model=ref)
     for i, ids in enumerate(seqs):
         want = reference.full_logits(ids)
         mine = torch.stack(got[i])
@@ -283,8 +283,7 @@ def test_native_engine_matches_torch_engine_on_qk_norm_and_window_variants(varia
 
     def engine(backend: str) -> LLMEngine:
         cfg = EngineConfig(device="cpu", num_kv_blocks=48, block_size=8, max_model_len=256, kernels={"backend": backend})
-        model = LlamaModel(mc, dict(sd), torch.float32, torch.device("cpu"))
-        return LLMEngine(cfg, runner=ModelRunner(cfg, model=model, model_cfg=mc), tokenizer=IdsTokenizer())
+        return LLMEngine(cfg, runner=ModelRunner(cfg, weights=(mc, dict(sd))), tokenizer=IdsTokenizer())
 
     native, plain = engine("native"), engine("torch")
     assert (native.runner.backend, plain.runner.backend) == ("native", "torch")
