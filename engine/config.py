@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from slotune.engine.scheduler import SchedulingPolicy
+from slotune.kernels.tiles import DecodeAttentionConfig, MatmulConfig, PrefillAttentionConfig
 
 DEFAULT_MODEL = "smollm2-135m"
 # Served: a request waits behind at most this many others (a few batches on a GPU, about a
@@ -25,38 +26,9 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
-class DecodeAttentionTiles(_Strict):
-    """Tile config for the paged decode-attention Triton kernel (kernels/decode_attention.py)."""
-
-    # Defaults: the best measured at batch 64 on an H100 (bench/gpu/results-2026-11-22-h100.md).
-    block_n: Literal[16, 32, 64, 128] = 16
-    num_splits: int = Field(8, ge=1, le=64, description="flash-decoding split count over the context")
-    num_warps: Literal[1, 2, 4, 8] = 1
-    num_stages: Literal[1, 2, 3, 4] = 2
-
-
-class MatmulTiles(_Strict):
-    """Tile config for the weight-only quantized matmul Triton kernel (kernels/quant_matmul.py)."""
-
-    block_m: Literal[16, 32, 64, 128] = 16
-    block_n: Literal[32, 64, 128, 256] = 64
-    block_k: Literal[32, 64, 128, 256] = 64
-    num_warps: Literal[1, 2, 4, 8] = 4
-    num_stages: Literal[1, 2, 3, 4, 5] = 3
-    split_k: Literal[1, 2, 4, 8] = Field(1, description="K splits: more programs for skinny decode shapes")
-
-
-class PrefillAttentionTiles(_Strict):
-    """Tile config for the paged prefill/extend attention Triton kernel (kernels/prefill_attention.py)."""
-
-    block_m: Literal[16, 32, 64, 128] = 64
-    block_n: Literal[16, 32, 64, 128] = 64
-    num_warps: Literal[2, 4, 8] = 4
-    num_stages: Literal[1, 2, 3] = 2
-
-
 class KernelConfig(_Strict):
-    """Which operator implementation runs, and the tile sizes of our Triton kernels."""
+    """Which operator implementation runs, and the tile sizes of our Triton kernels (their types, values
+    and defaults are the kernels' own: kernels/tiles.py)."""
 
     backend: Literal["auto", "torch", "triton", "native"] = Field(
         "auto", description="auto = Triton on CUDA; on CPU, decode steps in one native call "
@@ -70,9 +42,9 @@ class KernelConfig(_Strict):
         "weights in float32: int8 max error 0.6x, mean 1.3x the bf16 torch path's; int4 2.3x and 3.3x): a "
         "lever for the quality gates to judge"
     )
-    decode_attention: DecodeAttentionTiles = DecodeAttentionTiles()
-    prefill_attention: PrefillAttentionTiles = PrefillAttentionTiles()
-    matmul: MatmulTiles = MatmulTiles()
+    decode_attention: DecodeAttentionConfig = DecodeAttentionConfig()
+    prefill_attention: PrefillAttentionConfig = PrefillAttentionConfig()
+    matmul: MatmulConfig = MatmulConfig()
 
 
 class SpeculativeConfig(_Strict):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from slotune.engine.layers.attention import AttentionMetadata
+from slotune.engine.layers.attn_metadata import slot_mapping, static_decode_metadata
 
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
@@ -24,7 +24,6 @@ class DecodeGraphs:
             self.buckets.append(max_batch)
         n = self.buckets[-1]
         self.max_blocks = -(-runner.cfg.max_model_len // bs)
-        model.attn.max_context = self.max_blocks * bs  # a static bound: no host sync, same launch every replay
         self.ids = torch.zeros(n, dtype=torch.int64, device=dev)
         self.pos = torch.zeros(n, dtype=torch.int64, device=dev)
         self.slots = torch.full((n,), -1, dtype=torch.int64, device=dev)
@@ -36,10 +35,7 @@ class DecodeGraphs:
         self.outputs: dict[int, torch.Tensor] = {}
         pool = None
         for b in reversed(self.buckets):  # largest first, so smaller graphs reuse its pool
-            meta = AttentionMetadata(
-                slot_mapping=self.slots[:b], num_extend_tokens=0, extend_query_lens=[], extend_context_lens=[],
-                extend_block_tables=None, extend_mask=None, decode_block_tables=self.bt[:b],
-                decode_context_lens=self.ctx[:b], decode_mask=None, block_size=bs, has_skipped_slots=True)
+            meta = static_decode_metadata(self.slots[:b], self.bt[:b], self.ctx[:b], bs)
             with torch.inference_mode():
                 for _ in range(2):  # warm up: Triton autotune/compile outside capture
                     model.compute_logits(model(self.ids[:b], self.pos[:b], runner.kv_cache, meta))
@@ -69,7 +65,7 @@ class DecodeGraphs:
             table = seq.block_table
             st[i, 0] = seq.token_ids[p]
             st[i, 1] = p
-            st[i, 2] = table[p // bs] * bs + p % bs
+            st[i, 2] = slot_mapping(table, p, 1, bs)[0]
             st[i, 3] = p + 1
             st[i, 4 : 4 + len(table)] = torch.tensor(table, dtype=torch.int64)
         dev = st[:b].to(self.runner.device, non_blocking=True)

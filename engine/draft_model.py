@@ -10,7 +10,8 @@ from slotune.engine.config import EngineConfig
 from slotune.engine.model_runner import ModelRunner
 from slotune.engine.scheduler import ScheduledSeq
 from slotune.engine.sequence import Sequence
-from slotune.engine.speculative import DraftSampler, _budget
+from slotune.engine.sampler import Sampler
+from slotune.engine.speculative import DraftSampler, _budget, decoding
 
 
 class _Mirror:
@@ -51,34 +52,36 @@ class DraftModelProposer:
     whatever the draft has not seen (usually just the bonus token, as accepted drafts keep their
     KV) and yields draft 1; each later pass feeds draft j and yields draft j+1."""
 
-    def __init__(self, cfg: EngineConfig, engine) -> None:
+    def __init__(self, cfg: EngineConfig, target_vocab_size: int, sampler: Sampler) -> None:
         sc = cfg.speculative
         self.k = sc.num_speculative_tokens
-        self.engine = engine
+        self.max_model_len = cfg.max_model_len
         if sc.method == "quantized":
             draft_cfg = cfg.with_updates({"quantization": sc.draft_quantization, "speculative.method": "none"})
         else:
             draft_cfg = cfg.with_updates({"model": sc.draft_model, "quantization": "none", "speculative.method": "none"})
         self.runner = ModelRunner(draft_cfg)
-        if self.runner.model_cfg.vocab_size != engine.runner.model_cfg.vocab_size:
+        if self.runner.model_cfg.vocab_size != target_vocab_size:
             raise ValueError(f"speculative.draft_model vocab ({self.runner.model_cfg.vocab_size}) differs from the "
-                             f"target's ({engine.runner.model_cfg.vocab_size}); a draft must share the tokenizer")
+                             f"target's ({target_vocab_size}); a draft must share the tokenizer")
         self.bm = BlockManager(self.runner.num_blocks, cfg.block_size)
         self.mirrors: dict[int, _Mirror] = {}
-        self.drafts = DraftSampler(engine)
+        self.drafts = DraftSampler(sampler)
+        self.draft_probs = self.drafts.draft_probs
 
     def _sync(self, live: set[int]) -> None:
         for sid in [s for s in self.mirrors if s not in live]:  # finished / aborted / preempted
             self.bm.free_seq(self.mirrors.pop(sid))
 
     @torch.inference_mode()
-    def propose(self, seqs: list[Sequence]) -> None:
+    def propose(self, running: list[Sequence]) -> None:
+        """running: every sequence the target runs (mirrors of the others are freed)."""
         self.drafts.reset()
-        self._sync({s.seq_id for s in self.engine.scheduler.running})
+        self._sync({s.seq_id for s in running})
         active, ks = [], []
-        for seq in seqs:
+        for seq in decoding(running):
             seq.spec_token_ids = []
-            k = _budget(self.engine, seq, self.k)
+            k = _budget(seq, self.k, self.max_model_len)
             m = self.mirrors.get(seq.seq_id)
             if m is None:
                 m = self.mirrors[seq.seq_id] = _Mirror(seq)
@@ -103,7 +106,8 @@ class DraftModelProposer:
         # Steps 2..k: one token per sequence; draft j is fed to produce draft j+1.
         for j in range(1, max(ks)):
             live = [i for i, k in enumerate(ks) if j < k]
-            logits = self.runner.run_decode([active[i][1] for i in live], [toks[i] for i in live], [pos[i] for i in live])
+            logits = self.runner.run_decode([active[i][1].block_table for i in live], [toks[i] for i in live],
+                                            [pos[i] for i in live])
             for i, t in zip(live, self.drafts.choose([active[i][0] for i in live], logits)):
                 active[i][0].spec_token_ids.append(t)
                 toks[i], pos[i] = t, pos[i] + 1

@@ -92,7 +92,7 @@ class LLMEngine:
         if cfg.speculative.method != "none":
             from slotune.engine.speculative import build_proposer
 
-            self.proposer = build_proposer(cfg, self)
+            self.proposer = build_proposer(cfg, self.runner, self.block_manager, self.sampler)
         self.eos_token_ids: frozenset[int] = self.tokenizer.eos_token_ids  # every end-of-turn id the model declares
 
     @property
@@ -172,7 +172,7 @@ class LLMEngine:
         outputs = self._postprocess(sched.scheduled, result)
         self.num_steps += 1
         if self.proposer is not None:
-            self.proposer.propose([s for s in self.scheduler.running if s.num_uncomputed_tokens == 1])
+            self.proposer.propose(list(self.scheduler.running))
         self.execute_seconds += t2 - t1
         self.step_seconds += time.perf_counter() - t0
         self.num_step_tokens += sched.num_batched_tokens
@@ -202,7 +202,7 @@ class LLMEngine:
         if spec:
             from slotune.engine.speculative import verify_batch
 
-            for (s, _), toks in zip(spec, verify_batch(self, spec)):
+            for (s, _), toks in zip(spec, verify_batch(spec, self.sampler, self.proposer.draft_probs)):
                 num_accepted = len(toks) - 1
                 s.seq.num_computed_tokens += s.num_new_tokens - s.num_draft_tokens + num_accepted
                 s.seq.metrics.num_draft_tokens += s.num_draft_tokens

@@ -16,10 +16,16 @@ from dataclasses import dataclass
 import torch
 
 from slotune.engine.config import EngineConfig
-from slotune.engine.layers.attention import AttentionMetadata, KVCache
+from slotune.engine.layers.attention import KVCache
+from slotune.engine.layers.attn_metadata import (AttentionMetadata, SeqSpan, build_metadata, scratch_metadata,
+                                                 slot_mapping)
+from slotune.engine.layers.backend import backend_name, select_backend
 from slotune.engine.loader import ModelConfig, load_model
 from slotune.engine.models.llama import LlamaModel
+from slotune.engine.native_step import native_decoder
+from slotune.engine.quantize import quantize_model
 from slotune.engine.scheduler import ScheduledSeq
+from slotune.kernels.cpu_decode import PREFILL_ROWS
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +50,27 @@ class StepResult:
     row_ranges: list[tuple[int, int]]  # per scheduled seq: [start, end) rows of logits (empty = no logits)
 
 
+def build_model(cfg: EngineConfig, model_cfg: ModelConfig, sd: dict[str, torch.Tensor], dtype: torch.dtype,
+                device: torch.device) -> LlamaModel:
+    """The model `cfg` serves: built with the kernel backend cfg.kernels selects, then its Linear
+    layers converted to cfg.quantization (the quantized layers take the backend's matmul tiles)."""
+    backend = select_backend(cfg.kernels, device, model_cfg.sliding_window)
+    model = LlamaModel(model_cfg, sd, dtype, device, backend)
+    if cfg.quantization != "none":
+        quantize_model(model, cfg.quantization, cfg.quant_group_size, tiles=backend.matmul)
+    return model
+
+
 class ModelRunner:
-    def __init__(self, cfg: EngineConfig, model: LlamaModel | None = None, model_cfg: ModelConfig | None = None) -> None:
+    """Args:
+        cfg: the engine config.
+        weights: (model config, state dict) to build the model from instead of loading `cfg.model`.
+        model: an already built model to share (`build_model` for a config with the same weights,
+            dtype, quantization and kernel backend); used as it is.
+    """
+
+    def __init__(self, cfg: EngineConfig, weights: tuple[ModelConfig, dict[str, torch.Tensor]] | None = None,
+                 model: LlamaModel | None = None) -> None:
         self.cfg = cfg
         self.device = resolve_device(cfg)
         self.dtype = resolve_dtype(cfg, self.device)
@@ -54,20 +79,17 @@ class ModelRunner:
             torch.set_num_threads(cfg.num_threads)  # process-wide: the engine owns its process
         t0 = time.perf_counter()
         if model is None:
-            model_cfg, sd, self.model_path = load_model(cfg.model)
-            model = LlamaModel(model_cfg, sd, self.dtype, self.device)
-        if cfg.quantization != "none":
-            from slotune.engine.quantize import quantize_model
-
-            quantize_model(model, cfg.quantization, cfg.quant_group_size)
-        self.backend = "triton" if cfg.kernels.backend == "triton" or (
-            cfg.kernels.backend == "auto" and self.device.type == "cuda") else "torch"
-        if self.backend == "triton":
-            from slotune.engine.layers.triton_backend import use_triton
-
-            use_triton(model, cfg)
+            if weights is None:
+                model_cfg, sd, self.model_path = load_model(cfg.model)
+            else:
+                model_cfg, sd = weights
+            model = build_model(cfg, model_cfg, sd, self.dtype, self.device)
+        elif model.backend.name != backend_name(cfg.kernels, self.device):
+            raise ValueError(f"a shared model built for the {model.backend.name} backend cannot serve kernels.backend "
+                             f"{cfg.kernels.backend} on {self.device.type}")
+        self.backend = model.backend.name  # "native" below when the native CPU step takes decode steps
         self.model = model
-        self.model_cfg: ModelConfig = model_cfg or model.cfg
+        self.model_cfg: ModelConfig = model.cfg
         self.load_time_s = time.perf_counter() - t0
         if cfg.max_model_len > self.model_cfg.max_position_embeddings:
             raise ValueError(
@@ -110,18 +132,16 @@ class ModelRunner:
         """The native CPU decode step (kernels/cpu_decode.py) when chosen and possible, else None."""
         if self.device.type != "cpu" or cfg.kernels.backend not in ("auto", "native"):
             return None
-        from slotune.kernels.cpu_decode import PREFILL_ROWS, CpuDecoder
-
-        reason = CpuDecoder.unsupported(self.model, self.kv_cache)
-        if reason is not None:
+        rows = cfg.max_num_seqs + min(PREFILL_ROWS, cfg.max_num_batched_tokens)
+        decoder = native_decoder(self.model, self.kv_cache, max_rows=rows, max_ctx=cfg.max_model_len,
+                                 int8_activations=cfg.kernels.int8_activations)
+        if isinstance(decoder, str):
             if cfg.kernels.backend == "native":
-                raise ValueError(f"kernels.backend: native cannot run this config: {reason}; use kernels.backend: torch")
-            log.info("decode steps stay on torch ops: %s", reason)
+                raise ValueError(f"kernels.backend: native cannot run this config: {decoder}; use kernels.backend: torch")
+            log.info("decode steps stay on torch ops: %s", decoder)
             return None
         self.backend = "native"
-        rows = cfg.max_num_seqs + min(PREFILL_ROWS, cfg.max_num_batched_tokens)
-        return CpuDecoder(self.model, self.kv_cache, max_rows=rows, max_ctx=cfg.max_model_len,
-                          int8_activations=cfg.kernels.int8_activations)
+        return decoder
 
     @torch.inference_mode()
     def forward_hidden(self, batch: list[ScheduledSeq]) -> list[torch.Tensor]:
@@ -140,26 +160,20 @@ class ModelRunner:
 
     # --- input preparation ---------------------------------------------------------------
     def _prepare(self, batch: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[tuple[int, int]], torch.Tensor]:
-        bs = self.block_size
         extend = [s for s in batch if s.num_new_tokens > 1]
         decode = [s for s in batch if s.num_new_tokens == 1]
-        ordered = extend + decode
         ids: list[int] = []
         pos: list[int] = []
-        slots: list[torch.Tensor] = []
         logit_rows: list[int] = []
         ranges: dict[int, tuple[int, int]] = {}
         t = 0
-        for s in ordered:
+        for s in extend + decode:
             seq, n = s.seq, s.num_new_tokens
             start = seq.num_computed_tokens
             n_known = n - s.num_draft_tokens
             ids.extend(seq.token_ids[start : start + n_known])
             ids.extend(seq.spec_token_ids[: s.num_draft_tokens])
             pos.extend(range(start, start + n))
-            p = torch.arange(start, start + n)
-            table = torch.tensor(seq.block_table, dtype=torch.int64)
-            slots.append(table[p // bs] * bs + p % bs)
             if start + n_known >= seq.num_tokens:  # reaches the end: needs logits
                 k = s.num_draft_tokens + 1
                 r0 = len(logit_rows)
@@ -168,48 +182,13 @@ class ModelRunner:
             else:
                 ranges[id(s)] = (0, 0)
             t += n
-        meta = self._metadata(extend, decode, torch.cat(slots), sum(s.num_new_tokens for s in extend))
+        span = lambda s: SeqSpan(s.seq.block_table, s.seq.num_computed_tokens, s.num_new_tokens)  # noqa: E731
+        meta = build_metadata([span(s) for s in extend], [span(s) for s in decode], self.block_size, self.device)
         dev = self.device
         input_ids = torch.tensor(ids, dtype=torch.int64).to(dev, non_blocking=True)
         positions = torch.tensor(pos, dtype=torch.int64).to(dev, non_blocking=True)
         rows = torch.tensor(logit_rows, dtype=torch.int64).to(dev, non_blocking=True)
         return input_ids, positions, meta, [ranges[id(s)] for s in batch], rows
-
-    def _block_tables(self, seqs: list[ScheduledSeq]) -> torch.Tensor:
-        width = max(len(s.seq.block_table) for s in seqs)
-        bt = torch.zeros(len(seqs), width, dtype=torch.int32)
-        for i, s in enumerate(seqs):
-            bt[i, : len(s.seq.block_table)] = torch.tensor(s.seq.block_table, dtype=torch.int32)
-        return bt
-
-    def _metadata(self, extend: list[ScheduledSeq], decode: list[ScheduledSeq], slots: torch.Tensor, num_extend: int) -> AttentionMetadata:
-        dev, bs = self.device, self.block_size
-        q_lens = [s.num_new_tokens for s in extend]
-        ctx_lens = [s.seq.num_computed_tokens + s.num_new_tokens for s in extend]
-        ebt = emask = None
-        if extend and not (len(extend) == 1 and extend[0].seq.num_computed_tokens == 0):
-            ebt = self._block_tables(extend)
-            L = ebt.shape[1] * bs
-            qmax = max(q_lens)
-            j = torch.arange(L)[None, None, :]
-            i = torch.arange(qmax)[None, :, None]
-            start = torch.tensor([c - q for c, q in zip(ctx_lens, q_lens)])[:, None, None]
-            ql = torch.tensor(q_lens)[:, None, None]
-            emask = (j <= start + i) & (i < ql)
-            emask |= (i >= ql) & (j == 0)  # padded query rows: keep one key so softmax stays finite
-            emask = emask[:, None].to(dev, non_blocking=True)
-            ebt = ebt.to(dev, non_blocking=True)
-        dbt = dctx = dmask = None
-        if decode:
-            dbt = self._block_tables(decode)
-            ctx = torch.tensor([s.seq.num_computed_tokens + 1 for s in decode], dtype=torch.int32)
-            dmask = (torch.arange(dbt.shape[1] * bs)[None, :] < ctx[:, None])[:, None, None, :].to(dev, non_blocking=True)
-            dbt, dctx = dbt.to(dev, non_blocking=True), ctx.to(dev, non_blocking=True)
-        return AttentionMetadata(
-            slot_mapping=slots.to(dev, non_blocking=True), num_extend_tokens=num_extend,
-            extend_query_lens=q_lens, extend_context_lens=ctx_lens, extend_block_tables=ebt, extend_mask=emask,
-            decode_block_tables=dbt, decode_context_lens=dctx, decode_mask=dmask, block_size=bs,
-        )
 
     # --- execution -------------------------------------------------------------------------
     @torch.inference_mode()
@@ -228,10 +207,7 @@ class ModelRunner:
         (`native_rows_to_torch`: past its row limit, or speculative verification) and Triton
         prefill calls that ran torch's SDPA after the kernel failed (`triton_prefill_to_sdpa`)."""
         out = {"native_rows_to_torch": self.num_native_rows_to_torch} if self.native is not None else {}
-        n = getattr(self.model.attn, "num_prefill_fallbacks", None)  # the Triton backend's counter
-        if n is not None:
-            out["triton_prefill_to_sdpa"] = n
-        return out
+        return out | self.model.backend.attn.kernel_fallbacks()
 
     def _native_group(self, batch: list[ScheduledSeq]) -> list[ScheduledSeq]:
         """The sequences whose rows run natively this step: every one without draft tokens when
@@ -278,7 +254,7 @@ class ModelRunner:
             seq, start, n = s.seq, s.seq.num_computed_tokens, s.num_new_tokens
             ids += seq.token_ids[start : start + n]
             pos += range(start, start + n)
-            slots += [seq.block_table[p // bs] * bs + p % bs for p in range(start, start + n)]
+            slots += slot_mapping(seq.block_table, start, n, bs)
             tables += [seq.block_table] * n
             if start + n >= seq.num_tokens:  # reaches the end: samples
                 ranges.append((len(logit_rows), len(logit_rows) + 1))
@@ -299,38 +275,23 @@ class ModelRunner:
         return torch.cat(parts), ranges
 
     @torch.inference_mode()
-    def run_decode(self, seqs: list, token_ids: list[int], positions: list[int], num_layers: int | None = None) -> torch.Tensor:
+    def run_decode(self, block_tables: list[list[int]], token_ids: list[int], positions: list[int],
+                   num_layers: int | None = None) -> torch.Tensor:
         """One token per sequence at explicit positions (draft steps). -> logits [B, V].
 
-        Each sequence's block table must already cover its position.
+        Each block table must already cover its sequence's position.
         """
-        bs, dev = self.block_size, self.device
-        slots = torch.tensor([s.block_table[p // bs] * bs + p % bs for s, p in zip(seqs, positions)], dtype=torch.int64)
-        width = max(len(s.block_table) for s in seqs)
-        bt = torch.zeros(len(seqs), width, dtype=torch.int32)
-        for i, s in enumerate(seqs):
-            bt[i, : len(s.block_table)] = torch.tensor(s.block_table, dtype=torch.int32)
-        ctx = torch.tensor([p + 1 for p in positions], dtype=torch.int32)
-        mask = (torch.arange(width * bs)[None, :] < ctx[:, None])[:, None, None, :]
-        meta = AttentionMetadata(
-            slot_mapping=slots.to(dev), num_extend_tokens=0, extend_query_lens=[], extend_context_lens=[],
-            extend_block_tables=None, extend_mask=None, decode_block_tables=bt.to(dev), decode_context_lens=ctx.to(dev),
-            decode_mask=mask.to(dev), block_size=bs,
-        )
-        ids = torch.tensor(token_ids, dtype=torch.int64, device=dev)
-        pos = torch.tensor(positions, dtype=torch.int64, device=dev)
+        spans = [SeqSpan(t, p, 1) for t, p in zip(block_tables, positions)]
+        meta = build_metadata([], spans, self.block_size, self.device)
+        ids = torch.tensor(token_ids, dtype=torch.int64, device=self.device)
+        pos = torch.tensor(positions, dtype=torch.int64, device=self.device)
         return self.model.compute_logits(self.model(ids, pos, self.kv_cache, meta, num_layers=num_layers))
 
     @torch.inference_mode()
     def full_logits(self, token_ids: list[int]) -> torch.Tensor:
         """Logits at every position of one sequence, without touching the KV cache. -> [T, V]."""
         n = len(token_ids)
-        meta = AttentionMetadata(
-            slot_mapping=torch.full((n,), -1, dtype=torch.int64, device=self.device), num_extend_tokens=n,
-            extend_query_lens=[n], extend_context_lens=[n], extend_block_tables=None, extend_mask=None,
-            decode_block_tables=None, decode_context_lens=None, decode_mask=None, block_size=self.block_size,
-            has_skipped_slots=True,
-        )
+        meta = scratch_metadata(n, self.block_size, self.device)
         ids = torch.tensor(token_ids, dtype=torch.int64, device=self.device)
         pos = torch.arange(n, device=self.device)
         return self.model.compute_logits(self.model(ids, pos, self.kv_cache, meta))

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from slotune.engine.layers.linear import Linear
+from slotune.kernels.tiles import MatmulConfig
 
 FP8_MAX = 448.0
 # Rows from which dequantize-then-GEMM beats torch's packed CPU kernels (crossovers measured
@@ -63,20 +64,20 @@ class _QuantLinear(nn.Module):
 
 
 class Int8Linear(_QuantLinear):
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, tiles: MatmulConfig | None = None) -> None:
         super().__init__(bias)
         w = weight.float()
         # Round the scale to its stored bf16 first, then the codes against it: |error| <= half a step.
         scale = (w.abs().amax(dim=1) / 127.0).clamp_min(1e-10).to(torch.bfloat16)
         self.register_buffer("qweight", torch.round(w / scale.float()[:, None]).clamp_(-127, 127).to(torch.int8))  # [N, K]
         self.register_buffer("scales", scale)  # [N]
-        self.triton_tiles = None  # set by the Triton backend: use kernels/quant_matmul.py
+        self.tiles = tiles  # the Triton backend's: kernels/quant_matmul.py; None = torch
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
-        if self.triton_tiles is not None:
+        if self.tiles is not None:
             from slotune.kernels.quant_matmul import int8_matmul
 
-            return int8_matmul(x, self.qweight, self.scales, self.triton_tiles)
+            return int8_matmul(x, self.qweight, self.scales, self.tiles)
         if x.device.type == "cpu":
             xb = x.to(torch.bfloat16)
             if _rows(x) >= CPU_GEMM_MIN_ROWS["int8"]:  # per-channel scale commutes with the GEMM
@@ -101,7 +102,8 @@ def _cpu_int4_block() -> int:
 
 
 class Int4Linear(_QuantLinear):
-    def __init__(self, weight: torch.Tensor, group_size: int, bias: torch.Tensor | None = None) -> None:
+    def __init__(self, weight: torch.Tensor, group_size: int, bias: torch.Tensor | None = None,
+                 tiles: MatmulConfig | None = None) -> None:
         super().__init__(bias)
         n, k = weight.shape
         self.pad = -k % group_size  # zero columns appended to K (and to x in forward)
@@ -109,7 +111,7 @@ class Int4Linear(_QuantLinear):
         w = F.pad(weight.float(), (0, self.pad)).view(n, k // group_size, group_size)
         lo, hi = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)
         self.group_size, self.n, self.k = group_size, n, k
-        self.triton_tiles = None
+        self.tiles = tiles  # the Triton backend's (CUDA layout only); None = torch
         self.on_cpu = weight.device.type == "cpu"
         # Codes are computed against the stored (rounded) scale and min, as the kernel will read them.
         sdt = torch.bfloat16 if self.on_cpu else weight.dtype
@@ -152,10 +154,10 @@ class Int4Linear(_QuantLinear):
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         if self.pad:
             x = F.pad(x, (0, self.pad))
-        if self.triton_tiles is not None and not self.on_cpu:
+        if self.tiles is not None and not self.on_cpu:
             from slotune.kernels.quant_matmul import int4_matmul
 
-            return int4_matmul(x, self.packed, self.scales, self.mins, self.group_size, self.triton_tiles)
+            return int4_matmul(x, self.packed, self.scales, self.mins, self.group_size, self.tiles)
         if self.on_cpu:
             xb = x.to(torch.bfloat16)
             b = _cpu_int4_block()
@@ -196,23 +198,23 @@ class Int4Linear(_QuantLinear):
 
 
 class FP8Linear(_QuantLinear):
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, tiles: MatmulConfig | None = None) -> None:
         super().__init__(bias)
         w = weight.float()
         scale = (w.abs().amax(dim=1) / FP8_MAX).clamp_min(1e-12)
         self.register_buffer("qweight", (w / scale[:, None]).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn))
         self.register_buffer("scales", scale)  # [N] float32
-        self.triton_tiles = None  # set by the Triton backend: decode-sized batches use kernels/quant_matmul.py
+        self.tiles = tiles  # the Triton backend's: decode-sized batches use kernels/quant_matmul.py
 
     def _use_scaled_mm(self, x: torch.Tensor) -> bool:
         return x.device.type == "cuda" and torch.cuda.get_device_capability(x.device) >= (8, 9)
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
-        if self.triton_tiles is not None and x.numel() <= 16 * x.shape[-1]:
+        if self.tiles is not None and x.numel() <= 16 * x.shape[-1]:
             # Decode: weight-only fp8 (bf16 activations, no per-call activation quantization).
             from slotune.kernels.quant_matmul import fp8_matmul
 
-            return fp8_matmul(x, self.qweight, self.scales, self.triton_tiles)
+            return fp8_matmul(x, self.qweight, self.scales, self.tiles)
         if self._use_scaled_mm(x):
             # Per-token activation scales, per-channel weight scales; both fp8 e4m3.
             x2 = x.reshape(-1, x.shape[-1])
@@ -229,23 +231,29 @@ class FP8Linear(_QuantLinear):
         return self.qweight.numel() + self.scales.numel() * 4
 
 
-def quantize_linear(lin: Linear, method: str, group_size: int) -> nn.Module:
+def quantize_linear(lin: Linear, method: str, group_size: int, tiles: MatmulConfig | None = None) -> nn.Module:
+    """tiles: the Triton quantized-matmul tiles the layer multiplies with (None: torch's matmuls)."""
     w, b = lin.weight.data, None if lin.bias is None else lin.bias.data
     if method == "int8":
-        return Int8Linear(w, b)
+        return Int8Linear(w, b, tiles)
     if method == "int4":
-        return Int4Linear(w, group_size, b)
+        return Int4Linear(w, group_size, b, tiles)
     if method == "fp8":
-        return FP8Linear(w, b)
+        return FP8Linear(w, b, tiles)
     raise ValueError(f"unknown quantization '{method}' (none|int8|int4|fp8)")
 
 
 LM_HEAD_METHOD = "int8"  # see the module docstring
 
 
-def quantize_model(model: nn.Module, method: str, group_size: int = 64, lm_head: str | None = LM_HEAD_METHOD) -> nn.Module:
+def quantize_model(model: nn.Module, method: str, group_size: int = 64, lm_head: str | None = LM_HEAD_METHOD,
+                   tiles: MatmulConfig | None = None) -> nn.Module:
     """Replace every Linear in place: projections with `method`, the LM head with `lm_head`
     (None = the same method, "none" = keep it dense). Returns the model.
+
+    The one conversion a built model goes through (gpt-fast's "convert modules for runtime"), done
+    by the runner right after construction: the quantized modules take the backend's matmul
+    `tiles` as they are built, and nothing changes them afterwards.
 
     A tied LM head is quantized from the embedding; the embedding itself stays dense (decode
     gathers one row of it per token, so its bytes do not count toward a step).
@@ -258,5 +266,5 @@ def quantize_model(model: nn.Module, method: str, group_size: int = 64, lm_head:
                 continue
             m = (lm_head or method) if child_name == "lm_head" else method
             if m != "none":
-                setattr(mod, child_name, quantize_linear(child, m, group_size))
+                setattr(mod, child_name, quantize_linear(child, m, group_size, tiles))
     return model

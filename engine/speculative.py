@@ -1,8 +1,10 @@
 """Speculative decoding: a cheap draft proposes k tokens, the target verifies them in one pass.
 
-Lifecycle: after each engine step `propose(seqs)` sets `seq.spec_token_ids` for decode-phase
-sequences; the scheduler feeds [last token, drafts...]; `verify_batch` turns the k+1 target
-rows into accepted drafts + one bonus/correction token.
+Lifecycle: after each engine step `propose(running)` sets `seq.spec_token_ids` for the running
+sequences in their decode phase; the scheduler feeds [last token, drafts...]; `verify_batch`
+turns the k+1 target rows into accepted drafts + one bonus/correction token. Proposers are built
+with what they read (`build_proposer`: the config, the target's runner, block manager and
+sampler), never the engine object.
 
 Verification is standard rejection sampling (Leviathan et al. 2023), per draft position i with
 target distribution p_i and draft distribution q_i:
@@ -20,23 +22,32 @@ from __future__ import annotations
 
 import torch
 
+from slotune.engine.block_manager import BlockManager
 from slotune.engine.config import EngineConfig
+from slotune.engine.model_runner import ModelRunner
+from slotune.engine.sampler import Sampler
 from slotune.engine.sequence import Sequence
 
 
-def _budget(engine, seq: Sequence, k: int) -> int:
+def _budget(seq: Sequence, k: int, max_model_len: int) -> int:
     """Drafts must not run past max_tokens or max_model_len."""
-    left = min(seq.params.max_tokens - seq.num_output_tokens, engine.cfg.max_model_len - seq.num_tokens) - 1
+    left = min(seq.params.max_tokens - seq.num_output_tokens, max_model_len - seq.num_tokens) - 1
     return max(0, min(k, left))
+
+
+def decoding(running: list[Sequence]) -> list[Sequence]:
+    """The running sequences a draft is proposed for: those with only their last token to feed."""
+    return [s for s in running if s.num_uncomputed_tokens == 1]
 
 
 class NgramProposer:
     """Prompt lookup: find the latest earlier occurrence of the longest suffix n-gram, copy what followed."""
 
-    def __init__(self, cfg: EngineConfig, engine) -> None:
+    def __init__(self, cfg: EngineConfig) -> None:
+        self.draft_probs: dict[int, list[torch.Tensor]] = {}  # point masses: nothing recorded
         self.k = cfg.speculative.num_speculative_tokens
         self.n_max, self.n_min = cfg.speculative.ngram_max, cfg.speculative.ngram_min
-        self.engine = engine
+        self.max_model_len = cfg.max_model_len
 
     def draft(self, tokens: list[int], k: int) -> list[int]:
         L = len(tokens)
@@ -47,9 +58,9 @@ class NgramProposer:
                     return tokens[start + n:start + n + k]
         return []
 
-    def propose(self, seqs: list[Sequence]) -> None:
-        for seq in seqs:
-            k = _budget(self.engine, seq, self.k)
+    def propose(self, running: list[Sequence]) -> None:
+        for seq in decoding(running):
+            k = _budget(seq, self.k, self.max_model_len)
             seq.spec_token_ids = self.draft(seq.token_ids, k) if k else []
 
 
@@ -57,8 +68,8 @@ class DraftSampler:
     """Turns draft logits into draft tokens: argmax for greedy requests, a sample from the
     draft distribution q otherwise, remembering q for verification (keyed by seq_id)."""
 
-    def __init__(self, engine) -> None:
-        self.engine = engine
+    def __init__(self, sampler: Sampler) -> None:
+        self.sampler = sampler
         self.draft_probs: dict[int, list[torch.Tensor]] = {}  # seq_id -> k rows of [V]
 
     def reset(self) -> None:
@@ -69,7 +80,7 @@ class DraftSampler:
         toks = logits.argmax(-1)
         sampling = [i for i, s in enumerate(seqs) if not s.params.is_greedy]
         if sampling:
-            sampler = self.engine.sampler
+            sampler = self.sampler
             q = sampler.probs(logits[sampling].float(), [seqs[i].params for i in sampling])
             for row, i in enumerate(sampling):
                 seq = seqs[i]
@@ -86,20 +97,21 @@ class EarlyExitProposer:
     the same positions with identical inputs, so the shared cache stays consistent.
     """
 
-    def __init__(self, cfg: EngineConfig, engine) -> None:
+    def __init__(self, cfg: EngineConfig, runner: ModelRunner, block_manager: BlockManager, sampler: Sampler) -> None:
         self.k = cfg.speculative.num_speculative_tokens
-        self.num_layers = min(cfg.speculative.early_exit_layers, engine.runner.model_cfg.num_layers)
-        self.engine = engine
-        self.drafts = DraftSampler(engine)
+        self.num_layers = min(cfg.speculative.early_exit_layers, runner.model_cfg.num_layers)
+        self.max_model_len = cfg.max_model_len
+        self.runner, self.block_manager = runner, block_manager
+        self.drafts = DraftSampler(sampler)
+        self.draft_probs = self.drafts.draft_probs
 
-    def propose(self, seqs: list[Sequence]) -> None:
+    def propose(self, running: list[Sequence]) -> None:
         self.drafts.reset()
-        bm = self.engine.block_manager
         active, ks = [], []
-        for seq in seqs:
+        for seq in decoding(running):
             seq.spec_token_ids = []
-            k = _budget(self.engine, seq, self.k)
-            if k and bm.allocate(seq, 1 + k):  # room for the last token + drafts, else skip drafting
+            k = _budget(seq, self.k, self.max_model_len)
+            if k and self.block_manager.allocate(seq, 1 + k):  # room for the last token + drafts, else skip drafting
                 active.append(seq)
                 ks.append(k)
         if not active:
@@ -108,23 +120,24 @@ class EarlyExitProposer:
         pos = [s.num_tokens - 1 for s in active]
         for j in range(max(ks)):
             live = [i for i, k in enumerate(ks) if j < k]
-            logits = self.engine.runner.run_decode([active[i] for i in live], [toks[i] for i in live],
-                                                   [pos[i] for i in live], num_layers=self.num_layers)
+            logits = self.runner.run_decode([active[i].block_table for i in live], [toks[i] for i in live],
+                                            [pos[i] for i in live], num_layers=self.num_layers)
             nxt = self.drafts.choose([active[i] for i in live], logits)
             for i, t in zip(live, nxt):
                 active[i].spec_token_ids.append(t)
                 toks[i], pos[i] = t, pos[i] + 1
 
 
-def build_proposer(cfg: EngineConfig, engine):
+def build_proposer(cfg: EngineConfig, runner: ModelRunner, block_manager: BlockManager, sampler: Sampler):
+    """The proposer cfg.speculative.method names, over the target's runner, block manager and sampler."""
     m = cfg.speculative.method
     if m == "ngram":
-        return NgramProposer(cfg, engine)
+        return NgramProposer(cfg)
     if m == "early_exit":
-        return EarlyExitProposer(cfg, engine)
-    from slotune.engine.draft_model import DraftModelProposer
+        return EarlyExitProposer(cfg, runner, block_manager, sampler)
+    from slotune.engine.draft_model import DraftModelProposer  # draft_model imports this module
 
-    return DraftModelProposer(cfg, engine)
+    return DraftModelProposer(cfg, runner.model_cfg.vocab_size, sampler)
 
 
 def rejection_sample(probs: torch.Tensor, drafts: list[int], generator: torch.Generator | None = None,
@@ -155,9 +168,10 @@ def rejection_sample(probs: torch.Tensor, drafts: list[int], generator: torch.Ge
     return out
 
 
-def verify_batch(engine, items: list[tuple]) -> list[list[int]]:
-    """items: (scheduled seq, its logits rows [k+1, V]). Per sequence: accepted drafts + one token."""
-    recorded = getattr(getattr(engine.proposer, "drafts", None), "draft_probs", {})
+def verify_batch(items: list[tuple], sampler: Sampler, draft_probs: dict[int, list[torch.Tensor]]) -> list[list[int]]:
+    """items: (scheduled seq, its logits rows [k+1, V]); draft_probs: the proposer's recorded draft
+    distributions by seq_id (consumed). Per sequence: accepted drafts + one token."""
+    recorded = draft_probs
     out = []
     for s, logits in items:
         k = s.num_draft_tokens
@@ -172,8 +186,8 @@ def verify_batch(engine, items: list[tuple]) -> list[list[int]]:
                 acc.append(d)
             out.append(acc + [target[len(acc)]])
         else:
-            probs = engine.sampler.probs(logits, [p] * logits.shape[0])
+            probs = sampler.probs(logits, [p] * logits.shape[0])
             q = recorded.pop(s.seq.seq_id, None)
             q = torch.stack(q[:k]).to(probs.device) if q is not None and len(q) >= k else None
-            out.append(rejection_sample(probs, drafts, engine.sampler.seq_generator(s.seq.seq_id, p), q))
+            out.append(rejection_sample(probs, drafts, sampler.seq_generator(s.seq.seq_id, p), q))
     return out

@@ -10,10 +10,12 @@ The source builds for AVX-512 or for AVX2 + FMA, whichever `-march=native` offer
 what the loaded build reports it holds (its float vector width and which int8 kernels), and
 weights are repacked for exactly that build.
 
-`CpuDecoder.unsupported(model, cache)` says whether a model can run here; the reason when not
-(no AVX2/FMA, no gcc, a weight format or KV dtype the kernel does not read) is logged by the
-runner, which then keeps the torch path. Prefill, chunked prefill, speculative verification and
-draft steps stay on the torch path; they share the same KV cache.
+The kernel reads plain tensors in place: `NativeModel` / `NativeLayer` / `NativeLinear` name
+them (the engine reads its own layer classes into these: engine/native_step.py; kernels import
+nothing from the engine). `CpuDecoder.unsupported(model, k_cache)` says whether a model can run
+here; the reason when not (no AVX2/FMA, no gcc, a weight format or KV dtype the kernel does not
+read) is logged by the runner, which then keeps the torch path. Prefill, chunked prefill,
+speculative verification and draft steps stay on the torch path; they share the same KV cache.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import hashlib
 import logging
 import os
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -36,6 +39,55 @@ W_F32, W_BF16, W_INT8, W_INT4, W_INT8_VNNI, W_INT8_AVX2 = 0, 1, 2, 3, 4, 5
 # slotune_isa() flags (cpu_decode.c): float kernels' ISA, and the int8-activation kernels compiled in
 ISA_AVX512, ISA_AVX2, ISA_INT8_VNNI, ISA_INT8_AVX2, ISA_INT4_INT8ACT = 1, 2, 4, 8, 16
 MAX_HEAD_DIM = 512  # the kernel widens 16 K rows into a stack buffer of this size
+
+
+@dataclass(slots=True)
+class NativeLinear:
+    """One projection as the kernel reads it, in place: y = x @ W^T (+ bias).
+
+    kind W_F32 / W_BF16: weight [N, K] dense, contiguous. W_INT8: weight [N, K] int8 codes,
+    scales [N] bf16 per channel. W_INT4: weight is torch's CPU int4 pack
+    (`_convert_weight_to_int4pack_for_cpu`, K padded to the group), scales its scales_and_zeros
+    [K/group, N, 2]. k: the in-features x has (unpadded); bias [N] any float dtype or None.
+    """
+
+    kind: int
+    n: int
+    k: int
+    weight: torch.Tensor
+    scales: torch.Tensor | None = None
+    bias: torch.Tensor | None = None
+    group: int = 0
+
+
+@dataclass(slots=True)
+class NativeLayer:
+    input_norm: torch.Tensor  # [D]
+    post_norm: torch.Tensor  # [D]
+    qkv: NativeLinear  # [(H + 2 Hkv) * Dh, D]
+    o: NativeLinear
+    gate_up: NativeLinear  # [2 I, D] (gate | up)
+    down: NativeLinear
+    q_norm: torch.Tensor | None = None  # [Dh] per-head RMSNorm weights (Qwen3), or None
+    k_norm: torch.Tensor | None = None
+
+
+@dataclass(slots=True)
+class NativeModel:
+    """A Llama-family decoder as plain tensors (embed, norms and cos_sin in the model dtype)."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    sliding_window: int | None
+    embed: torch.Tensor  # [V, D]
+    norm: torch.Tensor  # [D]
+    cos_sin: torch.Tensor  # [max_positions, Dh] float32: cos | sin halves
+    layers: list[NativeLayer]
+    lm_head: NativeLinear
 
 
 class _Lin(ctypes.Structure):
@@ -145,12 +197,12 @@ def has_int8_activations() -> bool:
     return bool(isa() & ISA_INT4_INT8ACT)
 
 
-def matmul(mod, x: torch.Tensor, int8_activations: bool = False) -> torch.Tensor:
-    """x [M, K] float32 @ W^T through the native kernel for one engine linear layer -> [M, N]."""
+def matmul(w: NativeLinear, x: torch.Tensor, int8_activations: bool = False) -> torch.Tensor:
+    """x [M, K] float32 @ W^T through the native kernel for one projection -> [M, N]."""
     lib = load_library()
     assert not isinstance(lib, str), lib
     keep: list[torch.Tensor] = []
-    lin = _lin(mod, keep, int8_activations)
+    lin = _lin(w, keep, int8_activations)
     assert not isinstance(lin, str), lin
     x = x.float().contiguous()
     m, k = x.shape
@@ -167,21 +219,24 @@ def _dtype_code(t: torch.Tensor) -> int | None:
     return {torch.float32: W_F32, torch.bfloat16: W_BF16}.get(t.dtype)
 
 
-def _lin(mod, keep: list[torch.Tensor] | None = None, int8_activations: bool = False) -> _Lin | str:
+def _lin(w: NativeLinear, keep: list[torch.Tensor] | None = None, int8_activations: bool = False) -> _Lin | str:
     """ctypes view of one projection, or why the kernel cannot read it. A bias is read as a float32
     copy appended to `keep` (the caller keeps it alive), and so is an int8 weight repacked for the
     build's int8 kernel (VNNI or AVX2) when `int8_activations` (the torch path keeps reading the original)."""
-    lin = _weights(mod)
-    if isinstance(lin, _Lin) and lin.kind == W_INT8 and int8_activations and keep is not None and lin.k % 32 == 0:
+    problem = _unreadable(w)
+    if problem is not None:
+        return problem
+    lin = _Lin(w.kind, w.n, w.k, w.group, w.weight.data_ptr(), None if w.scales is None else w.scales.data_ptr(), None)
+    if lin.kind == W_INT8 and int8_activations and keep is not None and lin.k % 32 == 0:
         flags = isa()
         if flags & ISA_INT8_VNNI and lin.n % 16 == 0:
-            keep.append(_vnni_int8(mod.qweight))
+            keep.append(_vnni_int8(w.weight))
             lin.kind, lin.w = W_INT8_VNNI, keep[-1].data_ptr()
         elif flags & ISA_INT8_AVX2 and lin.n % 8 == 0:
-            keep.append(_avx2_int8(mod.qweight))
+            keep.append(_avx2_int8(w.weight))
             lin.kind, lin.w = W_INT8_AVX2, keep[-1].data_ptr()
-    if isinstance(lin, _Lin) and getattr(mod, "bias", None) is not None and keep is not None:
-        b = mod.bias.detach().float().contiguous()
+    if w.bias is not None and keep is not None:
+        b = w.bias.detach().float().contiguous()
         keep.append(b)
         lin.bias = b.data_ptr()
     return lin
@@ -201,31 +256,25 @@ def _avx2_int8(w: torch.Tensor) -> torch.Tensor:
     return w.view(n // 8, 8, k // 4, 4).permute(0, 2, 1, 3).contiguous()
 
 
-def _weights(mod) -> _Lin | str:
-    from slotune.engine.layers.linear import Linear
-    from slotune.engine.quantize import Int4Linear, Int8Linear
-
-    if isinstance(mod, Linear):
-        w = mod.weight
-        code = _dtype_code(w)
-        if code is None or not w.is_contiguous():
-            return f"dense weight of dtype {w.dtype}"
-        return _Lin(code, w.shape[0], w.shape[1], 0, w.data_ptr(), None, None)
-    if isinstance(mod, Int8Linear):
-        if mod.triton_tiles is not None:
-            return "Triton int8 layer"
-        return _Lin(W_INT8, mod.qweight.shape[0], mod.qweight.shape[1], 0, mod.qweight.data_ptr(), mod.scales.data_ptr(),
-                    None)
-    if isinstance(mod, Int4Linear):
+def _unreadable(w: NativeLinear) -> str | None:
+    """Why the kernel cannot read this projection, or None."""
+    if w.weight.device.type != "cpu":
+        return f"a weight on {w.weight.device.type}"
+    if w.kind in (W_F32, W_BF16):
+        if _dtype_code(w.weight) != w.kind or not w.weight.is_contiguous():
+            return f"dense weight of dtype {w.weight.dtype}"
+        return None
+    if w.kind == W_INT8:
+        return None if w.weight.dtype == torch.int8 and w.scales is not None else "int8 weights without scales"
+    if w.kind == W_INT4:
         lib, block = load_library(), torch_int4_block()
         if not isinstance(lib, str) and lib.slotune_int4_block() != block:
             return (f"torch packs int4 in blocks of {block or 'unknown'} channels here, the kernel built for this CPU "
                     f"reads blocks of {lib.slotune_int4_block()} (ATEN_CPU_CAPABILITY set below the CPU's ISA?)")
-        if not mod.on_cpu or mod.n % 64:
-            return f"int4 layer with {mod.n} output channels (the CPU pack needs a multiple of 64)"
-        return _Lin(W_INT4, mod.n, mod.k - mod.pad, mod.group_size, mod.packed.data_ptr(), mod.scales_and_zeros.data_ptr(),
-                    None)
-    return f"{type(mod).__name__} weights"
+        if w.n % 64:
+            return f"int4 layer with {w.n} output channels (the CPU pack needs a multiple of 64)"
+        return None
+    return f"weight kind {w.kind}"
 
 
 # Steps of up to this many rows (decode rows + prefill-chunk rows) run natively, larger ones
@@ -252,28 +301,30 @@ PREFILL_ROWS = 64
 
 
 class CpuDecoder:
-    """Runs decode steps (one new token per sequence) of `model` over `cache` in native code.
+    """Runs decode steps (one new token per row) of `model` over a paged KV cache in native code.
 
-    Holds ctypes views of the model's weights (read in place) and fp32 scratch for `max_rows`.
+    Holds ctypes views of the model's weights and the cache (read in place; k_cache, v_cache:
+    [L, NB, BS, Hkv, Dh] in the model dtype) and fp32 scratch for `max_rows`.
     """
 
-    def __init__(self, model, cache, max_rows: int, max_ctx: int, int8_activations: bool = False) -> None:
-        reason = self.unsupported(model, cache)
+    def __init__(self, model: NativeModel, k_cache: torch.Tensor, v_cache: torch.Tensor, max_rows: int, max_ctx: int,
+                 int8_activations: bool = False) -> None:
+        reason = self.unsupported(model, k_cache)
         assert reason is None, reason
         if int8_activations and not has_int8_activations():
             log.warning("kernels.int8_activations ignored: this build has no int8 kernels (AVX-512 without VNNI/VBMI)")
         self.lib = load_library()
-        cfg = model.cfg
         self.max_rows, self.max_ctx = max_rows, max_ctx
-        self._keep: list[torch.Tensor] = []  # float32 biases the kernel reads
-        lin = lambda m: _lin(m, self._keep, int8_activations)  # noqa: E731
-        self._layers = (_Layer * cfg.num_layers)()
+        self._keep: list[torch.Tensor] = []  # float32 biases (and repacked int8 weights) the kernel reads
+        lin = lambda w: _lin(w, self._keep, int8_activations)  # noqa: E731
+        num_layers = len(model.layers)
+        self._layers = (_Layer * num_layers)()
         for i, ly in enumerate(model.layers):
-            self._layers[i] = _Layer(ly.input_norm.data_ptr(), ly.post_norm.data_ptr(), lin(ly.qkv_proj),
-                                     lin(ly.o_proj), lin(ly.gate_up_proj), lin(ly.down_proj),
+            self._layers[i] = _Layer(ly.input_norm.data_ptr(), ly.post_norm.data_ptr(), lin(ly.qkv), lin(ly.o),
+                                     lin(ly.gate_up), lin(ly.down),
                                      *[None if n is None else n.data_ptr() for n in (ly.q_norm, ly.k_norm)])
-        inter = cfg.intermediate_size
-        d, h, hkv, hd = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        inter = model.intermediate_size
+        d, h, hkv, hd = model.hidden_size, model.num_heads, model.num_kv_heads, model.head_dim
         f32 = dict(dtype=torch.float32)
         self._scratch = {
             "x": torch.zeros(max_rows, d, **f32), "res": torch.zeros(max_rows, d, **f32), "h": torch.zeros(max_rows, d, **f32),
@@ -286,44 +337,43 @@ class CpuDecoder:
         self._scratch["xscale"] = torch.zeros(max_rows, max_k // 32, **f32)
         self._scratch["xsum"] = torch.zeros(max_rows, max_k // 32, **f32)
         self._scratch["ctx_slots"] = torch.zeros(max_rows, max_ctx, dtype=torch.int32)
-        self.logits = torch.empty(max_rows, cfg.vocab_size, **f32)
+        self.logits = torch.empty(max_rows, model.lm_head.n, **f32)
         limit = MAX_NATIVE_ROWS[isa() & (ISA_AVX512 | ISA_AVX2)][self._layers[0].gate_up.kind]
         # Rows per step worth running natively: None = any number (beyond max_rows, in several
         # calls), where no measured crossover hands many rows to torch's GEMM.
         self.max_native_rows = None if limit is None else min(limit, max_rows)
         self._model = model  # keeps every viewed tensor alive
-        self._cache = cache
+        self._cache = (k_cache, v_cache)
         self._m = _Model(
-            cfg.num_layers, d, h, hkv, hd, inter, self.logits.shape[1], _dtype_code(model.embed), cache.block_size,
-            cfg.rms_norm_eps, hd ** -0.5, cache.k.shape[1],
+            num_layers, d, h, hkv, hd, inter, self.logits.shape[1], _dtype_code(model.embed), k_cache.shape[2],
+            model.rms_norm_eps, hd ** -0.5, k_cache.shape[1],
             model.embed.data_ptr(), model.norm.data_ptr(), model.cos_sin.data_ptr(), self._layers, lin(model.lm_head),
-            cache.k.data_ptr(), cache.v.data_ptr(),
+            k_cache.data_ptr(), v_cache.data_ptr(),
             *[self._scratch[n].data_ptr() for n in ("x", "res", "h", "qkv", "att", "gu", "act", "probs")], max_ctx,
             *[self._scratch[n].data_ptr() for n in ("xq", "xscale", "xsum")], max_k, int(int8_activations),
-            cfg.sliding_window or 0, self._scratch["ctx_slots"].data_ptr(),
+            model.sliding_window or 0, self._scratch["ctx_slots"].data_ptr(),
         )
 
     @staticmethod
-    def unsupported(model, cache) -> str | None:
-        """None when `model` over `cache` can run here; otherwise the reason it cannot."""
+    def unsupported(model: NativeModel, k_cache: torch.Tensor) -> str | None:
+        """None when `model` over a cache like `k_cache` can run here; otherwise the reason it cannot."""
         lib = load_library()
         if isinstance(lib, str):
             return lib
-        if cache.k.device.type != "cpu":
+        if k_cache.device.type != "cpu":
             return "the model is not on the CPU"
         if _dtype_code(model.embed) is None:
             return f"model dtype {model.embed.dtype} (the kernel reads float32 and bfloat16)"
-        if cache.is_quantized or cache.k.dtype != model.embed.dtype:
-            return f"kv_dtype {cache.kv_dtype} (the kernel reads a cache in the model dtype)"
-        if model.cfg.head_dim > MAX_HEAD_DIM or model.cfg.head_dim % 16 or model.cfg.num_heads % model.cfg.num_kv_heads:
-            return f"head_dim {model.cfg.head_dim} / heads {model.cfg.num_heads}:{model.cfg.num_kv_heads}"
+        if k_cache.dtype != model.embed.dtype:
+            return f"a KV cache of dtype {k_cache.dtype} (the kernel reads a cache in the model dtype)"
+        if model.head_dim > MAX_HEAD_DIM or model.head_dim % 16 or model.num_heads % model.num_kv_heads:
+            return f"head_dim {model.head_dim} / heads {model.num_heads}:{model.num_kv_heads}"
         for ly in model.layers:
-            for mod in (ly.qkv_proj, ly.o_proj, ly.gate_up_proj, ly.down_proj):
-                r = _lin(mod)
-                if isinstance(r, str):
+            for w in (ly.qkv, ly.o, ly.gate_up, ly.down):
+                r = _unreadable(w)
+                if r is not None:
                     return r
-        r = _lin(model.lm_head)
-        return r if isinstance(r, str) else None
+        return _unreadable(model.lm_head)
 
     def step(self, ids: list[int], positions: list[int], slots: list[int], block_tables: list[list[int]],
              logit_rows: list[int] | None = None) -> torch.Tensor:

@@ -10,33 +10,26 @@ ones, [ctx - WINDOW, ctx), and the splits divide that span.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
 
-
-@dataclass(frozen=True, slots=True)
-class DecodeAttentionConfig:
-    block_n: int = 64
-    num_splits: int = 1
-    num_warps: int = 4
-    num_stages: int = 2
+from slotune.kernels.tiles import (DECODE_BLOCK_N, DECODE_NUM_SPLITS, DECODE_NUM_STAGES, DECODE_NUM_WARPS,
+                                   DecodeAttentionConfig)
 
 
 def configs(max_context: int, num_seqs: int) -> list[DecodeAttentionConfig]:
     """Valid candidates for a shape: tiles no larger than the context, splits only if they have work."""
     out = []
-    for bn in (16, 32, 64, 128):
+    for bn in DECODE_BLOCK_N:
         if bn > max(16, triton.next_power_of_2(max_context)):
             continue
-        for splits in (1, 2, 4, 8, 16):
+        for splits in DECODE_NUM_SPLITS:
             if splits > 1 and max_context < splits * bn:
                 continue
-            for warps in (1, 2, 4, 8):
-                for stages in (1, 2, 3):
-                    out.append(DecodeAttentionConfig(bn, splits, warps, stages))
+            for warps in DECODE_NUM_WARPS:
+                for stages in DECODE_NUM_STAGES:
+                    out.append(DecodeAttentionConfig(block_n=bn, num_splits=splits, num_warps=warps, num_stages=stages))
     return out
 
 

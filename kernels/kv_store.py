@@ -1,11 +1,13 @@
 """Write new K/V rows into the paged cache at slot_mapping, quantizing to int8/fp8 with
-per-(token, head) scales when the cache is quantized. Slot -1 is skipped."""
+per-(token, head) scales when the cache is quantized (kv_quant.py's format). Slot -1 is skipped."""
 
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
+
+from slotune.kernels.kv_quant import QMAX
 
 
 @triton.jit
@@ -49,7 +51,7 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     T, H, D = k.shape
     assert k_cache.shape[2:] == (H, D) and v.shape == k.shape and slots.shape == (T,)
     quant = k_scale is not None
-    qmax = 127.0 if k_cache.dtype == torch.int8 else 448.0
+    qmax = QMAX["int8"] if k_cache.dtype == torch.int8 else QMAX["fp8"]
     kc, vc = k_cache.view(-1, H, D), v_cache.view(-1, H, D)
     ks = k_scale.view(-1, H) if quant else kc
     vs = v_scale.view(-1, H) if quant else vc

@@ -15,33 +15,26 @@ run zero iterations and store nothing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
 
-
-@dataclass(frozen=True, slots=True)
-class PrefillAttentionConfig:
-    block_m: int = 64
-    block_n: int = 64
-    num_warps: int = 4
-    num_stages: int = 2
+from slotune.kernels.tiles import (PREFILL_BLOCK_M, PREFILL_BLOCK_N, PREFILL_NUM_STAGES, PREFILL_NUM_WARPS,
+                                   PrefillAttentionConfig)
 
 
 def configs(max_query_len: int, head_dim: int) -> list[PrefillAttentionConfig]:
     """Valid candidates: query tiles no larger than the longest query, register-sized tiles."""
     out = []
-    for bm in (16, 32, 64, 128):
+    for bm in PREFILL_BLOCK_M:
         if bm > max(16, triton.next_power_of_2(max_query_len)):
             continue
-        for bn in (16, 32, 64, 128):
+        for bn in PREFILL_BLOCK_N:
             if bm * bn * head_dim > 128 * 128 * 128:  # q, k, v and s tiles must fit in registers/smem
                 continue
-            for warps in (2, 4, 8):
-                for stages in (1, 2, 3):
-                    out.append(PrefillAttentionConfig(bm, bn, warps, stages))
+            for warps in PREFILL_NUM_WARPS:
+                for stages in PREFILL_NUM_STAGES:
+                    out.append(PrefillAttentionConfig(block_m=bm, block_n=bn, num_warps=warps, num_stages=stages))
     return out
 
 

@@ -24,44 +24,35 @@ writes a float32 partial, summed afterwards (deterministic, no atomics).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
 
+from slotune.kernels.tiles import (MATMUL_BLOCK_K, MATMUL_BLOCK_M, MATMUL_BLOCK_N, MATMUL_NUM_STAGES, MATMUL_NUM_WARPS,
+                                   MATMUL_SPLIT_K, MatmulConfig)
+
 INT8, INT4, FP8 = 0, 1, 2
-
-
-@dataclass(frozen=True, slots=True)
-class MatmulConfig:
-    block_m: int = 16
-    block_n: int = 64
-    block_k: int = 64
-    num_warps: int = 4
-    num_stages: int = 3
-    split_k: int = 1
 
 
 def configs(m: int, n: int, k: int, group_size: int | None = None) -> list[MatmulConfig]:
     """Valid tiles for a shape: BLOCK_K divides the int4 group, tiles no larger than needed,
     split-K only where each split still gets at least one full K tile."""
     out = []
-    for bm in (16, 32, 64, 128):
+    for bm in MATMUL_BLOCK_M:
         if bm > max(16, triton.next_power_of_2(m)):
             continue
-        for bn in (32, 64, 128, 256):
+        for bn in MATMUL_BLOCK_N:
             if bn > max(32, triton.next_power_of_2(n)):
                 continue
-            for bk in (32, 64, 128, 256):
+            for bk in MATMUL_BLOCK_K:
                 if (group_size and group_size % bk) or bk > max(32, triton.next_power_of_2(k)):
                     continue
-                for sk in (1, 2, 4, 8):
+                for sk in MATMUL_SPLIT_K:
                     if sk > 1 and (m > 64 or k < sk * bk):
                         continue
-                    for w in (2, 4, 8):
-                        for s in (2, 3, 4):
-                            out.append(MatmulConfig(bm, bn, bk, w, s, sk))
+                    for w in MATMUL_NUM_WARPS:
+                        for s in MATMUL_NUM_STAGES:
+                            out.append(MatmulConfig(block_m=bm, block_n=bn, block_k=bk, num_warps=w, num_stages=s, split_k=sk))
     return out
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from slotune.kernels.kv_quant import quantize_kv
+
 
 def dequant_cache(cache: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
     return cache.float() if scale is None else cache.float() * scale[..., None].float()
@@ -80,8 +82,6 @@ def rotary(x, cos_sin):
 
 def store_kv(k, v, k_cache, v_cache, slots, k_scale=None, v_scale=None):
     """Write [T, Hkv, D] into flat cache slots (quantizing per token-head when scales are given)."""
-    from slotune.engine.layers.attention import quantize_kv
-
     kc, vc = k_cache.view(-1, *k_cache.shape[2:]), v_cache.view(-1, *v_cache.shape[2:])
     keep = slots >= 0
     if k_scale is None:

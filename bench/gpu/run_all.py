@@ -110,11 +110,11 @@ def decode_attention_section(out: dict, dev: str) -> None:
 
     from slotune.engine.config import EngineConfig
     from slotune.kernels import reference as ref
-    from slotune.kernels.decode_attention import DecodeAttentionConfig, configs, paged_decode_attention
+    from slotune.kernels.decode_attention import configs, paged_decode_attention
     from slotune.kernels.kv_store import store_kv
 
     t = EngineConfig().kernels.decode_attention
-    default = DecodeAttentionConfig(t.block_n, t.num_splits, t.num_warps, t.num_stages)  # the engine's default
+    default = t  # the engine's default
     shapes = [(1, 9, 3, 64, 1024), (64, 9, 3, 64, 1024), (64, 32, 8, 128, 2048), (8, 32, 8, 128, 8192)]
     if SMOKE:
         shapes = [(2, 4, 2, 32, 40)]
@@ -158,10 +158,10 @@ def prefill_attention_section(out: dict, dev: str) -> None:
 
     from slotune.engine.config import EngineConfig
     from slotune.kernels import reference as ref
-    from slotune.kernels.prefill_attention import PrefillAttentionConfig, configs, paged_prefill_attention
+    from slotune.kernels.prefill_attention import configs, paged_prefill_attention
 
     t = EngineConfig().kernels.prefill_attention
-    default = PrefillAttentionConfig(t.block_m, t.block_n, t.num_warps, t.num_stages)
+    default = t
     # (seqs, new tokens each, cached tokens each, H, Hkv, D): batched fresh prompts; chunked prefill over a long context
     shapes = [(4, 512, 0, 9, 3, 64), (8, 256, 1024, 32, 8, 128)]
     if SMOKE:
@@ -212,7 +212,7 @@ def quant_matmul_section(out: dict, dev: str) -> None:
     from slotune.kernels import reference as ref
 
     t = EngineConfig().kernels.matmul
-    default = qm.MatmulConfig(t.block_m, t.block_n, t.block_k, t.num_warps, t.num_stages, t.split_k)
+    default = t
     shapes = [(1, 4096, 4096), (16, 4096, 4096), (1, 1536, 576), (1, 49152, 576), (64, 1536, 576)]
     if SMOKE:
         shapes = [(1, 48, 128), (5, 40, 192)]

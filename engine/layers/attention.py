@@ -1,39 +1,17 @@
 """Paged attention: the KV-cache store, and attention over block tables (torch backend).
 
-A step's tokens are laid out sequence by sequence: first the "extend" sequences (prefill
-chunks and speculative verification, query length > 1), then the decode sequences (query
-length 1), so each group is one contiguous slice. The Triton backend
-(`engine/layers/triton_backend.py`) implements the same `AttentionBackend` interface.
+A step's inputs (slots, block tables, masks, the extend/decode layout) are `AttentionMetadata`,
+built in engine/layers/attn_metadata.py. The Triton backend (`engine/layers/triton_backend.py`)
+implements the same interface.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
-FP8_MAX = 448.0
-INT8_MAX = 127.0
-
-
-@dataclass(slots=True)
-class AttentionMetadata:
-    slot_mapping: torch.Tensor  # [T] int64, -1 = do not store
-    num_extend_tokens: int  # tokens [0, num_extend_tokens) belong to extend sequences
-    # extend group
-    extend_query_lens: list[int]
-    extend_context_lens: list[int]  # total keys after this step (cached + new)
-    extend_block_tables: torch.Tensor | None  # [Be, max_blocks] int32
-    extend_mask: torch.Tensor | None  # [Be, 1, Qmax, Lmax] bool, None when a plain causal prefill
-    # decode group
-    decode_block_tables: torch.Tensor | None  # [Bd, max_blocks] int32
-    decode_context_lens: torch.Tensor | None  # [Bd] int32
-    decode_mask: torch.Tensor | None  # [Bd, 1, 1, Lmax] bool
-    block_size: int = 16
-    # Known on the host when the batch is built: some slot_mapping entries are -1 (not stored).
-    # Reading it from the tensor instead cost a host sync in every layer.
-    has_skipped_slots: bool = False
+from slotune.engine.layers.attn_metadata import AttentionMetadata, window_masks
+from slotune.kernels.kv_quant import quantize_kv
 
 
 class KVCache:
@@ -65,18 +43,6 @@ class KVCache:
         return 2 * num_layers * num_kv_heads * (head_dim * elem + scale)
 
 
-def quantize_kv(x: torch.Tensor, kv_dtype: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-(token, head) symmetric quantization. x: [T, H, D] -> (q [T, H, D], scale [T, H])."""
-    amax = x.abs().amax(dim=-1).float().clamp_min(1e-8)
-    if kv_dtype == "int8":
-        scale = amax / INT8_MAX
-        q = torch.round(x.float() / scale[..., None]).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
-    else:
-        scale = amax / FP8_MAX
-        q = (x.float() / scale[..., None]).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-    return q, scale
-
-
 class TorchAttentionBackend:
     """Reference-quality attention in plain torch; what runs on CPU.
 
@@ -99,6 +65,10 @@ class TorchAttentionBackend:
             self._window_masks = window_masks(meta, self.sliding_window)
             self._window_meta = meta
         return self._window_masks
+
+    def kernel_fallbacks(self) -> dict[str, int]:
+        """Calls that ran another path than this backend's kernels, by reason (none here)."""
+        return {}
 
     def store_kv(self, cache: KVCache, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
         # k, v: [T, Hkv, D]; slots: [T]
@@ -193,27 +163,3 @@ class TorchAttentionBackend:
         o = F.scaled_dot_product_attention(qp.transpose(1, 2), kk, vv, attn_mask=mask, scale=scale, enable_gqa=True)
         o = o.transpose(1, 2)  # [Be, Qmax, H, D]
         return torch.cat([o[i, :n] for i, n in enumerate(lens)])
-
-
-def window_masks(meta: AttentionMetadata, window: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """meta's (decode mask, extend mask) with keys older than the window masked out: a query at
-    position q keeps keys k > q - window. A fresh prompt (no extend mask: causal SDPA) longer than
-    the window gets its own [T, T] mask."""
-    dmask = meta.decode_mask
-    if dmask is not None:  # [Bd, 1, 1, L]; the query sits at position context_len - 1
-        j = torch.arange(dmask.shape[-1], device=dmask.device)
-        first = meta.decode_context_lens.to(torch.int64)[:, None] - window  # [Bd, 1] oldest key kept
-        dmask = dmask & (j[None, :] >= first)[:, None, None, :]
-    emask = meta.extend_mask
-    if emask is not None:  # [Be, 1, Qmax, L]; row i of sequence b sits at position ctx_b - qlen_b + i
-        _, _, qmax, length = emask.shape
-        i = torch.arange(qmax)[None, :, None]
-        j = torch.arange(length)[None, None, :]
-        q_lens = torch.tensor(meta.extend_query_lens)[:, None, None]
-        pos = torch.tensor([c - n for c, n in zip(meta.extend_context_lens, meta.extend_query_lens)])[:, None, None] + i
-        keep = (j > pos - window) | (i >= q_lens)  # padded rows keep their one key (finite softmax)
-        emask = emask & keep[:, None].to(emask.device, non_blocking=True)
-    elif meta.num_extend_tokens > window:
-        i = torch.arange(meta.num_extend_tokens, device=meta.slot_mapping.device)
-        emask = (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - window)  # [T, T]
-    return dmask, emask

@@ -86,3 +86,11 @@ def apply_rotary(x: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
     xf = x.float()
     x1, x2 = xf[..., :half], xf[..., half:]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+
+class TorchOps:
+    """The pointwise ops a model runs (the Triton backend's `TritonOps` has the same calls)."""
+
+    rms_norm = staticmethod(rms_norm)
+    silu_and_mul = staticmethod(silu_and_mul)
+    rotary = staticmethod(apply_rotary)

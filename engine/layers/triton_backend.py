@@ -11,33 +11,41 @@ roofline, and it needs neither gather nor mask.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
+from slotune.engine.config import KernelConfig
 from slotune.engine.layers.attention import AttentionMetadata, KVCache, TorchAttentionBackend
+from slotune.engine.layers.backend import Backend
+from slotune.kernels.activation import silu_and_mul
+from slotune.kernels.decode_attention import paged_decode_attention
+from slotune.kernels import prefill_attention
+from slotune.kernels.kv_store import store_kv
+from slotune.kernels.rms_norm import rms_norm
+from slotune.kernels.rotary import rotary
+from slotune.kernels.tiles import DecodeAttentionConfig, PrefillAttentionConfig
+
+log = logging.getLogger("slotune.engine")
 
 
 class TritonAttentionBackend(TorchAttentionBackend):
     name = "triton"
 
-    def __init__(self, tiles, prefill_tiles=None, sliding_window: int | None = None) -> None:
-        from slotune.kernels.decode_attention import DecodeAttentionConfig
-        from slotune.kernels.prefill_attention import PrefillAttentionConfig
-
+    def __init__(self, tiles: DecodeAttentionConfig, prefill_tiles: PrefillAttentionConfig,
+                 sliding_window: int | None = None) -> None:
         super().__init__(sliding_window)  # the torch masks serve the one-fresh-prompt SDPA path
-
-        self.config = DecodeAttentionConfig(tiles.block_n, tiles.num_splits, tiles.num_warps, tiles.num_stages)
-        p = prefill_tiles
-        self.prefill_config = PrefillAttentionConfig() if p is None else PrefillAttentionConfig(
-            p.block_m, p.block_n, p.num_warps, p.num_stages)
-        self.max_context: int | None = None  # set by the model runner (static bound: no host sync)
+        self.config = tiles
+        self.prefill_config = prefill_tiles
         self._prefill_ran = self._prefill_failed = False
         self.num_prefill_fallbacks = 0  # prefill calls that ran torch SDPA because the kernel failed
         self._extend_meta: AttentionMetadata | None = None  # the step whose extend tensors are cached
         self._extend_args: tuple = ()
 
-    def store_kv(self, cache: KVCache, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
-        from slotune.kernels.kv_store import store_kv
+    def kernel_fallbacks(self) -> dict[str, int]:
+        return {"triton_prefill_to_sdpa": self.num_prefill_fallbacks}
 
+    def store_kv(self, cache: KVCache, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
         store_kv(k, v, cache.k[layer], cache.v[layer], slots,
                  cache.k_scale[layer] if cache.is_quantized else None, cache.v_scale[layer] if cache.is_quantized else None)
 
@@ -60,8 +68,6 @@ class TritonAttentionBackend(TorchAttentionBackend):
         if self._prefill_failed:  # the kernel failed before: torch's extend path, counted
             self.num_prefill_fallbacks += 1
             return super()._extend(cache, layer, q, k, v, meta, scale)
-        from slotune.kernels.prefill_attention import paged_prefill_attention
-
         if self._extend_meta is not meta:  # once per step, not per layer: [Be] int32 each
             lens = meta.extend_query_lens
             starts = [0]
@@ -73,7 +79,8 @@ class TritonAttentionBackend(TorchAttentionBackend):
             self._extend_meta = meta
         starts, q_lens, ctx_lens, max_q = self._extend_args
         try:
-            out = paged_prefill_attention(
+            # through the module: tests put a failing kernel there (the fallback below)
+            out = prefill_attention.paged_prefill_attention(
                 q, cache.k[layer], cache.v[layer], meta.extend_block_tables, starts, q_lens, ctx_lens, max_q, scale,
                 cache.k_scale[layer] if cache.is_quantized else None, cache.v_scale[layer] if cache.is_quantized else None,
                 config=self.prefill_config, window=self.sliding_window)
@@ -82,9 +89,7 @@ class TritonAttentionBackend(TorchAttentionBackend):
                 raise  # it worked before: a real error, not a toolchain/tile problem
             # First call failed to compile or launch on this device/toolchain: keep serving on
             # the torch extend path (gather + SDPA) rather than failing every prefill.
-            import logging
-
-            logging.getLogger("slotune.engine").warning("Triton prefill kernel unavailable (%r); using torch SDPA", exc)
+            log.warning("Triton prefill kernel unavailable (%r); using torch SDPA", exc)
             self._prefill_failed = True
             self.num_prefill_fallbacks += 1
             return super()._extend(cache, layer, q, k, v, meta, scale)
@@ -92,46 +97,25 @@ class TritonAttentionBackend(TorchAttentionBackend):
         return out
 
     def _decode(self, cache: KVCache, layer: int, q: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-        from slotune.kernels.decode_attention import paged_decode_attention
-
         return paged_decode_attention(
             q, cache.k[layer], cache.v[layer], meta.decode_block_tables, meta.decode_context_lens, scale,
             cache.k_scale[layer] if cache.is_quantized else None, cache.v_scale[layer] if cache.is_quantized else None,
-            config=self.config, max_context=self.max_context, window=self.sliding_window)
+            config=self.config, max_context=meta.max_context, window=self.sliding_window)
 
 
 class TritonOps:
     """Fused pointwise kernels (same call shapes as the torch ops)."""
 
-    @staticmethod
-    def rms_norm(x, weight, eps, residual=None):
-        from slotune.kernels.rms_norm import rms_norm
-
-        return rms_norm(x, weight, eps, residual)
-
-    @staticmethod
-    def silu_and_mul(x):
-        from slotune.kernels.activation import silu_and_mul
-
-        return silu_and_mul(x)
+    rms_norm = staticmethod(rms_norm)
+    silu_and_mul = staticmethod(silu_and_mul)
 
     @staticmethod
     def rotary(x, cos_sin):
-        from slotune.kernels.rotary import rotary
-
         positions = torch.arange(x.shape[0], device=x.device)  # cos_sin is already indexed by position
         return rotary(x, cos_sin, positions)
 
 
-def use_triton(model, cfg) -> None:
-    """Swap the model's attention backend and pointwise ops for the Triton ones."""
-    model.attn = TritonAttentionBackend(cfg.kernels.decode_attention, cfg.kernels.prefill_attention,
-                                        model.cfg.sliding_window)
-    model.ops = TritonOps()
-    from slotune.kernels.quant_matmul import MatmulConfig
-
-    t = cfg.kernels.matmul
-    tiles = MatmulConfig(t.block_m, t.block_n, t.block_k, t.num_warps, t.num_stages, t.split_k)
-    for m in model.modules():
-        if hasattr(m, "triton_tiles"):
-            m.triton_tiles = tiles
+def triton_backend(kernels: KernelConfig, sliding_window: int | None) -> Backend:
+    """Our kernels with the config's tiles: attention, pointwise ops, and the quantized layers' matmul tiles."""
+    attn = TritonAttentionBackend(kernels.decode_attention, kernels.prefill_attention, sliding_window)
+    return Backend("triton", attn, TritonOps(), kernels.matmul)

@@ -7,6 +7,9 @@ backend applies it), an explicit head_dim.
 
 QKV and gate/up projections are fused into one matmul each: fewer launches (GPU) and
 fewer Python ops per layer (CPU), same math.
+
+The kernel backend (attention, pointwise ops: engine/layers/backend.py) is an input of the
+constructor; nothing swaps it on a built model.
 """
 
 from __future__ import annotations
@@ -14,15 +17,20 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from slotune.engine.layers.attention import AttentionMetadata, KVCache, TorchAttentionBackend
+from slotune.engine.layers.attention import AttentionMetadata, KVCache
+from slotune.engine.layers.backend import Backend, torch_backend
 from slotune.engine.layers.linear import Linear
-from slotune.engine.layers.ops import apply_rotary, rms_norm, rope_cos_sin, silu_and_mul
+from slotune.engine.layers.ops import rope_cos_sin
 from slotune.engine.loader import ModelConfig
 
 
 class LlamaLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, sd: dict[str, torch.Tensor], prefix: str, dtype: torch.dtype) -> None:
+    def __init__(self, cfg: ModelConfig, sd: dict[str, torch.Tensor], index: int, dtype: torch.dtype,
+                 backend: Backend) -> None:
         super().__init__()
+        prefix = f"model.layers.{index}."
+        self.index = index  # this layer's slice of the KV cache
+        self.attn, self.ops = backend.attn, backend.ops
         g = lambda n: sd.pop(prefix + n).to(dtype)  # noqa: E731 - pop: free float32 copies as we go
 
         def fused(names: list[str]) -> Linear:
@@ -52,14 +60,47 @@ class LlamaLayer(nn.Module):
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
 
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, cos_sin: torch.Tensor, cache: KVCache,
+                meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: [T, D] this layer's input (before the residual add), residual: [T, D] or None (first
+        layer); cos_sin: [T, Dh] -> (output [T, D], residual [T, D]), the residual add deferred to the
+        next norm (fused there)."""
+        ops = self.ops
+        h, residual = ops.rms_norm(x, self.input_norm, self.eps, residual)
+        qkv = self.qkv_proj(h)
+        # q and k are adjacent in qkv: rotate all their heads in one pass.
+        if self.q_norm is None:
+            qk = qkv[:, : self.q_size + self.kv_size].view(-1, self.num_heads + self.num_kv_heads, self.head_dim)
+        else:
+            qk = self._qk_norm(qkv)
+        qk = ops.rotary(qk, cos_sin)
+        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+        v = qkv[:, self.q_size + self.kv_size :].view(-1, self.num_kv_heads, self.head_dim)
+        o = self.attn.forward(cache, self.index, q, k, v, meta, self.scale)
+        x = self.o_proj(o.reshape(-1, self.q_size))
+        h, residual = ops.rms_norm(x, self.post_norm, self.eps, residual)
+        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(h))), residual
+
+    def _qk_norm(self, qkv: torch.Tensor) -> torch.Tensor:
+        """Qwen3's RMSNorm over head_dim of every q and k head (before RoPE), through the backend's
+        ops (the Triton rms_norm kernel there). qkv: [T, (H + 2*Hkv) * D] -> q|k heads [T, H + Hkv, D]."""
+        d = self.head_dim
+        q = self.ops.rms_norm(qkv[:, : self.q_size].reshape(-1, d), self.q_norm, self.eps)[0]  # [T*H, D]
+        k = self.ops.rms_norm(qkv[:, self.q_size : self.q_size + self.kv_size].reshape(-1, d), self.k_norm, self.eps)[0]
+        return torch.cat([q.view(-1, self.num_heads, d), k.view(-1, self.num_kv_heads, d)], dim=1)
+
 
 class LlamaModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, sd: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, cfg: ModelConfig, sd: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device,
+                 backend: Backend | None = None) -> None:
+        """backend: attention and pointwise ops (engine/layers/backend.py); None = plain torch."""
         super().__init__()
         self.cfg = cfg
         self.dtype = dtype
+        self.backend = backend or torch_backend(cfg.sliding_window)
+        self.ops = self.backend.ops
         self.embed = nn.Parameter(sd.pop("model.embed_tokens.weight").to(dtype), requires_grad=False)
-        self.layers = nn.ModuleList(LlamaLayer(cfg, sd, f"model.layers.{i}.", dtype) for i in range(cfg.num_layers))
+        self.layers = nn.ModuleList(LlamaLayer(cfg, sd, i, dtype, self.backend) for i in range(cfg.num_layers))
         self.norm = nn.Parameter(sd.pop("model.norm.weight").to(dtype), requires_grad=False)
         lm_head = sd.pop("lm_head.weight", None)
         self.lm_head = Linear(self.embed.data if lm_head is None else lm_head.to(dtype))
@@ -73,8 +114,6 @@ class LlamaModel(nn.Module):
             self.lm_head.weight = self.embed
         self.register_buffer("cos_sin", rope_cos_sin(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, device,
                                                      cfg.rope_scaling), persistent=False)
-        self.attn = TorchAttentionBackend(cfg.sliding_window)
-        self.ops = _TorchOps()
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, meta: AttentionMetadata,
                 num_layers: int | None = None) -> torch.Tensor:
@@ -82,37 +121,13 @@ class LlamaModel(nn.Module):
 
         num_layers < all runs only the first layers (early-exit self-drafting).
         """
-        ops = self.ops
         x = self.embed[input_ids]
         cos_sin = self.cos_sin[positions]
         residual = None
-        layers = self.layers if num_layers is None else self.layers[:num_layers]
-        for i, layer in enumerate(layers):
-            h, residual = ops.rms_norm(x, layer.input_norm, layer.eps, residual)
-            qkv = layer.qkv_proj(h)
-            # q and k are adjacent in qkv: rotate all their heads in one pass.
-            if layer.q_norm is None:
-                qk = qkv[:, : layer.q_size + layer.kv_size].view(-1, layer.num_heads + layer.num_kv_heads, layer.head_dim)
-            else:
-                qk = self._qk_norm(layer, qkv)
-            qk = ops.rotary(qk, cos_sin)
-            q, k = qk.split([layer.num_heads, layer.num_kv_heads], dim=1)
-            v = qkv[:, layer.q_size + layer.kv_size :].view(-1, layer.num_kv_heads, layer.head_dim)
-            o = self.attn.forward(cache, i, q, k, v, meta, layer.scale)
-            x = layer.o_proj(o.reshape(-1, layer.q_size))
-            h, residual = ops.rms_norm(x, layer.post_norm, layer.eps, residual)
-            x = layer.down_proj(ops.silu_and_mul(layer.gate_up_proj(h)))
-        x, _ = ops.rms_norm(x, self.norm, self.cfg.rms_norm_eps, residual)
+        for layer in self.layers if num_layers is None else self.layers[:num_layers]:
+            x, residual = layer(x, residual, cos_sin, cache, meta)
+        x, _ = self.ops.rms_norm(x, self.norm, self.cfg.rms_norm_eps, residual)
         return x
-
-    def _qk_norm(self, layer: LlamaLayer, qkv: torch.Tensor) -> torch.Tensor:
-        """Qwen3's RMSNorm over head_dim of every q and k head (before RoPE), through `self.ops` so the
-        Triton path runs its rms_norm kernel. qkv: [T, (H + 2*Hkv) * D] -> q|k heads [T, H + Hkv, D]."""
-        d = layer.head_dim
-        q = self.ops.rms_norm(qkv[:, : layer.q_size].reshape(-1, d), layer.q_norm, layer.eps)[0]  # [T*H, D]
-        k = self.ops.rms_norm(qkv[:, layer.q_size : layer.q_size + layer.kv_size].reshape(-1, d), layer.k_norm,
-                              layer.eps)[0]
-        return torch.cat([q.view(-1, layer.num_heads, d), k.view(-1, layer.num_kv_heads, d)], dim=1)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
@@ -131,11 +146,3 @@ class LlamaModel(nn.Module):
             if p.dim() == 1:
                 total += p.numel() * p.element_size()
         return total
-
-
-class _TorchOps:
-    """Pointwise ops; the Triton backend swaps this object for fused kernels."""
-
-    rms_norm = staticmethod(rms_norm)
-    silu_and_mul = staticmethod(silu_and_mul)
-    rotary = staticmethod(apply_rotary)

@@ -7,7 +7,9 @@ import torch
 import torch.nn.functional as F
 
 from slotune.engine import SamplingParams
-from slotune.engine.layers.attention import AttentionMetadata, KVCache, TorchAttentionBackend, quantize_kv
+from slotune.engine.layers.attention import KVCache, TorchAttentionBackend
+from slotune.engine.layers.attn_metadata import AttentionMetadata
+from slotune.kernels.kv_quant import quantize_kv
 
 GREEDY = SamplingParams(max_tokens=12, ignore_eos=True)
 

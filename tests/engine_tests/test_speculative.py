@@ -89,27 +89,23 @@ def test_verify_batch_samples_the_filtered_target(params):
     target_logits = torch.randn(2, V) * 2
     draft_logits = target_logits[:1] + torch.randn(1, V)  # a close-but-different draft model
 
-    class Engine:  # what verify_batch / DraftSampler read from the engine
-        sampler = Sampler(torch.device("cpu"), seed=3)
-        proposer = None
-
-    eng = Engine()
-    eng.proposer = type("P", (), {"drafts": DraftSampler(eng)})()
-    p_target = eng.sampler.probs(target_logits[:1], [params])[0]
+    sampler = Sampler(torch.device("cpu"), seed=3)
+    drafts = DraftSampler(sampler)
+    p_target = sampler.probs(target_logits[:1], [params])[0]
     n = 2500
     counts = torch.zeros(V)
     accepted = 0
     for _ in range(n):
         seq = Sequence("r", [1, 2], params, 0.0)
-        eng.proposer.drafts.reset()
-        seq.spec_token_ids = eng.proposer.drafts.choose([seq], draft_logits)
-        toks = verify_batch(eng, [(ScheduledSeq(seq, 2, 1), target_logits)])[0]
+        drafts.reset()
+        seq.spec_token_ids = drafts.choose([seq], draft_logits)
+        toks = verify_batch([(ScheduledSeq(seq, 2, 1), target_logits)], sampler, drafts.draft_probs)[0]
         counts[toks[0]] += 1
         accepted += len(toks) == 2
     assert _chi2(counts, p_target * n) < CHI2_P001[7]
-    q = eng.sampler.probs(draft_logits, [params])[0]
+    q = sampler.probs(draft_logits, [params])[0]
     assert accepted / n == pytest.approx(torch.minimum(p_target, q).sum().item(), abs=0.04)  # 1 - TV(p, q)
-    assert not eng.proposer.drafts.draft_probs  # consumed
+    assert not drafts.draft_probs  # consumed
 
 
 # --- engine level --------------------------------------------------------------------------

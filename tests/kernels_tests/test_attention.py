@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import typing
+
 import pytest
 import torch
 
@@ -31,10 +33,10 @@ def _filled_cache(NB, BS, Hkv, D, kv, dtype):
 
 
 @pytest.mark.parametrize(("H", "Hkv", "lens", "cfg"), [
-    (9, 3, [1, 37, 80], DecodeAttentionConfig(16, 1)),
-    (9, 3, [5, 64, 33], DecodeAttentionConfig(32, 3)),
-    (4, 4, [17], DecodeAttentionConfig(16, 2)),
-    (32, 2, [20, 3], DecodeAttentionConfig(16, 1)),  # group of 16: tensor-core path
+    (9, 3, [1, 37, 80], DecodeAttentionConfig(block_n=16, num_splits=1)),
+    (9, 3, [5, 64, 33], DecodeAttentionConfig.model_construct(block_n=32, num_splits=3)),  # a split count configs() does not offer
+    (4, 4, [17], DecodeAttentionConfig(block_n=16, num_splits=2)),
+    (32, 2, [20, 3], DecodeAttentionConfig(block_n=16, num_splits=1)),  # group of 16: tensor-core path
 ])
 @pytest.mark.parametrize("kv", ["model", "int8", "fp8"])
 def test_paged_decode_attention(H, Hkv, lens, cfg, kv):
@@ -54,7 +56,7 @@ def test_paged_decode_attention_bf16():
     q = torch.randn(3, 6, 32, dtype=torch.bfloat16)
     bt = torch.randperm(10, dtype=torch.int32)[:9].view(3, 3)
     ctx = torch.tensor([24, 1, 13], dtype=torch.int32)
-    out = paged_decode_attention(q, kc, vc, bt, ctx, 32 ** -0.5, config=DecodeAttentionConfig(16, 2))
+    out = paged_decode_attention(q, kc, vc, bt, ctx, 32 ** -0.5, config=DecodeAttentionConfig(block_n=16, num_splits=2))
     assert out.dtype == torch.bfloat16
     atol, rtol = TOL[torch.bfloat16]
     torch.testing.assert_close(out.float(), ref.paged_decode_attention(q, kc, vc, bt, ctx, 32 ** -0.5), atol=atol, rtol=rtol)
@@ -62,8 +64,9 @@ def test_paged_decode_attention_bf16():
 
 def test_decode_attention_configs_are_valid_for_shape():
     cands = decode_configs(max_context=100, num_seqs=4)
-    assert DecodeAttentionConfig() in cands
+    assert DecodeAttentionConfig(block_n=16, num_splits=4) in cands
     assert all(c.num_splits * c.block_n <= 128 or c.num_splits == 1 for c in cands)
+    assert DecodeAttentionConfig() in decode_configs(max_context=2048, num_seqs=64)  # the engine's default
 
 
 # (query_lens, context_lens): fresh prompts, cached prefixes (prefix caching / chunked
@@ -91,7 +94,7 @@ def test_paged_prefill_attention(qlens, ctxs, H, Hkv, dtype, kv):
     starts = torch.tensor([sum(qlens[:i]) for i in range(len(qlens))], dtype=torch.int32)
     i32 = lambda xs: torch.tensor(xs, dtype=torch.int32)  # noqa: E731
     out = paged_prefill_attention(q, kc, vc, bt, starts, i32(qlens), i32(ctxs), max(qlens), D ** -0.5, ks, vs,
-                                  config=PrefillAttentionConfig(16, 16))
+                                  config=PrefillAttentionConfig(block_m=16, block_n=16))
     atol, rtol = TOL[dtype]
     torch.testing.assert_close(out.float(), ref.paged_prefill_attention(q, kc, vc, bt, qlens, ctxs, D ** -0.5, ks, vs),
                                atol=atol, rtol=rtol)
@@ -99,7 +102,7 @@ def test_paged_prefill_attention(qlens, ctxs, H, Hkv, dtype, kv):
 
 def test_prefill_attention_configs_are_valid_for_shape():
     cands = prefill_configs(max_query_len=20, head_dim=128)
-    assert all(c.block_m <= 32 for c in cands) and PrefillAttentionConfig(16, 16) in cands
+    assert all(c.block_m <= 32 for c in cands) and PrefillAttentionConfig(block_m=16, block_n=16) in cands
     assert PrefillAttentionConfig() in prefill_configs(max_query_len=512, head_dim=64)
 
 
@@ -124,3 +127,23 @@ def test_kv_store_with_skipped_slots(kind):
             assert diff.max() <= (1.0 if kind == "int8" else 0.0)
     if kind != "model":
         torch.testing.assert_close(scales[0], scales[2])
+
+
+def test_the_engine_config_tiles_are_the_kernels_tiles():
+    """One tile type per kernel: EngineConfig.kernels holds the kernels' own config types, and every
+    value the type admits is one configs() offers for some shape (no value the kernel never tries)."""
+    from slotune.engine.config import EngineConfig
+    from slotune.kernels.quant_matmul import MatmulConfig
+    from slotune.kernels.quant_matmul import configs as matmul_configs
+
+    k = EngineConfig().kernels
+    assert (type(k.decode_attention), type(k.prefill_attention), type(k.matmul)) == (
+        DecodeAttentionConfig, PrefillAttentionConfig, MatmulConfig)
+    offered = {
+        DecodeAttentionConfig: decode_configs(max_context=4096, num_seqs=64),
+        PrefillAttentionConfig: prefill_configs(max_query_len=512, head_dim=64),
+        MatmulConfig: matmul_configs(16, 4096, 4096) + matmul_configs(128, 4096, 4096),  # split-K: skinny M only
+    }
+    for cls, cands in offered.items():
+        for name, field in cls.model_fields.items():
+            assert {getattr(c, name) for c in cands} == set(typing.get_args(field.annotation)), (cls.__name__, name)

@@ -18,6 +18,7 @@ from slotune.engine.layers.linear import Linear
 from slotune.engine.loader import load_model
 from slotune.engine.model_runner import ModelRunner
 from slotune.engine.models.llama import LlamaModel
+from slotune.engine.native_step import native_linear
 from slotune.engine.quantize import Int4Linear, Int8Linear
 from slotune.kernels.cpu_decode import load_library, torch_int4_block
 from tests.engine_driver import generate
@@ -99,7 +100,7 @@ def test_native_decode_matches_dequantized_torch_reference(overrides):
             got[i].append(logits[row].clone())
     ref = _reference(llm)
     reference = ModelRunner(EngineConfig(device="cpu", num_kv_blocks=2, max_model_len=128, kernels={"backend": "torch"}),
-                            model=ref, model_cfg=ref.cfg)
+                            model=ref)
     for i, ids in enumerate(seqs):
         want = reference.full_logits(ids)
         mine = torch.stack(got[i])
@@ -151,7 +152,7 @@ def test_matmul_kernels_match_torch(kind, k, rows):
     if int8act and not has_int8_activations():
         pytest.skip("this build has no int8 kernels (AVX-512 without VNNI/VBMI)")
     dense = _dense(mod)
-    got = matmul(mod, x, int8_activations=int8act)
+    got = matmul(native_linear(mod), x, int8_activations=int8act)
     want = (x.double() @ dense.double().T).float()
     if not int8act:
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
@@ -176,7 +177,7 @@ def test_int8_activations_repack_follows_the_build():
     torch.manual_seed(0)
     for n in (128, 136):  # 136: a multiple of 8, not of 16
         mod, keep = Int8Linear(torch.randn(n, 64)), []
-        lin = cd._lin(mod, keep, int8_activations=True)
+        lin = cd._lin(native_linear(mod), keep, int8_activations=True)
         q = mod.qweight
         if cd.isa() & cd.ISA_INT8_VNNI and n % 16 == 0:
             assert lin.kind == cd.W_INT8_VNNI
@@ -186,7 +187,7 @@ def test_int8_activations_repack_follows_the_build():
             assert torch.equal(keep[0].view(n // 8, 16, 8, 4)[2, 3, 5], q[21, 12:16])  # [block, quad, channel, input]
         else:
             assert lin.kind == cd.W_INT8
-        assert cd._lin(mod, [], int8_activations=False).kind == cd.W_INT8
+        assert cd._lin(native_linear(mod), [], int8_activations=False).kind == cd.W_INT8
 
 
 @pytest.mark.parametrize("n", [128, 136])
@@ -205,12 +206,12 @@ def test_int8_activation_kernel_at_the_extremes(n):
     x = sign(5, k) * 3.0  # every activation at its block's max: codes +-127
     mod = Int8Linear(w)
     assert mod.qweight.abs().min() == 127
-    got = matmul(mod, x, int8_activations=True)
+    got = matmul(native_linear(mod), x, int8_activations=True)
     want = (x.double() @ _dense(mod).double().T).float()
     torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-5)
     if n % 64 == 0:  # int4: codes 0 and 15 only (two values per group), activations +-127
         mod4 = Int4Linear(w, 32)
-        got4 = matmul(mod4, x, int8_activations=True)
+        got4 = matmul(native_linear(mod4), x, int8_activations=True)
         torch.testing.assert_close(got4, (x.double() @ _dense(mod4).double().T).float(), atol=1e-3, rtol=1e-5)
 
 
@@ -282,8 +283,7 @@ def test_native_engine_matches_torch_engine_on_qk_norm_and_window_variants(varia
 
     def engine(backend: str) -> LLMEngine:
         cfg = EngineConfig(device="cpu", num_kv_blocks=48, block_size=8, max_model_len=256, kernels={"backend": backend})
-        model = LlamaModel(mc, dict(sd), torch.float32, torch.device("cpu"))
-        return LLMEngine(cfg, runner=ModelRunner(cfg, model=model, model_cfg=mc), tokenizer=IdsTokenizer())
+        return LLMEngine(cfg, runner=ModelRunner(cfg, weights=(mc, dict(sd))), tokenizer=IdsTokenizer())
 
     native, plain = engine("native"), engine("torch")
     assert (native.runner.backend, plain.runner.backend) == ("native", "torch")

@@ -74,7 +74,7 @@ def test_quant_matmul(M, N, K):
     packed = torch.randint(0, 256, (N, K // 2), device=DEV, dtype=torch.uint8)
     s4 = torch.rand(N, K // 64, device=DEV, dtype=torch.bfloat16) * 0.01
     z4 = torch.randn(N, K // 64, device=DEV, dtype=torch.bfloat16) * 0.01
-    for cfg in (MatmulConfig(), MatmulConfig(16, 32, 128, 4, 3, split_k=4)):
+    for cfg in (MatmulConfig(), MatmulConfig(block_m=16, block_n=32, block_k=128, num_warps=4, num_stages=3, split_k=4)):
         assert _rel(int8_matmul(x, q8, s, cfg), ref.int8_matmul(x, q8, s)) < 1e-2
         assert _rel(fp8_matmul(x, qf, s, cfg), ref.fp8_matmul(x, qf, s)) < 1e-2
         assert _rel(int4_matmul(x, packed, s4, z4, 64, cfg), ref.int4_matmul(x, packed, s4, z4, 64)) < 1e-2

@@ -17,7 +17,6 @@ from tests.engine_driver import IdsTokenizer, generate
 from slotune.engine.llm_engine import LLMEngine
 from slotune.engine.loader import ModelConfig
 from slotune.engine.model_runner import ModelRunner
-from slotune.engine.models.llama import LlamaModel
 
 TINY = ModelConfig(vocab_size=256, hidden_size=128, intermediate_size=192, num_layers=2, num_heads=4, num_kv_heads=2,
                    head_dim=32, rope_theta=10000.0, rms_norm_eps=1e-5, max_position_embeddings=256,
@@ -41,8 +40,7 @@ def _state_dict(cfg: ModelConfig) -> dict[str, torch.Tensor]:
 
 def _engine(**overrides) -> LLMEngine:
     cfg = EngineConfig(device="cpu", num_kv_blocks=48, block_size=8, max_model_len=256, **overrides)
-    model = LlamaModel(TINY, _state_dict(TINY), torch.float32, torch.device("cpu"))
-    return LLMEngine(cfg, runner=ModelRunner(cfg, model=model, model_cfg=TINY), tokenizer=IdsTokenizer())
+    return LLMEngine(cfg, runner=ModelRunner(cfg, weights=(TINY, _state_dict(TINY))), tokenizer=IdsTokenizer())
 
 
 @pytest.fixture
@@ -134,8 +132,7 @@ def test_triton_engine_matches_torch_engine_on_family_variants(variant, prefill_
     for kernels in (TORCH, TRITON):
         cfg = EngineConfig(device="cpu", num_kv_blocks=48, block_size=8, max_model_len=256, kernels=kernels,
                            max_num_batched_tokens=16)
-        model = LlamaModel(mc, dict(sd), torch.float32, torch.device("cpu"))
-        engine = LLMEngine(cfg, runner=ModelRunner(cfg, model=model, model_cfg=mc), tokenizer=IdsTokenizer())
+        engine = LLMEngine(cfg, runner=ModelRunner(cfg, weights=(mc, dict(sd))), tokenizer=IdsTokenizer())
         outs.append(generate(engine, PROMPTS, 6))
     assert outs[0] == outs[1]
     assert any(c > q for qs, cs in prefill_calls for q, c in zip(qs, cs))  # the paged prefill kernel, over a cache

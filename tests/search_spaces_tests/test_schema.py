@@ -36,3 +36,34 @@ def test_bad_knobs_are_named():
     with pytest.raises(ValidationError, match="condition on 'quantization'"):
         SearchSpace.model_validate({"knobs": [{"name": "quant_group_size", "type": "categorical", "choices": [32],
                                                "when": {"quantization": ["int4"]}}]})
+
+
+@pytest.mark.parametrize(("knob", "values", "offered"), [
+    ("kernels.decode_attention.num_stages", [2, 4], "1, 2 or 3"),
+    ("kernels.decode_attention.num_splits", [8, 3], "1, 2, 4, 8 or 16"),
+    ("kernels.matmul.num_warps", [4, 1], "2, 4 or 8"),
+    ("kernels.prefill_attention.block_m", [64, 256], "16, 32, 64 or 128"),
+])
+def test_a_tile_choice_the_kernel_does_not_offer_is_refused_naming_the_offered_values(knob, values, offered):
+    """Tile knobs are checked against the kernel's own tile type (kernels/tiles.py, what its configs()
+    enumerates): a value no configs() would produce is refused when the space loads, not in a trial."""
+    bad = values[-1]
+    with pytest.raises(ValidationError, match=rf"knob '{knob}': not a valid EngineConfig field/value: {bad} "
+                                              rf"\(Input should be {offered}\)"):
+        SearchSpace.model_validate({"knobs": [{"name": knob, "type": "categorical", "choices": values}]})
+    SearchSpace.model_validate({"knobs": [{"name": knob, "type": "categorical", "choices": values[:-1]}]})
+
+
+def test_builtin_tile_knobs_are_values_the_kernels_offer():
+    """The gpu space's tile choices are among the kernel type's values (what configs() draws from)."""
+    from typing import get_args
+
+    from slotune.kernels import tiles
+
+    types = {"decode_attention": tiles.DecodeAttentionConfig, "prefill_attention": tiles.PrefillAttentionConfig,
+             "matmul": tiles.MatmulConfig}
+    knobs = [k for k in SearchSpace.load("gpu").knobs if k.name.startswith("kernels.") and k.choices]
+    assert len(knobs) >= 9
+    for k in knobs:
+        _, kernel, field = k.name.split(".")
+        assert set(k.choices) <= set(get_args(types[kernel].model_fields[field].annotation)), k.name

@@ -104,7 +104,7 @@ def test_grids_are_bounded():
         space(big).grid()
     many = [{"name": n, "type": "int", "low": 1, "high": 100} for n in ("max_num_seqs", "num_kv_blocks")] + [
         {"name": "speculative.num_speculative_tokens", "type": "int", "low": 1, "high": 16},
-        {"name": "kernels.decode_attention.num_splits", "type": "int", "low": 1, "high": 64}]
+        {"name": "max_num_batched_tokens", "type": "int", "low": 16, "high": 79}]
     many[1]["low"] = 2
     with pytest.raises(ValueError, match=f"at most {MAX_GRID_SIZE}"):
         space(*many).grid()
