@@ -13,8 +13,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from slotune.engine.scheduler import SchedulingPolicy
 from slotune.kernels.tiles import DecodeAttentionConfig, MatmulConfig, PrefillAttentionConfig
+
+SchedulingPolicy = Literal["fcfs", "shortest_prompt_first"]  # admission order (engine/scheduler.py)
 
 DEFAULT_MODEL = "smollm2-135m"
 # Served: a request waits behind at most this many others (a few batches on a GPU, about a

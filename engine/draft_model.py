@@ -11,7 +11,7 @@ from slotune.engine.model_runner import ModelRunner
 from slotune.engine.scheduler import ScheduledSeq
 from slotune.engine.sequence import Sequence
 from slotune.engine.sampler import Sampler
-from slotune.engine.speculative import DraftSampler, _budget, decoding
+from slotune.engine.speculative import DraftSampler, decoding, draft_budget
 
 
 class _Mirror:
@@ -81,7 +81,7 @@ class DraftModelProposer:
         active, ks = [], []
         for seq in decoding(running):
             seq.spec_token_ids = []
-            k = _budget(seq, self.k, self.max_model_len)
+            k = draft_budget(seq, self.k, self.max_model_len)
             m = self.mirrors.get(seq.seq_id)
             if m is None:
                 m = self.mirrors[seq.seq_id] = _Mirror(seq)

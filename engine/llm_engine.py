@@ -10,6 +10,7 @@ import torch
 
 from slotune.engine.block_manager import BlockManager
 from slotune.engine.config import EngineConfig
+from slotune.engine.draft_model import DraftModelProposer
 from slotune.engine.loader import resolve_model_path
 from slotune.engine.model_runner import ModelRunner
 from slotune.engine.outputs import RequestOutput
@@ -17,6 +18,7 @@ from slotune.engine.sampler import Sampler
 from slotune.engine.sampling_params import SamplingParams
 from slotune.engine.scheduler import ScheduledSeq, Scheduler
 from slotune.engine.sequence import Sequence, SequenceStatus
+from slotune.engine.speculative import EarlyExitProposer, NgramProposer, verify_batch
 from slotune.engine.tokenizer import Tokenizer
 
 # Called after every step that ran, with the engine and the step's outputs; returns extra outputs
@@ -32,6 +34,15 @@ class RequestRejected(Exception):
         self.reason = reason
         self.message = message
 
+
+def build_proposer(cfg: EngineConfig, runner: ModelRunner, block_manager: BlockManager, sampler: Sampler):
+    """The proposer cfg.speculative.method names, over the target's runner, block manager and sampler."""
+    m = cfg.speculative.method
+    if m == "ngram":
+        return NgramProposer(cfg)
+    if m == "early_exit":
+        return EarlyExitProposer(cfg, runner, block_manager, sampler)
+    return DraftModelProposer(cfg, runner.model_cfg.vocab_size, sampler)
 
 @dataclass(slots=True)
 class EngineStats:
@@ -90,8 +101,6 @@ class LLMEngine:
         self._step_hooks: list[StepHook] = []
         self.proposer = None
         if cfg.speculative.method != "none":
-            from slotune.engine.speculative import build_proposer
-
             self.proposer = build_proposer(cfg, self.runner, self.block_manager, self.sampler)
         self.eos_token_ids: frozenset[int] = self.tokenizer.eos_token_ids  # every end-of-turn id the model declares
 
@@ -200,8 +209,6 @@ class LLMEngine:
                 s.seq.num_computed_tokens += s.num_new_tokens
                 new_tokens[s.seq.seq_id] = [tok]
         if spec:
-            from slotune.engine.speculative import verify_batch
-
             for (s, _), toks in zip(spec, verify_batch(spec, self.sampler, self.proposer.draft_probs)):
                 num_accepted = len(toks) - 1
                 s.seq.num_computed_tokens += s.num_new_tokens - s.num_draft_tokens + num_accepted

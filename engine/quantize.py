@@ -75,7 +75,7 @@ class Int8Linear(_QuantLinear):
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         if self.tiles is not None:
-            from slotune.kernels.quant_matmul import int8_matmul
+            from slotune.kernels.quant_matmul import int8_matmul  # imports triton: the Triton backend's layers only
 
             return int8_matmul(x, self.qweight, self.scales, self.tiles)
         if x.device.type == "cpu":
@@ -155,7 +155,7 @@ class Int4Linear(_QuantLinear):
         if self.pad:
             x = F.pad(x, (0, self.pad))
         if self.tiles is not None and not self.on_cpu:
-            from slotune.kernels.quant_matmul import int4_matmul
+            from slotune.kernels.quant_matmul import int4_matmul  # imports triton: the Triton backend's layers only
 
             return int4_matmul(x, self.packed, self.scales, self.mins, self.group_size, self.tiles)
         if self.on_cpu:
@@ -212,7 +212,7 @@ class FP8Linear(_QuantLinear):
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         if self.tiles is not None and x.numel() <= 16 * x.shape[-1]:
             # Decode: weight-only fp8 (bf16 activations, no per-call activation quantization).
-            from slotune.kernels.quant_matmul import fp8_matmul
+            from slotune.kernels.quant_matmul import fp8_matmul  # imports triton: the Triton backend's layers only
 
             return fp8_matmul(x, self.qweight, self.scales, self.tiles)
         if self._use_scaled_mm(x):

@@ -16,16 +16,11 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
 
 from slotune.engine.block_manager import BlockManager
+from slotune.engine.config import EngineConfig, SchedulingPolicy
 from slotune.engine.sequence import Sequence, SequenceStatus
 
-if TYPE_CHECKING:
-    from slotune.engine.config import EngineConfig
-
-
-SchedulingPolicy = Literal["fcfs", "shortest_prompt_first"]
 MAX_BYPASS = 64  # shortest_prompt_first: admissions a waiting request may be passed over
 
 

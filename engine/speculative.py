@@ -3,8 +3,8 @@
 Lifecycle: after each engine step `propose(running)` sets `seq.spec_token_ids` for the running
 sequences in their decode phase; the scheduler feeds [last token, drafts...]; `verify_batch`
 turns the k+1 target rows into accepted drafts + one bonus/correction token. Proposers are built
-with what they read (`build_proposer`: the config, the target's runner, block manager and
-sampler), never the engine object.
+with what they read (`llm_engine.build_proposer`: the config, the target's runner, block manager
+and sampler), never the engine object. The draft-model proposer lives in draft_model.py.
 
 Verification is standard rejection sampling (Leviathan et al. 2023), per draft position i with
 target distribution p_i and draft distribution q_i:
@@ -29,7 +29,7 @@ from slotune.engine.sampler import Sampler
 from slotune.engine.sequence import Sequence
 
 
-def _budget(seq: Sequence, k: int, max_model_len: int) -> int:
+def draft_budget(seq: Sequence, k: int, max_model_len: int) -> int:
     """Drafts must not run past max_tokens or max_model_len."""
     left = min(seq.params.max_tokens - seq.num_output_tokens, max_model_len - seq.num_tokens) - 1
     return max(0, min(k, left))
@@ -60,7 +60,7 @@ class NgramProposer:
 
     def propose(self, running: list[Sequence]) -> None:
         for seq in decoding(running):
-            k = _budget(seq, self.k, self.max_model_len)
+            k = draft_budget(seq, self.k, self.max_model_len)
             seq.spec_token_ids = self.draft(seq.token_ids, k) if k else []
 
 
@@ -110,7 +110,7 @@ class EarlyExitProposer:
         active, ks = [], []
         for seq in decoding(running):
             seq.spec_token_ids = []
-            k = _budget(seq, self.k, self.max_model_len)
+            k = draft_budget(seq, self.k, self.max_model_len)
             if k and self.block_manager.allocate(seq, 1 + k):  # room for the last token + drafts, else skip drafting
                 active.append(seq)
                 ks.append(k)
@@ -126,18 +126,6 @@ class EarlyExitProposer:
             for i, t in zip(live, nxt):
                 active[i].spec_token_ids.append(t)
                 toks[i], pos[i] = t, pos[i] + 1
-
-
-def build_proposer(cfg: EngineConfig, runner: ModelRunner, block_manager: BlockManager, sampler: Sampler):
-    """The proposer cfg.speculative.method names, over the target's runner, block manager and sampler."""
-    m = cfg.speculative.method
-    if m == "ngram":
-        return NgramProposer(cfg)
-    if m == "early_exit":
-        return EarlyExitProposer(cfg, runner, block_manager, sampler)
-    from slotune.engine.draft_model import DraftModelProposer  # draft_model imports this module
-
-    return DraftModelProposer(cfg, runner.model_cfg.vocab_size, sampler)
 
 
 def rejection_sample(probs: torch.Tensor, drafts: list[int], generator: torch.Generator | None = None,

@@ -19,6 +19,10 @@ from dataclasses import dataclass
 
 import torch
 
+from slotune.engine.sampling_params import SamplingParams
+from slotune.engine.scheduler import ScheduledSeq
+from slotune.engine.sequence import Sequence
+
 LOGIT_ROWS_PER_CHUNK = 256  # LM-head rows at once: 256 x 49k vocab x fp32 = 50 MB
 
 
@@ -102,10 +106,6 @@ class PagedScorer:
 
     @torch.inference_mode()
     def _forward(self, reqs: list[tuple[list[int], int]]) -> list[torch.Tensor]:
-        from slotune.engine.sampling_params import SamplingParams
-        from slotune.engine.scheduler import ScheduledSeq
-        from slotune.engine.sequence import Sequence
-
         bm = self.engine.block_manager
         seqs = [Sequence(f"score-{k}", ids, SamplingParams(max_tokens=1), 0.0) for k, (ids, _) in enumerate(reqs)]
         try:

@@ -88,7 +88,7 @@ def run_benchmark(cfg, workload: WorkloadSpec, *, llm=None, ttft_limit_s: float 
         stats, peak memory) and per-request `records`.
     """
     from slotune.engine import LLM, SamplingParams  # imports torch: only an in-process replay needs it
-    from slotune.engine.llm_engine import RequestRejected
+    from slotune.engine.llm_engine import RequestRejected  # imports torch, as the line above
 
     llm = llm or LLM(cfg)
     engine = llm.engine

@@ -148,7 +148,7 @@ def _replay_served(cfg, req: dict[str, Any], phase: Callable[[str], None]):
     peak memory are this process's, taken over the client's measured run only (see
     `_run_client`), as `run_benchmark` takes them. Returns (llm, result, seconds to ready).
     """
-    from slotune.engine.serving.async_llm import AsyncLLM
+    from slotune.engine.serving.async_llm import AsyncLLM  # the serving stack: only a served trial needs it
     from slotune.engine.serving.server import build_app, serve_in_thread  # imports the engine, hence torch
 
     t0 = time.perf_counter()

@@ -426,7 +426,8 @@ def smoke(out_dir: Path) -> None:
     """CPU check of the kernel section (interpreter, tiny shapes): catches script errors before GPU time is spent."""
     global SMOKE
     SMOKE = True
-    from slotune.kernels.utils import patch_interpreter_bf16
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: the patch is a test helper
+    from tests.kernels_tests.interpreter_bf16 import patch_interpreter_bf16
 
     patch_interpreter_bf16()
     res = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "device": "cpu (TRITON_INTERPRET=1, smoke)"}

@@ -82,7 +82,7 @@ class AsyncLLM:
     def _run(self, warmup: bool, report) -> None:
         try:
             if self._llm is None:
-                from slotune.engine.llm import LLM
+                from slotune.engine.llm import LLM  # imports torch, on the engine thread that owns the model
 
                 self._llm = LLM(self.config)
             if warmup:

@@ -1,4 +1,4 @@
-"""Helpers shared by the kernels' tests and benchmarks.
+"""A test seam: Triton's CPU interpreter patched for bf16 (tests and `bench/gpu/run_all.py smoke` only).
 
 Triton's CPU interpreter (3.9) stores bfloat16 as raw uint16 bits and forgets that in two
 places: `tl.dot` on bf16 operands multiplies the bit patterns, and int <-> bf16 casts
