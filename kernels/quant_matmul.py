@@ -139,20 +139,22 @@ def _launch(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, z: torch.Tensor, 
 
 def int8_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, config: MatmulConfig | None = None) -> torch.Tensor:
     """x: [..., K]; qweight: [N, K] int8; scales: [N] -> [..., N] in x's dtype."""
-    if qweight.dtype != torch.int8 or qweight.shape[1] != x.shape[-1] or scales.shape != (qweight.shape[0],):
-        raise ValueError(f"int8_matmul: want qweight [N, {x.shape[-1]}] int8 and scales [N], got "
-                         f"{tuple(qweight.shape)} {qweight.dtype} and {tuple(scales.shape)}")
-    assert qweight.stride(-1) == 1
-    return _launch(x, qweight, scales, scales, qweight.shape[0], INT8, 1, config)
+    return _per_channel("int8_matmul", torch.int8, INT8, x, qweight, scales, config)
 
 
 def fp8_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, config: MatmulConfig | None = None) -> torch.Tensor:
     """Weight-only fp8: x: [..., K]; qweight: [N, K] float8_e4m3fn; scales: [N] -> [..., N] in x's dtype."""
-    if qweight.dtype != torch.float8_e4m3fn or qweight.shape[1] != x.shape[-1] or scales.shape != (qweight.shape[0],):
-        raise ValueError(f"fp8_matmul: want qweight [N, {x.shape[-1]}] float8_e4m3fn and scales [N], got "
-                         f"{tuple(qweight.shape)} {qweight.dtype} and {tuple(scales.shape)}")
+    return _per_channel("fp8_matmul", torch.float8_e4m3fn, FP8, x, qweight, scales, config)
+
+
+def _per_channel(name: str, dtype: torch.dtype, fmt: int, x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                 config: MatmulConfig | None) -> torch.Tensor:
+    """The per-output-channel formats (int8, fp8): check shapes, then launch."""
+    if qweight.dtype != dtype or qweight.shape[1] != x.shape[-1] or scales.shape != (qweight.shape[0],):
+        raise ValueError(f"{name}: want qweight [N, {x.shape[-1]}] {str(dtype).removeprefix('torch.')} and scales [N], "
+                         f"got {tuple(qweight.shape)} {qweight.dtype} and {tuple(scales.shape)}")
     assert qweight.stride(-1) == 1
-    return _launch(x, qweight, scales, scales, qweight.shape[0], FP8, 1, config)
+    return _launch(x, qweight, scales, scales, qweight.shape[0], fmt, 1, config)
 
 
 def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, group_size: int,

@@ -152,8 +152,6 @@ class TuningSpec(_Strict):
     @field_validator("workload", mode="before")
     @classmethod
     def _workload_ok(cls, v, info: ValidationInfo) -> WorkloadSpec:
-        if isinstance(v, WorkloadSpec):
-            return v
         if isinstance(v, dict):
             base = _base_dir(info)
             try:
@@ -164,20 +162,12 @@ class TuningSpec(_Strict):
             except SpecError as exc:
                 raise ValueError("; ".join(f"workload.{p.field}: {p.message}" for p in exc.problems)) from None
             return wl
-        if not isinstance(v, str):
-            raise ValueError("a built-in workload name, a workload file or a workload mapping")
-        return WorkloadSpec.load(_resolve_ref(v, _base_dir(info), builtin_workloads()))  # its problems name its file
+        return _load_part(WorkloadSpec, v, info, builtin_workloads(), "workload")
 
     @field_validator("search_space", mode="before")
     @classmethod
     def _space_ok(cls, v, info: ValidationInfo) -> SearchSpace:
-        if isinstance(v, SearchSpace):
-            return v
-        if isinstance(v, dict):
-            return _validate_nested(SearchSpace, v)
-        if not isinstance(v, str):
-            raise ValueError("a built-in search space name, a search space file or a search space mapping")
-        return SearchSpace.load(_resolve_ref(v, _base_dir(info), builtin_spaces()))
+        return _load_part(SearchSpace, v, info, builtin_spaces(), "search space")
 
     @field_validator("quality_gates", mode="before")
     @classmethod
@@ -329,6 +319,18 @@ def _resolve_ref(ref: str, base: Path | None, builtins: dict[str, Path]) -> str:
     if Path(ref).suffix not in (".yaml", ".yml", ".json") and "/" not in ref and os.sep not in ref:
         raise ValueError(f"'{ref}' is not a file next to the spec, and not a built-in ({', '.join(sorted(builtins))})")
     return _resolve_path(ref, base)
+
+
+def _load_part(model, value: Any, info: ValidationInfo, builtins: dict[str, Path], what: str):
+    """A workload or search space as the spec gives it: the object, its mapping, or a reference (a file
+    next to the spec, a built-in name) whose file's own problems are named by its path."""
+    if isinstance(value, model):
+        return value
+    if isinstance(value, dict):
+        return _validate_nested(model, value)
+    if not isinstance(value, str):
+        raise ValueError(f"a built-in {what} name, a {what} file or a {what} mapping")
+    return model.load(_resolve_ref(value, _base_dir(info), builtins))
 
 
 def _validate_nested(model: type[BaseModel], value: Any, prefix: str = "") -> Any:

@@ -109,25 +109,27 @@ def cases() -> list[Case]:
     add("workload-file-tabs", "yaml", BASE + "workload: wl.yaml\n", extra={"wl.yaml": "name: w\n\tarrivals: x\n"})
 
     # --- storage and output locations ---------------------------------------------------------
-    add("storage-not-a-url", "storage", BASE + "storage: not a url\n")
-    add("storage-unknown-dialect", "storage", BASE + "storage: 'nosuchdb://u@h/db'\n")
-    add("storage-sqlite-readonly", "storage", BASE + "storage: 'sqlite:////sys/slotune-ro/study.db'\n")
-    add("output-dir-readonly", "storage", BASE + "output_dir: /sys/slotune-ro/out\n")
+    for name, line in (("storage-not-a-url", "storage: not a url"),
+                       ("storage-unknown-dialect", "storage: 'nosuchdb://u@h/db'"),
+                       ("storage-sqlite-readonly", "storage: 'sqlite:////sys/slotune-ro/study.db'"),
+                       ("output-dir-readonly", "output_dir: /sys/slotune-ro/out")):
+        add(name, "storage", BASE + line + "\n")
     add("output-dir-under-a-file", "storage", BASE + "output_dir: afile/out\n", extra={"afile": "x"})
 
     # --- relative paths ---------------------------------------------------------------------------
-    add("relative-workload-missing", "paths", BASE + "workload: workloads/none.yaml\n")
-    add("relative-space-missing", "paths", BASE + "search_space: spaces/none.yaml\n")
-    add("missing-trace", "paths", BASE + "workload: {trace: nope.jsonl}\n")
+    for name, line in (("relative-workload-missing", "workload: workloads/none.yaml"),
+                       ("relative-space-missing", "search_space: spaces/none.yaml"),
+                       ("missing-trace", "workload: {trace: nope.jsonl}"),
+                       ("missing-model", "model: ./no-such-model"),
+                       ("missing-model-gguf", "model: models/x.gguf"),
+                       ("engine-draft-model-missing", "engine: {speculative: {method: model, draft_model: ./draft}}")):
+        add(name, "paths", BASE + line + "\n")
     add("missing-trace-in-workload-file", "paths", BASE + "workload: wl/w.yaml\n",
         extra={"wl/w.yaml": "name: w\ntrace: missing.jsonl\n"})
     add("trace-bad-row", "paths", BASE + "workload: {trace: t.jsonl}\n",
         extra={"t.jsonl": '{"prompt_len": 8, "output_len": 4}\n{"prompt_len": -3, "output_len": "x"}\n'})
     add("trace-not-json", "paths", BASE + "workload: {trace: t.jsonl}\n", extra={"t.jsonl": "prompt,output\n8,4\n"})
-    add("missing-model", "paths", BASE + "model: ./no-such-model\n")
-    add("missing-model-gguf", "paths", BASE + "model: models/x.gguf\n")
     add("engine-model-override", "engine", BASE + "engine: {model: ./elsewhere.gguf}\n")
-    add("engine-draft-model-missing", "paths", BASE + "engine: {speculative: {method: model, draft_model: ./draft}}\n")
 
     # --- search space values vs EngineConfig ------------------------------------------------------
     add("space-bad-later-choice", "space", knobs("{name: block_size, type: categorical, choices: [16, 17]}"))
