@@ -3,7 +3,9 @@
 A knob is sampled define-by-run, only when its `when` condition holds, so a conditional knob
 (e.g. `speculative.num_speculative_tokens` only when a draft is used) never pollutes the
 sampler's model with meaningless values. `forbidden` lists combinations that are pruned
-before any engine is built.
+before any engine is built. `starts` are known-good corners, each with the reasoning behind it,
+enqueued right after the reference configs for the objective kinds it names, so the sampler
+begins from what an expert would try first instead of from random points.
 
 Every value a knob can take is checked against EngineConfig when the space is loaded (every
 choice, both bounds, and every value of a small int range), so a space that validates never
@@ -179,6 +181,19 @@ def _is_int_field(ann: Any) -> bool:
 
 
 
+class Start(BaseModel):
+    """A starting point: the base config with `params` changed, measured before the sampler's own."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64)
+    why: str = Field(min_length=1, description="the reasoning: why an expert would try this corner first")
+    objectives: list[Literal["latency", "throughput", "cost"]] = Field(
+        default_factory=lambda: ["latency", "throughput", "cost"], min_length=1,
+        description="the objective kinds this corner is a good start for")
+    params: dict[str, Scalar] = Field(min_length=1, description="knob values; knobs not named keep the base config's")
+
+
 class SearchSpace(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -186,6 +201,7 @@ class SearchSpace(BaseModel):
     description: str = ""
     knobs: list[Knob]
     forbidden: list[dict[str, list[Scalar]]] = Field(default_factory=list)
+    starts: list[Start] = Field(default_factory=list, description="known-good corners, enqueued after the references")
 
     @model_validator(mode="after")
     def _check(self) -> "SearchSpace":
@@ -226,6 +242,24 @@ class SearchSpace(BaseModel):
                 if not vals:
                     raise ValueError(f"forbidden[{j}].{field}: an empty list never matches; remove the rule or list values")
                 self._check_values(f"forbidden[{j}].{field}", by_name[field], vals)
+        for j, start in enumerate(self.starts):
+            where = f"starts[{j}] '{start.name}'"
+            if start.name in [s.name for s in self.starts[:j]]:
+                raise ValueError(f"{where}: name used twice")
+            for field, value in start.params.items():
+                if field not in by_name:
+                    raise ValueError(f"{where}: '{field}' is not a knob of this space (knobs: {', '.join(names)})")
+                self._check_values(f"{where}.params.{field}", by_name[field], [value])
+                for cond, vals in by_name[field].when.items():
+                    if start.params.get(cond, _field_value(base, cond)) not in vals:
+                        raise ValueError(f"{where}: '{field}' is sampled only when {cond} is one of {vals}; set {cond}")
+            reason = self.forbidden_reason(start.params)
+            if reason is not None:
+                raise ValueError(f"{where}: a {reason}")
+            try:
+                base.with_updates(start.params)
+            except ValueError as exc:
+                raise ValueError(f"{where}: not a valid EngineConfig: {_first_problem(exc)}") from None
         return self
 
     @staticmethod
@@ -278,6 +312,14 @@ class SearchSpace(BaseModel):
         if size > MAX_GRID_SIZE:
             raise ValueError(f"the grid has {size} configs (at most {MAX_GRID_SIZE}); use fewer values or another sampler")
         return grid
+
+
+def _field_value(cfg: EngineConfig, name: str) -> Any:
+    """The value of a dotted EngineConfig field."""
+    v: Any = cfg
+    for part in name.split("."):
+        v = getattr(v, part)
+    return v
 
 
 def _first_problem(exc: ValueError) -> str:

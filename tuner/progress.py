@@ -95,7 +95,7 @@ class Progress:
         if ua.get("early_stopped"):
             feasible = "no (early stop)"
         detail = ua.get("fail_reason") or ", ".join(f"{k}={v}" for k, v in trial.params.items())
-        tag = ua.get("tag")
+        tag = ua.get("tag") or ua.get("start")
         self.rows.append((f"{trial.number}" + (f" ({tag})" if tag else ""), trial.state.name, value, feasible, detail[:100]))
         if is_measured(trial):
             self.num_finished += 1

@@ -347,7 +347,7 @@ def gather(spec, study, best, remeasure) -> ReportData:
     for t in study.trials:
         ua = t.user_attrs
         trials.append(TrialFacts(
-            number=t.number, tag=str(ua.get("tag") or ""), state=t.state.name,
+            number=t.number, tag=str(ua.get("tag") or ua.get("start") or ""), state=t.state.name,
             values=tuple(t.values) if t.values else None, feasible=ua.get("feasible"), params=dict(t.params),
             reasons=[] if ua.get("feasible") else infeasible_reasons(ua, limits, spec.quality_gates),
             early_stopped=bool(ua.get("early_stopped")), metrics=dict(ua.get("metrics") or {}),

@@ -83,7 +83,9 @@ def spec_fingerprint(spec: TuningSpec) -> dict[str, Any]:
     """
     parts = {
         "workload": spec.workload.model_dump(mode="json", exclude_defaults=True),
-        "search_space": spec.search_space.model_dump(mode="json", exclude_defaults=True),
+        # `starts` only choose which trials run first, not what a trial measures: a built-in space
+        # that gains a starting point keeps its studies
+        "search_space": spec.search_space.model_dump(mode="json", exclude_defaults=True, exclude={"starts"}),
         "objective": spec.objective.model_dump(mode="json", exclude_defaults=True),
         "quality_gates": [g.model_dump(mode="json", exclude_defaults=True) for g in spec.quality_gates],
         "engine": spec.base_config().model_dump(mode="json", exclude_defaults=True),
@@ -243,7 +245,9 @@ def _is_alive(pid: int | None) -> bool:
 
 
 def enqueue_reference_trials(study, spec: TuningSpec) -> None:
-    """Default and naive reference configs first, so every result is a comparison.
+    """Default and naive reference configs first, so every result is a comparison; then the space's
+    starting points for the objective's kind (`SearchSpace.starts`), each the base config with its
+    params changed, so the sampler starts from known-good corners.
 
     Only the process that created the study calls this, right after creating it (two processes
     starting together would each enqueue them otherwise; another may have started a trial
@@ -259,6 +263,10 @@ def enqueue_reference_trials(study, spec: TuningSpec) -> None:
         params = _params_of(space, cfg, base)
         if params is not None and (tag == DEFAULT_TAG or cfg != base):
             study.enqueue_trial(params, user_attrs={"tag": tag}, skip_if_exists=True)
+    for start in space.starts:
+        if spec.objective.kind in start.objectives:
+            params = _params_of(space, base.with_updates(start.params), base) or start.params  # else: the rest sampled
+            study.enqueue_trial(params, user_attrs={"start": start.name}, skip_if_exists=True)
 
 
 def _params_of(space, cfg, base) -> dict[str, Any] | None:

@@ -67,3 +67,33 @@ def test_builtin_tile_knobs_are_values_the_kernels_offer():
     for k in knobs:
         _, kernel, field = k.name.split(".")
         assert set(k.choices) <= set(get_args(types[kernel].model_fields[field].annotation)), k.name
+
+
+@pytest.mark.parametrize("params,needle", [
+    ({"max_num_seq": 2}, "'max_num_seq' is not a knob of this space"),
+    ({"max_num_seqs": 99}, "starts[0] 'x'.params.max_num_seqs: 99 is not a value"),
+    ({"kernels.int8_activations": True}, "sampled only when quantization is one of ['int8', 'int4']; set quantization"),
+    ({"quantization": "int4", "max_num_seqs": 2}, "forbidden combination"),
+])
+def test_bad_starting_points_are_named(params, needle):
+    """A starting point is checked like the knobs: every value one its knob can take, conditions met, not a
+    forbidden combination."""
+    space = {"name": "s", "knobs": [
+        {"name": "quantization", "type": "categorical", "choices": ["none", "int8", "int4"]},
+        {"name": "kernels.int8_activations", "type": "categorical", "choices": [False, True],
+         "when": {"quantization": ["int8", "int4"]}},
+        {"name": "max_num_seqs", "type": "int", "low": 1, "high": 8}],
+        "forbidden": [{"quantization": ["int4"], "max_num_seqs": [2]}],
+        "starts": [{"name": "x", "why": "because", "params": params}]}
+    with pytest.raises(ValidationError, match=None) as exc:
+        SearchSpace.model_validate(space)
+    assert needle in str(exc.value), str(exc.value)
+
+
+def test_builtin_starting_points_say_why_and_make_valid_configs():
+    for name in ("latency", "throughput"):
+        space = SearchSpace.load(name)
+        assert space.starts, name
+        for start in space.starts:
+            assert len(start.why.split()) >= 10, start.name  # the reasoning is written down
+            EngineConfig().with_updates(start.params)

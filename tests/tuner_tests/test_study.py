@@ -227,3 +227,21 @@ def test_reference_metrics_read_the_naive_config_of_studies_made_before_its_rena
     new.add_trial(trial("naive", 5.0))
     new.set_user_attr("default", {"metrics": {"output_tokens_per_s": 9.0}})  # measured beside the study
     assert reference_metrics(new) == {"default": {"output_tokens_per_s": 9.0}, "naive": {"output_tokens_per_s": 5.0}}
+
+
+def test_starting_points_follow_the_references_for_their_objective_kind(tmp_path, fake_trials):
+    """The space's starts are enqueued after the default and naive configs, each the base config with its
+    params changed, and only for the objective kinds they name."""
+    space = {"name": "s", "knobs": [{"name": "max_num_seqs", "type": "int", "low": 1, "high": 16},
+                                    {"name": "quantization", "type": "categorical", "choices": ["none", "int8"]}],
+             "starts": [{"name": "lat", "why": "one row per step", "objectives": ["latency"],
+                         "params": {"max_num_seqs": 1, "quantization": "int8"}},
+                        {"name": "tput", "why": "wide batches", "objectives": ["throughput"],
+                         "params": {"max_num_seqs": 16}}]}
+    run_command(write_spec(tmp_path, search_space=space, budget={"n_trials": 4}), progress=False, trial_runner=fake_trials)
+    study = _study(tmp_path / "out")
+    trials = study.trials  # the naive config (static batches) is outside this space: measured beside it
+    assert [t.user_attrs.get("tag") or t.user_attrs.get("start") for t in trials[:2]] == ["default", "lat"]
+    assert "metrics" in study.user_attrs["naive"]
+    assert trials[1].params == {"max_num_seqs": 1, "quantization": "int8"}
+    assert not any(t.user_attrs.get("start") == "tput" for t in trials)
