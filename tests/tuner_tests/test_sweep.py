@@ -17,12 +17,13 @@ from slotune.tuner.cli import app
 from slotune.tuner.report import write_report
 from slotune.tuner.slo import SLOLimits
 from slotune.tuner.spec import TuningSpec
+from slotune.tuner.study import run_command
 from slotune.tuner.sweep import (LoadCurve, LoadPoint, SweepResult, concurrency_steps, num_requests, point_workload,
                                  probe_workload, rate_steps, run_sweep, verdict)
 from slotune.tuner.sweep_report import report_sections
 from slotune.tuner.traces import load_trace
 from slotune.tuner.workload import WorkloadSpec
-from tests.tuner_tests.conftest import TINY_WORKLOAD
+from tests.tuner_tests.conftest import TINY_WORKLOAD, write_spec
 from tests.tuner_tests.test_report import made_study, remeasured
 from tests.tuner_tests.test_report_html import chromium, drawn, needs_chromium
 
@@ -121,6 +122,22 @@ def test_tune_sweep_with_a_bad_workload_names_the_file_and_field(tmp_path):
     bad.write_text("arrivals: poisson\nconcurrency: 0\nrate: 2\n")
     r = CliRunner().invoke(app, ["sweep", str(tmp_path / "c.yaml"), "-w", str(bad)])
     assert r.exit_code == 2 and f"{bad}: concurrency: " in r.output, r.output
+
+
+def test_a_study_with_the_sweep_on_writes_sweep_json_and_the_report_section(tmp_path, fake_trials):
+    """Wiring in `finalize`, with the stand-in measurement (fake_trials): its numbers do not depend on
+    the load, so throughput is flat and every sweep ends after three points on the plateau rule."""
+    spec = write_spec(tmp_path, budget={"n_trials": 2}, peak_rps=100.0, sweep={"enabled": True, "steps": 5})
+    summary = run_command(spec, progress=False, trial_runner=fake_trials)
+    doc = json.loads((tmp_path / "out" / "sweep.json").read_text())
+    assert [c["name"] for c in doc["curves"]] == ["winner", "default", "naive"] and doc["peak_rps"] == 100.0
+    for c in doc["curves"]:
+        offered = [p["offered"] for p in c["points"]]
+        assert len(offered) == 3 and offered == sorted(set(offered)) and "stopped rising" in c["stopped"], c
+    assert doc["curves"][0]["config"] == EngineConfig.from_yaml(tmp_path / "out" / "best.yaml").model_dump(mode="json")
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "## Latency against load" in md and "## Load sweep points" in md and "replicas for 100 req/s peak" in md
+    assert summary is not None
 
 
 def test_sweep_is_off_by_default_and_checked():
