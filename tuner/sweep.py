@@ -348,7 +348,8 @@ def sweep_command(config: Path, workload: str, *, steps: int = 6, ttft_limit_s: 
                           on_point=lambda n, load, p: err.print(point_line(n, load, p, limits), highlight=False))
     result = SweepResult(wl.name, limits, (curve,), peak_rps)
     out = Console()
-    rows = [r[1:] for r in points_table(result)]  # one config: no config column
+    # One config: no config column; the verdict's reasons are in the lines above (stderr).
+    rows = [r[1:-1] + [r[-1].split(":")[0]] for r in points_table(result)]
     table = Table(title=f"tune sweep: {config.name} on {wl.name} (SLO {limits.latency_only.describe()})")
     for h in rows[0]:
         table.add_column(h)

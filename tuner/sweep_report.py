@@ -109,8 +109,8 @@ def curve_figure(result: SweepResult):
                     text=[point_line(c.name, c.load, p, limits) for p in pts], hovertemplate="%{text}<extra></extra>"),
                     row=r, col=col)
             if limit:
-                fig.add_hline(y=limit * factor, line_dash="dash", line_color="#d62728", row=r, col=col,
-                              annotation_text=f"limit {format_value(key, limit)}" if col == 2 else None)
+                label = {"annotation_text": f"limit {format_value(key, limit)}"} if col == 2 else {}
+                fig.add_hline(y=limit * factor, line_dash="dash", line_color="#d62728", row=r, col=col, **label)
             fig.update_xaxes(title_text=xtitle if r == 2 else None, rangemode="tozero", row=r, col=col)
         fig.update_yaxes(title_text=f"{metric_label(key)} ({unit})" if unit else metric_label(key), rangemode="tozero",
                          row=r, col=1)
