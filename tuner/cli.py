@@ -179,6 +179,30 @@ def serve(
                       record_traffic=record_traffic, record_traffic_max_mib=record_traffic_max_mib)
 
 
+@app.command()
+def sweep(
+    config: Annotated[Path, typer.Argument(help="EngineConfig YAML (or a tuner best.yaml)")],
+    workload: Annotated[str, typer.Option("--workload", "-w", help="workload YAML or built-in name: its shapes are "
+                                                                     "kept, its load swept")],
+    steps: Annotated[int, typer.Option("--steps", min=2, max=16, help="load points, at most")] = 6,
+    ttft_limit: Annotated[Optional[float], typer.Option("--ttft-limit", help="p95 TTFT limit in seconds")] = None,
+    tpot_limit: Annotated[Optional[float], typer.Option("--tpot-limit", help="p95 TPOT limit in seconds")] = None,
+    peak_rps: Annotated[Optional[float], typer.Option("--peak-rps", help="requests/s at peak: how many replicas "
+                                                                          "serve it within the limits")] = None,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="write the sweep as JSON here")] = None,
+    html_out: Annotated[Optional[Path], typer.Option("--html", help="write a page with the latency-throughput "
+                                                                     "curve here")] = None,
+) -> None:
+    """Measure CONFIG at rising load (concurrency or arrival rate) up to saturation: latency against throughput,
+    and the capacity within the limits."""
+    with _reading(config):
+        _check_yaml(config)  # a workload file is read by WorkloadSpec.load, which uses the same reader
+        from slotune.tuner.sweep import sweep_command  # per command
+
+        sweep_command(config, workload, steps=steps, ttft_limit_s=ttft_limit, tpot_limit_s=tpot_limit,
+                      peak_rps=peak_rps, json_out=json_out, html_out=html_out)
+
+
 @workload_app.command("fit")
 def workload_fit(
     trace: Annotated[Path, typer.Argument(help="a trace file (recorded JSONL, Mooncake JSONL, Azure or BurstGPT CSV) "

@@ -110,6 +110,15 @@ class EarlyStop(_Strict):
     factor: float = Field(3.0, gt=1, description="stop when the partial pXX exceeds factor x the limit")
 
 
+class Sweep(_Strict):
+    """The load sweep after a study (tuner/sweep.py): the winner, the default and the naive config
+    measured at rising load up to saturation; their latency-throughput curves and capacity in the report."""
+
+    enabled: bool = Field(False, description="sweep after the study (each point a measurement: minutes)")
+    steps: int = Field(6, ge=2, le=16, description="load points per config, at most")
+    min_requests: int = Field(8, ge=1, description="measured requests per point, at least (more at high load)")
+
+
 class TuningSpec(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=128)
     model: str = Field(DEFAULT_MODEL, min_length=1, description="a bundled name, a .gguf file or an HF checkpoint dir "
@@ -130,6 +139,9 @@ class TuningSpec(_Strict):
     output_dir: str | None = Field(None, description="default runs/<name> (in the working directory)")
     early_stop: EarlyStop = EarlyStop()
     robustness_seed: int = Field(1000, ge=0, le=MAX_SEED, description="workload seed for re-measuring the winner")
+    peak_rps: float | None = Field(None, gt=0, description="requests/s at peak traffic: with `sweep`, the report says "
+                                   "how many replicas of each config serve it within the SLO")
+    sweep: Sweep = Sweep()
 
     @field_validator("model")
     @classmethod

@@ -34,6 +34,7 @@ from slotune.tuner.references import (DEFAULT_TAG, reference_configs, reference_
                                       side_measurement, trial_tag)
 from slotune.tuner.report import write_atomic, write_report
 from slotune.tuner.spec import TuningSpec, default_spec_path
+from slotune.tuner.sweep import sweep_after_study
 from slotune.tuner.tracking import MLflowTracker
 
 # Optuna heartbeat: a running trial whose process has not written for GRACE_S is failed by the
@@ -493,7 +494,8 @@ def finalize(spec: TuningSpec, study, tracker=None, prog=None,
                "remeasured": remeasure, "params": best.params, "references": reference_metrics(study),
                "mlflow_run_id": tracker.parent_run_id if tracker is not None else None}
     write_atomic(out / "best_metrics.json", json.dumps(summary, indent=1))
-    report = write_report(spec, study, best, remeasure, out)
+    report = write_report(spec, study, best, remeasure, out,
+                          sections=sweep_after_study(spec, study, best, runner=runner, say=say))
     if tracker is not None:
         tracker.log_study_end(best, config, report, out)
     if prog is not None:
