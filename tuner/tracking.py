@@ -179,7 +179,7 @@ class MLflowTracker:
                     c.log_artifact(rid, str(out / name))
         else:
             c.set_tag(rid, "slotune.best_trial", "none")
-        for p in report_paths.values():
+        for p in [*report_paths.values(), out / "sweep.json"]:  # sweep.json: the load curves, when swept
             if Path(p).exists():
                 c.log_artifact(rid, str(p))
         c.set_terminated(rid, status="FINISHED")

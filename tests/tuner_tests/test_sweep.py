@@ -138,6 +138,11 @@ def test_a_study_with_the_sweep_on_writes_sweep_json_and_the_report_section(tmp_
     md = (tmp_path / "out" / "report.md").read_text()
     assert "## Latency against load" in md and "## Load sweep points" in md and "replicas for 100 req/s peak" in md
     assert summary is not None
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'out' / 'mlflow.db'}")
+    parent = client.get_run(summary["mlflow_run_id"])
+    assert "sweep.json" in [a.path for a in client.list_artifacts(parent.info.run_id)]  # the curves, with the report
 
 
 def test_sweep_is_off_by_default_and_checked():
