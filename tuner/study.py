@@ -77,6 +77,7 @@ def spec_fingerprint(spec: TuningSpec) -> dict[str, Any]:
     Resolved (a built-in workload by its content), in canonical JSON, without the fields left at
     their defaults (so a slotune that adds a field keeps the fingerprints of existing studies).
     Budget, sampler, seed and early-stop settings are left out: changing them continues a study.
+    The price (`cost`) is a part only when set: the trials' $ numbers are at that price.
 
     Returns:
         {"sha256": hex digest of all parts, "parts": {part: first 16 hex digits of its own}}.
@@ -89,6 +90,8 @@ def spec_fingerprint(spec: TuningSpec) -> dict[str, Any]:
         "engine": spec.base_config().model_dump(mode="json", exclude_defaults=True),
         "measure": spec.budget.measure,
     }
+    if spec.cost is not None:
+        parts["cost"] = spec.cost.model_dump(mode="json")
     canon = {k: json.dumps(v, sort_keys=True, separators=(",", ":")) for k, v in parts.items()}
     whole = json.dumps(canon, sort_keys=True, separators=(",", ":"))
     return {"sha256": hashlib.sha256(whole.encode()).hexdigest(),

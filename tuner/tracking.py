@@ -66,6 +66,8 @@ class MLflowTracker:
                 self.client.log_param(parent, "objective", spec.objective.metric_key())
                 self.client.log_param(parent, "sampler", spec.sampler)
                 self.client.log_param(parent, "search_space", spec.search_space.name)
+                if spec.cost is not None:  # the price every trial's usd_per_1m_* metrics are at
+                    self.client.log_param(parent, "usd_per_hour", spec.cost.usd_per_hour)
         self._parent = parent
         self.client.set_tag(parent, "slotune.omp_wait_policy", spec.budget.trial_omp_wait_policy)
         self.client.set_tag(parent, "slotune.measure", spec.budget.measure)
@@ -111,7 +113,8 @@ class MLflowTracker:
             warnings.warn(f"MLflow logging of trial {trial.number} failed: {type(exc).__name__}: {exc}", stacklevel=1)
 
     def log_trial(self, trial) -> None:
-        """One child run: params, metrics, SLO/gate tags, failure reason, config + histogram."""
+        """One child run: params, metrics (with their intervals, `<key>_ci_low`/`_ci_high`, and with
+        a price the cost per 1M tokens), SLO/gate tags, failure reason, config + histogram."""
         c = self.client
         tags = {"mlflow.parentRunId": self.parent_run_id, "slotune.trial": str(trial.number),
                 "slotune.state": trial.state.name, "slotune.study": self.spec.name}
