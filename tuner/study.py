@@ -490,7 +490,7 @@ def finalize(spec: TuningSpec, study, tracker=None, prog=None,
     report = write_report(spec, study, best, remeasure, out,
                           sections=[confirmation.section({t.number: t.values[0] for t in trials})])
     if tracker is not None:
-        tracker.log_study_end(best, config, report, out)
+        tracker.log_study_end(best, config, report, out, confirmation=confirmation)
     if prog is not None:
         prog.summary(best, remeasure, summary["references"], out)
     return summary

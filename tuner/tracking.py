@@ -166,10 +166,16 @@ class MLflowTracker:
                 c.log_artifacts(rid, d)
         c.set_terminated(rid, status="FINISHED" if trial.state.name == "COMPLETE" else "FAILED")
 
-    def log_study_end(self, best, config, report_paths: dict[str, Path], out: Path) -> None:
+    def log_study_end(self, best, config, report_paths: dict[str, Path], out: Path, *,
+                      confirmation=None) -> None:
         """Parent run: the winner's metrics and config (best.yaml, best_metrics.json), the report
-        (report.md, report.html: self-contained, so it opens in MLflow's artifact view); then close it."""
+        (report.md, report.html: self-contained, so it opens in MLflow's artifact view), and with a
+        `confirmation` (tuner/confirm.py) whether the winner held on re-measurement and which trial
+        was best on its own; then close it."""
         c, rid = self.client, self.parent_run_id
+        if confirmation is not None:
+            c.set_tag(rid, "slotune.confirmed", str(confirmation.is_confirmed))
+            c.set_tag(rid, "slotune.best_by_trial", str(confirmation.by_trial[0]))
         if best is not None:
             c.set_tag(rid, "slotune.best_trial", str(best.number))
             for k, v in best.user_attrs.get("metrics", {}).items():

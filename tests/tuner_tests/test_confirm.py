@@ -131,4 +131,5 @@ def test_the_cost_objective_picks_the_cheapest_config_that_meets_the_slo(tmp_pat
     assert len(children) == 6 and all("usd_per_1m_output_tokens" in r["metrics"] for r in children)
     assert all("tpot_p95_ci_high" in r["metrics"] for r in children)
     parent = next(r for r in runs if r["tags"].get("slotune.role") == "study")
-    assert parent["params"]["usd_per_hour"] == "2.0"
+    assert parent["params"]["usd_per_hour"] == "2.0" and parent["tags"]["slotune.confirmed"] == "True"
+    assert parent["tags"]["slotune.best_by_trial"] == parent["tags"]["slotune.best_trial"] == str(summary["trial"])
