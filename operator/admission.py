@@ -276,7 +276,7 @@ def _tuning_spec_problem(tuning_spec: dict[str, Any]) -> str | None:
     try:
         TuningSpec.model_validate(tuning_spec)
     except ValidationError as exc:
-        return "; ".join(f"tuning.{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors())
+        return "; ".join(f"tuning{''.join('.' + str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors())
     except ValueError as exc:
         return f"tuning: {exc}"
     return None

@@ -21,8 +21,9 @@ from rich.table import Table
 
 from slotune.engine.config import EngineConfig
 from slotune.tuner.errors import parse_yaml
-from slotune.tuner.metrics import (LATENCY_SERIES, PERCENTILES, BenchResult, MemoryTracker, RequestRecord,
-                                   engine_stats_delta, summarize)
+from slotune.tuner.metrics import (CI_PERCENTILES, LATENCY_SERIES, PERCENTILES, BenchResult, MemoryTracker,
+                                   RequestRecord, bootstrap_intervals, ci_keys, cost_metrics, engine_stats_delta,
+                                   summarize)
 from slotune.tuner.slo import metric_key
 from slotune.tuner.workload import BenchRequest, WorkloadSpec, iter_requests
 
@@ -178,10 +179,18 @@ def _fmt(v: float | None, scale: float = 1.0) -> str:
     return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}" if abs(v) < 10 else f"{v:.1f}"
 
 
-def print_result(res: BenchResult, title: str = "benchmark", percentiles: tuple[float, ...] = PERCENTILES) -> None:
-    """Rich tables: latency percentiles (ms), then throughput, goodput, engine stats and failures.
+def _fmt_ci(m: dict[str, float], key: str, scale: float = 1.0) -> str:
+    """The value, and its 95% interval when measured: '63.9 (61.2-66.0)'."""
+    lo, hi = (m.get(k) for k in ci_keys(key))
+    text = _fmt(m.get(key), scale)
+    return text if lo is None or hi is None else f"{text} ({_fmt(lo, scale)}-{_fmt(hi, scale)})"
 
-    Rows whose metric the run did not produce (engine stats over HTTP) are left out.
+
+def print_result(res: BenchResult, title: str = "benchmark", percentiles: tuple[float, ...] = PERCENTILES) -> None:
+    """Rich tables: latency percentiles (ms), then throughput, goodput, cost (with a price), engine
+    stats and failures; the rates and costs with their 95% intervals when measured.
+
+    Rows whose metric the run did not produce (engine stats over HTTP, cost without a price) are left out.
     """
     m = res.metrics
     flag = ", early-stopped" if res.early_stopped else ""
@@ -197,6 +206,7 @@ def print_result(res: BenchResult, title: str = "benchmark", percentiles: tuple[
     s = Table(show_header=False, box=None)
     rows = [("output tokens/s", "output_tokens_per_s", 1), ("total tokens/s", "total_tokens_per_s", 1),
             ("requests/s", "requests_per_s", 1), ("goodput (req/s)", "goodput_rps", 1),
+            ("$ per 1M output tokens", "usd_per_1m_output_tokens", 1), ("$ per 1M tokens", "usd_per_1m_total_tokens", 1),
             ("SLO attainment", "slo_attainment", 1), ("duration (s)", "duration_s", 1),
             ("peak KV blocks", "peak_kv_blocks", 1), ("KV blocks total", "num_kv_blocks", 1),
             ("prefix-cache hit rate", "prefix_cache_hit_rate", 1),
@@ -207,7 +217,7 @@ def print_result(res: BenchResult, title: str = "benchmark", percentiles: tuple[
             ("client CPU (s)", "client_cpu_s", 1), ("failed", "num_failed", 1)]
     for label, key, scale in rows:
         if key in m:
-            s.add_row(label, _fmt(m[key], scale))
+            s.add_row(label, _fmt_ci(m, key, scale))
     for key in sorted(k for k in m if k.startswith("num_failed_")):  # by HTTP status or cause (tuner/http_bench.py)
         s.add_row(f"  failed: {key.removeprefix('num_failed_')}", _fmt(m[key]))
     console.print(s)
@@ -237,13 +247,18 @@ def load_tokenizer(model: str):
 def bench_command(config: Path | None, workload: Path | str | None, json_out: Path | None, overrides: list[str],
                   seed: int | None, ttft_limit_s: float | None = None, tpot_limit_s: float | None = None, *,
                   url: str | None = None, api_key: str | None = None, model: str | None = None,
-                  api: str | None = None, tokenizer: str | None = None) -> BenchResult:
+                  api: str | None = None, tokenizer: str | None = None,
+                  usd_per_hour: float | None = None) -> BenchResult:
     """`tune bench`: load config (+ overrides) and workload, replay, print tables, write JSON.
 
     With `url`, no engine is built: the workload is replayed against that OpenAI-compatible
     server (tuner/http_bench.py), its prompts made with the tokenizer of `tokenizer` (a model
-    reference), else of CONFIG's model, else of the default model.
+    reference), else of CONFIG's model, else of the default model. The metrics carry their 95%
+    intervals (`metrics.bootstrap_intervals`) and, with `usd_per_hour` (the server's price per
+    hour), the cost per 1M output and total tokens (`metrics.cost_metrics`).
     """
+    if usd_per_hour is not None and not 0 < usd_per_hour < float("inf"):
+        raise ValueError(f"--usd-per-hour: must be a price > 0, got {usd_per_hour}")
     if url is None:
         for flag, value in (("--model", model), ("--api", api), ("--tokenizer", tokenizer)):
             if value is not None:
@@ -273,6 +288,10 @@ def bench_command(config: Path | None, workload: Path | str | None, json_out: Pa
             res = run_http_benchmark(url, wl, tokenizer=tok, api_key=api_key, model=model, api=api or "completions",
                                      seed=seed, ttft_limit_s=ttft_limit_s, tpot_limit_s=tpot_limit_s,
                                      on_progress=progress)
+    res.metrics.update(bootstrap_intervals(res.records, res.metrics["duration_s"], ttft_limit_s=ttft_limit_s,
+                                           tpot_limit_s=tpot_limit_s, percentiles=CI_PERCENTILES))
+    if usd_per_hour is not None:
+        res.metrics.update(cost_metrics(res.metrics, usd_per_hour))
     print_result(res, title=f"tune bench: {wl.name}" + (f" ({total} requests)" if total else "") + where)
     if json_out:
         json_out.parent.mkdir(parents=True, exist_ok=True)

@@ -91,6 +91,9 @@ def bench(
     tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", help="with --url: model whose tokenizer makes the "
                                                                           "prompts ('smollm2-135m', a .gguf, an HF dir); "
                                                                           "default: CONFIG's model")] = None,
+    usd_per_hour: Annotated[Optional[float], typer.Option(
+        "--usd-per-hour", help="price of the measured replica per hour (USD): also report $ per 1M output and "
+                               "total tokens")] = None,
 ) -> None:
     """Replay a workload against the engine (or a server, --url) and report TTFT/TPOT/ITL/e2e, tokens/s, goodput."""
     with _reading(config):
@@ -98,7 +101,7 @@ def bench(
         from slotune.tuner.bench import bench_command  # per command
 
         bench_command(config=config, workload=workload, json_out=json_out, overrides=set_ or [], seed=seed, url=url,
-                      api_key=api_key, model=model, api=api, tokenizer=tokenizer)
+                      api_key=api_key, model=model, api=api, tokenizer=tokenizer, usd_per_hour=usd_per_hour)
 
 
 @app.command()

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from slotune.tuner.errors import format_error
+from slotune.tuner.metrics import cost_metrics
 from slotune.tuner.slo import CONSTRAINT_KEYS, constraint_values, is_feasible
 
 
@@ -256,16 +257,16 @@ def _watch(proc: subprocess.Popen, phase_file: Path, timeout_s: float, memory_gb
     return None, last_phase
 
 
-def trial_request(spec, config, seed: int | None = None, early_stop: bool = True) -> dict[str, Any]:
-    """Everything the child needs, as JSON: config, workload, objective, gates, early stop, and
-    how to measure (`budget.measure`: served over HTTP or in process)."""
+def trial_request(spec, config, seed: int | None = None, early_stop: bool = True, gates: bool = True) -> dict[str, Any]:
+    """Everything the child needs, as JSON: config, workload, objective, gates (none with
+    `gates=False`), early stop, and how to measure (`budget.measure`: served over HTTP or in process)."""
     es = spec.early_stop.model_dump(mode="json")
     es["enabled"] = es["enabled"] and early_stop
     return {
         "config": config.model_dump(mode="json"),
         "workload": spec.workload.model_dump(mode="json"),
         "objective": spec.objective.model_dump(mode="json"),
-        "gates": [g.model_dump(mode="json") for g in spec.quality_gates],
+        "gates": [g.model_dump(mode="json") for g in spec.quality_gates] if gates else [],
         "early_stop": es,
         "seed": seed,
         "cache_dir": str(spec.resolved_output_dir() / "cache"),
@@ -274,22 +275,30 @@ def trial_request(spec, config, seed: int | None = None, early_stop: bool = True
 
 
 def measure(spec, config, seed: int | None = None, on_phase=None, early_stop: bool = True,
-            runner: tuple[str, ...] = DEFAULT_TRIAL_RUNNER) -> dict[str, Any]:
+            runner: tuple[str, ...] = DEFAULT_TRIAL_RUNNER, gates: bool = True) -> dict[str, Any]:
     """Measure `config` on the spec's workload in a child process; raises TrialFailure.
 
     Args:
-        spec: the TuningSpec (workload, objective, gates, budget limits).
+        spec: the TuningSpec (workload, objective, gates, budget limits, price).
         config: the EngineConfig to measure.
-        seed: workload seed override (the winner's robustness re-measurement).
+        seed: workload seed override (the confirmation round's fresh requests).
         on_phase: progress callback, see `run_trial_process`.
         early_stop: allow the cheap early stop (off for reference measurements, which must be
             complete to compare against).
         runner: the trial process's command (see `run_trial_process`).
+        gates: run the quality gates (off for a re-measurement: they do not depend on the workload).
+
+    Returns:
+        The child's result (see `run_trial_process`); with a price (`spec.cost`), its metrics
+        carry the cost per 1M tokens (`metrics.cost_metrics`, intervals included).
     """
     b = spec.budget
-    return run_trial_process(trial_request(spec, config, seed, early_stop), timeout_s=b.trial_timeout_s,
-                             memory_gb=b.trial_memory_gb, on_phase=on_phase, threads=b.trial_threads,
-                             wait_policy=b.trial_omp_wait_policy, runner=runner)
+    result = run_trial_process(trial_request(spec, config, seed, early_stop, gates), timeout_s=b.trial_timeout_s,
+                               memory_gb=b.trial_memory_gb, on_phase=on_phase, threads=b.trial_threads,
+                               wait_policy=b.trial_omp_wait_policy, runner=runner)
+    if spec.cost is not None:  # priced here, after any trial process: the same price for every measurement
+        result["metrics"].update(cost_metrics(result["metrics"], spec.cost.usd_per_hour))
+    return result
 
 
 def trial_constraints(trial) -> list[float]:

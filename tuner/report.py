@@ -22,12 +22,12 @@ from slotune.evals.gate_spec import GateSpec
 from slotune.tuner.references import DEFAULT_TAG, reference_metrics, reference_results
 from slotune.tuner.reasons import gate_words, infeasible_reasons
 from slotune.tuner.report_html import ReportSection, render_html
-from slotune.tuner.slo import SLOLimits, judge, metric_key
+from slotune.tuner.slo import COST_RATES, SLOLimits, judge, metric_key
 from slotune.tuner.units import format_value, interval, metric_label, number, value_with_ci
 from slotune.tuner.workload import describe_replay
 
 MIN_TRIALS_FOR_IMPORTANCE = 4  # fANOVA on fewer complete trials says nothing
-COST_KEYS = ("usd_per_1m_output_tokens", "usd_per_1m_total_tokens")
+COST_KEYS = tuple(COST_RATES)  # usd_per_1m_output_tokens, usd_per_1m_total_tokens
 
 
 def write_atomic(path: Path, data: str | bytes) -> None:
@@ -261,6 +261,10 @@ def _winner(spec, best, remeasure, refs: dict[str, dict | None], default_latenci
     rm = (remeasure or {}).get("metrics") or {}
     seed = (remeasure or {}).get("seed", spec.robustness_seed)
     default = refs.get(DEFAULT_TAG)
+    # Measured together in the confirmation round (tuner/confirm.py), the winner and the default
+    # are compared on those numbers: same seed, same moment; else on their trials.
+    rdefault = (remeasure or {}).get("default") or {}
+    card, card_default = (rm, rdefault) if rm and rdefault else (bm, default)
     gates = _gate_facts(best.user_attrs.get("gates"), spec.quality_gates)
     base = spec.base_config().model_dump(mode="json")
     defaults = {k: _config_value(base, k) for k in best.params}
@@ -271,26 +275,33 @@ def _winner(spec, best, remeasure, refs: dict[str, dict | None], default_latenci
         if r is not None:
             notes.append(f"{_times(r)} improvement over {name} on {metric_label(key)} "
                          f"({format_value(key, m[key])} -> {format_value(key, bm[key])})")
-    noise = _noise_note(key, direction, bm, default)
+    noise = _noise_note(key, direction, card, card_default)
     if noise:
         notes.append(noise)
-    if rm:
+    if rm and card is rm:
+        notes.append(f"Measured again on workload seed {seed} in one round with the default config: "
+                     f"{metric_label(key)} {value_with_ci(rm, key)} (default {value_with_ci(rdefault, key)}); "
+                     f"the comparison above is on these numbers.")
+    elif rm:
         notes.append(f"Re-measured on workload seed {seed}: {metric_label(key)} {value_with_ci(rm, key)}.")
     elif remeasure and "error" in remeasure:
         notes.append(f"The re-measurement on workload seed {seed} failed: {remeasure['error']}")
     for k in COST_KEYS:
-        if bm.get(k) is not None:
-            d = (default or {}).get(k)
-            notes.append(f"{metric_label(k)}: {value_with_ci(bm, k)}"
-                         + (f" (default {value_with_ci(default, k)})" if d is not None else ""))
+        if card.get(k) is not None:
+            d = (card_default or {}).get(k)
+            notes.append(f"{metric_label(k)}: {value_with_ci(card, k)}"
+                         + (f" (default {value_with_ci(card_default, k)})" if d is not None else ""))
 
     keys = dict.fromkeys((key, *(obj.metric_key(m) for m in obj.pareto_with), metric_key("ttft", 50),
                           metric_key("ttft", obj.percentile), metric_key("tpot", 50), metric_key("tpot", obj.percentile),
                           "output_tokens_per_s", "goodput_rps", "slo_attainment", *COST_KEYS, "weight_bytes",
                           "peak_kv_blocks", "peak_memory_mb"))
-    comparison = [["metric", "winner", f"re-measured (seed {seed})", *refs]]
+    columns = {"winner": bm, f"re-measured (seed {seed})": rm, **refs}
+    if rdefault:
+        columns[f"default re-measured (seed {seed})"] = rdefault
+    comparison = [["metric", *columns]]
     for k in keys:
-        row = [value_with_ci(m, k) if m else "–" for m in (bm, rm, *refs.values())]
+        row = [value_with_ci(m, k) if m else "–" for m in columns.values()]
         if any(c != "–" for c in row):
             comparison.append([metric_label(k), *row])
 
@@ -307,7 +318,8 @@ def _winner(spec, best, remeasure, refs: dict[str, dict | None], default_latenci
 
     params = [["parameter", "winner", "default"]] + [[k, str(v), str(defaults.get(k))] for k, v in best.params.items()]
     return WinnerFacts(number=best.number, config_words=config_words(best.params, defaults),
-                       claims=_claims(key, direction, bm, default, limits, gates), notes=notes, comparison=comparison,
+                       claims=_claims(key, direction, card, card_default, limits, gates), notes=notes,
+                       comparison=comparison,
                        attainment=attainment + ".", slo=slo, gates=gates, params=params, metrics=bm, references=refs,
                        default=default, default_latencies=default_latencies)
 
@@ -338,7 +350,8 @@ def gather(spec, study, best, remeasure) -> ReportData:
         spec: the TuningSpec.
         study: the finished Optuna study (trials with their user attributes).
         best: the winning FrozenTrial, or None when no trial was feasible.
-        remeasure: the winner's re-measurement on a fresh workload seed (`metrics` or `error`).
+        remeasure: the winner's re-measurement on a fresh workload seed (`metrics` or `error`; with
+            `default`, the default config's metrics in the same round: the winner card compares those).
     """
     obj = spec.objective
     limits = SLOLimits.from_objective(obj)
@@ -427,7 +440,8 @@ def write_report(spec, study, best, remeasure, out: Path, sections: Sequence[Rep
         spec: the TuningSpec.
         study: the finished Optuna study (trials with their user attributes).
         best: the winning FrozenTrial, or None when no trial was feasible.
-        remeasure: the winner's re-measurement on a fresh workload seed (`metrics` or `error`).
+        remeasure: the winner's re-measurement on a fresh workload seed (`metrics` or `error`; with
+            `default`, the default config's metrics in the same round: the winner card compares those).
         out: output directory.
         sections: extra sections (load curves, ...), after the built-in ones in both files.
 

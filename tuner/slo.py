@@ -22,6 +22,8 @@ from typing import Any, Protocol
 CONSTRAINT_KEYS = ("ttft", "tpot", "throughput", "early_stop", "quality_gates")
 SLO_KEYS = ("ttft", "tpot", "throughput")  # the constraints `judge` decides
 THROUGHPUT_KEY = "output_tokens_per_s"
+# The price metrics (tuner/metrics.py: cost_metrics): $ per 1M tokens -> the throughput they are priced at.
+COST_RATES = {"usd_per_1m_output_tokens": "output_tokens_per_s", "usd_per_1m_total_tokens": "total_tokens_per_s"}
 
 # SLOLimits field -> the spec's Objective field, and -> the CRD's `rollout.slo` field. The CRD
 # has no throughput floor: a canary serves whatever traffic comes, so its tokens/s says nothing.

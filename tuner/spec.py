@@ -33,13 +33,15 @@ from slotune.evals.gate_spec import GateSpec
 from slotune.evals.tasks import data_dir as tasks_data_dir
 from slotune.search_spaces.schema import SearchSpace, builtin_spaces
 from slotune.tuner.errors import Problem, SpecError, load_yaml_mapping, parse_yaml
-from slotune.tuner.slo import metric_key
+from slotune.tuner.slo import COST_RATES, metric_key
 from slotune.tuner.traces import load_trace
 from slotune.tuner.workload import (MAX_SEED, WorkloadSpec, builtin_workloads, describe_replay, read_trace,
                                     resolve_trace_path)
 
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
 THROUGHPUT_METRICS = ("output_tokens_per_s", "goodput_rps", "requests_per_s")
+COST_METRICS = tuple(COST_RATES)  # usd_per_1m_output_tokens, usd_per_1m_total_tokens (need cost.usd_per_hour)
+METRICS_OF_KIND = {"latency": LATENCY_METRICS, "throughput": THROUGHPUT_METRICS, "cost": COST_METRICS}
 
 
 class _Strict(BaseModel):
@@ -47,11 +49,13 @@ class _Strict(BaseModel):
 
 
 class Objective(_Strict):
-    """latency: minimise pXX of `metric` subject to `min_output_tokens_per_s`.
-    throughput: maximise `metric` subject to pXX TTFT/TPOT limits."""
+    """latency: minimise pXX of `metric`; throughput: maximise `metric`; cost: minimise $ per 1M
+    output (or total) tokens at the measured throughput and the spec's `cost.usd_per_hour`. Each
+    kind subject to whichever limits are set (pXX TTFT/TPOT, `min_output_tokens_per_s`) and the gates."""
 
-    kind: Literal["latency", "throughput"]
-    metric: str = Field(description="latency: ttft|tpot|itl|e2e; throughput: output_tokens_per_s|goodput_rps|requests_per_s")
+    kind: Literal["latency", "throughput", "cost"]
+    metric: str = Field(description="latency: ttft|tpot|itl|e2e; throughput: output_tokens_per_s|goodput_rps|"
+                        "requests_per_s; cost: usd_per_1m_output_tokens|usd_per_1m_total_tokens")
     percentile: int = Field(95, ge=50, le=99)
     ttft_limit_s: float | None = Field(None, gt=0)
     tpot_limit_s: float | None = Field(None, gt=0)
@@ -60,13 +64,13 @@ class Objective(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> "Objective":
-        allowed = LATENCY_METRICS if self.kind == "latency" else THROUGHPUT_METRICS
+        allowed = METRICS_OF_KIND[self.kind]
         if self.metric not in allowed:
             raise ValueError(f"metric '{self.metric}' is not a {self.kind} metric; use one of {list(allowed)}")
         if self.metric == "goodput_rps" and self.ttft_limit_s is None and self.tpot_limit_s is None:
             raise ValueError("goodput_rps needs ttft_limit_s and/or tpot_limit_s (what counts as a good request)")
         for i, m in enumerate(self.pareto_with):
-            if m not in LATENCY_METRICS + THROUGHPUT_METRICS:
+            if m not in LATENCY_METRICS + THROUGHPUT_METRICS + COST_METRICS:
                 raise ValueError(f"pareto_with: unknown metric '{m}'")
             if m == self.metric:
                 raise ValueError(f"pareto_with: '{m}' is already the objective's metric")
@@ -79,15 +83,27 @@ class Objective(_Strict):
         return metric_key(m, self.percentile) if m in LATENCY_METRICS else m
 
     def direction(self, metric: str | None = None) -> str:
-        return "minimize" if (metric or self.metric) in LATENCY_METRICS else "maximize"
+        return "minimize" if (metric or self.metric) in LATENCY_METRICS + COST_METRICS else "maximize"
 
     @property
     def metrics(self) -> list[str]:
         return [self.metric, *self.pareto_with]
 
 
+class Cost(_Strict):
+    """The price the cost metrics are computed at (tuner/metrics.py: cost_metrics)."""
+
+    usd_per_hour: float = Field(gt=0, description="price of one replica (one accelerator, or the machine a trial "
+                                "runs on) for an hour, in US dollars")
+
+
 class Budget(_Strict):
     n_trials: int = Field(12, ge=1)
+    confirm_top_k: int = Field(
+        3, ge=0, description="before declaring the winner, re-measure the best k feasible trials on a fresh "
+        "workload seed (robustness_seed) in one round, beside the default config measured first and last, and pick "
+        "the winner on those numbers (SLO judged again); 0 = off: the best trial wins on its own measurement and "
+        "is re-measured once, alone")
     timeout_s: float | None = Field(None, gt=0, description="wall-clock cap for the whole study")
     trial_timeout_s: float = Field(600, gt=0)
     trial_memory_gb: float = Field(8.0, gt=0)
@@ -138,7 +154,10 @@ class TuningSpec(_Strict):
     mlflow_tracking_uri: str | None = Field(None, description="default sqlite:///<output_dir>/mlflow.db")
     output_dir: str | None = Field(None, description="default runs/<name> (in the working directory)")
     early_stop: EarlyStop = EarlyStop()
-    robustness_seed: int = Field(1000, ge=0, le=MAX_SEED, description="workload seed for re-measuring the winner")
+    robustness_seed: int = Field(1000, ge=0, le=MAX_SEED, description="workload seed of the confirmation round "
+                                 "(re-measuring the best trials and the default before the winner is declared)")
+    cost: Cost | None = Field(None, description="price per replica-hour: every trial then reports $ per 1M output "
+                              "and total tokens; needed by a cost objective")
     peak_rps: float | None = Field(None, gt=0, description="requests/s at peak traffic: with `sweep`, the report says "
                                    "how many replicas of each config serve it within the SLO")
     sweep: Sweep = Sweep()
@@ -219,6 +238,12 @@ class TuningSpec(_Strict):
             self.search_space.grid()  # raises for float knobs without a step
         if self.objective.pareto_with and self.sampler not in ("nsga2", "tpe", "random", "gp"):
             raise ValueError(f"sampler '{self.sampler}' cannot run a multi-objective study")
+        priced = [m for m in self.objective.metrics if m in COST_METRICS]
+        if priced and self.cost is None:
+            what = ("objective.kind 'cost'" if self.objective.kind == "cost"
+                    else f"objective.pareto_with '{priced[0]}'")
+            raise ValueError(f"{what} needs cost.usd_per_hour (the price of one replica for an hour), which is not "
+                             "set; add `cost: {usd_per_hour: 2.5}` to the spec")
         return self
 
     # --- resolution ------------------------------------------------------------------------
@@ -289,7 +314,9 @@ def validate_command(spec: Path) -> TuningSpec:
     requests = f"{wl.num_requests} requests" if replay is None else "the trace's requests"
     c.print(f"  workload: {wl.name} ({wl.arrivals}, {requests}); search space: {space.name} "
             f"({len(space.knobs)} knobs); gates: {len(s.quality_gates)}; sampler: {s.sampler}; "
-            f"budget: {s.budget.n_trials} trials, measured {s.budget.measure.replace('_', ' ')}", highlight=False)
+            f"budget: {s.budget.n_trials} trials, measured {s.budget.measure.replace('_', ' ')}, "
+            + (f"the best {s.budget.confirm_top_k} confirmed" if s.budget.confirm_top_k else "no confirmation round")
+            + (f"; price ${s.cost.usd_per_hour:g}/hour" if s.cost else ""), highlight=False)
     if replay is not None:
         c.print(f"  traffic: {replay}", highlight=False)
     text = yaml.safe_dump(resolved_dict(s), sort_keys=False)

@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from slotune.engine.config import EngineConfig
+from slotune.tuner.confirm import candidates, confirm_round, run_round
 from slotune.tuner.objective import (DEFAULT_TRIAL_RUNNER, UNMEASURED_OVER_BUDGET, Objective, TrialFailure,
-                                     best_trial, is_measured, measure, omp_wait_policy, trial_constraints,
+                                     is_measured, measure, omp_wait_policy, trial_constraints,
                                      trials_die_with_this_process)
 from slotune.tuner.progress import Progress
 from slotune.tuner.references import (DEFAULT_TAG, reference_configs, reference_metrics,
@@ -78,6 +79,7 @@ def spec_fingerprint(spec: TuningSpec) -> dict[str, Any]:
     Resolved (a built-in workload by its content), in canonical JSON, without the fields left at
     their defaults (so a slotune that adds a field keeps the fingerprints of existing studies).
     Budget, sampler, seed and early-stop settings are left out: changing them continues a study.
+    The price (`cost`) is a part only when set: the trials' $ numbers are at that price.
 
     Returns:
         {"sha256": hex digest of all parts, "parts": {part: first 16 hex digits of its own}}.
@@ -92,6 +94,8 @@ def spec_fingerprint(spec: TuningSpec) -> dict[str, Any]:
         "engine": spec.base_config().model_dump(mode="json", exclude_defaults=True),
         "measure": spec.budget.measure,
     }
+    if spec.cost is not None:
+        parts["cost"] = spec.cost.model_dump(mode="json")
     canon = {k: json.dumps(v, sort_keys=True, separators=(",", ":")) for k, v in parts.items()}
     whole = json.dumps(canon, sort_keys=True, separators=(",", ":"))
     return {"sha256": hashlib.sha256(whole.encode()).hexdigest(),
@@ -295,7 +299,7 @@ def run_command(spec_path: Path | None, n_trials: int | None = None, storage: st
                 output_dir: Path | None = None, worker: bool = False, progress: bool = True,
                 force_new: bool = False, resume_anyway: bool = False,
                 trial_runner: tuple[str, ...] = DEFAULT_TRIAL_RUNNER) -> dict[str, Any] | None:
-    """`tune run`: run (or resume) the study, then re-measure the winner and write best.yaml + report.
+    """`tune run`: run (or resume) the study, then confirm the best trials and write best.yaml + report.
 
     Args:
         spec_path: tuning spec YAML; None = the built-in quickstart spec.
@@ -362,7 +366,7 @@ def run_command(spec_path: Path | None, n_trials: int | None = None, storage: st
         if worker:
             return None
         wait_for_running_trials(study, spec, prog.say, on_failed)
-        prog.phase(None, "re-measuring the winner on a fresh workload seed")
+        prog.phase(None, "confirming the best trials on a fresh workload seed")
         return finalize(spec, study, tracker, prog, runner=trial_runner)
 
 
@@ -459,12 +463,13 @@ class TrialBudget:
 
 def finalize(spec: TuningSpec, study, tracker=None, prog=None,
              runner: tuple[str, ...] = DEFAULT_TRIAL_RUNNER) -> dict[str, Any] | None:
-    """Re-measure the winner on a fresh workload seed, write best.yaml, best_metrics.json, report."""
+    """Confirm the best trials on a fresh workload seed (tuner/confirm.py), declare the winner on
+    those numbers, write best.yaml, best_metrics.json and the report."""
     out = spec.resolved_output_dir()
     say = prog.say if prog is not None else print
-    best = best_trial(study, spec)
+    trials = candidates(study, spec)
     _measure_references_if_missing(spec, study, runner)
-    if best is None:
+    if not trials:
         for stale in ("best.yaml", "best_metrics.json"):  # never leave an older winner behind
             (out / stale).unlink(missing_ok=True)
         report = write_report(spec, study, None, None, out)
@@ -474,30 +479,28 @@ def finalize(spec: TuningSpec, study, tracker=None, prog=None,
             prog.finish()
         say("no trial met the SLO and the quality gates; see the report for why: " + str(report["md"]))
         return None
+    confirmation = confirm_round(spec, run_round(spec, study, trials, runner=runner, say=say), trials)
+    best = next(t for t in trials if t.number == confirmation.winner)
+    remeasure = confirmation.remeasure()
     config = EngineConfig.model_validate(best.user_attrs["config"])
-    key = f"remeasure_{best.number}"
-    remeasure = study.user_attrs.get(key)
-    if remeasure is None:  # stored, so a resumed finalize does not measure twice
-        try:
-            r = measure(spec, config, seed=spec.robustness_seed, early_stop=False, runner=runner)
-            remeasure = {"seed": spec.robustness_seed, "metrics": r["metrics"], "violations": r["violations"]}
-        except TrialFailure as exc:
-            remeasure = {"seed": spec.robustness_seed, "error": exc.reason}
-        study.set_user_attr(key, remeasure)
     obj = spec.objective
-    header = (f"# slotune best config for study '{spec.name}' (trial {best.number}); "
+    how = ("confirmed" if confirmation.is_confirmed else "unconfirmed") + (
+        f" among the best {len(trials)} re-measured" if confirmation.is_round else "")
+    header = (f"# slotune best config for study '{spec.name}' (trial {best.number}, {how}); "
               f"{obj.metric_key()} = {best.values[0]:.6g}, re-measured on seed {spec.robustness_seed}: "
               f"{_fmt_metric(remeasure, obj.metric_key())}; metrics in best_metrics.json\n")
     write_atomic(out / "best.yaml", header + config.to_yaml())
     summary = {"study": spec.name, "trial": best.number, "objective": obj.metric_key(),
                "direction": obj.direction(), "value": best.values[0], "metrics": best.user_attrs["metrics"],
-               "remeasured": remeasure, "params": best.params, "references": reference_metrics(study),
+               "remeasured": remeasure, "confirmed": confirmation.is_confirmed, "best_by_trial": trials[0].number,
+               "confirm": confirmation.to_json(), "params": best.params, "references": reference_metrics(study),
                "mlflow_run_id": tracker.parent_run_id if tracker is not None else None}
     write_atomic(out / "best_metrics.json", json.dumps(summary, indent=1))
     report = write_report(spec, study, best, remeasure, out,
-                          sections=sweep_after_study(spec, study, best, runner=runner, say=say))
+                          sections=[confirmation.section({t.number: t.values[0] for t in trials}),
+                                    *sweep_after_study(spec, study, best, runner=runner, say=say)])
     if tracker is not None:
-        tracker.log_study_end(best, config, report, out)
+        tracker.log_study_end(best, config, report, out, confirmation=confirmation)
     if prog is not None:
         prog.summary(best, remeasure, summary["references"], out)
     return summary

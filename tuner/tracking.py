@@ -66,6 +66,8 @@ class MLflowTracker:
                 self.client.log_param(parent, "objective", spec.objective.metric_key())
                 self.client.log_param(parent, "sampler", spec.sampler)
                 self.client.log_param(parent, "search_space", spec.search_space.name)
+                if spec.cost is not None:  # the price every trial's usd_per_1m_* metrics are at
+                    self.client.log_param(parent, "usd_per_hour", spec.cost.usd_per_hour)
         self._parent = parent
         self.client.set_tag(parent, "slotune.omp_wait_policy", spec.budget.trial_omp_wait_policy)
         self.client.set_tag(parent, "slotune.measure", spec.budget.measure)
@@ -111,7 +113,8 @@ class MLflowTracker:
             warnings.warn(f"MLflow logging of trial {trial.number} failed: {type(exc).__name__}: {exc}", stacklevel=1)
 
     def log_trial(self, trial) -> None:
-        """One child run: params, metrics, SLO/gate tags, failure reason, config + histogram."""
+        """One child run: params, metrics (with their intervals, `<key>_ci_low`/`_ci_high`, and with
+        a price the cost per 1M tokens), SLO/gate tags, failure reason, config + histogram."""
         c = self.client
         tags = {"mlflow.parentRunId": self.parent_run_id, "slotune.trial": str(trial.number),
                 "slotune.state": trial.state.name, "slotune.study": self.spec.name}
@@ -163,10 +166,16 @@ class MLflowTracker:
                 c.log_artifacts(rid, d)
         c.set_terminated(rid, status="FINISHED" if trial.state.name == "COMPLETE" else "FAILED")
 
-    def log_study_end(self, best, config, report_paths: dict[str, Path], out: Path) -> None:
+    def log_study_end(self, best, config, report_paths: dict[str, Path], out: Path, *,
+                      confirmation=None) -> None:
         """Parent run: the winner's metrics and config (best.yaml, best_metrics.json), the report
-        (report.md, report.html: self-contained, so it opens in MLflow's artifact view); then close it."""
+        (report.md, report.html: self-contained, so it opens in MLflow's artifact view), and with a
+        `confirmation` (tuner/confirm.py) whether the winner held on re-measurement and which trial
+        was best on its own; then close it."""
         c, rid = self.client, self.parent_run_id
+        if confirmation is not None:
+            c.set_tag(rid, "slotune.confirmed", str(confirmation.is_confirmed))
+            c.set_tag(rid, "slotune.best_by_trial", str(confirmation.by_trial[0]))
         if best is not None:
             c.set_tag(rid, "slotune.best_trial", str(best.number))
             for k, v in best.user_attrs.get("metrics", {}).items():

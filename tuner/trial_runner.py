@@ -39,7 +39,7 @@ from slotune.engine.config import EngineConfig
 from slotune.evals.gate_spec import GateSpec
 from slotune.evals.gates import evaluate_gates
 from slotune.tuner.bench import EngineWindow, run_benchmark
-from slotune.tuner.metrics import BenchResult, breaks_slo_so_far
+from slotune.tuner.metrics import CI_PERCENTILES, BenchResult, bootstrap_intervals, breaks_slo_so_far
 from slotune.tuner.slo import certain_violations, is_feasible, slo_violations
 from slotune.tuner.workload import WorkloadSpec
 
@@ -80,7 +80,8 @@ class _InFlightWatchdog:
 
 
 def run_trial(req: dict[str, Any]) -> dict[str, Any]:
-    """Measure one config. Returns metrics, SLO violations, early_stopped, gates, latencies, measure."""
+    """Measure one config. Returns metrics (with their intervals: `bootstrap_intervals`), SLO
+    violations, early_stopped, gates, latencies, measure."""
     phase_file = req.get("phase_file")
 
     def phase(text: str) -> None:
@@ -102,7 +103,11 @@ def run_trial(req: dict[str, Any]) -> dict[str, Any]:
         llm = LLM(cfg)
         load_s = time.perf_counter() - t0
         res = _replay_in_process(llm, req, phase)
-    metrics = {**res.metrics, "load_time_s": load_s}
+    # How sure each number is: intervals over the requests, at the objective's percentile too.
+    intervals = bootstrap_intervals(res.records, res.metrics["duration_s"], ttft_limit_s=objective.get("ttft_limit_s"),
+                                    tpot_limit_s=objective.get("tpot_limit_s"),
+                                    percentiles=(*CI_PERCENTILES, objective["percentile"]))
+    metrics = {**res.metrics, **intervals, "load_time_s": load_s}
     violations = slo_violations(metrics, objective)
     violations["early_stop"] = 1.0 if res.early_stopped else 0.0
     gates = None

@@ -5,12 +5,14 @@ shared and persistent study storage, schedules that never fire; a refused spec b
 from __future__ import annotations
 
 from pathlib import Path
+from typing import get_args
 
 import pytest
 import yaml
 
 from slotune.operator import admission, api, children, tuning
 from slotune.operator.admission import Admission
+from slotune.tuner.spec import Objective
 
 from .resources import TUNING_SPEC
 
@@ -134,6 +136,21 @@ def test_tuning_refusals(spec, reason):
 ])
 def test_tuning_admitted(spec):
     assert admission.check_tuning(tuning_spec(**spec), "ns", Admission()) is None
+
+
+def test_a_cost_objective_is_admitted_with_a_price_and_refused_without_naming_the_field():
+    """The operator validates the tuning spec as `tune run` does; the CRD lists the cost kind."""
+    cost = {"kind": "cost", "metric": "usd_per_1m_output_tokens", "ttft_limit_s": 2.0}
+    rejection = admission.check_tuning(tuning_spec(tuning=dict(TUNING_SPEC, objective=cost)), "ns", Admission())
+    assert rejection is not None and rejection.reason == "InvalidSpec"
+    assert "objective.kind 'cost'" in rejection.message and "cost.usd_per_hour" in rejection.message
+    priced = dict(TUNING_SPEC, objective=cost, cost={"usd_per_hour": 2.5})
+    assert admission.check_tuning(tuning_spec(tuning=priced), "ns", Admission()) is None
+    crd = _docs(MANIFESTS / "crds" / "slotunings.yaml")[0]
+    tuning_schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["tuning"]
+    kinds = set(get_args(Objective.model_fields["kind"].annotation))
+    assert set(tuning_schema["properties"]["objective"]["properties"]["kind"]["enum"]) == kinds == {
+        "latency", "throughput", "cost"}
 
 
 def test_ephemeral_storage_is_a_warning_without_a_schedule():

@@ -6,7 +6,12 @@ explicitly (`tune run --trial-runner tests/tuner_tests/fake_trial_runner.py`, or
 
 Its behaviour is set by the test through the environment of the process it runs in:
 - FAKE_TRIAL_SLEEP=seconds: how long the stand-in measurement takes (default 0);
-- FAKE_TRIAL_FAULT=crash|hang|oom|raise: a crashing, hanging, memory-hungry or unimplemented trial.
+- FAKE_TRIAL_FAULT=crash|hang|oom|raise: a crashing, hanging, memory-hungry or unimplemented trial;
+- FAKE_TRIAL_LUCKY=knob=value[,knob=value...]: configs with these values were lucky in the study:
+  measured on the study's workload seed, their latencies are halved and their throughput doubled;
+  on another seed (the confirmation round) they measure as their config says, like every other.
+
+Its metrics carry intervals (`<key>_ci_low`/`_ci_high`, +-3%) for the latency percentiles and rates.
 """
 
 from __future__ import annotations
@@ -24,14 +29,32 @@ from slotune.tuner.slo import slo_violations
 FAKE_RUNNER = (sys.executable, str(Path(__file__).resolve()))
 
 
-def fake_metrics(cfg: EngineConfig) -> dict[str, float]:
+LATENCY_KEYS = ("ttft_p50", "ttft_p95", "tpot_p50", "tpot_p95")
+RATE_KEYS = ("output_tokens_per_s", "total_tokens_per_s", "goodput_rps", "requests_per_s")
+
+
+def fake_metrics(cfg: EngineConfig, is_lucky: bool = False) -> dict[str, float]:
     seqs = cfg.max_num_seqs
     q = {"none": 1.0, "int8": 0.7, "int4": 0.55}.get(cfg.quantization, 1.0)
     tpot = 0.02 * q * (1 + 0.05 * seqs)
     tput = seqs / tpot
-    return {"ttft_p50": 0.05 * q, "ttft_p95": 0.08 * q * (1 + 0.02 * seqs), "tpot_p50": tpot, "tpot_p95": tpot * 1.1,
-            "output_tokens_per_s": tput, "goodput_rps": tput / 32, "requests_per_s": tput / 32,
-            "slo_attainment": 1.0, "num_completed": 8.0, "num_requests": 8.0}
+    m = {"ttft_p50": 0.05 * q, "ttft_p95": 0.08 * q * (1 + 0.02 * seqs), "tpot_p50": tpot, "tpot_p95": tpot * 1.1,
+         "output_tokens_per_s": tput, "total_tokens_per_s": tput * 4, "goodput_rps": tput / 32,
+         "requests_per_s": tput / 32, "slo_attainment": 1.0, "num_completed": 8.0, "num_requests": 8.0}
+    for k in LATENCY_KEYS + RATE_KEYS:
+        if is_lucky:
+            m[k] *= 0.5 if k in LATENCY_KEYS else 2.0
+        m[f"{k}_ci_low"], m[f"{k}_ci_high"] = m[k] * 0.97, m[k] * 1.03
+    return m
+
+
+def is_lucky(cfg: EngineConfig, seed: int | None) -> bool:
+    """FAKE_TRIAL_LUCKY names the config, and this is the study's own workload seed (None)."""
+    spec = os.environ.get("FAKE_TRIAL_LUCKY", "")
+    if not spec or seed is not None:
+        return False
+    values = cfg.model_dump(mode="json")
+    return all(str(values.get(k)) == v for k, _, v in (item.partition("=") for item in spec.split(",")))
 
 
 def _fault() -> None:
@@ -52,7 +75,7 @@ def fake_trial(req: dict[str, Any]) -> dict[str, Any]:
         Path(req["phase_file"]).write_text("fake measurement")
     _fault()
     time.sleep(float(os.environ.get("FAKE_TRIAL_SLEEP", "0")))
-    metrics = fake_metrics(cfg)
+    metrics = fake_metrics(cfg, is_lucky(cfg, req.get("seed")))
     return {"metrics": metrics, "violations": slo_violations(metrics, req["objective"]), "early_stopped": False,
             "gates": None, "measure": req.get("measure", "served")}
 

@@ -87,12 +87,17 @@ def test_cli_bench_example_workload_with_overrides_writes_json(tmp_path):
     (tmp_path / "c.yaml").write_text("max_num_seqs: 2\nnum_kv_blocks: 64\n")
     out = tmp_path / "r.json"
     r = CliRunner().invoke(app, ["bench", str(tmp_path / "c.yaml"), "--workload", str(ROOT / "examples/workloads/tiny.yaml"),
-                                 "--json", str(out), "--set", "scheduling=static"])
+                                 "--json", str(out), "--set", "scheduling=static", "--usd-per-hour", "2.5"])
     assert r.exit_code == 0, r.output
-    assert "ttft" in r.output and "output tokens/s" in r.output
+    assert "ttft" in r.output and "output tokens/s" in r.output and "$ per 1M output tokens" in r.output
     d = json.loads(out.read_text())
     assert d["config"]["scheduling"] == "static" and d["config"]["max_num_seqs"] == 2
-    assert d["workload"]["name"] == "tiny" and d["metrics"]["num_completed"] == 4
+    m = d["metrics"]
+    assert d["workload"]["name"] == "tiny" and m["num_completed"] == 4
+    # priced at the measured throughput, and every latency percentile judged comes with its interval
+    assert m["usd_per_1m_output_tokens"] == pytest.approx(2.5 / 3600 / m["output_tokens_per_s"] * 1e6)
+    assert m["usd_per_1m_total_tokens"] == pytest.approx(2.5 / 3600 / m["total_tokens_per_s"] * 1e6)
+    assert m["ttft_p95_ci_low"] <= m["ttft_p95"] <= m["ttft_p95_ci_high"]
 
 
 def test_cli_bench_bad_override_is_a_clean_error(tmp_path):
@@ -100,3 +105,5 @@ def test_cli_bench_bad_override_is_a_clean_error(tmp_path):
     assert r.exit_code == 2 and "max_num_seqs" in r.output
     r = CliRunner().invoke(app, ["bench", "--workload", str(tmp_path / "nope.yaml")])
     assert r.exit_code == 2 and "nope.yaml" in r.output
+    r = CliRunner().invoke(app, ["bench", "--usd-per-hour", "0"])
+    assert r.exit_code == 2 and "--usd-per-hour" in r.output and "> 0" in r.output

@@ -2,9 +2,12 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
-from slotune.tuner.metrics import MemoryTracker, RequestRecord, engine_stats_delta, summarize
+from slotune.tuner import metrics
+from slotune.tuner.metrics import (MemoryTracker, RequestRecord, bootstrap_intervals, cost_metrics, engine_stats_delta,
+                                   summarize)
 from slotune.tuner.slo import SLOLimits, meets_slo, metric_key
 
 
@@ -103,3 +106,77 @@ def test_memory_tracker_on_cpu():
 def test_metrics_module_does_not_import_torch():
     code = "import sys, slotune.tuner.metrics, slotune.tuner.workload; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# --- uncertainty intervals and cost ---------------------------------------------------------------
+
+CI_KEYS = ("ttft_p50", "ttft_p95", "tpot_p50", "tpot_p95", "itl_p50", "itl_p95", "e2e_p95", "output_tokens_per_s",
+           "total_tokens_per_s", "requests_per_s", "goodput_rps")
+
+
+def _population(n, seed=7):
+    """n requests from one skewed distribution: varied lengths and latencies, one in ten rejected."""
+    rng = np.random.default_rng(seed)
+    recs = []
+    for i in range(n):
+        if i % 10 == 9:
+            recs.append(RequestRecord.rejected(f"r{i}", 20))
+            continue
+        out = int(rng.integers(2, 40))
+        itls = list(rng.lognormal(np.log(0.02), 0.5, out - 1))
+        ttft = float(rng.lognormal(np.log(0.2), 0.6))
+        recs.append(RequestRecord(f"r{i}", int(rng.integers(10, 200)), out, ttft, float(np.mean(itls)),
+                                  ttft + float(np.sum(itls)), 0.0, itls, "stop"))
+    return recs
+
+
+def test_bootstrap_intervals_bracket_the_estimate_and_narrow_with_more_requests():
+    widths = {}
+    for n in (40, 400):
+        recs = _population(n)
+        duration = n / 8  # the same offered load: 8 requests/s
+        point = summarize(recs, duration, ttft_limit_s=0.25)
+        ci = bootstrap_intervals(recs, duration, ttft_limit_s=0.25)
+        assert ci == bootstrap_intervals(recs, duration, ttft_limit_s=0.25)  # a fixed seed: reproducible
+        for key in CI_KEYS:
+            lo, hi = ci[f"{key}_ci_low"], ci[f"{key}_ci_high"]
+            assert lo <= point[key] <= hi and lo < hi, (n, key, lo, point[key], hi)
+        widths[n] = {key: ci[f"{key}_ci_high"] - ci[f"{key}_ci_low"] for key in CI_KEYS}
+    for key in CI_KEYS:  # ten times the requests: about a third of the width (1/sqrt(10))
+        assert widths[400][key] < 0.7 * widths[40][key], (key, widths[40][key], widths[400][key])
+
+
+def test_intervals_only_where_resampling_can_see_a_spread():
+    same = [_r(i, ttft=0.1 * (i + 1), tpot=0.01) for i in range(10)]  # equal lengths, all completed
+    ci = bootstrap_intervals(same, 2.0, percentiles=(95,))
+    assert "ttft_p95_ci_low" in ci and "ttft_p50_ci_low" not in ci
+    assert "output_tokens_per_s_ci_low" not in ci and "tpot_p95_ci_low" not in ci  # every resample equal
+    assert bootstrap_intervals(same[:1], 1.0) == {}  # one request says nothing about the spread
+
+
+def test_pooled_itl_percentile_is_the_weighted_percentile_of_each_resample():
+    """ITL resamples whole requests; per resample the pooled pXX (inverted CDF) of their gaps,
+    checked against pooling each resample's gaps explicitly."""
+    rng = np.random.default_rng(3)
+    groups = [list(rng.lognormal(-4, 0.4 + 0.1 * (i % 5), int(rng.integers(1, 60)))) for i in range(30)]
+    got = metrics._pooled_percentiles(groups, [50, 95, 99], 50, np.random.default_rng(11))
+    counts = metrics._draw_counts(len(groups), 50, np.random.default_rng(11))
+    for b in range(50):
+        pooled = np.concatenate([np.repeat(g, int(c)) for g, c in zip(groups, counts[b]) if c])
+        want = np.percentile(pooled, [50, 95, 99], method="inverted_cdf")
+        assert np.allclose(got[:, b], want), b
+
+
+def test_cost_is_the_price_of_the_measured_throughput():
+    m = {"output_tokens_per_s": 100.0, "total_tokens_per_s": 400.0,
+         "output_tokens_per_s_ci_low": 80.0, "output_tokens_per_s_ci_high": 125.0}
+    c = cost_metrics(m, usd_per_hour=3.6)
+    assert c["usd_per_1m_output_tokens"] == pytest.approx(10.0)  # $0.001/s for 100 tok/s: $10 per 1M
+    assert c["usd_per_1m_total_tokens"] == pytest.approx(2.5)
+    # the interval is the price of the throughput's ends: the high throughput is the low cost
+    assert c["usd_per_1m_output_tokens_ci_low"] == pytest.approx(8.0)
+    assert c["usd_per_1m_output_tokens_ci_high"] == pytest.approx(12.5)
+    assert "usd_per_1m_total_tokens_ci_low" not in c
+    assert cost_metrics({"output_tokens_per_s": 0.0}, 1.0) == {}  # nothing produced: no price per token
+    with pytest.raises(ValueError, match="usd_per_hour"):
+        cost_metrics(m, 0.0)

@@ -97,6 +97,44 @@ def test_study_fingerprints_survive_the_typed_spec():
         assert spec_fingerprint(TuningSpec.from_yaml(path))["sha256"] == sha, path
 
 
+COST = {"name": "x", "objective": {"kind": "cost", "metric": "usd_per_1m_output_tokens", "tpot_limit_s": 0.1}}
+
+
+def test_a_cost_objective_needs_a_price_and_names_both_fields():
+    with pytest.raises(ValidationError) as exc:
+        TuningSpec.model_validate(COST)
+    msg = format_error(exc.value)
+    assert "objective.kind 'cost'" in msg and "cost.usd_per_hour" in msg, msg
+    spec = TuningSpec.model_validate({**COST, "cost": {"usd_per_hour": 2.5}})
+    obj = spec.objective
+    assert (obj.direction(), obj.metric_key()) == ("minimize", "usd_per_1m_output_tokens")
+    assert spec.cost.usd_per_hour == 2.5
+    # a cost metric beside another objective needs the price too; the price must be a price
+    with pytest.raises(ValidationError, match="pareto_with 'usd_per_1m_total_tokens' needs cost.usd_per_hour"):
+        TuningSpec.model_validate({"name": "x", "objective": {"kind": "latency", "metric": "tpot",
+                                                              "pareto_with": ["usd_per_1m_total_tokens"]}})
+    for bad in (0, -1.0, "free"):
+        with pytest.raises(ValidationError) as exc:
+            TuningSpec.model_validate({**COST, "cost": {"usd_per_hour": bad}})
+        assert "cost.usd_per_hour" in format_error(exc.value)
+    with pytest.raises(ValidationError, match="not a cost metric"):
+        TuningSpec.model_validate({**COST, "objective": {"kind": "cost", "metric": "tpot"}, "cost": {"usd_per_hour": 1}})
+
+
+def test_new_fields_at_their_defaults_keep_the_fingerprint():
+    """budget.confirm_top_k is not part of what a trial's numbers mean; a price is, once set."""
+    from slotune.tuner.study import spec_fingerprint
+
+    base = {"name": "x", "objective": {"kind": "throughput", "metric": "output_tokens_per_s"}}
+    plain = spec_fingerprint(TuningSpec.model_validate(base))
+    assert spec_fingerprint(TuningSpec.model_validate({**base, "budget": {"confirm_top_k": 0}})) == plain
+    priced = spec_fingerprint(TuningSpec.model_validate({**base, "cost": {"usd_per_hour": 2.0}}))
+    assert priced["sha256"] != plain["sha256"] and "cost" in priced["parts"] and "cost" not in plain["parts"]
+    with pytest.raises(ValidationError) as exc:
+        TuningSpec.model_validate({**base, "budget": {"confirm_top_k": -1}})
+    assert "budget.confirm_top_k" in format_error(exc.value)
+
+
 def _write(path, text):
     path.write_text(text)
     return path

@@ -222,13 +222,14 @@ def test_a_failed_write_leaves_the_previous_outputs_whole(tmp_path, fake_trials,
     names = ("best.yaml", "best_metrics.json", "report.md", "report.html")
     before = {n: (out / n).read_bytes() for n in names}
     call = ("finalize(spec, study)" if writer == "finalize" else
-            "best = best_trial(study, spec); "
-            "write_report(spec, study, best, study.user_attrs[f'remeasure_{best.number}'], spec.resolved_output_dir())")
+            "trials = candidates(study, spec); c = confirm_round(spec, study.user_attrs['confirm'], trials); "
+            "best = next(t for t in trials if t.number == c.winner); "
+            "write_report(spec, study, best, c.remeasure(), spec.resolved_output_dir())")
     script = (
         "import resource, signal\n"
         "from slotune.tuner.report import write_report\n"
         "from slotune.tuner.spec import TuningSpec\n"
-        "from slotune.tuner.objective import best_trial\nfrom slotune.tuner.study import finalize, open_study\n"
+        "from slotune.tuner.confirm import candidates, confirm_round\nfrom slotune.tuner.study import finalize, open_study\n"
         f"spec = TuningSpec.from_yaml({str(spec)!r})\n"
         "study, _ = open_study(spec)\n"
         "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of death\n"

@@ -1,0 +1,237 @@
+"""The confirmation round: the best trials measured again, together, before a winner is declared.
+
+A trial's numbers come from one run on one workload seed, on a machine whose speed drifts (other
+processes, caches, clocks), so the best of many noisy trials is partly the luckiest. `finalize`
+(tuner/study.py) therefore re-measures the best `budget.confirm_top_k` feasible trials on a fresh
+workload seed (`robustness_seed`) in one round with the default config, and the winner is the best
+of them on those numbers, its SLO judged again (`slo.judge`; the quality gates do not depend on the
+workload and are not run again).
+
+Order: default, c1, c2, ..., ck, default (c1 the best by its own trial). Interleaved in one round,
+one right after the other, so whatever drift there is reaches every candidate alike instead of
+favouring the one measured in a quiet moment of the study, and candidates the winner is picked
+between are neighbours in time. The default measured first and last brackets the round: the
+difference between its two measurements is the drift over the round, and the winner is compared
+with both together (mean value, an interval spanning both: `Confirmation.default_metrics`).
+Alternating the default between every candidate would time drift more finely but costs k - 1
+more measurements for a comparison the round already makes between adjacent candidates.
+
+`confirm_top_k: 0` turns the round off: the best trial wins on its own measurement and is
+re-measured once, alone, for the report (the study's behaviour before this round existed).
+
+The round is stored in the study (user attribute `confirm`) once complete, so a resumed finalize
+reuses it unless the candidates or the seed changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from slotune.engine.config import EngineConfig
+from slotune.tuner.objective import DEFAULT_TRIAL_RUNNER, TrialFailure, measure
+from slotune.tuner.references import DEFAULT_TAG
+from slotune.tuner.report_html import ReportSection
+from slotune.tuner.slo import SLOLimits, judge
+from slotune.tuner.units import format_value, metric_label, value_with_ci
+
+CONFIRM_ATTR = "confirm"
+
+
+def candidates(study, spec) -> list:
+    """The feasible complete trials the round re-measures, best first by the first objective:
+    `budget.confirm_top_k` of them (1 with the round off), one per distinct config."""
+    from optuna.trial import TrialState  # optuna: the [tune] extra, imported where a study exists
+
+    sign = 1 if spec.objective.direction() == "minimize" else -1
+    done = sorted((t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                   if t.user_attrs.get("feasible")), key=lambda t: (sign * t.values[0], t.number))
+    picked, seen = [], []
+    for t in done:
+        config = t.user_attrs.get("config")
+        if config in seen:  # a sampler that proposed the same config twice: measured once
+            continue
+        seen.append(config)
+        picked.append(t)
+        if len(picked) == max(spec.budget.confirm_top_k, 1):
+            break
+    return picked
+
+
+def plan(spec, trials: list) -> list[int | None]:
+    """The round's order: trial numbers, None for the default config (see the module docstring)."""
+    numbers = [t.number for t in trials]
+    return [None, *numbers, None] if spec.budget.confirm_top_k else numbers
+
+
+def run_round(spec, study, trials: list, *, runner: tuple[str, ...] = DEFAULT_TRIAL_RUNNER,
+              say: Callable[[str], None] = print) -> dict[str, Any]:
+    """Measure the round (or reuse the stored one for the same order and seed); store it in the study.
+
+    Args:
+        spec: the TuningSpec.
+        study: the study (its `confirm` user attribute holds the round).
+        trials: the candidates, best first (`candidates`).
+        runner: the trial process's command (see `objective.run_trial_process`).
+        say: where each measurement's line goes.
+
+    Returns:
+        The stored record: {"seed", "order", "measurements": [{"trial", "metrics"} or {"trial", "error"}]}.
+    """
+    order = plan(spec, trials)
+    stored = study.user_attrs.get(CONFIRM_ATTR)
+    if stored and stored.get("seed") == spec.robustness_seed and stored.get("order") == order:
+        return stored
+    configs = {t.number: EngineConfig.model_validate(t.user_attrs["config"]) for t in trials}
+    key = spec.objective.metric_key()
+    measurements = []
+    for i, number in enumerate(order):
+        label = DEFAULT_TAG if number is None else f"trial {number}"
+        try:
+            r = measure(spec, spec.base_config() if number is None else configs[number], seed=spec.robustness_seed,
+                        early_stop=False, runner=runner, gates=False)
+            measurements.append({"trial": number, "metrics": r["metrics"]})
+            say(f"confirm {i + 1}/{len(order)}: {label} on workload seed {spec.robustness_seed}: "
+                f"{key} = {format_value(key, r['metrics'].get(key))}")
+        except TrialFailure as exc:
+            measurements.append({"trial": number, "error": exc.reason})
+            say(f"confirm {i + 1}/{len(order)}: {label} failed: {exc.reason}")
+    record = {"seed": spec.robustness_seed, "order": order, "measurements": measurements}
+    study.set_user_attr(CONFIRM_ATTR, record)
+    return record
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One measurement of the round, judged."""
+
+    position: int  # 1-based, in the order measured
+    trial: int | None  # None: the default config
+    metrics: dict[str, Any] | None
+    error: str | None
+    reasons: list[str]  # why it misses the SLO on this measurement ([] when it holds)
+
+    @property
+    def label(self) -> str:
+        return DEFAULT_TAG if self.trial is None else f"trial {self.trial}"
+
+    @property
+    def feasible(self) -> bool:
+        return self.metrics is not None and not self.reasons
+
+
+@dataclass(frozen=True)
+class Confirmation:
+    """The round, judged: who won on the re-measured numbers, and what the report and
+    best_metrics.json say about it (`confirm_round` builds it)."""
+
+    seed: int
+    key: str  # the metric the winner is picked on
+    direction: str
+    measured: list[Measured]
+    by_trial: list[int]  # the candidates, best first by their own trials
+    winner: int  # the declared winner's trial number
+    is_confirmed: bool  # the winner held the SLO on re-measurement
+    is_round: bool  # False: confirm_top_k 0 (the best trial re-measured alone)
+
+    def of(self, trial: int | None) -> list[Measured]:
+        return [m for m in self.measured if m.trial == trial]
+
+    @property
+    def default_metrics(self) -> dict[str, Any] | None:
+        """The default config as the round measured it: the mean of its measurements, and an
+        interval spanning both of theirs (drift over the round counts as noise)."""
+        got = [m.metrics for m in self.of(None) if m.metrics]
+        if not got:
+            return None
+        out: dict[str, Any] = {}
+        for k in set().union(*got):
+            vals = [m[k] for m in got if isinstance(m.get(k), (int, float)) and not isinstance(m.get(k), bool)]
+            if len(vals) != len(got):
+                continue
+            out[k] = min(vals) if k.endswith("_ci_low") else max(vals) if k.endswith("_ci_high") else sum(vals) / len(vals)
+        return out
+
+    def remeasure(self) -> dict[str, Any]:
+        """The winner's re-measurement for the report and best.yaml: {seed, metrics or error,
+        default: the default's metrics in the same round (None when not measured)}."""
+        mine = self.of(self.winner)[0]
+        out: dict[str, Any] = {"seed": self.seed, "default": self.default_metrics}
+        out.update({"metrics": mine.metrics} if mine.metrics is not None else {"error": mine.error})
+        return out
+
+    def to_json(self) -> list[dict[str, Any]]:
+        """best_metrics.json's `confirm` list: each measurement in order, judged."""
+        return [{"position": m.position, "trial": m.trial, "tag": DEFAULT_TAG if m.trial is None else None,
+                 "seed": self.seed, "value": (m.metrics or {}).get(self.key), "feasible": m.feasible,
+                 "reasons": m.reasons, "winner": m.trial == self.winner and m.trial is not None,
+                 **({"metrics": m.metrics} if m.metrics is not None else {"error": m.error})}
+                for m in self.measured]
+
+    def drift(self) -> str | None:
+        """The default's two measurements in words, when both exist: how much the round drifted."""
+        ends = [m.metrics.get(self.key) for m in self.of(None) if m.metrics]
+        if len(ends) != 2 or not all(isinstance(v, (int, float)) for v in ends) or not ends[0]:
+            return None
+        return (f"the default measured {format_value(self.key, ends[0])} first and {format_value(self.key, ends[1])} "
+                f"last ({ends[1] / ends[0] - 1:+.0%} over the round)")
+
+    def section(self, trial_values: dict[int, float]) -> ReportSection:
+        """The report's section: every measurement of the round with its interval, the winner marked."""
+        label = metric_label(self.key)
+        rank = {n: i for i, n in enumerate(self.by_trial)}
+        if self.is_round:
+            text = (f"The best {len(self.by_trial)} feasible trial{'s' if len(self.by_trial) > 1 else ''} were "
+                    f"measured again on workload seed {self.seed}, one after the other, between two measurements "
+                    f"of the default config, and the winner picked on these numbers (the SLO judged again).")
+            drift = self.drift()
+            if drift:
+                text += f" Drift: {drift}."
+        else:
+            text = (f"No confirmation round (budget.confirm_top_k: 0): the best trial won on its own measurement "
+                    f"and was measured once more, alone, on workload seed {self.seed}.")
+        if not self.is_confirmed:
+            text += (f"\n{'No candidate' if self.is_round else 'The winner'} met the SLO when measured again: the "
+                     f"winner is trial {self.winner}, the best on its own measurement, unconfirmed.")
+        elif self.is_round and self.winner != self.by_trial[0]:
+            text += (f"\nThe winner, trial {self.winner}, ranked {_ordinal(rank[self.winner] + 1)} on its own trial; "
+                     f"trial {self.by_trial[0]}, first there, did worse when measured again.")
+        rows = [["#", "measured", f"own trial {label}", f"re-measured {label}", "meets the SLO", "winner"]]
+        for m in self.measured:
+            own = "–" if m.trial is None else format_value(self.key, trial_values.get(m.trial))
+            again = value_with_ci(m.metrics, self.key) if m.metrics is not None else f"failed: {m.error}"
+            ok = "–" if m.metrics is None else ("yes" if m.feasible else "no: " + "; ".join(m.reasons))
+            rows.append([str(m.position), m.label, own, again, ok, "yes" if m.trial == self.winner else ""])
+        return ReportSection("Confirmation round", text, table=rows, anchor="confirmation")
+
+
+def confirm_round(spec, record: dict[str, Any], trials: list) -> Confirmation:
+    """Judge a round (`run_round`'s record) and pick the winner.
+
+    The winner is the candidate whose re-measurement met the SLO (`slo.judge`) with the best value
+    of the first objective; the best by its own trial when none did (then `is_confirmed` is False).
+    """
+    obj = spec.objective
+    key, direction = obj.metric_key(), obj.direction()
+    limits = SLOLimits.from_objective(obj)
+    measured = []
+    for i, m in enumerate(record["measurements"]):
+        metrics = m.get("metrics")
+        reasons = []
+        if metrics is not None:
+            reasons = judge(metrics, limits).reasons
+            if metrics.get(key) is None:
+                reasons.append(f"{metric_label(key)} not measured")
+        measured.append(Measured(i + 1, m.get("trial"), metrics, m.get("error"), reasons))
+    by_trial = [t.number for t in trials]
+    sign = 1 if direction == "minimize" else -1
+    held = [m for m in measured if m.trial is not None and m.feasible]
+    best = min(held, key=lambda m: (sign * m.metrics[key], by_trial.index(m.trial))) if held else None
+    return Confirmation(seed=record["seed"], key=key, direction=direction, measured=measured, by_trial=by_trial,
+                        winner=best.trial if best is not None else by_trial[0], is_confirmed=best is not None,
+                        is_round=bool(spec.budget.confirm_top_k))
+
+
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
