@@ -204,8 +204,9 @@ def _ratio(winner: float, ref: float, direction: str) -> float | None:
 
 
 def _times(r: float) -> str:
-    """1.9x, 2.45x -> '2.5x': two significant digits, as a reader compares them."""
-    return f"{number(r, 2)}x"
+    """1.9x, 2.45x -> '2.5x': two significant digits, as a reader compares them; three below 1.1x,
+    where two would print a small win or loss (1.04x, 0.97x) as '1x'."""
+    return f"{number(r, 3 if 0.9 < r < 1.1 else 2)}x"
 
 
 def _claims(key: str, direction: str, bm: dict, default: dict | None, limits: SLOLimits,

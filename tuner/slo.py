@@ -97,12 +97,17 @@ class SLOLimits:
         return SLOLimits(self.percentile, self.ttft_s, self.tpot_s)
 
     def describe(self) -> str:
-        """'p95 TTFT <= 2 s, p95 TPOT <= 0.1 s, output tokens/s >= 50', or 'none'."""
+        """'p95 TTFT <= 2 s, p95 TPOT <= 100 ms, output tokens/s >= 50', or 'none'."""
         pl = percentile_label(self.percentile)
-        parts = [f"{pl} TTFT <= {self.ttft_s:g} s" if self.ttft_s else "",
-                 f"{pl} TPOT <= {self.tpot_s:g} s" if self.tpot_s else "",
+        parts = [f"{pl} TTFT <= {seconds(self.ttft_s)}" if self.ttft_s else "",
+                 f"{pl} TPOT <= {seconds(self.tpot_s)}" if self.tpot_s else "",
                  f"output tokens/s >= {self.min_output_tokens_per_s:g}" if self.min_output_tokens_per_s else ""]
         return ", ".join(x for x in parts if x) or "none"
+
+
+def seconds(v: float) -> str:
+    """A latency in words: '86.4 ms' below a second, '2.31 s' from one."""
+    return f"{v * 1e3:.3g} ms" if abs(v) < 1 else f"{v:.3g} s"
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,14 +134,16 @@ class Check:
 
     @property
     def text(self) -> str:
-        """In words: 'p95 TTFT 2.31 s > limit 2 s (+15%)', 'output tokens/s 25 < minimum 50 (-50%)'."""
+        """In words: 'p95 TTFT 2.31 s > limit 2 s (+15%)', 'p95 TPOT 86.4 ms > limit 80 ms (+8%)',
+        'output tokens/s 25 < minimum 50 (-50%)'."""
         if self.value is None:
-            return f"{self.label} not measured (limit {self.limit:g}{'' if self.name == 'throughput' else ' s'})"
+            limit = f"{self.limit:g}" if self.name == "throughput" else seconds(self.limit)
+            return f"{self.label} not measured (limit {limit})"
         if self.name == "throughput":
             op = "<" if self.value < self.limit else ">="
             return f"{self.label} {self.value:.3g} {op} minimum {self.limit:g} ({self.value / self.limit - 1:+.0%})"
         op = ">" if self.value > self.limit else "<="
-        return f"{self.label} {self.value:.3g} s {op} limit {self.limit:g} s ({self.value / self.limit - 1:+.0%})"
+        return f"{self.label} {seconds(self.value)} {op} limit {seconds(self.limit)} ({self.value / self.limit - 1:+.0%})"
 
 
 @dataclass(frozen=True, slots=True)

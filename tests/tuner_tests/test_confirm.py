@@ -95,7 +95,7 @@ def test_the_slo_is_judged_again_on_the_re_measured_numbers(tmp_path):
         {"trial": 9, "error": "timeout"}, {"trial": None, **m(0.1, 0.3)}]}
     c = confirm_round(spec, record, trials)
     assert (c.winner, c.is_confirmed) == (3, True)
-    assert c.measured[1].reasons == ["p95 TTFT 0.8 s > limit 0.5 s (+60%)"] and not c.measured[3].feasible
+    assert c.measured[1].reasons == ["p95 TTFT 800 ms > limit 500 ms (+60%)"] and not c.measured[3].feasible
     assert c.default_metrics == {"tpot_p95": pytest.approx(0.095), "ttft_p95": pytest.approx(0.3)}
     record["measurements"][2] = {"trial": 3, **m(0.05, 0.9)}
     c = confirm_round(spec, record, trials)

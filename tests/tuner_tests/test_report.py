@@ -179,7 +179,7 @@ def test_the_winner_card_compares_the_round_it_was_confirmed_in(tmp_path):
     again = {"seed": 1000, "metrics": measured(0.046, 1.5, 62.0, 0.004, usd_per_1m_output_tokens=0.13),
              "default": measured(0.048, 1.3, 61.0, 0.004, usd_per_1m_output_tokens=0.14)}
     w = gather(spec, study, best, again).winner
-    assert w.claims[0] == "p95 TPOT 46 ms ± 4 (default 48 ms ± 4), 1x better"
+    assert w.claims[0] == "p95 TPOT 46 ms ± 4 (default 48 ms ± 4), 1.04x better"
     assert any("within noise: the intervals overlap (46 ms ± 4 vs 48 ms ± 4)" in n for n in w.notes)
     assert any(n.startswith("Measured again on workload seed 1000 in one round with the default config") for n in w.notes)
     assert "cost per 1M output tokens: $0.13 (default $0.14)" in w.notes

@@ -78,7 +78,7 @@ def test_judge_missing_metrics():
     assert v.violations == {"ttft": 1.0, "tpot": 0.0, "throughput": 1.0}
     assert v.reasons == ["p99 TTFT not measured (limit 1 s)", "output tokens/s not measured (limit 10)"]
     strict = judge({"ttft_p99": 0.5, "output_tokens_per_s": 20.0}, limits, require_measured=True)
-    assert strict.reasons == ["p99 TPOT not measured (limit 0.1 s)"] and strict.violations["tpot"] == 1.0
+    assert strict.reasons == ["p99 TPOT not measured (limit 100 ms)"] and strict.violations["tpot"] == 1.0
 
 
 def test_judge_reads_the_percentile_it_is_given():

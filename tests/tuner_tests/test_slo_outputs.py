@@ -21,8 +21,8 @@ def test_failing_trials_say_why_in_words(tmp_path, fake_trials):
     by_quant = {r["params"]["quantization"]: r["tags"] for r in runs}
     assert by_quant["int8"]["slotune.slo_pass"] == "True" and "slotune.slo_reasons" not in by_quant["int8"]
     assert by_quant["none"]["slotune.slo_pass"] == "False"
-    assert by_quant["none"]["slotune.slo_reasons"] == "p95 TTFT 0.0864 s > limit 0.08 s (+8%)"
+    assert by_quant["none"]["slotune.slo_reasons"] == "p95 TTFT 86.4 ms > limit 80 ms (+8%)"
     report = (out / "report.md").read_text()
-    assert "SLO: p95 TTFT <= 0.08 s;" in report
-    assert "| p95 TTFT 0.0864 s > limit 0.08 s (+8%) |" in report  # the infeasible trial's note
+    assert "SLO: p95 TTFT <= 80 ms;" in report
+    assert "| p95 TTFT 86.4 ms > limit 80 ms (+8%) |" in report  # the infeasible trial's note
     assert "| p95 TTFT | <= 80 ms | 60.5 ms | yes |" in report  # the winner's SLO row, in units

@@ -41,7 +41,7 @@ def test_a_study_experiment_opens_on_runs_and_its_parent_run_holds_the_report(tm
     got = client.download_artifacts(parent["run_id"], "report.html", str(tmp_path / "dl"))
     assert open(got, "rb").read() == (tmp_path / "out" / "report.html").read_bytes()
     by_quant = {r["params"]["quantization"]: r["tags"] for r in runs if r["tags"].get("mlflow.parentRunId")}
-    assert by_quant["none"]["slotune.infeasible_reason"] == "p95 TTFT 0.0864 s > limit 0.08 s (+8%)"
+    assert by_quant["none"]["slotune.infeasible_reason"] == "p95 TTFT 86.4 ms > limit 80 ms (+8%)"
     assert "slotune.infeasible_reason" not in by_quant["int8"]
 
 
