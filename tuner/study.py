@@ -503,6 +503,8 @@ def finalize(spec: TuningSpec, study, tracker=None, prog=None,
         tracker.log_study_end(best, config, report, out, confirmation=confirmation)
     if prog is not None:
         prog.summary(best, remeasure, summary["references"], out)
+    if tracker is not None:
+        say(tracker.ui_hint())
     return summary
 
 

@@ -166,6 +166,15 @@ class MLflowTracker:
                 c.log_artifacts(rid, d)
         c.set_terminated(rid, status="FINISHED" if trial.state.name == "COMPLETE" else "FAILED")
 
+    def ui_hint(self) -> str:
+        """How to open this study's runs table. MLflow 3.17's UI opens every experiment on its
+        GenAI overview unless the link asks for the model-training view (its `workflowType`
+        switch, kept in the browser); the `mlflow.experimentKind` tag alone no longer decides."""
+        uri = self.spec.resolved_tracking_uri()
+        serve = f"mlflow ui --backend-store-uri {uri}" if not uri.startswith("http") else uri
+        return (f"MLflow: {serve}, then open #/experiments/{self.experiment_id}?workflowType=machine_learning "
+                f"(the runs table)")
+
     def log_study_end(self, best, config, report_paths: dict[str, Path], out: Path, *,
                       confirmation=None) -> None:
         """Parent run: the winner's metrics and config (best.yaml, best_metrics.json), the report

@@ -66,3 +66,12 @@ def test_a_child_run_names_the_failed_gate_and_the_failure(tmp_path):
     reasons = {r["tags"]["slotune.trial"]: r["tags"]["slotune.infeasible_reason"] for r in runs}
     assert reasons == {"0": "gate agreement: top-1 agreement 0.81 < 0.9; mean KL 0.02 <= 0.1 nats",
                        "1": "out of memory: trial exceeded budget.trial_memory_gb=8"}
+
+
+def test_the_printed_link_opens_the_runs_table(tmp_path, fake_trials, capsys):
+    """MLflow 3.17 opens an experiment on its GenAI overview unless the link asks for the model-training
+    view: `tune run` prints the link that does (checked by hand in `mlflow ui` in Chromium, 2026-11-25)."""
+    summary = run_command(write_spec(tmp_path, budget={"n_trials": 2}), progress=False, trial_runner=fake_trials)
+    out = capsys.readouterr().out
+    assert summary is not None and "?workflowType=machine_learning" in out
+    assert f"mlflow ui --backend-store-uri sqlite:///{tmp_path / 'out' / 'mlflow.db'}" in out
