@@ -28,7 +28,7 @@ from typing import Any
 from slotune.engine.config import EngineConfig
 from slotune.tuner.confirm import candidates, confirm_round, run_round
 from slotune.tuner.objective import (DEFAULT_TRIAL_RUNNER, UNMEASURED_OVER_BUDGET, Objective, TrialFailure,
-                                     is_measured, measure, omp_wait_policy, trial_constraints,
+                                     best_trial, is_measured, measure, omp_wait_policy, trial_constraints,
                                      trials_die_with_this_process)
 from slotune.tuner.progress import Progress
 from slotune.tuner.references import (DEFAULT_TAG, reference_configs, reference_metrics,
@@ -42,6 +42,8 @@ from slotune.tuner.tracking import MLflowTracker
 # next process that asks for a trial (`optuna.storages.fail_stale_trials`).
 HEARTBEAT_INTERVAL_S, HEARTBEAT_GRACE_S = 10, 60
 FINGERPRINT_ATTR = "spec_fingerprint"
+MAX_WARM_STARTS = 2  # earlier studies' winners enqueued at the start of a new study
+WINNER_ATTR = "winner_trial"  # the trial `finalize` declared the winner
 
 FailedTrialCallback = Callable[[Any, Any], None]  # (study, FrozenTrial), as Optuna's callbacks
 
@@ -252,7 +254,8 @@ def _is_alive(pid: int | None) -> bool:
 def enqueue_reference_trials(study, spec: TuningSpec) -> None:
     """Default and naive reference configs first, so every result is a comparison; then the space's
     starting points for the objective's kind (`SearchSpace.starts`), each the base config with its
-    params changed, so the sampler starts from known-good corners.
+    params changed, and the winners of earlier studies of the same model and objective in the same
+    storage (`warm_starts`), so the sampler starts from known-good corners.
 
     Only the process that created the study calls this, right after creating it (two processes
     starting together would each enqueue them otherwise; another may have started a trial
@@ -272,6 +275,42 @@ def enqueue_reference_trials(study, spec: TuningSpec) -> None:
         if spec.objective.kind in start.objectives:
             params = _params_of(space, base.with_updates(start.params), base) or start.params  # else: the rest sampled
             study.enqueue_trial(params, user_attrs={"start": start.name}, skip_if_exists=True)
+    for name, params in warm_starts(spec, study.study_name):
+        study.enqueue_trial(params, user_attrs={"start": name}, skip_if_exists=True)
+
+
+def warm_starts(spec: TuningSpec, own_name: str) -> list[tuple[str, dict[str, Any]]]:
+    """[(label, params)] of the winners of earlier studies in the spec's storage made for the same
+    model, fixed engine config and objective (their fingerprints' `engine` and `objective` parts),
+    newest first, at most MAX_WARM_STARTS: a re-tune on new traffic (the operator's schedule, a new
+    workload) starts from what won before. Params are this space's, exact where the space can
+    express the winner's config, else the knobs it can (the sampler fills the rest)."""
+    import optuna
+
+    mine = spec_fingerprint(spec)["parts"]
+    space, base = spec.search_space, spec.base_config()
+    url = spec.resolved_storage()
+    found = []
+    for s in sorted(optuna.get_all_study_summaries(url, include_best_trial=False),
+                    key=lambda s: s.datetime_start or datetime.min, reverse=True):
+        parts = (s.user_attrs.get(FINGERPRINT_ATTR) or {}).get("parts", {})
+        if s.study_name == own_name or any(parts.get(k) != mine[k] for k in ("engine", "objective")):
+            continue
+        earlier = optuna.load_study(study_name=s.study_name, storage=url)
+        number = s.user_attrs.get(WINNER_ATTR)  # declared after its confirmation round; else its best trial
+        best = earlier.trials[number] if isinstance(number, int) and number < len(earlier.trials) \
+            else best_trial(earlier, spec)
+        if best is None or not best.user_attrs.get("config"):
+            continue
+        cfg = EngineConfig.model_validate(best.user_attrs["config"])
+        knobs = {k.name: k for k in space.knobs}
+        params = _params_of(space, cfg, base) or {k: v for k, v in best.params.items()
+                                                  if k in knobs and knobs[k].can_take(v)}
+        if params:
+            found.append((f"warm: {s.study_name} trial {best.number}", params))
+        if len(found) == MAX_WARM_STARTS:
+            break
+    return found
 
 
 def _params_of(space, cfg, base) -> dict[str, Any] | None:
@@ -481,6 +520,7 @@ def finalize(spec: TuningSpec, study, tracker=None, prog=None,
         return None
     confirmation = confirm_round(spec, run_round(spec, study, trials, runner=runner, say=say), trials)
     best = next(t for t in trials if t.number == confirmation.winner)
+    study.set_user_attr(WINNER_ATTR, best.number)  # the declared winner, for later studies' warm starts
     remeasure = confirmation.remeasure()
     config = EngineConfig.model_validate(best.user_attrs["config"])
     obj = spec.objective

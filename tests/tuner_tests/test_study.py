@@ -245,3 +245,24 @@ def test_starting_points_follow_the_references_for_their_objective_kind(tmp_path
     assert "metrics" in study.user_attrs["naive"]
     assert trials[1].params == {"max_num_seqs": 1, "quantization": "int8"}
     assert not any(t.user_attrs.get("start") == "tput" for t in trials)
+
+
+def test_a_new_study_starts_from_the_winner_of_an_earlier_one_of_the_same_model_and_objective(tmp_path, fake_trials):
+    """Warm start: a second study in the same storage (another workload: another study, as a re-tune on
+    new traffic is) enqueues the first study's winner; a study with another objective does not."""
+    storage = f"sqlite:///{tmp_path / 'shared.db'}"
+    first = run_command(write_spec(tmp_path, budget={"n_trials": 4}, storage=storage), progress=False,
+                        trial_runner=fake_trials)
+    (tmp_path / "b").mkdir()
+    run_command(write_spec(tmp_path / "b", name="t2", storage=storage, budget={"n_trials": 4},
+                           workload={"num_requests": 5}, output_dir=str(tmp_path / "out2")),
+                progress=False, trial_runner=fake_trials)
+    second = optuna.load_study(study_name="t2", storage=storage)
+    warm = [t for t in second.trials if str(t.user_attrs.get("start", "")).startswith("warm: t trial")]
+    assert len(warm) == 1 and warm[0].params == first["params"]
+    (tmp_path / "c").mkdir()
+    run_command(write_spec(tmp_path / "c", name="t3", storage=storage, budget={"n_trials": 2},
+                           objective={"kind": "throughput", "metric": "output_tokens_per_s"},
+                           output_dir=str(tmp_path / "out3")), progress=False, trial_runner=fake_trials)
+    third = optuna.load_study(study_name="t3", storage=storage)
+    assert not any(str(t.user_attrs.get("start", "")).startswith("warm:") for t in third.trials)
