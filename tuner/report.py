@@ -137,6 +137,7 @@ class ReportData:
     importances: dict[str, float] | None
     importance_note: str
     context_keys: list[str]  # shown beside the objective in the trials table: pXX TTFT, output tokens/s
+    closest: str = ""  # with no winner: the measured trial nearest to feasible and what it missed, in words
 
     @property
     def is_multi_objective(self) -> bool:
@@ -383,10 +384,24 @@ def gather(spec, study, best, remeasure) -> ReportData:
     if len(keys) > 1:
         front = {t.number for t in study.best_trials if t.user_attrs.get("feasible")}
     importances, note = _importances(study, trials)
+    closest = _closest(study, trials) if winner is None else ""
     return ReportData(name=spec.name, objective_keys=keys, directions=[obj.direction(m) for m in obj.metrics],
                       summary=summary, winner=winner, trials=trials, pareto_front=front, importances=importances,
-                      importance_note=note,
+                      importance_note=note, closest=closest,
                       context_keys=[metric_key("ttft", obj.percentile), "output_tokens_per_s"])
+
+
+def _closest(study, trials: list[TrialFacts]) -> str:
+    """The measured trial that missed least (the sum of its relative misses: 0.15 = 15% beyond a limit;
+    a failed gate or an early stop counts 1), with its misses in words; "" when nothing was measured."""
+    missed = {t.number: sum(max(float(v), 0.0) for v in (t.user_attrs.get("violations") or {}).values())
+              for t in study.trials if t.state.name == "COMPLETE" and t.user_attrs.get("violations")}
+    if not missed:
+        return ""
+    number = min(missed, key=lambda n: (missed[n], n))
+    facts = next(t for t in trials if t.number == number)
+    params = ", ".join(f"{k}={v}" for k, v in facts.params.items()) or "the base config"
+    return (f"Closest to feasible: trial {number} ({params}): " + "; ".join(facts.reasons or ["no reason stored"]) + ".")
 
 
 # --- markdown --------------------------------------------------------------------------------
@@ -420,6 +435,8 @@ def render_markdown(data: ReportData, sections: Sequence[ReportSection] = ()) ->
     else:
         lines += ["## No feasible trial", "",
                   "No trial met the SLO and the quality gates; the trials table says why.", ""]
+        if data.closest:
+            lines += [data.closest, ""]
     lines += ["## Parameter importances", ""]
     if data.importances:
         lines += [data.importance_note, ""] + [f"- {k}: {v:.0%}" for k, v in data.importances.items()] + [""]

@@ -9,6 +9,8 @@ engine runs for no more report code covered.
 
 from __future__ import annotations
 
+import html
+
 import re
 
 import optuna
@@ -232,3 +234,7 @@ def test_no_feasible_trial_says_why_for_each(tmp_path):
     assert "## No feasible trial" in md and "## Winner" not in md
     assert "p95 TTFT 2.31 s > limit 2 s" in md and "gate agreement: top-1 agreement 0.81 < 0.9" in md
     assert "No feasible trial" in paths["html"].read_text()
+    # the nearest miss is named with what it missed and by how much (15% over a limit beats a failed gate)
+    closest = next(line for line in md.splitlines() if line.startswith("Closest to feasible: trial"))
+    assert "p95 TTFT 2.31 s > limit 2 s (+16%)" in closest and "gate" not in closest
+    assert html.escape(closest, quote=False) in paths["html"].read_text()
