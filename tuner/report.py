@@ -211,10 +211,12 @@ def _times(r: float) -> str:
 
 
 def _claims(key: str, direction: str, bm: dict, default: dict | None, limits: SLOLimits,
-            gates: list[GateFacts]) -> list[str]:
+            gates: list[GateFacts], is_default: bool = False) -> list[str]:
     first = f"{metric_label(key)} {value_with_ci(bm, key)}"
     r = _ratio(bm.get(key), (default or {}).get(key), direction)
-    if r is not None:
+    if is_default:  # compared with itself, a ratio would only measure the machine's drift
+        first += ": the default config itself; no searched config beat it"
+    elif r is not None:
         misses = "" if judge(default, limits).passed else ", which misses the SLO"
         first += f" (default {value_with_ci(default, key)}{misses}), {_times(r)} {'better' if r >= 1 else 'worse'}"
     out = [first]
@@ -271,13 +273,18 @@ def _winner(spec, best, remeasure, refs: dict[str, dict | None], default_latenci
     base = spec.base_config().model_dump(mode="json")
     defaults = {k: _config_value(base, k) for k in best.params}
 
+    # The default config won: its trial and its measurements in the round are the same config, so
+    # the card claims no improvement over it (a ratio between them is the machine's drift).
+    is_default = best.user_attrs.get("tag") == DEFAULT_TAG or best.user_attrs.get("config") == base
     notes = []
     for name, m in refs.items():
+        if is_default and name == DEFAULT_TAG:
+            continue
         r = _ratio(bm.get(key), (m or {}).get(key), direction)
         if r is not None:
             notes.append(f"{_times(r)} improvement over {name} on {metric_label(key)} "
                          f"({format_value(key, m[key])} -> {format_value(key, bm[key])})")
-    noise = _noise_note(key, direction, card, card_default)
+    noise = None if is_default else _noise_note(key, direction, card, card_default)
     if noise:
         notes.append(noise)
     if rm and card is rm:
@@ -320,7 +327,7 @@ def _winner(spec, best, remeasure, refs: dict[str, dict | None], default_latenci
 
     params = [["parameter", "winner", "default"]] + [[k, str(v), str(defaults.get(k))] for k, v in best.params.items()]
     return WinnerFacts(number=best.number, config_words=config_words(best.params, defaults),
-                       claims=_claims(key, direction, card, card_default, limits, gates), notes=notes,
+                       claims=_claims(key, direction, card, card_default, limits, gates, is_default), notes=notes,
                        comparison=comparison,
                        attainment=attainment + ".", slo=slo, gates=gates, params=params, metrics=bm, references=refs,
                        default=default, default_latencies=default_latencies)
