@@ -166,6 +166,13 @@ class EngineConfig(_Strict):
             node[leaf] = value
         return EngineConfig.model_validate(data)
 
+    def value_at(self, key: str) -> Any:
+        """The value of a dotted-path field ("speculative.method"), as `with_updates` names them."""
+        v: Any = self
+        for part in key.split("."):
+            v = getattr(v, part)
+        return v
+
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)

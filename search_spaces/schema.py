@@ -251,7 +251,7 @@ class SearchSpace(BaseModel):
                     raise ValueError(f"{where}: '{field}' is not a knob of this space (knobs: {', '.join(names)})")
                 self._check_values(f"{where}.params.{field}", by_name[field], [value])
                 for cond, vals in by_name[field].when.items():
-                    if start.params.get(cond, _field_value(base, cond)) not in vals:
+                    if start.params.get(cond, base.value_at(cond)) not in vals:
                         raise ValueError(f"{where}: '{field}' is sampled only when {cond} is one of {vals}; set {cond}")
             reason = self.forbidden_reason(start.params)
             if reason is not None:
@@ -312,14 +312,6 @@ class SearchSpace(BaseModel):
         if size > MAX_GRID_SIZE:
             raise ValueError(f"the grid has {size} configs (at most {MAX_GRID_SIZE}); use fewer values or another sampler")
         return grid
-
-
-def _field_value(cfg: EngineConfig, name: str) -> Any:
-    """The value of a dotted EngineConfig field."""
-    v: Any = cfg
-    for part in name.split("."):
-        v = getattr(v, part)
-    return v
 
 
 def _first_problem(exc: ValueError) -> str:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slotune.engine.config import EngineConfig
-from slotune.tuner.objective import DEFAULT_TRIAL_RUNNER, TrialFailure, measure
+from slotune.tuner.objective import DEFAULT_TRIAL_RUNNER, TrialFailure, measure, ranked_feasible
 from slotune.tuner.references import DEFAULT_TAG
 from slotune.tuner.report_html import ReportSection
 from slotune.tuner.slo import SLOLimits, judge
@@ -42,13 +42,8 @@ CONFIRM_ATTR = "confirm"
 def candidates(study, spec) -> list:
     """The feasible complete trials the round re-measures, best first by the first objective:
     `budget.confirm_top_k` of them (1 with the round off), one per distinct config."""
-    from optuna.trial import TrialState  # optuna: the [tune] extra, imported where a study exists
-
-    sign = 1 if spec.objective.direction() == "minimize" else -1
-    done = sorted((t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                   if t.user_attrs.get("feasible")), key=lambda t: (sign * t.values[0], t.number))
     picked, seen = [], []
-    for t in done:
+    for t in ranked_feasible(study, spec):
         config = t.user_attrs.get("config")
         if config in seen:  # a sampler that proposed the same config twice: measured once
             continue

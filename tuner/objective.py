@@ -64,15 +64,19 @@ def is_measured(trial) -> bool:
     return not (ua.get("forbidden") or ua.get("unmeasured"))
 
 
-def best_trial(study, spec):
-    """Best feasible completed trial (first objective), or None."""
+def ranked_feasible(study, spec) -> list:
+    """The feasible completed trials, best first on the first objective (ties: the earlier trial)."""
     from optuna.trial import TrialState  # optuna: the [tune] extra, imported where a study exists
 
-    done = [t for t in study.get_trials(states=(TrialState.COMPLETE,)) if t.user_attrs.get("feasible")]
-    if not done:
-        return None
     sign = 1 if spec.objective.direction() == "minimize" else -1
-    return min(done, key=lambda t: sign * t.values[0])
+    return sorted((t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                   if t.user_attrs.get("feasible")), key=lambda t: (sign * t.values[0], t.number))
+
+
+def best_trial(study, spec):
+    """Best feasible completed trial (first objective), or None."""
+    ranked = ranked_feasible(study, spec)
+    return ranked[0] if ranked else None
 
 
 # Process groups (pgid == the trial process's pid) of the trial processes running now.

@@ -19,15 +19,15 @@ from pathlib import Path
 from typing import Any
 
 from slotune.evals.gate_spec import GateSpec
+from slotune.tuner.spec import COST_METRICS
 from slotune.tuner.references import DEFAULT_TAG, reference_metrics, reference_results
 from slotune.tuner.reasons import gate_words, infeasible_reasons
 from slotune.tuner.report_html import ReportSection, render_html
-from slotune.tuner.slo import COST_RATES, SLOLimits, judge, metric_key
+from slotune.tuner.slo import SLOLimits, judge, metric_key
 from slotune.tuner.units import format_value, interval, metric_label, number, value_with_ci
 from slotune.tuner.workload import describe_replay
 
 MIN_TRIALS_FOR_IMPORTANCE = 4  # fANOVA on fewer complete trials says nothing
-COST_KEYS = tuple(COST_RATES)  # usd_per_1m_output_tokens, usd_per_1m_total_tokens
 
 
 def write_atomic(path: Path, data: str | bytes) -> None:
@@ -257,8 +257,8 @@ def _attainment(m: Mapping[str, Any]) -> str:
     return format_value("slo_attainment", share) + (f" of requests ({share * n:.0f} of {n:.0f})" if n else " of requests")
 
 
-def _winner(spec, best, remeasure, refs: dict[str, dict | None], default_latencies, limits: SLOLimits,
-            trials: list[TrialFacts]) -> WinnerFacts:
+def _winner(spec, best, remeasure, refs: dict[str, dict | None], default_latencies,
+            limits: SLOLimits) -> WinnerFacts:
     obj = spec.objective
     key, direction = obj.metric_key(), obj.direction()
     bm = best.user_attrs["metrics"]
@@ -295,7 +295,7 @@ def _winner(spec, best, remeasure, refs: dict[str, dict | None], default_latenci
         notes.append(f"Re-measured on workload seed {seed}: {metric_label(key)} {value_with_ci(rm, key)}.")
     elif remeasure and "error" in remeasure:
         notes.append(f"The re-measurement on workload seed {seed} failed: {remeasure['error']}")
-    for k in COST_KEYS:
+    for k in COST_METRICS:
         if card.get(k) is not None:
             d = (card_default or {}).get(k)
             notes.append(f"{metric_label(k)}: {value_with_ci(card, k)}"
@@ -303,7 +303,7 @@ def _winner(spec, best, remeasure, refs: dict[str, dict | None], default_latenci
 
     keys = dict.fromkeys((key, *(obj.metric_key(m) for m in obj.pareto_with), metric_key("ttft", 50),
                           metric_key("ttft", obj.percentile), metric_key("tpot", 50), metric_key("tpot", obj.percentile),
-                          "output_tokens_per_s", "goodput_rps", "slo_attainment", *COST_KEYS, "weight_bytes",
+                          "output_tokens_per_s", "goodput_rps", "slo_attainment", *COST_METRICS, "weight_bytes",
                           "peak_kv_blocks", "peak_memory_mb"))
     columns = {"winner": bm, f"re-measured (seed {seed})": rm, **refs}
     if rdefault:
@@ -385,7 +385,7 @@ def gather(spec, study, best, remeasure) -> ReportData:
     if replay is not None:  # a trace workload: which traffic window the numbers are about
         summary.append(f"Traffic: tuned on {replay}.")
     refs = reference_metrics(study)
-    winner = (_winner(spec, best, remeasure, refs, reference_results(study, "latencies")[DEFAULT_TAG], limits, trials)
+    winner = (_winner(spec, best, remeasure, refs, reference_results(study, "latencies")[DEFAULT_TAG], limits)
               if best is not None else None)
     front: set[int] = set()
     if len(keys) > 1:
@@ -462,11 +462,7 @@ def write_report(spec, study, best, remeasure, out: Path, sections: Sequence[Rep
     """Write report.md and report.html into `out`.
 
     Args:
-        spec: the TuningSpec.
-        study: the finished Optuna study (trials with their user attributes).
-        best: the winning FrozenTrial, or None when no trial was feasible.
-        remeasure: the winner's re-measurement on a fresh workload seed (`metrics` or `error`; with
-            `default`, the default config's metrics in the same round: the winner card compares those).
+        spec, study, best, remeasure: as for `gather`.
         out: output directory.
         sections: extra sections (load curves, ...), after the built-in ones in both files.
 

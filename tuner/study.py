@@ -319,9 +319,7 @@ def _params_of(space, cfg, base) -> dict[str, Any] | None:
     for k in space.knobs:
         if not all(params.get(f) in vals for f, vals in k.when.items()):
             continue  # an inactive conditional knob
-        v = cfg
-        for part in k.name.split("."):
-            v = getattr(v, part)
+        v = cfg.value_at(k.name)
         if not _representable(k, v):
             return None
         params[k.name] = v

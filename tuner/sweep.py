@@ -32,6 +32,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from rich.console import Console
+from rich.table import Table
+
 from slotune.engine.config import EngineConfig
 from slotune.tuner.objective import DEFAULT_TRIAL_RUNNER, TrialFailure, measure, trials_die_with_this_process
 from slotune.tuner.references import reference_configs
@@ -39,6 +42,7 @@ from slotune.tuner.report import write_atomic
 from slotune.tuner.report_html import ReportSection
 from slotune.tuner.sweep_report import capacity_line, point_line, points_table, render_page, report_sections
 from slotune.tuner.slo import SLOLimits, judge, metric_key
+from slotune.tuner.spec import Objective, TuningSpec
 from slotune.tuner.traces import load_trace
 from slotune.tuner.workload import WorkloadSpec
 
@@ -313,8 +317,9 @@ def sweep_after_study(spec, study, best, *, runner: tuple[str, ...] = DEFAULT_TR
                                         f"could not sweep: {exc}"))
         doc = SweepResult(spec.workload.name, limits, tuple(curves), spec.peak_rps).to_dict()
         study.set_user_attr(key, doc)
-    write_json(SweepResult.from_dict(doc), spec.resolved_output_dir() / "sweep.json")
-    return report_sections(SweepResult.from_dict(doc))
+    result = SweepResult.from_dict(doc)
+    write_json(result, spec.resolved_output_dir() / "sweep.json")
+    return report_sections(result)
 
 
 def write_json(result: SweepResult, path: Path) -> None:
@@ -331,11 +336,6 @@ def sweep_command(config: Path, workload: str, *, steps: int = 6, ttft_limit_s: 
 
     Raises ValueError / SpecError / MissingFileError for bad input (the CLI prints `path: field: message`).
     """
-    from rich.console import Console
-    from rich.table import Table
-
-    from slotune.tuner.spec import Objective, TuningSpec
-
     cfg = EngineConfig.from_yaml(config)
     wl = WorkloadSpec.load(workload)
     objective = Objective(kind="latency", metric="ttft", ttft_limit_s=ttft_limit_s, tpot_limit_s=tpot_limit_s)

@@ -11,7 +11,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from slotune.tuner.metrics import LATENCY_SERIES
+from slotune.tuner.metrics import LATENCY_SERIES, ci_keys
 from slotune.tuner.slo import parse_metric_key, percentile_label
 
 _LABELS = {"output_tokens_per_s": "output tokens/s", "total_tokens_per_s": "total tokens/s",
@@ -89,8 +89,8 @@ def format_value(key: str, v: Any, ci: tuple[float, float] | None = None) -> str
 
 
 def interval(metrics: Mapping[str, Any] | None, key: str) -> tuple[float, float] | None:
-    """The metric's uncertainty interval (`<key>_ci_low`, `<key>_ci_high`), when measured."""
-    lo, hi = (metrics or {}).get(f"{key}_ci_low"), (metrics or {}).get(f"{key}_ci_high")
+    """The metric's uncertainty interval (`metrics.ci_keys`: `<key>_ci_low`, `<key>_ci_high`), when measured."""
+    lo, hi = ((metrics or {}).get(k) for k in ci_keys(key))
     return (float(lo), float(hi)) if isinstance(lo, (int, float)) and isinstance(hi, (int, float)) else None
 
 
