@@ -25,6 +25,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from slotune.engine.config import EngineConfig
 from slotune.tuner.errors import SpecError, load_yaml_mapping
+from slotune.tuner.slo import METRICS_OF_KIND
 
 MAX_GRID_VALUES = 10_000  # values of one knob in a grid
 MAX_GRID_SIZE = 1_000_000  # configs in a whole grid (Optuna's GridSampler lists them all)
@@ -184,6 +185,19 @@ def _is_int_field(ann: Any) -> bool:
 class Start(BaseModel):
     """A starting point: the base config with `params` changed, measured before the sampler's own."""
 
+    @model_validator(mode="after")
+    def _check_metrics(self) -> "Start":
+        allowed = [m for kind in self.objectives for m in METRICS_OF_KIND[kind]]
+        wrong = [m for m in self.metrics if m not in allowed]
+        if wrong:
+            raise ValueError(f"start '{self.name}': metrics {wrong} are not metrics of its objectives "
+                             f"{self.objectives}; use some of {allowed}")
+        return self
+
+    def suits(self, kind: str, metric: str) -> bool:
+        """Whether this corner is a good start for an objective of this kind and metric."""
+        return kind in self.objectives and (not self.metrics or metric in self.metrics)
+
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64)
@@ -191,6 +205,8 @@ class Start(BaseModel):
     objectives: list[Literal["latency", "throughput", "cost"]] = Field(
         default_factory=lambda: ["latency", "throughput", "cost"], min_length=1,
         description="the objective kinds this corner is a good start for")
+    metrics: list[str] = Field(default_factory=list, description="the objective metrics (ttft, tpot, goodput_rps, ...) "
+                               "it is a good start for, within those kinds; empty = every metric")
     params: dict[str, Scalar] = Field(min_length=1, description="knob values; knobs not named keep the base config's")
 
 

@@ -56,12 +56,55 @@ ORPHANED_REASON = "orphaned: its tune run process stopped before the trial finis
 
 # User attribute `unmeasured`: why a trial cost no measurement, so the budget does not count it.
 UNMEASURED_FORBIDDEN, UNMEASURED_INVALID, UNMEASURED_OVER_BUDGET = "forbidden", "invalid_config", "over_budget"
+# A config the sampler proposed again: it gets the earlier measurement's values, not a new one.
+UNMEASURED_REPEAT = "repeat"
+# The `start` label of a config enqueued because the sampler repeated itself (see `unexplored_params`).
+EXPLORE_START = "explore"
+# What a repeat trial copies from the trial that measured its config (not `latencies`: per-request
+# arrays, kept once, on the trial that measured them).
+REPEAT_ATTRS = ("config", "metrics", "violations", "feasible", "early_stopped", "gates")
 
 
 def is_measured(trial) -> bool:
     """Whether a trial holds a slot of the budget (forbidden, invalid and surplus trials do not)."""
     ua = trial.user_attrs
     return not (ua.get("forbidden") or ua.get("unmeasured"))
+
+
+def earlier_measurement(study, params: dict[str, Any], before: int | None = None):
+    """The first complete, measured trial of `study` (numbered below `before`) with exactly these
+    params, or None. Samplers re-propose configs on small spaces (TPE on a 30-config grid proposed
+    a measured config in about one trial of three): a repeat takes this trial's values instead of
+    a measurement, and does not count against the budget."""
+    from optuna.trial import TrialState  # optuna: the [tune] extra, imported where a study exists
+
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        if (before is None or t.number < before) and is_measured(t) and t.params == params:
+            return t
+    return None
+
+
+def unexplored_params(space, study, seed: int | None = None, tries: int = 64) -> dict[str, Any] | None:
+    """Params of a random config of `space` that no trial of `study` has taken and no `forbidden`
+    rule refuses, or None (after `tries` draws: the space is about exhausted). Enqueued after a
+    sampler repeats itself, so the next trial measures something new."""
+    import optuna
+
+    taken = [t.params for t in study.get_trials(deepcopy=False)]
+    draw = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+    for _ in range(tries):
+        params = space.sample(draw.ask())
+        if params not in taken and space.forbidden_reason(params) is None:
+            return params
+    return None
+
+
+def enqueue_unexplored(space, study, seed: int | None = None) -> dict[str, Any] | None:
+    """After a repeat: enqueue `unexplored_params` (labelled `EXPLORE_START`); returns them, or None."""
+    params = unexplored_params(space, study, seed)
+    if params is not None:
+        study.enqueue_trial(params, user_attrs={"start": EXPLORE_START}, skip_if_exists=True)
+    return params
 
 
 def ranked_feasible(study, spec) -> list:
@@ -370,6 +413,9 @@ class Objective:
         except ValueError as exc:  # rejected before any measurement: not counted either
             trial.set_user_attr("unmeasured", UNMEASURED_INVALID)
             raise self._fail(trial, f"invalid config: {_config_problems(exc)}") from None
+        earlier = earlier_measurement(trial.study, trial.params, before=trial.number)
+        if earlier is not None:
+            return self._repeat(trial, earlier)
         trial.set_user_attr("config", config.model_dump(mode="json"))
         self._phase(trial.number, "starting trial process")
         try:
@@ -379,6 +425,22 @@ class Objective:
         except TrialFailure as exc:
             raise self._fail(trial, exc.reason) from None
         return self._record(trial, result)
+
+    def _repeat(self, trial, earlier) -> float | list[float]:
+        """Trial `earlier` measured these params: copy its outcome (TPE learns the same as from a
+        re-measurement, at no cost) and enqueue an unexplored config, so the budget goes to new ones."""
+        for k in REPEAT_ATTRS:
+            if k in earlier.user_attrs:
+                trial.set_user_attr(k, earlier.user_attrs[k])
+        if hasattr(trial, "set_constraint"):
+            for k in CONSTRAINT_KEYS:
+                trial.set_constraint(k, earlier.user_attrs["violations"].get(k, 0.0))
+        trial.set_user_attr("unmeasured", UNMEASURED_REPEAT)
+        trial.set_user_attr("repeat_of", earlier.number)
+        trial.set_user_attr("fail_reason", None)
+        enqueue_unexplored(self.space, trial.study, seed=None if self.spec.seed is None else self.spec.seed + trial.number)
+        values = list(earlier.values)
+        return values if len(values) > 1 else values[0]
 
     def _fail(self, trial, reason: str) -> TrialFailure:
         trial.set_user_attr("fail_reason", reason)

@@ -8,6 +8,7 @@ from rich.live import Live
 from rich.table import Table
 
 from slotune.tuner.objective import best_trial, is_measured
+from slotune.tuner.references import trial_label
 from slotune.tuner.slo import metric_key
 
 
@@ -95,7 +96,7 @@ class Progress:
         if ua.get("early_stopped"):
             feasible = "no (early stop)"
         detail = ua.get("fail_reason") or ", ".join(f"{k}={v}" for k, v in trial.params.items())
-        tag = ua.get("tag") or ua.get("start")
+        tag = trial_label(ua)
         self.rows.append((f"{trial.number}" + (f" ({tag})" if tag else ""), trial.state.name, value, feasible, detail[:100]))
         if is_measured(trial):
             self.num_finished += 1

@@ -55,3 +55,11 @@ def reference_results(study, field: str) -> dict[str, Any]:
 def reference_metrics(study) -> dict[str, dict | None]:
     """Metrics of the default-config and naive-config trials (or their side measurements)."""
     return reference_results(study, "metrics")
+
+
+def trial_label(user_attrs: dict[str, Any]) -> str:
+    """How the report, the progress display and MLflow name a trial's origin: a reference's tag
+    (default, naive), a start's name, or the trial whose measurement a repeat took; "" if sampled."""
+    if user_attrs.get("repeat_of") is not None:
+        return f"repeat of {user_attrs['repeat_of']}"
+    return str(user_attrs.get("tag") or user_attrs.get("start") or "")

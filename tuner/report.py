@@ -20,7 +20,7 @@ from typing import Any
 
 from slotune.evals.gate_spec import GateSpec
 from slotune.tuner.spec import COST_METRICS
-from slotune.tuner.references import DEFAULT_TAG, reference_metrics, reference_results
+from slotune.tuner.references import DEFAULT_TAG, reference_metrics, reference_results, trial_label
 from slotune.tuner.reasons import gate_words, infeasible_reasons
 from slotune.tuner.report_html import ReportSection, render_html
 from slotune.tuner.slo import SLOLimits, judge, metric_key
@@ -369,7 +369,7 @@ def gather(spec, study, best, remeasure) -> ReportData:
     for t in study.trials:
         ua = t.user_attrs
         trials.append(TrialFacts(
-            number=t.number, tag=str(ua.get("tag") or ua.get("start") or ""), state=t.state.name,
+            number=t.number, tag=trial_label(ua), state=t.state.name,
             values=tuple(t.values) if t.values else None, feasible=ua.get("feasible"), params=dict(t.params),
             reasons=[] if ua.get("feasible") else infeasible_reasons(ua, limits, spec.quality_gates),
             early_stopped=bool(ua.get("early_stopped")), metrics=dict(ua.get("metrics") or {}),

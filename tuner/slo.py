@@ -25,6 +25,12 @@ THROUGHPUT_KEY = "output_tokens_per_s"
 # The price metrics (tuner/metrics.py: cost_metrics): $ per 1M tokens -> the throughput they are priced at.
 COST_RATES = {"usd_per_1m_output_tokens": "output_tokens_per_s", "usd_per_1m_total_tokens": "total_tokens_per_s"}
 
+# The objective's metrics by kind (`Objective.metric`; a search space's `Start.metrics` names them too).
+LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
+THROUGHPUT_METRICS = ("output_tokens_per_s", "goodput_rps", "requests_per_s")
+COST_METRICS = tuple(COST_RATES)  # usd_per_1m_output_tokens, usd_per_1m_total_tokens (need cost.usd_per_hour)
+METRICS_OF_KIND = {"latency": LATENCY_METRICS, "throughput": THROUGHPUT_METRICS, "cost": COST_METRICS}
+
 # SLOLimits field -> the spec's Objective field, and -> the CRD's `rollout.slo` field. The CRD
 # has no throughput floor: a canary serves whatever traffic comes, so its tokens/s says nothing.
 OBJECTIVE_FIELDS = {"percentile": "percentile", "ttft_s": "ttft_limit_s", "tpot_s": "tpot_limit_s",

@@ -33,15 +33,11 @@ from slotune.evals.gate_spec import GateSpec
 from slotune.evals.tasks import data_dir as tasks_data_dir
 from slotune.search_spaces.schema import SearchSpace, builtin_spaces
 from slotune.tuner.errors import Problem, SpecError, load_yaml_mapping, parse_yaml
-from slotune.tuner.slo import COST_RATES, metric_key
+from slotune.tuner.slo import COST_METRICS, LATENCY_METRICS, METRICS_OF_KIND, THROUGHPUT_METRICS, metric_key
 from slotune.tuner.traces import load_trace
 from slotune.tuner.workload import (MAX_SEED, WorkloadSpec, builtin_workloads, describe_replay, read_trace,
                                     resolve_trace_path)
 
-LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
-THROUGHPUT_METRICS = ("output_tokens_per_s", "goodput_rps", "requests_per_s")
-COST_METRICS = tuple(COST_RATES)  # usd_per_1m_output_tokens, usd_per_1m_total_tokens (need cost.usd_per_hour)
-METRICS_OF_KIND = {"latency": LATENCY_METRICS, "throughput": THROUGHPUT_METRICS, "cost": COST_METRICS}
 
 
 class _Strict(BaseModel):

@@ -272,7 +272,7 @@ def enqueue_reference_trials(study, spec: TuningSpec) -> None:
         if params is not None and (tag == DEFAULT_TAG or cfg != base):
             study.enqueue_trial(params, user_attrs={"tag": tag}, skip_if_exists=True)
     for start in space.starts:
-        if spec.objective.kind in start.objectives:
+        if start.suits(spec.objective.kind, spec.objective.metric):
             params = _params_of(space, base.with_updates(start.params), base) or start.params  # else: the rest sampled
             study.enqueue_trial(params, user_attrs={"start": start.name}, skip_if_exists=True)
     for name, params in warm_starts(spec, study.study_name):

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from slotune.tuner.reasons import infeasible_reasons
+from slotune.tuner.references import trial_label
 from slotune.tuner.slo import SLOLimits, judge
 
 PARENT_ATTR = "mlflow_parent_run_id"
@@ -142,8 +143,8 @@ class MLflowTracker:
             if not slo.passed or early:
                 c.set_tag(rid, "slotune.slo_reasons", "; ".join((["stopped early"] if early else []) + slo.reasons))
         c.set_tag(rid, "slotune.early_stopped", str(bool(ua.get("early_stopped"))))
-        if ua.get("tag"):
-            c.set_tag(rid, "slotune.tag", ua["tag"])
+        if trial_label(ua):  # default, naive, a start's name, "repeat of N"
+            c.set_tag(rid, "slotune.tag", trial_label(ua))
         if ua.get("measure"):
             c.set_tag(rid, "slotune.measure", ua["measure"])
         if ua.get("fail_reason"):

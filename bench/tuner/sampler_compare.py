@@ -14,10 +14,13 @@ the comparison reruns in seconds: `python bench/tuner/sampler_compare.py`.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import warnings
 from pathlib import Path
+
+from slotune.tuner.spec import TuningSpec
 
 HERE = Path(__file__).resolve().parent
 KNOBS = ("max_num_seqs", "max_num_batched_tokens", "dtype")
@@ -37,8 +40,17 @@ def table_from_study(db: Path) -> dict:
             "rows": rows}
 
 
-def trials_to_target(sampler_name: str, seed: int, table: dict, space: dict, target: float, budget: int) -> int | None:
+def trials_to_target(sampler_name: str, seed: int, table: dict, space, target: float, budget: int,
+                     repeats: bool) -> int | None:
+    """Measured trials a seeded study needs to reach `target`, or None within `budget`.
+
+    repeats=True replays the study as `tune run` runs it since 2026-11-25 (tuner/objective.py):
+    a config the sampler proposes again takes the earlier measurement (no budget slot) and an
+    unexplored config is enqueued. repeats=False: every proposal is measured (as before).
+    """
     import optuna
+
+    from slotune.tuner.objective import earlier_measurement, enqueue_unexplored
 
     lookup = {tuple(r["params"][k] for k in KNOBS): r["value"] for r in table["rows"]}
     with warnings.catch_warnings():
@@ -48,13 +60,23 @@ def trials_to_target(sampler_name: str, seed: int, table: dict, space: dict, tar
         else:
             sampler = optuna.samplers.RandomSampler(seed=seed)
         study = optuna.create_study(direction="maximize", sampler=sampler)
-    for i in range(1, budget + 1):
+    measured = 0
+    for _ in range(10 * budget):  # a sampler stuck on repeats still ends (tune run: TrialBudget)
         t = study.ask()
-        key = tuple(t.suggest_categorical(k, space[k]) for k in KNOBS)
-        value = lookup[key]
+        params = space.sample(t)
+        earlier = earlier_measurement(study, params, before=t.number) if repeats else None
+        if earlier is not None:
+            t.set_user_attr("unmeasured", "repeat")
+            study.tell(t, earlier.values[0])
+            enqueue_unexplored(space, study, seed=seed + t.number)
+            continue
+        measured += 1
+        value = lookup[tuple(params[k] for k in KNOBS)]
         study.tell(t, value)
         if value >= target:
-            return i
+            return measured
+        if measured == budget:
+            return None
     return None
 
 
@@ -87,20 +109,18 @@ def main() -> None:
     if args.from_study:
         table_path.write_text(json.dumps(table_from_study(args.from_study), indent=1))
     table = json.loads(table_path.read_text())
-    space = {k: sorted({r["params"][k] for r in table["rows"]}, key=str) for k in KNOBS}
-    n = 1
-    for v in space.values():
-        n *= len(v)
+    space = TuningSpec.from_yaml(HERE / "grid-spec.yaml").search_space
+    n = len(list(itertools.product(*space.grid().values())))
     assert len(table["rows"]) == n, f"table has {len(table['rows'])} rows, grid has {n} configs"
     best = max(r["value"] for r in table["rows"])
     target = (1 - args.within) * best
     num_good = sum(r["value"] >= target for r in table["rows"])
     result = {"grid_size": n, "grid_best": best, "target": target, "num_configs_within": num_good,
               "seeds": args.seeds, "samplers": {}}
-    for name in ("tpe", "random"):
-        hits = [trials_to_target(name, s, table, space, target, budget=n) for s in range(args.seeds)]
+    for name, repeats in (("tpe", True), ("random", True), ("tpe", False), ("random", False)):
+        hits = [trials_to_target(name, s, table, space, target, budget=n, repeats=repeats) for s in range(args.seeds)]
         found = [h for h in hits if h is not None]
-        result["samplers"][name] = {
+        result["samplers"][name if repeats else f"{name}, every proposal measured"] = {
             # Seeds that never reach the target within the grid's size count as > n (censored).
             "median_trials": censored_median(hits, n),
             "mean_trials_when_found": statistics.mean(found) if found else None,

@@ -97,3 +97,15 @@ def test_builtin_starting_points_say_why_and_make_valid_configs():
         for start in space.starts:
             assert len(start.why.split()) >= 10, start.name  # the reasoning is written down
             EngineConfig().with_updates(start.params)
+
+
+def test_a_start_names_metrics_of_its_own_objective_kinds():
+    """`metrics` narrows a start to some metrics of its kinds; a metric of another kind is refused by name."""
+    start = {"name": "x", "why": "because", "objectives": ["latency"], "metrics": ["ttft"], "params": {"max_num_seqs": 8}}
+    space = SearchSpace.model_validate({"knobs": [{"name": "max_num_seqs", "type": "int", "low": 1, "high": 16}],
+                                        "starts": [start]})
+    assert space.starts[0].suits("latency", "ttft") and not space.starts[0].suits("latency", "tpot")
+    assert not space.starts[0].suits("throughput", "ttft")
+    with pytest.raises(ValueError, match=r"start 'x': metrics \['goodput_rps'\] are not metrics of its objectives"):
+        SearchSpace.model_validate({"knobs": [{"name": "max_num_seqs", "type": "int", "low": 1, "high": 16}],
+                                    "starts": [{**start, "metrics": ["goodput_rps"]}]})

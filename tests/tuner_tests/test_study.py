@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from slotune.engine.config import EngineConfig
+from slotune.tuner.objective import is_measured
 from slotune.tuner.study import run_command
 from slotune.tuner.tracking import tracking_summary
 from tests.tuner_tests.conftest import write_spec
@@ -93,7 +94,7 @@ def test_sigkill_then_resume_keeps_completed_trials(tmp_path, fake_trials, monke
     study = _study(out)
     after = {t.number: (t.params, t.values) for t in study.trials if t.state.name == "COMPLETE"}
     assert all(after[n] == v for n, v in before.items())  # completed trials intact
-    finished = [t for t in study.trials if t.state.name in ("COMPLETE", "FAIL")]
+    finished = [t for t in study.trials if t.state.name in ("COMPLETE", "FAIL") and is_measured(t)]  # not repeats
     states = [(t.number, t.state.name, t.user_attrs.get("fail_reason")) for t in study.trials]
     assert len(finished) == 5 and not [t for t in study.trials if t.state.name == "RUNNING"], states
     assert all("orphaned" in t.user_attrs["fail_reason"] for t in study.trials if t.state.name == "FAIL")
@@ -194,7 +195,7 @@ def test_forbidden_combinations_do_not_use_up_the_budget(tmp_path, fake_trials):
     run_command(spec, progress=False, trial_runner=fake_trials)
     trials = _study(tmp_path / "out").trials
     forbidden = [t for t in trials if t.user_attrs.get("forbidden")]
-    measured = [t for t in trials if not t.user_attrs.get("forbidden")]
+    measured = [t for t in trials if is_measured(t)]  # not forbidden, not a repeat of a measured config
     assert forbidden, "the seeded random sampler proposes forbidden points in this space"
     assert all(t.state == optuna.trial.TrialState.PRUNED and t.params["max_num_seqs"] in (1, 2) for t in forbidden)
     assert len(measured) == 4 and all(t.state == optuna.trial.TrialState.COMPLETE for t in measured)
@@ -231,11 +232,13 @@ def test_reference_metrics_read_the_naive_config_of_studies_made_before_its_rena
 
 def test_starting_points_follow_the_references_for_their_objective_kind(tmp_path, fake_trials):
     """The space's starts are enqueued after the default and naive configs, each the base config with its
-    params changed, and only for the objective kinds they name."""
+    params changed, and only for the objective kinds (and metrics, when named) they name."""
     space = {"name": "s", "knobs": [{"name": "max_num_seqs", "type": "int", "low": 1, "high": 16},
                                     {"name": "quantization", "type": "categorical", "choices": ["none", "int8"]}],
              "starts": [{"name": "lat", "why": "one row per step", "objectives": ["latency"],
                          "params": {"max_num_seqs": 1, "quantization": "int8"}},
+                        {"name": "ttft", "why": "admit at once", "objectives": ["latency"], "metrics": ["ttft"],
+                         "params": {"max_num_seqs": 8}},
                         {"name": "tput", "why": "wide batches", "objectives": ["throughput"],
                          "params": {"max_num_seqs": 16}}]}
     run_command(write_spec(tmp_path, search_space=space, budget={"n_trials": 4}), progress=False, trial_runner=fake_trials)
@@ -244,7 +247,7 @@ def test_starting_points_follow_the_references_for_their_objective_kind(tmp_path
     assert [t.user_attrs.get("tag") or t.user_attrs.get("start") for t in trials[:2]] == ["default", "lat"]
     assert "metrics" in study.user_attrs["naive"]
     assert trials[1].params == {"max_num_seqs": 1, "quantization": "int8"}
-    assert not any(t.user_attrs.get("start") == "tput" for t in trials)
+    assert not any(t.user_attrs.get("start") in ("tput", "ttft") for t in trials)  # a TPOT study: not the TTFT corner
 
 
 def test_a_new_study_starts_from_the_winner_of_an_earlier_one_of_the_same_model_and_objective(tmp_path, fake_trials):
@@ -266,3 +269,28 @@ def test_a_new_study_starts_from_the_winner_of_an_earlier_one_of_the_same_model_
                            output_dir=str(tmp_path / "out3")), progress=False, trial_runner=fake_trials)
     third = optuna.load_study(study_name="t3", storage=storage)
     assert not any(str(t.user_attrs.get("start", "")).startswith("warm:") for t in third.trials)
+
+
+def test_a_repeated_config_takes_the_earlier_measurement_and_the_budget_goes_to_new_ones(tmp_path, fake_trials):
+    """A 4-config space, 4 trials, random sampler (fake measurement): the sampler proposes measured
+    configs again; each repeat copies the earlier trial's values, costs no measurement and no budget
+    slot, and enqueues an unexplored config, so the study ends having measured all four configs."""
+    spec = write_spec(tmp_path, budget={"n_trials": 4, "confirm_top_k": 0}, seed=3, search_space={"name": "r", "knobs": [
+        {"name": "max_num_seqs", "type": "categorical", "choices": [1, 2]},
+        {"name": "quantization", "type": "categorical", "choices": ["none", "int8"]}]})
+    run_command(spec, progress=False, trial_runner=fake_trials)
+    trials = _study(tmp_path / "out").trials
+    repeats = [t for t in trials if t.user_attrs.get("unmeasured") == "repeat"]
+    measured = [t for t in trials if not t.user_attrs.get("unmeasured")]
+    assert repeats, "a seeded random sampler on 4 configs proposes one twice within 4 trials"
+    by_number = {t.number: t for t in trials}
+    for t in repeats:
+        first = by_number[t.user_attrs["repeat_of"]]
+        assert first.params == t.params and first.values == t.values and first.number < t.number
+        assert t.user_attrs["metrics"] == first.user_attrs["metrics"] and "latencies" not in t.user_attrs
+    assert len(measured) == 4
+    assert sorted((t.params["max_num_seqs"], t.params["quantization"]) for t in measured) == \
+        [(1, "int8"), (1, "none"), (2, "int8"), (2, "none")]
+    assert any(t.user_attrs.get("start") == "explore" for t in measured)
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert f"repeat of {repeats[0].user_attrs['repeat_of']}" in report

@@ -1,0 +1,193 @@
+"""The tuner's goals on one example, measured: two studies with different seeds, each winner's
+declared value against an independent re-measure, whether the two agree on the major levers,
+and the tuned result against hand-picked configs of the same space.
+
+    python bench/tuner/goals.py examples/01-chat-latency/spec.yaml --seeds 1 2 --repeats 3 \
+        --hand int8-native-2='{"quantization": "int8", "kernels.int8_activations": true, "max_num_seqs": 2}'
+
+1. `tune run` on a copy of the spec per seed (`seed: S`, its own output dir under --runs; the load
+   sweep off: it comes after the winner is declared and is not part of these goals).
+2. Independent re-measure: the default config, every study's winner and every --hand config,
+   interleaved `--repeats` times on workload seeds no study saw (1000 + i), each run an isolated
+   trial process as in `tune run` (served, as the spec measures).
+3. Goals (issue 18): each winner's declared value (its confirmation-round measurement, the one the
+   report's winner card shows) within 10% of the median re-measure; the two winners agree on
+   weight precision, KV precision and batching mode, or their re-measured values are within noise
+   (the re-measures' bootstrap intervals overlap); the better winner within 10% of the best
+   re-measured config of all (hand-picked ones included).
+
+Writes goals-<spec name>-<date>.json and .md beside this file. Takes minutes per study.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+MAJOR_LEVERS = ("quantization", "kv_dtype", "scheduling")
+
+
+def run_study(spec_path: Path, seed: int, runs: Path) -> dict:
+    """`tune run` on a copy of the spec with this seed; returns its best_metrics.json and wall time."""
+    raw = yaml.safe_load(spec_path.read_text())
+    out = runs / f"{raw['name']}-seed{seed}"
+    raw.update(seed=seed, output_dir=str(out.resolve()), sweep={"enabled": False})
+    for part in ("workload", "search_space"):  # a relative file reference is relative to the original spec
+        if isinstance(raw.get(part), str) and (spec_path.parent / raw[part]).exists():
+            raw[part] = str((spec_path.parent / raw[part]).resolve())
+    if isinstance(raw.get("model"), str) and (spec_path.parent / raw["model"]).exists():
+        raw["model"] = str((spec_path.parent / raw["model"]).resolve())
+    runs.mkdir(parents=True, exist_ok=True)
+    copy = runs / f"{raw['name']}-seed{seed}.yaml"
+    copy.write_text(yaml.safe_dump(raw, sort_keys=False))
+    t = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "slotune.tuner.cli_main", "run", str(copy), "--no-progress", "--force-new"],
+                   check=True, env={**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{(out / 'mlflow.db').resolve()}"})
+    wall = time.perf_counter() - t
+    summary = json.loads((out / "best_metrics.json").read_text())
+    return {"seed": seed, "output_dir": str(out), "wall_s": wall, "summary": summary,
+            "best_yaml": str(out / "best.yaml")}
+
+
+def declared(summary: dict) -> float:
+    """The winner's declared value: its confirmation-round measurement, or its trial's value."""
+    key = summary["objective"]
+    re = (summary.get("remeasured") or {}).get("metrics") or {}
+    return float(re.get(key, summary["value"]))
+
+
+def main() -> None:
+    from slotune.engine.config import EngineConfig
+    from slotune.tuner.metrics import ci_keys
+    from slotune.tuner.objective import TrialFailure, measure
+    from slotune.tuner.spec import TuningSpec
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("spec", type=Path)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--runs", type=Path, default=Path("runs/goals"))
+    ap.add_argument("--hand", action="append", default=[], metavar="NAME=JSON",
+                    help="a hand-picked config: EngineConfig updates (dotted keys) over the spec's fixed engine")
+    ap.add_argument("--reuse", action="store_true", help="reuse finished studies in --runs (re-measure only)")
+    ap.add_argument("--machine", default="")
+    args = ap.parse_args()
+
+    spec = TuningSpec.from_yaml(args.spec)
+    studies = []
+    for s in args.seeds:
+        out = args.runs / f"{spec.name}-seed{s}"
+        if args.reuse and (out / "best_metrics.json").exists():
+            studies.append({"seed": s, "output_dir": str(out), "wall_s": None, "best_yaml": str(out / "best.yaml"),
+                            "summary": json.loads((out / "best_metrics.json").read_text())})
+        else:
+            studies.append(run_study(args.spec, s, args.runs))
+        print(f"study seed {s}: winner {studies[-1]['summary']['params']} declared {declared(studies[-1]['summary']):.4g}",
+              flush=True)
+
+    base = spec.base_config()
+    configs = {"default": base}
+    for st in studies:
+        configs[f"winner-seed{st['seed']}"] = EngineConfig.from_yaml(st["best_yaml"])
+    for item in args.hand:
+        name, _, updates = item.partition("=")
+        configs[f"hand:{name}"] = base.with_updates(json.loads(updates))
+    obj = spec.objective
+    key = obj.metric_key()
+    keys = [key, *ci_keys(key)]
+    runs: dict[str, list[dict]] = {k: [] for k in configs}
+    for i in range(args.repeats):
+        for name, cfg in configs.items():  # interleaved: slow drifts of the machine hit every config alike
+            t = time.perf_counter()
+            try:
+                r = measure(spec, cfg, seed=1000 + i, early_stop=False, gates=False)
+                runs[name].append({k: r["metrics"].get(k) for k in keys} | {"violations": r["violations"]})
+            except TrialFailure as exc:
+                runs[name].append({"error": exc.reason})
+            print(f"repeat {i} {name}: {runs[name][-1]} ({time.perf_counter() - t:.0f} s)", flush=True)
+
+    def med(name: str, k: str) -> float | None:
+        vals = [r[k] for r in runs[name] if r.get(k) is not None]
+        return statistics.median(vals) if vals else None
+
+    better = (lambda a, b: a < b) if obj.direction() == "minimize" else (lambda a, b: a > b)
+    rows = {name: {"median": med(name, key), "ci_low": med(name, ci_keys(key)[0]), "ci_high": med(name, ci_keys(key)[1]),
+                   "values": [r.get(key) for r in runs[name]]} for name in configs}
+    winners = []
+    for st in studies:
+        name = f"winner-seed{st['seed']}"
+        d, m = declared(st["summary"]), rows[name]["median"]
+        levers = {k: configs[name].value_at(k) for k in MAJOR_LEVERS}
+        winners.append({"name": name, "declared": d, "remeasured_median": m,
+                        "declared_over_remeasured": d / m if m else None,
+                        "within_10pct": bool(m) and abs(d / m - 1) <= 0.10, "major_levers": levers,
+                        "params": st["summary"]["params"], "trial": st["summary"]["trial"], "wall_s": st["wall_s"]})
+    agree = len({json.dumps(w["major_levers"], sort_keys=True) for w in winners}) == 1
+    lo_hi = [(rows[w["name"]]["ci_low"], rows[w["name"]]["ci_high"]) for w in winners]
+    overlap = all(v is not None for iv in lo_hi for v in iv) and max(lo for lo, _ in lo_hi) <= min(hi for _, hi in lo_hi)
+    measured = {n: r["median"] for n, r in rows.items() if r["median"] is not None}
+    best_name = max(measured, key=lambda n: (measured[n] if obj.direction() == "maximize" else -measured[n]))
+    tuned_name = max((w["name"] for w in winners if measured.get(w["name"]) is not None),
+                     key=lambda n: (measured[n] if obj.direction() == "maximize" else -measured[n]))
+    t, b = measured[tuned_name], measured[best_name]
+    tuned_vs_best = (t / b) if obj.direction() == "maximize" else (b / t)
+    result = {
+        "spec": str(args.spec), "date": date.today().isoformat(), "machine": args.machine or platform.processor(),
+        "python": platform.python_version(), "objective": f"{obj.direction()} {key}", "repeats": args.repeats,
+        "configs": {n: c.model_dump(mode="json", exclude_defaults=True) for n, c in configs.items()},
+        "rows": rows, "winners": winners, "winners_agree_on_major_levers": agree,
+        "winners_within_noise": overlap, "best_config": best_name, "tuned": tuned_name,
+        "tuned_vs_best": tuned_vs_best, "tuned_within_10pct_of_best": tuned_vs_best >= 0.9,
+        "default_vs_tuned": (measured["default"] / t if obj.direction() == "minimize" else t / measured["default"])
+        if measured.get("default") else None,
+        "better": {n: better(measured[n], measured["default"]) for n in measured if n != "default"}, "runs": runs,
+    }
+    stem = HERE / f"goals-{spec.name}-{result['date']}"
+    stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    stem.with_suffix(".md").write_text(markdown(result))
+    print(markdown(result))
+
+
+def markdown(r: dict) -> str:
+    from slotune.tuner.units import format_value
+
+    key = r["objective"].split()[1]
+    lines = [f"# Tuner goals: {r['spec']}", "", f"Date {r['date']}; machine {r['machine']}; objective {r['objective']}; "
+             f"{r['repeats']} interleaved re-measures per config on unseen workload seeds (medians; interval = the "
+             "median of the re-measures' bootstrap intervals).", "",
+             "| config | re-measured median | interval | values |", "|---|---|---|---|"]
+    for n, row in r["rows"].items():
+        fmt = (lambda v: format_value(key, v) if v is not None else "-")
+        lines.append(f"| {n} | {fmt(row['median'])} | {fmt(row['ci_low'])} - {fmt(row['ci_high'])} | "
+                     f"{', '.join(fmt(v) for v in row['values'])} |")
+    lines += ["", "| winner | study wall | trial | params | declared | re-measured | declared / re-measured | within 10% |",
+              "|---|---|---|---|---|---|---|---|"]
+    for w in r["winners"]:
+        wall = f"{w['wall_s'] / 60:.1f} min" if w["wall_s"] else "-"
+        ratio = f"{w['declared_over_remeasured']:.3f}" if w["declared_over_remeasured"] else "-"
+        lines.append(f"| {w['name']} | {wall} | {w['trial']} | `{json.dumps(w['params'])}` | {format_value(key, w['declared'])} | "
+                     f"{format_value(key, w['remeasured_median']) if w['remeasured_median'] else '-'} | {ratio} | "
+                     f"{'yes' if w['within_10pct'] else 'no'} |")
+    lines += ["", f"- Winners agree on the major levers ({', '.join(MAJOR_LEVERS)}): "
+              f"**{'yes' if r['winners_agree_on_major_levers'] else 'no'}** "
+              f"({'; '.join(w['name'] + ': ' + json.dumps(w['major_levers']) for w in r['winners'])}).",
+              f"- Winners' re-measured intervals overlap (within noise): **{'yes' if r['winners_within_noise'] else 'no'}**.",
+              f"- Best re-measured config: {r['best_config']}; tuned ({r['tuned']}) / best = **{r['tuned_vs_best']:.3f}** "
+              f"(goal >= 0.9).",
+              f"- Tuned vs default (better direction): {r['default_vs_tuned']:.2f}x." if r["default_vs_tuned"] else ""]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
