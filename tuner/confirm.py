@@ -16,6 +16,12 @@ with both together (mean value, an interval spanning both: `Confirmation.default
 Alternating the default between every candidate would time drift more finely but costs k - 1
 more measurements for a comparison the round already makes between adjacent candidates.
 
+Declared numbers: the round picks the winner on its measurements, so the winner's own measurement
+in the round is biased in its favour (of k noisy candidates the one that measured luckiest tends
+to win). After the round the winner is measured `budget.declare_repeats` more times on fresh
+workload seeds (`run_declaration`), and the numbers declared (best_metrics.json `remeasured`, the
+report's winner card) are the mean of those, with an interval spanning theirs.
+
 `confirm_top_k: 0` turns the round off: the best trial wins on its own measurement and is
 re-measured once, alone, for the report (the study's behaviour before this round existed).
 
@@ -25,6 +31,7 @@ reuses it unless the candidates or the seed changed.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +44,7 @@ from slotune.tuner.slo import SLOLimits, judge
 from slotune.tuner.units import format_value, metric_label, value_with_ci
 
 CONFIRM_ATTR = "confirm"
+DECLARE_ATTR = "declare"
 
 
 def candidates(study, spec) -> list:
@@ -97,6 +105,50 @@ def run_round(spec, study, trials: list, *, runner: tuple[str, ...] = DEFAULT_TR
     return record
 
 
+def declaration_seeds(spec) -> list[int]:
+    """The workload seeds of the winner's declaration measurements: fresh ones, after the round's."""
+    return [spec.robustness_seed + 1 + i for i in range(spec.budget.declare_repeats)]
+
+
+def run_declaration(spec, study, trial, *, runner: tuple[str, ...] = DEFAULT_TRIAL_RUNNER,
+                    say: Callable[[str], None] = print) -> dict[str, Any]:
+    """Measure the declared winner `trial` on `declaration_seeds` (or reuse the stored record for the
+    same trial and seeds); store it in the study. Returns {"trial", "seeds", "measurements"}."""
+    seeds = declaration_seeds(spec)
+    stored = study.user_attrs.get(DECLARE_ATTR)
+    if stored and stored.get("trial") == trial.number and stored.get("seeds") == seeds:
+        return stored
+    config = EngineConfig.model_validate(trial.user_attrs["config"])
+    key = spec.objective.metric_key()
+    measurements = []
+    for i, seed in enumerate(seeds):
+        try:
+            r = measure(spec, config, seed=seed, early_stop=False, runner=runner, gates=False)
+            measurements.append({"trial": trial.number, "seed": seed, "metrics": r["metrics"]})
+            say(f"declare {i + 1}/{len(seeds)}: trial {trial.number} on workload seed {seed}: "
+                f"{key} = {format_value(key, r['metrics'].get(key))}")
+        except TrialFailure as exc:
+            measurements.append({"trial": trial.number, "seed": seed, "error": exc.reason})
+            say(f"declare {i + 1}/{len(seeds)}: trial {trial.number} failed: {exc.reason}")
+    record = {"trial": trial.number, "seeds": seeds, "measurements": measurements}
+    study.set_user_attr(DECLARE_ATTR, record)
+    return record
+
+
+def mean_metrics(got: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Several measurements of one config as one: the mean of each numeric metric, and an interval
+    spanning all of theirs (`_ci_low` the lowest, `_ci_high` the highest). None when empty."""
+    if not got:
+        return None
+    out: dict[str, Any] = {}
+    for k in set().union(*got):
+        vals = [m[k] for m in got if isinstance(m.get(k), (int, float)) and not isinstance(m.get(k), bool)]
+        if len(vals) != len(got):
+            continue
+        out[k] = min(vals) if k.endswith("_ci_low") else max(vals) if k.endswith("_ci_high") else sum(vals) / len(vals)
+    return out
+
+
 @dataclass(frozen=True)
 class Measured:
     """One measurement of the round, judged."""
@@ -129,6 +181,12 @@ class Confirmation:
     winner: int  # the declared winner's trial number
     is_confirmed: bool  # the winner held the SLO on re-measurement
     is_round: bool  # False: confirm_top_k 0 (the best trial re-measured alone)
+    declared: tuple[dict[str, Any], ...] = ()  # the winner's declaration measurements ({seed, metrics or error})
+
+    def with_declaration(self, record: dict[str, Any]) -> "Confirmation":
+        """This round with the winner's declaration measurements (`run_declaration`'s record)."""
+        assert record["trial"] == self.winner, "the declaration measures the round's winner"
+        return dataclasses.replace(self, declared=tuple(record["measurements"]))
 
     def of(self, trial: int | None) -> list[Measured]:
         return [m for m in self.measured if m.trial == trial]
@@ -137,23 +195,20 @@ class Confirmation:
     def default_metrics(self) -> dict[str, Any] | None:
         """The default config as the round measured it: the mean of its measurements, and an
         interval spanning both of theirs (drift over the round counts as noise)."""
-        got = [m.metrics for m in self.of(None) if m.metrics]
-        if not got:
-            return None
-        out: dict[str, Any] = {}
-        for k in set().union(*got):
-            vals = [m[k] for m in got if isinstance(m.get(k), (int, float)) and not isinstance(m.get(k), bool)]
-            if len(vals) != len(got):
-                continue
-            out[k] = min(vals) if k.endswith("_ci_low") else max(vals) if k.endswith("_ci_high") else sum(vals) / len(vals)
-        return out
+        return mean_metrics([m.metrics for m in self.of(None) if m.metrics])
 
     def remeasure(self) -> dict[str, Any]:
-        """The winner's re-measurement for the report and best.yaml: {seed, metrics or error,
-        default: the default's metrics in the same round (None when not measured)}."""
+        """The winner's declared re-measurement for the report and best.yaml: {seed, seeds, metrics or
+        error, default: the default's metrics in the round (None when not measured), round: the
+        winner's own measurement in the round}. The metrics are the mean of the declaration
+        measurements when any succeeded, else the round's."""
         mine = self.of(self.winner)[0]
-        out: dict[str, Any] = {"seed": self.seed, "default": self.default_metrics}
-        out.update({"metrics": mine.metrics} if mine.metrics is not None else {"error": mine.error})
+        declared = [d["metrics"] for d in self.declared if d.get("metrics") is not None]
+        out: dict[str, Any] = {"seed": self.seed, "default": self.default_metrics, "round": mine.metrics}
+        if declared:
+            out.update(metrics=mean_metrics(declared), seeds=[d["seed"] for d in self.declared if d.get("metrics")])
+        else:
+            out.update({"metrics": mine.metrics} if mine.metrics is not None else {"error": mine.error})
         return out
 
     def to_json(self) -> list[dict[str, Any]]:
@@ -186,6 +241,13 @@ class Confirmation:
         else:
             text = (f"No confirmation round (budget.confirm_top_k: 0): the best trial won on its own measurement "
                     f"and was measured once more, alone, on workload seed {self.seed}.")
+        ok_declared = [d for d in self.declared if d.get("metrics") is not None]
+        if ok_declared:
+            vals = ", ".join(format_value(self.key, d["metrics"].get(self.key)) for d in ok_declared)
+            text += (f"\nThe winner was then measured {len(ok_declared)} more time{'s' if len(ok_declared) > 1 else ''} "
+                     f"on fresh workload seeds ({vals}); the numbers declared for it are their mean "
+                     f"({format_value(self.key, mean_metrics([d['metrics'] for d in ok_declared]).get(self.key))}): "
+                     f"the round picked it on its own numbers there, which favour it.")
         if not self.is_confirmed:
             text += (f"\n{'No candidate' if self.is_round else 'The winner'} met the SLO when measured again: the "
                      f"winner is trial {self.winner}, the best on its own measurement, unconfirmed.")
@@ -198,6 +260,10 @@ class Confirmation:
             again = value_with_ci(m.metrics, self.key) if m.metrics is not None else f"failed: {m.error}"
             ok = "–" if m.metrics is None else ("yes" if m.feasible else "no: " + "; ".join(m.reasons))
             rows.append([str(m.position), m.label, own, again, ok, "yes" if m.trial == self.winner else ""])
+        for i, d in enumerate(self.declared):
+            again = (value_with_ci(d["metrics"], self.key) if d.get("metrics") is not None else f"failed: {d['error']}")
+            rows.append([str(len(self.measured) + i + 1), f"trial {self.winner} (declaration, seed {d['seed']})",
+                         format_value(self.key, trial_values.get(self.winner)), again, "–", "yes"])
         return ReportSection("Confirmation round", text, table=rows, anchor="confirmation")
 
 

@@ -264,6 +264,9 @@ def _winner(spec, best, remeasure, refs: dict[str, dict | None], default_latenci
     bm = best.user_attrs["metrics"]
     rm = (remeasure or {}).get("metrics") or {}
     seed = (remeasure or {}).get("seed", spec.robustness_seed)
+    # declared on the declaration measurements' seeds (tuner/confirm.py), else on the round's
+    seeds = (remeasure or {}).get("seeds") or [seed]
+    on_seeds = f"workload seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
     default = refs.get(DEFAULT_TAG)
     # Measured together in the confirmation round (tuner/confirm.py), the winner and the default
     # are compared on those numbers: same seed, same moment; else on their trials.
@@ -287,12 +290,17 @@ def _winner(spec, best, remeasure, refs: dict[str, dict | None], default_latenci
     noise = None if is_default else _noise_note(key, direction, card, card_default)
     if noise:
         notes.append(noise)
-    if rm and card is rm:
+    if rm and card is rm and (remeasure or {}).get("seeds"):
+        notes.append(f"Declared on {len(seeds)} measurement{'s' if len(seeds) > 1 else ''} after the confirmation "
+                     f"round, on {on_seeds}: {metric_label(key)} {value_with_ci(rm, key)} (their mean); the default, "
+                     f"measured in the round on workload seed {seed}: {value_with_ci(rdefault, key)}; the comparison "
+                     f"above is on these numbers.")
+    elif rm and card is rm:
         notes.append(f"Measured again on workload seed {seed} in one round with the default config: "
                      f"{metric_label(key)} {value_with_ci(rm, key)} (default {value_with_ci(rdefault, key)}); "
                      f"the comparison above is on these numbers.")
     elif rm:
-        notes.append(f"Re-measured on workload seed {seed}: {metric_label(key)} {value_with_ci(rm, key)}.")
+        notes.append(f"Re-measured on {on_seeds}: {metric_label(key)} {value_with_ci(rm, key)}.")
     elif remeasure and "error" in remeasure:
         notes.append(f"The re-measurement on workload seed {seed} failed: {remeasure['error']}")
     for k in COST_METRICS:
@@ -305,7 +313,7 @@ def _winner(spec, best, remeasure, refs: dict[str, dict | None], default_latenci
                           metric_key("ttft", obj.percentile), metric_key("tpot", 50), metric_key("tpot", obj.percentile),
                           "output_tokens_per_s", "goodput_rps", "slo_attainment", *COST_METRICS, "weight_bytes",
                           "peak_kv_blocks", "peak_memory_mb"))
-    columns = {"winner": bm, f"re-measured (seed {seed})": rm, **refs}
+    columns = {"winner": bm, f"re-measured ({on_seeds.removeprefix('workload ')})": rm, **refs}
     if rdefault:
         columns[f"default re-measured (seed {seed})"] = rdefault
     comparison = [["metric", *columns]]

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from slotune.engine.config import EngineConfig
-from slotune.tuner.confirm import candidates, confirm_round, run_round
+from slotune.tuner.confirm import candidates, confirm_round, run_declaration, run_round
 from slotune.tuner.objective import (DEFAULT_TRIAL_RUNNER, UNMEASURED_OVER_BUDGET, Objective, TrialFailure,
                                      best_trial, is_measured, measure, omp_wait_policy, trial_constraints,
                                      trials_die_with_this_process)
@@ -518,6 +518,8 @@ def finalize(spec: TuningSpec, study, tracker=None, prog=None,
         return None
     confirmation = confirm_round(spec, run_round(spec, study, trials, runner=runner, say=say), trials)
     best = next(t for t in trials if t.number == confirmation.winner)
+    if spec.budget.declare_repeats:
+        confirmation = confirmation.with_declaration(run_declaration(spec, study, best, runner=runner, say=say))
     study.set_user_attr(WINNER_ATTR, best.number)  # the declared winner, for later studies' warm starts
     remeasure = confirmation.remeasure()
     config = EngineConfig.model_validate(best.user_attrs["config"])
@@ -525,13 +527,14 @@ def finalize(spec: TuningSpec, study, tracker=None, prog=None,
     how = ("confirmed" if confirmation.is_confirmed else "unconfirmed") + (
         f" among the best {len(trials)} re-measured" if confirmation.is_round else "")
     header = (f"# slotune best config for study '{spec.name}' (trial {best.number}, {how}); "
-              f"{obj.metric_key()} = {best.values[0]:.6g}, re-measured on seed {spec.robustness_seed}: "
+              f"{obj.metric_key()} = {best.values[0]:.6g}, re-measured on seed{'s' if remeasure.get('seeds') else ''} "
+              f"{', '.join(map(str, remeasure.get('seeds') or [spec.robustness_seed]))}: "
               f"{_fmt_metric(remeasure, obj.metric_key())}; metrics in best_metrics.json\n")
     write_atomic(out / "best.yaml", header + config.to_yaml())
     summary = {"study": spec.name, "trial": best.number, "objective": obj.metric_key(),
                "direction": obj.direction(), "value": best.values[0], "metrics": best.user_attrs["metrics"],
                "remeasured": remeasure, "confirmed": confirmation.is_confirmed, "best_by_trial": trials[0].number,
-               "confirm": confirmation.to_json(), "params": best.params, "references": reference_metrics(study),
+               "confirm": confirmation.to_json(), "declared": list(confirmation.declared), "params": best.params, "references": reference_metrics(study),
                "mlflow_run_id": tracker.parent_run_id if tracker is not None else None}
     write_atomic(out / "best_metrics.json", json.dumps(summary, indent=1))
     report = write_report(spec, study, best, remeasure, out,

@@ -9,7 +9,9 @@ Its behaviour is set by the test through the environment of the process it runs 
 - FAKE_TRIAL_FAULT=crash|hang|oom|raise: a crashing, hanging, memory-hungry or unimplemented trial;
 - FAKE_TRIAL_LUCKY=knob=value[,knob=value...]: configs with these values were lucky in the study:
   measured on the study's workload seed, their latencies are halved and their throughput doubled;
-  on another seed (the confirmation round) they measure as their config says, like every other.
+  on another seed (the confirmation round) they measure as their config says, like every other;
+- FAKE_TRIAL_SEED_SCALE=seed=factor[,seed=factor...]: every config measured on that workload seed
+  has its latencies multiplied by the factor and its rates divided by it (a seed that flatters all).
 
 Its metrics carry intervals (`<key>_ci_low`/`_ci_high`, +-3%) for the latency percentiles and rates.
 """
@@ -33,7 +35,7 @@ LATENCY_KEYS = ("ttft_p50", "ttft_p95", "tpot_p50", "tpot_p95")
 RATE_KEYS = ("output_tokens_per_s", "total_tokens_per_s", "goodput_rps", "requests_per_s")
 
 
-def fake_metrics(cfg: EngineConfig, is_lucky: bool = False) -> dict[str, float]:
+def fake_metrics(cfg: EngineConfig, is_lucky: bool = False, scale: float = 1.0) -> dict[str, float]:
     seqs = cfg.max_num_seqs
     q = {"none": 1.0, "int8": 0.7, "int4": 0.55}.get(cfg.quantization, 1.0)
     tpot = 0.02 * q * (1 + 0.05 * seqs)
@@ -44,6 +46,7 @@ def fake_metrics(cfg: EngineConfig, is_lucky: bool = False) -> dict[str, float]:
     for k in LATENCY_KEYS + RATE_KEYS:
         if is_lucky:
             m[k] *= 0.5 if k in LATENCY_KEYS else 2.0
+        m[k] *= scale if k in LATENCY_KEYS else 1 / scale
         m[f"{k}_ci_low"], m[f"{k}_ci_high"] = m[k] * 0.97, m[k] * 1.03
     return m
 
@@ -55,6 +58,12 @@ def is_lucky(cfg: EngineConfig, seed: int | None) -> bool:
         return False
     values = cfg.model_dump(mode="json")
     return all(str(values.get(k)) == v for k, _, v in (item.partition("=") for item in spec.split(",")))
+
+
+def seed_scale(seed: int | None) -> float:
+    """FAKE_TRIAL_SEED_SCALE's factor for this workload seed (1 when it names none)."""
+    items = (item.partition("=") for item in os.environ.get("FAKE_TRIAL_SEED_SCALE", "").split(",") if item)
+    return next((float(f) for s, _, f in items if seed is not None and int(s) == seed), 1.0)
 
 
 def _fault() -> None:
@@ -75,7 +84,7 @@ def fake_trial(req: dict[str, Any]) -> dict[str, Any]:
         Path(req["phase_file"]).write_text("fake measurement")
     _fault()
     time.sleep(float(os.environ.get("FAKE_TRIAL_SLEEP", "0")))
-    metrics = fake_metrics(cfg, is_lucky(cfg, req.get("seed")))
+    metrics = fake_metrics(cfg, is_lucky(cfg, req.get("seed")), seed_scale(req.get("seed")))
     return {"metrics": metrics, "violations": slo_violations(metrics, req["objective"]), "early_stopped": False,
             "gates": None, "measure": req.get("measure", "served")}
 

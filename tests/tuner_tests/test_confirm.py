@@ -70,6 +70,43 @@ def test_the_winner_is_the_best_on_re_measurement_not_the_luckiest_trial(tmp_pat
     assert again["trial"] == steady and again["confirm"] == summary["confirm"]
 
 
+def test_the_declared_numbers_are_measured_after_the_round_on_fresh_seeds(tmp_path, fake_trials, monkeypatch):
+    """The round's seed (1000) flatters every config (latencies x0.8): the winner's numbers there
+    picked it, but the numbers declared for it are the mean of its declaration measurements on
+    seeds 1001 and 1002 (x1.0 and x1.2 here), not the round's."""
+    monkeypatch.setenv("FAKE_TRIAL_SEED_SCALE", "1000=0.8,1002=1.2")
+    spec = write_spec(tmp_path, sampler="grid", search_space=GRID, budget={"n_trials": 6})
+    summary = run_command(spec, progress=False, trial_runner=fake_trials)
+    out = tmp_path / "out"
+    study = _study(out)
+    winner = study.trials[summary["trial"]]
+    own = winner.values[0]  # measured on the study's seed, unscaled
+    rm = summary["remeasured"]
+    assert rm["seeds"] == [1001, 1002] and rm["seed"] == 1000
+    assert rm["round"]["tpot_p95"] == pytest.approx(0.8 * own)
+    assert rm["metrics"]["tpot_p95"] == pytest.approx(1.1 * own)  # mean of 1.0x and 1.2x
+    assert rm["metrics"]["tpot_p95_ci_low"] == pytest.approx(0.97 * own)  # spans both measurements
+    assert rm["metrics"]["tpot_p95_ci_high"] == pytest.approx(1.03 * 1.2 * own)
+    assert [d["seed"] for d in summary["declared"]] == [1001, 1002]
+    assert "re-measured on seeds 1001, 1002:" in (out / "best.yaml").read_text()
+    report = (out / "report.md").read_text()
+    assert "Declared on 2 measurements after the confirmation round, on workload seeds 1001, 1002" in report
+    assert f"trial {winner.number} (declaration, seed 1002)" in report
+    # A resumed finalize reuses the declaration: a trial process would now crash, and nothing changes.
+    monkeypatch.setenv("FAKE_TRIAL_FAULT", "crash")
+    again = finalize(TuningSpec.from_yaml(spec), study, runner=fake_trials)
+    assert again["remeasured"] == rm
+
+
+def test_declare_repeats_zero_declares_the_rounds_numbers(tmp_path, fake_trials, monkeypatch):
+    monkeypatch.setenv("FAKE_TRIAL_SEED_SCALE", "1000=0.8")
+    spec = write_spec(tmp_path, sampler="grid", search_space=GRID, budget={"n_trials": 6, "declare_repeats": 0})
+    summary = run_command(spec, progress=False, trial_runner=fake_trials)
+    own = _study(tmp_path / "out").trials[summary["trial"]].values[0]
+    assert "seeds" not in summary["remeasured"] and summary["declared"] == []
+    assert summary["remeasured"]["metrics"]["tpot_p95"] == pytest.approx(0.8 * own)
+
+
 def test_confirm_top_k_zero_re_measures_only_the_best_trial(tmp_path, fake_trials, monkeypatch):
     monkeypatch.setenv("FAKE_TRIAL_LUCKY", "max_num_seqs=4,quantization=none")
     spec = write_spec(tmp_path, sampler="grid", search_space=GRID, budget={"n_trials": 6, "confirm_top_k": 0})
