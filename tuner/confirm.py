@@ -18,9 +18,10 @@ more measurements for a comparison the round already makes between adjacent cand
 
 Declared numbers: the round picks the winner on its measurements, so the winner's own measurement
 in the round is biased in its favour (of k noisy candidates the one that measured luckiest tends
-to win). After the round the winner is measured `budget.declare_repeats` more times on fresh
-workload seeds (`run_declaration`), and the numbers declared (best_metrics.json `remeasured`, the
-report's winner card) are the mean of those, with an interval spanning theirs.
+to win). After the round the winner and the default config are measured on `budget.declare_repeats`
+fresh workload seeds, one after the other on each (`run_declaration`), and the numbers declared
+(best_metrics.json `remeasured`, the report's winner card) are the winner's mean there, with an
+interval spanning its measurements, compared with the default's mean on the same seeds.
 
 `confirm_top_k: 0` turns the round off: the best trial wins on its own measurement and is
 re-measured once, alone, for the report (the study's behaviour before this round existed).
@@ -106,30 +107,43 @@ def run_round(spec, study, trials: list, *, runner: tuple[str, ...] = DEFAULT_TR
 
 
 def declaration_seeds(spec) -> list[int]:
-    """The workload seeds of the winner's declaration measurements: fresh ones, after the round's."""
-    return [spec.robustness_seed + 1 + i for i in range(spec.budget.declare_repeats)]
+    """The workload seeds of the declaration measurements: fresh ones after the round's, skipping
+    the study's own workload seed (its trials' numbers favour their configs too)."""
+    from slotune.tuner.workload import MAX_SEED
+
+    seeds, seed = [], spec.robustness_seed
+    while len(seeds) < spec.budget.declare_repeats:
+        seed = seed + 1 if seed < MAX_SEED else 0
+        if seed not in (spec.workload.seed, spec.robustness_seed):
+            seeds.append(seed)
+    return seeds
 
 
 def run_declaration(spec, study, trial, *, runner: tuple[str, ...] = DEFAULT_TRIAL_RUNNER,
                     say: Callable[[str], None] = print) -> dict[str, Any]:
-    """Measure the declared winner `trial` on `declaration_seeds` (or reuse the stored record for the
-    same trial and seeds); store it in the study. Returns {"trial", "seeds", "measurements"}."""
+    """Measure the declared winner `trial` and the default config on each of `declaration_seeds`,
+    winner first (or reuse the stored record for the same trial and seeds, unless every winner
+    measurement in it failed); store it in the study. Returns {"trial", "seeds", "measurements":
+    [{"trial" (None: the default), "seed", "metrics" or "error"}]}."""
     seeds = declaration_seeds(spec)
     stored = study.user_attrs.get(DECLARE_ATTR)
-    if stored and stored.get("trial") == trial.number and stored.get("seeds") == seeds:
+    if (stored and stored.get("trial") == trial.number and stored.get("seeds") == seeds
+            and any(m.get("metrics") for m in stored["measurements"] if m.get("trial") is not None)):
         return stored
-    config = EngineConfig.model_validate(trial.user_attrs["config"])
+    configs = {trial.number: EngineConfig.model_validate(trial.user_attrs["config"]), None: spec.base_config()}
     key = spec.objective.metric_key()
     measurements = []
-    for i, seed in enumerate(seeds):
+    order = [(seed, number) for seed in seeds for number in (trial.number, None)]
+    for i, (seed, number) in enumerate(order):
+        label = DEFAULT_TAG if number is None else f"trial {number}"
         try:
-            r = measure(spec, config, seed=seed, early_stop=False, runner=runner, gates=False)
-            measurements.append({"trial": trial.number, "seed": seed, "metrics": r["metrics"]})
-            say(f"declare {i + 1}/{len(seeds)}: trial {trial.number} on workload seed {seed}: "
+            r = measure(spec, configs[number], seed=seed, early_stop=False, runner=runner, gates=False)
+            measurements.append({"trial": number, "seed": seed, "metrics": r["metrics"]})
+            say(f"declare {i + 1}/{len(order)}: {label} on workload seed {seed}: "
                 f"{key} = {format_value(key, r['metrics'].get(key))}")
         except TrialFailure as exc:
-            measurements.append({"trial": trial.number, "seed": seed, "error": exc.reason})
-            say(f"declare {i + 1}/{len(seeds)}: trial {trial.number} failed: {exc.reason}")
+            measurements.append({"trial": number, "seed": seed, "error": exc.reason})
+            say(f"declare {i + 1}/{len(order)}: {label} failed: {exc.reason}")
     record = {"trial": trial.number, "seeds": seeds, "measurements": measurements}
     study.set_user_attr(DECLARE_ATTR, record)
     return record
@@ -181,7 +195,8 @@ class Confirmation:
     winner: int  # the declared winner's trial number
     is_confirmed: bool  # the winner held the SLO on re-measurement
     is_round: bool  # False: confirm_top_k 0 (the best trial re-measured alone)
-    declared: tuple[dict[str, Any], ...] = ()  # the winner's declaration measurements ({seed, metrics or error})
+    limits: SLOLimits | None = None  # the SLO the measurements are judged against
+    declared: tuple[dict[str, Any], ...] = ()  # the declaration measurements ({trial, seed, metrics or error})
 
     def with_declaration(self, record: dict[str, Any]) -> "Confirmation":
         """This round with the winner's declaration measurements (`run_declaration`'s record)."""
@@ -197,18 +212,34 @@ class Confirmation:
         interval spanning both of theirs (drift over the round counts as noise)."""
         return mean_metrics([m.metrics for m in self.of(None) if m.metrics])
 
+    def declared_of(self, trial: int | None) -> list[dict[str, Any]]:
+        """The declaration measurements of `trial` (None: the default) that succeeded."""
+        return [d for d in self.declared if d.get("trial") == trial and d.get("metrics") is not None]
+
     def remeasure(self) -> dict[str, Any]:
-        """The winner's declared re-measurement for the report and best.yaml: {seed, seeds, metrics or
-        error, default: the default's metrics in the round (None when not measured), round: the
-        winner's own measurement in the round}. The metrics are the mean of the declaration
-        measurements when any succeeded, else the round's."""
+        """The winner's declared re-measurement for the report and best.yaml: {seed, metrics or error,
+        default: the default's metrics measured beside it (None when not measured; default_seeds:
+        on which workload seeds), round: the
+        winner's own measurement in the round, reasons: why the declared metrics miss the SLO ([]
+        when they hold)}. With declaration measurements (`seeds`: the seeds they used), the metrics
+        are the winner's mean over them and the default's its mean on the same seeds; when every
+        one of the winner's failed, the round's numbers, and `declare_error` says why."""
         mine = self.of(self.winner)[0]
-        declared = [d["metrics"] for d in self.declared if d.get("metrics") is not None]
-        out: dict[str, Any] = {"seed": self.seed, "default": self.default_metrics, "round": mine.metrics}
-        if declared:
-            out.update(metrics=mean_metrics(declared), seeds=[d["seed"] for d in self.declared if d.get("metrics")])
+        wins, defaults = self.declared_of(self.winner), self.declared_of(None)
+        out: dict[str, Any] = {"seed": self.seed, "default": self.default_metrics, "default_seeds": [self.seed],
+                               "round": mine.metrics}
+        if wins:
+            out.update(metrics=mean_metrics([d["metrics"] for d in wins]), seeds=[d["seed"] for d in wins])
+            same = [d for d in defaults if d["seed"] in out["seeds"]]
+            if same:
+                out.update(default=mean_metrics([d["metrics"] for d in same]), default_seeds=[d["seed"] for d in same])
         else:
             out.update({"metrics": mine.metrics} if mine.metrics is not None else {"error": mine.error})
+            errors = [d["error"] for d in self.declared if d.get("trial") == self.winner and d.get("error")]
+            if errors:
+                out["declare_error"] = errors[0]
+        metrics = out.get("metrics")
+        out["reasons"] = judge(metrics, self.limits).reasons if metrics is not None and self.limits else []
         return out
 
     def to_json(self) -> list[dict[str, Any]]:
@@ -241,13 +272,20 @@ class Confirmation:
         else:
             text = (f"No confirmation round (budget.confirm_top_k: 0): the best trial won on its own measurement "
                     f"and was measured once more, alone, on workload seed {self.seed}.")
-        ok_declared = [d for d in self.declared if d.get("metrics") is not None]
-        if ok_declared:
-            vals = ", ".join(format_value(self.key, d["metrics"].get(self.key)) for d in ok_declared)
-            text += (f"\nThe winner was then measured {len(ok_declared)} more time{'s' if len(ok_declared) > 1 else ''} "
-                     f"on fresh workload seeds ({vals}); the numbers declared for it are their mean "
-                     f"({format_value(self.key, mean_metrics([d['metrics'] for d in ok_declared]).get(self.key))}): "
-                     f"the round picked it on its own numbers there, which favour it.")
+        wins = self.declared_of(self.winner)
+        if wins:
+            vals = ", ".join(format_value(self.key, d["metrics"].get(self.key)) for d in wins)
+            text += (f"\nThe winner was then measured {len(wins)} more time{'s' if len(wins) > 1 else ''} on fresh "
+                     f"workload seeds ({vals}), each time beside the default; the numbers declared for it are their "
+                     f"mean ({format_value(self.key, mean_metrics([d['metrics'] for d in wins]).get(self.key))}), "
+                     f"compared with the default's on the same seeds: the round picked it on its own numbers there, "
+                     f"which favour it.")
+            missed = self.remeasure()["reasons"]
+            if missed:
+                text += f" Its declared numbers miss the SLO: {'; '.join(missed)}."
+        elif self.declared:
+            text += (f"\nThe declaration measurements of the winner failed ({self.remeasure().get('declare_error')}); "
+                     f"its declared numbers are the round's.")
         if not self.is_confirmed:
             text += (f"\n{'No candidate' if self.is_round else 'The winner'} met the SLO when measured again: the "
                      f"winner is trial {self.winner}, the best on its own measurement, unconfirmed.")
@@ -262,8 +300,12 @@ class Confirmation:
             rows.append([str(m.position), m.label, own, again, ok, "yes" if m.trial == self.winner else ""])
         for i, d in enumerate(self.declared):
             again = (value_with_ci(d["metrics"], self.key) if d.get("metrics") is not None else f"failed: {d['error']}")
-            rows.append([str(len(self.measured) + i + 1), f"trial {self.winner} (declaration, seed {d['seed']})",
-                         format_value(self.key, trial_values.get(self.winner)), again, "–", "yes"])
+            reasons = judge(d["metrics"], self.limits).reasons if d.get("metrics") is not None and self.limits else []
+            ok = "–" if d.get("metrics") is None else ("yes" if not reasons else "no: " + "; ".join(reasons))
+            who = DEFAULT_TAG if d.get("trial") is None else f"trial {d['trial']}"
+            own = "–" if d.get("trial") is None else format_value(self.key, trial_values.get(d["trial"]))
+            rows.append([str(len(self.measured) + i + 1), f"{who} (declaration, seed {d['seed']})", own, again, ok,
+                         "yes" if d.get("trial") == self.winner else ""])
         return ReportSection("Confirmation round", text, table=rows, anchor="confirmation")
 
 
@@ -291,7 +333,7 @@ def confirm_round(spec, record: dict[str, Any], trials: list) -> Confirmation:
     best = min(held, key=lambda m: (sign * m.metrics[key], by_trial.index(m.trial))) if held else None
     return Confirmation(seed=record["seed"], key=key, direction=direction, measured=measured, by_trial=by_trial,
                         winner=best.trial if best is not None else by_trial[0], is_confirmed=best is not None,
-                        is_round=bool(spec.budget.confirm_top_k))
+                        is_round=bool(spec.budget.confirm_top_k), limits=limits)
 
 
 def _ordinal(n: int) -> str:

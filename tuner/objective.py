@@ -4,6 +4,9 @@ The lifecycle of one trial (`Objective.__call__`):
   sample -> build EngineConfig -> run `slotune.tuner.trial_runner` in a child process under a
   timeout and a memory cap -> record metrics, SLO constraints, gates as user attributes ->
   return the objective value(s).
+With `screening` on, a searched trial first measures a short replay (`Objective._screen`) and
+goes on to the full one only when Optuna's pruner finds it promising; else it ends PRUNED,
+"screened out", holding its share of a budget slot (`budget_share`).
 A child that crashes, hangs, runs out of memory or raises is recorded as a FAIL trial with the
 reason (`TrialFailure`); the study goes on. The memory cap watches the child's resident set:
 RLIMIT_AS would also count torch's large virtual reservations and kill healthy trials.
@@ -62,7 +65,7 @@ UNMEASURED_REPEAT = "repeat"
 EXPLORE_START = "explore"
 # What a repeat trial copies from the trial that measured its config (not `latencies`: per-request
 # arrays, kept once, on the trial that measured them).
-REPEAT_ATTRS = ("config", "metrics", "violations", "feasible", "early_stopped", "gates")
+REPEAT_ATTRS = ("config", "metrics", "violations", "feasible", "early_stopped", "gates", "screen", "screened_out")
 
 
 def is_measured(trial) -> bool:
@@ -71,15 +74,29 @@ def is_measured(trial) -> bool:
     return not (ua.get("forbidden") or ua.get("unmeasured"))
 
 
-def earlier_measurement(study, params: dict[str, Any], before: int | None = None):
-    """The first complete, measured trial of `study` (numbered below `before`) with exactly these
-    params, or None. Samplers re-propose configs on small spaces (TPE on a 30-config grid proposed
-    a measured config in about one trial of three): a repeat takes this trial's values instead of
-    a measurement, and does not count against the budget."""
+def budget_share(trial) -> float:
+    """How much of a budget slot `trial` holds: 0 unmeasured, its short replay's share when it was
+    screened out (`Screening.share`), else 1 (a running trial too: it may go on to the full replay)."""
+    if not is_measured(trial):
+        return 0.0
+    return float(trial.user_attrs.get("screen", {}).get("share", 1.0)) if is_screened_out(trial) else 1.0
+
+
+def is_screened_out(trial) -> bool:
+    """A trial ended on its short replay (`Objective._screen`)."""
+    return bool(trial.user_attrs.get("screened_out"))
+
+
+def earlier_measurement(study, params: dict[str, Any], before: int | None = None, screened_out: bool = False):
+    """The first measured trial of `study` (numbered below `before`) with exactly these params,
+    complete (or, with `screened_out`, screened out: the study screens now), or None. Samplers re-propose configs on small spaces (TPE on a
+    30-config grid proposed a measured config in about one trial of three): a repeat takes this
+    trial's outcome instead of a measurement, and does not count against the budget."""
     from optuna.trial import TrialState  # optuna: the [tune] extra, imported where a study exists
 
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        if (before is None or t.number < before) and is_measured(t) and t.params == params:
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+        if ((before is None or t.number < before) and is_measured(t) and t.params == params
+                and (t.state == TrialState.COMPLETE or (screened_out and is_screened_out(t)))):
             return t
     return None
 
@@ -304,14 +321,16 @@ def _watch(proc: subprocess.Popen, phase_file: Path, timeout_s: float, memory_gb
     return None, last_phase
 
 
-def trial_request(spec, config, seed: int | None = None, early_stop: bool = True, gates: bool = True) -> dict[str, Any]:
-    """Everything the child needs, as JSON: config, workload, objective, gates (none with
-    `gates=False`), early stop, and how to measure (`budget.measure`: served over HTTP or in process)."""
+def trial_request(spec, config, seed: int | None = None, early_stop: bool = True, gates: bool = True,
+                  workload=None) -> dict[str, Any]:
+    """Everything the child needs, as JSON: config, workload (the spec's unless given: a screening
+    replay's), objective, gates (none with `gates=False`), early stop, and how to measure
+    (`budget.measure`: served over HTTP or in process)."""
     es = spec.early_stop.model_dump(mode="json")
     es["enabled"] = es["enabled"] and early_stop
     return {
         "config": config.model_dump(mode="json"),
-        "workload": spec.workload.model_dump(mode="json"),
+        "workload": (workload or spec.workload).model_dump(mode="json"),
         "objective": spec.objective.model_dump(mode="json"),
         "gates": [g.model_dump(mode="json") for g in spec.quality_gates] if gates else [],
         "early_stop": es,
@@ -322,7 +341,7 @@ def trial_request(spec, config, seed: int | None = None, early_stop: bool = True
 
 
 def measure(spec, config, seed: int | None = None, on_phase=None, early_stop: bool = True,
-            runner: tuple[str, ...] = DEFAULT_TRIAL_RUNNER, gates: bool = True) -> dict[str, Any]:
+            runner: tuple[str, ...] = DEFAULT_TRIAL_RUNNER, gates: bool = True, workload=None) -> dict[str, Any]:
     """Measure `config` on the spec's workload in a child process; raises TrialFailure.
 
     Args:
@@ -334,13 +353,14 @@ def measure(spec, config, seed: int | None = None, on_phase=None, early_stop: bo
             complete to compare against).
         runner: the trial process's command (see `run_trial_process`).
         gates: run the quality gates (off for a re-measurement: they do not depend on the workload).
+        workload: replay this WorkloadSpec instead of the spec's (a screening replay).
 
     Returns:
         The child's result (see `run_trial_process`); with a price (`spec.cost`), its metrics
         carry the cost per 1M tokens (`metrics.cost_metrics`, intervals included).
     """
     b = spec.budget
-    result = run_trial_process(trial_request(spec, config, seed, early_stop, gates), timeout_s=b.trial_timeout_s,
+    result = run_trial_process(trial_request(spec, config, seed, early_stop, gates, workload), timeout_s=b.trial_timeout_s,
                                memory_gb=b.trial_memory_gb, on_phase=on_phase, threads=b.trial_threads,
                                wait_policy=b.trial_omp_wait_policy, runner=runner)
     if spec.cost is not None:  # priced here, after any trial process: the same price for every measurement
@@ -413,10 +433,13 @@ class Objective:
         except ValueError as exc:  # rejected before any measurement: not counted either
             trial.set_user_attr("unmeasured", UNMEASURED_INVALID)
             raise self._fail(trial, f"invalid config: {_config_problems(exc)}") from None
-        earlier = earlier_measurement(trial.study, trial.params, before=trial.number)
+        earlier = earlier_measurement(trial.study, trial.params, before=trial.number,
+                                      screened_out=self.spec.screening.enabled)
         if earlier is not None:
             return self._repeat(trial, earlier)
         trial.set_user_attr("config", config.model_dump(mode="json"))
+        if self.spec.screening.enabled and not trial.user_attrs.get("tag"):
+            self._screen(trial, config)  # raises TrialPruned when screened out
         self._phase(trial.number, "starting trial process")
         try:
             # The default and naive trials are the yardsticks: measured in full, never cut short.
@@ -426,9 +449,58 @@ class Objective:
             raise self._fail(trial, exc.reason) from None
         return self._record(trial, result)
 
+    def _screen(self, trial, config) -> None:
+        """The short replay (`Screening`): report its value to Optuna (step 0) and go on when the
+        study's pruner (`screening.ScreeningPruner`) finds it promising; else end the trial PRUNED,
+        screened out. A short replay that stops early (the SLO out of reach) screens the trial out
+        whatever the others did."""
+        import optuna
+
+        screen, wl = self.spec.screening, self.spec.workload
+        short = screen.short_workload(wl)
+        try:
+            result = measure(self.spec, config, on_phase=lambda p: self._phase(trial.number, f"screening: {p}"),
+                             early_stop=True, runner=self.runner, gates=False, workload=short)
+        except TrialFailure as exc:  # a config that cannot run fails before the full replay is spent
+            raise self._fail(trial, f"{exc.reason} (screening replay)") from None
+        key = self.spec.objective.metric_key()
+        value = result["metrics"].get(key)
+        share = screen.share(wl)
+        trial.set_user_attr("screen", {"num_requests": short.num_requests, "of": wl.num_requests, "share": share,
+                                       "value": value, "early_stopped": result["early_stopped"]})
+        if value is None and not result["early_stopped"]:
+            raise self._fail(trial, f"metric {key} was not measured in the screening replay (no request finished)")
+        if value is not None:
+            trial.report(float(value), 0)
+        if not result["early_stopped"] and not trial.should_prune():  # the study's ScreeningPruner decides
+            return
+        reason = self._screen_reason(trial, key, value, result["early_stopped"], wl)
+        self._store(trial, result)
+        trial.set_user_attr("feasible", False)  # not measured in full, gates not run
+        trial.set_user_attr("screened_out", True)
+        trial.set_user_attr("fail_reason", reason)
+        raise optuna.TrialPruned(reason)
+
+    def _screen_reason(self, trial, key: str, value, early_stopped: bool, wl) -> str:
+        from slotune.tuner.screening import bar, peers
+        from slotune.tuner.units import format_value, metric_label
+
+        screen = self.spec.screening
+        n = screen.describe(wl)
+        if early_stopped:
+            return f"screened out after {n}: the short replay stopped early (the SLO out of reach)"
+        group = peers(trial.study, trial.number)
+        b = bar([t.intermediate_values[0] for t in group], screen.percentile, self.spec.objective.direction())
+        which = "median" if screen.percentile == 50 else f"best {screen.percentile:g}% bar"
+        return (f"screened out after {n}: {metric_label(key)} {format_value(key, value)}, worse than the {which} "
+                f"({format_value(key, b)}) of the {len(group)} trials measured in full that met the SLO")
+
     def _repeat(self, trial, earlier) -> float | list[float]:
         """Trial `earlier` measured these params: copy its outcome (TPE learns the same as from a
-        re-measurement, at no cost) and enqueue an unexplored config, so the budget goes to new ones."""
+        re-measurement, at no cost) and enqueue an unexplored config, so the budget goes to new ones.
+        A screened-out config stays screened out (PRUNED, with the same reason)."""
+        import optuna
+
         for k in REPEAT_ATTRS:
             if k in earlier.user_attrs:
                 trial.set_user_attr(k, earlier.user_attrs[k])
@@ -439,6 +511,11 @@ class Objective:
         trial.set_user_attr("repeat_of", earlier.number)
         trial.set_user_attr("fail_reason", None)
         enqueue_unexplored(self.space, trial.study, seed=None if self.spec.seed is None else self.spec.seed + trial.number)
+        if is_screened_out(earlier):
+            if 0 in earlier.intermediate_values:
+                trial.report(earlier.intermediate_values[0], 0)
+            trial.set_user_attr("fail_reason", earlier.user_attrs.get("fail_reason"))
+            raise optuna.TrialPruned(earlier.user_attrs.get("fail_reason"))
         values = list(earlier.values)
         return values if len(values) > 1 else values[0]
 
@@ -446,7 +523,8 @@ class Objective:
         trial.set_user_attr("fail_reason", reason)
         return TrialFailure(reason)
 
-    def _record(self, trial, result: dict[str, Any]) -> float | list[float]:
+    def _store(self, trial, result: dict[str, Any]) -> None:
+        """A measurement's metrics, SLO constraints, gates and latencies as the trial's attributes."""
         m = result["metrics"]
         violations = constraint_values(result["violations"])
         trial.set_user_attr("metrics", m)
@@ -460,6 +538,11 @@ class Objective:
             trial.set_user_attr("gates", result["gates"])
         if result.get("latencies"):
             trial.set_user_attr("latencies", result["latencies"])
+
+    def _record(self, trial, result: dict[str, Any]) -> float | list[float]:
+        """`_store` the measurement; returns the objective value(s)."""
+        self._store(trial, result)
+        m = result["metrics"]
         obj = self.spec.objective
         values = []
         for metric in obj.metrics:

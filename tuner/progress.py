@@ -7,7 +7,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from slotune.tuner.objective import best_trial, is_measured
+from slotune.tuner.objective import best_trial, budget_share
 from slotune.tuner.references import trial_label
 from slotune.tuner.slo import metric_key
 
@@ -53,7 +53,7 @@ class Progress:
             if t.state.is_finished():
                 self._add(study, t, log=False)
         if self.rows:
-            self.say(f"resuming study '{self.spec.name}': {self.num_finished}/{self.total} trials already finished")
+            self.say(f"resuming study '{self.spec.name}': {_slots(self.num_finished)}/{self.total} trials already finished")
 
     def phase(self, number: int | None, text: str) -> None:
         self.current = f"trial {number}: {text}" if number is not None else text
@@ -98,12 +98,11 @@ class Progress:
         detail = ua.get("fail_reason") or ", ".join(f"{k}={v}" for k, v in trial.params.items())
         tag = trial_label(ua)
         self.rows.append((f"{trial.number}" + (f" ({tag})" if tag else ""), trial.state.name, value, feasible, detail[:100]))
-        if is_measured(trial):
-            self.num_finished += 1
+        self.num_finished += budget_share(trial)  # a screened-out trial: its short replay's share
         b = best_trial(study, self.spec)
         self.best = f"{b.values[0]:.4g} (trial {b.number})" if b else "-"
         if log and self._live is None:
-            self.say(f"[{self.num_finished}/{self.total}] trial {trial.number} {trial.state.name} "
+            self.say(f"[{_slots(self.num_finished)}/{self.total}] trial {trial.number} {trial.state.name} "
                      f"{self.spec.objective.metric_key()}={value} feasible={feasible} best={self.best} | {detail[:160]}")
 
     def _table(self, last: int = 12) -> Table:
@@ -116,7 +115,12 @@ class Progress:
         return t
 
     def _render(self) -> Group:
-        return Group(self._table(), f"[bold]{self.num_finished}/{self.total}[/bold] trials · best {self.best} · {self.current}")
+        return Group(self._table(), f"[bold]{_slots(self.num_finished)}/{self.total}[/bold] trials · best {self.best} · {self.current}")
+
+
+def _slots(x: float) -> str:
+    """Budget slots held: "3", or "3.33" with screened-out trials' shares."""
+    return str(round(x)) if abs(x - round(x)) < 1e-9 else f"{x:.2f}"
 
 
 def _fmt(v) -> str:

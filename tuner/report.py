@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from slotune.evals.gate_spec import GateSpec
+from slotune.tuner.objective import is_screened_out
 from slotune.tuner.spec import COST_METRICS
 from slotune.tuner.references import DEFAULT_TAG, reference_metrics, reference_results, trial_label
 from slotune.tuner.reasons import gate_words, infeasible_reasons
@@ -292,9 +293,11 @@ def _winner(spec, best, remeasure, refs: dict[str, dict | None], default_latenci
         notes.append(noise)
     if rm and card is rm and (remeasure or {}).get("seeds"):
         notes.append(f"Declared on {len(seeds)} measurement{'s' if len(seeds) > 1 else ''} after the confirmation "
-                     f"round, on {on_seeds}: {metric_label(key)} {value_with_ci(rm, key)} (their mean); the default, "
-                     f"measured in the round on workload seed {seed}: {value_with_ci(rdefault, key)}; the comparison "
-                     f"above is on these numbers.")
+                     f"round, each beside the default config, on {on_seeds}: {metric_label(key)} "
+                     f"{value_with_ci(rm, key)} (their mean; default {value_with_ci(rdefault, key)}"
+                     + ("" if (remeasure or {}).get("default_seeds") == seeds else f", measured in the round on "
+                        f"workload seed {seed}: its declaration measurements failed") + "); the comparison above "
+                     "is on these numbers.")
     elif rm and card is rm:
         notes.append(f"Measured again on workload seed {seed} in one round with the default config: "
                      f"{metric_label(key)} {value_with_ci(rm, key)} (default {value_with_ci(rdefault, key)}); "
@@ -303,6 +306,11 @@ def _winner(spec, best, remeasure, refs: dict[str, dict | None], default_latenci
         notes.append(f"Re-measured on {on_seeds}: {metric_label(key)} {value_with_ci(rm, key)}.")
     elif remeasure and "error" in remeasure:
         notes.append(f"The re-measurement on workload seed {seed} failed: {remeasure['error']}")
+    if (remeasure or {}).get("declare_error"):
+        notes.append(f"The declaration measurements after the round failed ({remeasure['declare_error']}): the "
+                     f"numbers above are the round's, which picked this config and so favour it.")
+    if (remeasure or {}).get("reasons"):
+        notes.append(f"Its declared numbers miss the SLO: {'; '.join(remeasure['reasons'])}.")
     for k in COST_METRICS:
         if card.get(k) is not None:
             d = (card_default or {}).get(k)
@@ -315,7 +323,8 @@ def _winner(spec, best, remeasure, refs: dict[str, dict | None], default_latenci
                           "peak_kv_blocks", "peak_memory_mb"))
     columns = {"winner": bm, f"re-measured ({on_seeds.removeprefix('workload ')})": rm, **refs}
     if rdefault:
-        columns[f"default re-measured (seed {seed})"] = rdefault
+        dseeds = (remeasure or {}).get("default_seeds") or [seed]
+        columns[f"default re-measured (seed{'s' if len(dseeds) > 1 else ''} {', '.join(map(str, dseeds))})"] = rdefault
     comparison = [["metric", *columns]]
     for k in keys:
         row = [value_with_ci(m, k) if m else "–" for m in columns.values()]
@@ -389,6 +398,13 @@ def gather(spec, study, best, remeasure) -> ReportData:
                f"SLO: {limits.describe()}; quality gates: {gates}.",
                f"Sampler {spec.sampler}; {len(states)} trials ({states.count('COMPLETE')} complete, "
                f"{states.count('FAIL')} failed, {states.count('PRUNED')} pruned)."]
+    if spec.screening.enabled:
+        from slotune.tuner.screening import screened_in  # optuna: only where a study exists
+
+        out = [t for t in study.trials if is_screened_out(t) and t.user_attrs.get("repeat_of") is None]
+        summary.append(f"Screening: each searched trial replayed {spec.screening.describe(spec.workload)} first; "
+                       f"{len(out)} were screened out there (each holding {number(spec.screening.share(spec.workload))} "
+                       f"of a budget slot), {len(screened_in(study))} passed and were measured in full.")
     replay = describe_replay(spec.workload)
     if replay is not None:  # a trace workload: which traffic window the numbers are about
         summary.append(f"Traffic: tuned on {replay}.")

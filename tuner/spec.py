@@ -136,6 +136,47 @@ class Sweep(_Strict):
     min_requests: int = Field(8, ge=1, description="measured requests per point, at least (more at high load)")
 
 
+class Screening(_Strict):
+    """Multi-fidelity screening (tuner/screening.py decides, `Objective._screen` replays).
+
+    Every searched trial first replays the head of the workload (the same requests, same seed; a
+    share of them, at least `min_requests` and, closed loop, at least `concurrency`). Only a config
+    whose short-replay value is as good as the `percentile` of its peers' (the trials before it that
+    passed screening, were measured in full and met the SLO) goes on to the full replay and the
+    quality gates. A trial screened out holds its share of a slot of `budget.n_trials`, so the same
+    budget measures more configs; a trial starts while fewer than n_trials slots are held, so one
+    that passes last can take the study past n_trials by less than a slot. The default and naive
+    configs are measured in full, never screened. Single-objective studies with TPE or random
+    search only: Optuna prunes single-objective studies only, and the other samplers learn nothing
+    from pruned trials.
+    """
+
+    enabled: bool = Field(False, description="screen each searched trial on a short replay first")
+    fraction: float = Field(0.34, gt=0, lt=1, description="the short replay's share of the workload's requests")
+    min_requests: int = Field(8, ge=1, description="the short replay's measured requests, at least")
+    percentile: float = Field(50.0, gt=0, lt=100, description="go on to the full replay when the short-replay value is "
+                              "within the best `percentile` % of the peers' (50 = the median)")
+    n_startup_trials: int = Field(3, ge=1, description="peers (passed screening, measured in full, met the SLO) "
+                                  "needed before any trial is screened out")
+
+    def short_workload(self, wl: WorkloadSpec) -> WorkloadSpec:
+        """`wl` cut to the short replay: its first `num_requests(wl)` requests, same seed and shapes."""
+        return wl.model_copy(update={"num_requests": self.num_requests(wl)})
+
+    def num_requests(self, wl: WorkloadSpec) -> int:
+        """The short replay's measured requests (`wl.num_requests` is set: checked by TuningSpec)."""
+        floor = max(self.min_requests, wl.concurrency if wl.is_closed_loop else 1)
+        return min(wl.num_requests, max(math.ceil(self.fraction * wl.num_requests), floor))
+
+    def share(self, wl: WorkloadSpec) -> float:
+        """The short replay's share of the full one: what a screened-out trial costs the budget."""
+        return self.num_requests(wl) / wl.num_requests
+
+    def describe(self, wl: WorkloadSpec) -> str:
+        """The short replay in words: "8 of 24 requests"."""
+        return f"{self.num_requests(wl)} of {wl.num_requests} requests"
+
+
 class TuningSpec(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=128)
     model: str = Field(DEFAULT_MODEL, min_length=1, description="a bundled name, a .gguf file or an HF checkpoint dir "
@@ -162,6 +203,8 @@ class TuningSpec(_Strict):
     peak_rps: float | None = Field(None, gt=0, description="requests/s at peak traffic: with `sweep`, the report says "
                                    "how many replicas of each config serve it within the SLO")
     sweep: Sweep = Sweep()
+    screening: Screening = Field(Screening(), description="multi-fidelity screening: a short replay first, the full "
+                                 "one only for promising configs (off by default)")
 
     @field_validator("model")
     @classmethod
@@ -245,7 +288,27 @@ class TuningSpec(_Strict):
                     else f"objective.pareto_with '{priced[0]}'")
             raise ValueError(f"{what} needs cost.usd_per_hour (the price of one replica for an hour), which is not "
                              "set; add `cost: {usd_per_hour: 2.5}` to the spec")
+        if self.screening.enabled:
+            self._check_screening()
         return self
+
+    def _check_screening(self) -> None:
+        if len(self.objective.metrics) > 1:
+            raise ValueError("screening.enabled: Optuna prunes single-objective studies only, and objective.pareto_with "
+                             "makes this one multi-objective; drop one of them")
+        if self.sampler not in ("tpe", "random"):
+            raise ValueError(f"screening.enabled: sampler '{self.sampler}' learns nothing from screened-out (pruned) "
+                             "trials and would propose them again; use sampler tpe or random with it")
+        wl = self.workload
+        is_trace_replay = wl.trace is not None and not isinstance(wl.trace, str)
+        if is_trace_replay or wl.num_requests is None or wl.duration_s is not None:
+            raise ValueError("screening.enabled: the short replay is the workload's first requests, so the workload "
+                             "needs num_requests and no duration_s or trace replay; set workload.num_requests")
+        if self.screening.share(wl) >= 1:
+            raise ValueError(f"screening.enabled: the short replay would be the whole workload "
+                             f"({wl.num_requests} requests; at least screening.min_requests = "
+                             f"{self.screening.min_requests}{' and concurrency' if wl.is_closed_loop else ''}); "
+                             "lower screening.min_requests or raise workload.num_requests")
 
     # --- resolution ------------------------------------------------------------------------
     @classmethod

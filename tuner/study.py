@@ -28,7 +28,7 @@ from typing import Any
 from slotune.engine.config import EngineConfig
 from slotune.tuner.confirm import candidates, confirm_round, run_declaration, run_round
 from slotune.tuner.objective import (DEFAULT_TRIAL_RUNNER, UNMEASURED_OVER_BUDGET, Objective, TrialFailure,
-                                     best_trial, is_measured, measure, omp_wait_policy, trial_constraints,
+                                     best_trial, budget_share, is_measured, measure, omp_wait_policy, trial_constraints,
                                      trials_die_with_this_process)
 from slotune.tuner.progress import Progress
 from slotune.tuner.references import (DEFAULT_TAG, reference_configs, reference_metrics,
@@ -73,6 +73,17 @@ def make_sampler(spec: TuningSpec):
         if s == "grid":
             return optuna.samplers.GridSampler(spec.search_space.grid(), seed=seed)
         return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=4, **con)
+
+
+def make_pruner(spec: TuningSpec):
+    """The spec's pruner: with `screening`, `ScreeningPruner` on the short replay's value (step 0);
+    else none."""
+    import optuna
+
+    from slotune.tuner.screening import ScreeningPruner
+
+    s = spec.screening
+    return ScreeningPruner(s.percentile, s.n_startup_trials) if s.enabled else optuna.pruners.NopPruner()
 
 
 def spec_fingerprint(spec: TuningSpec) -> dict[str, Any]:
@@ -169,10 +180,11 @@ def open_study(spec: TuningSpec, storage: str | None = None, *, force_new: bool 
     directions = [spec.objective.direction(m) for m in spec.objective.metrics]
     try:
         study = optuna.create_study(study_name=spec.name, storage=rdb, sampler=make_sampler(spec),
-                                    directions=directions, load_if_exists=False)
+                                    pruner=make_pruner(spec), directions=directions, load_if_exists=False)
         is_new = True
     except optuna.exceptions.DuplicatedStudyError:
-        study = optuna.load_study(study_name=spec.name, storage=rdb, sampler=make_sampler(spec))
+        study = optuna.load_study(study_name=spec.name, storage=rdb, sampler=make_sampler(spec),
+                                  pruner=make_pruner(spec))
         is_new = False
     _check_fingerprint(study, spec, url, directions, resume_anyway, say)
     return study, is_new
@@ -460,7 +472,8 @@ def wait_for_running_trials(study, spec: TuningSpec, say: Callable[[str], None],
 class TrialBudget:
     """The study's trial budget, shared by every process that runs the study.
 
-    Counts measured trials. Trials pruned as forbidden combinations or failed as invalid configs
+    Counts measured trials, each by its `budget_share` (a trial screened out on its short replay
+    holds that share of a slot). Trials pruned as forbidden combinations or failed as invalid configs
     are not counted (TPE proposes them again and again on small spaces; they cost no
     measurement); a sampler stuck on them still stops, after `unmeasured_factor` x total.
 
@@ -474,24 +487,24 @@ class TrialBudget:
     def __init__(self, total: int, unmeasured_factor: int = 5) -> None:
         self.total, self.unmeasured_factor = total, unmeasured_factor
 
-    def counts(self, study) -> tuple[int, int]:
-        """(measured trials finished, forbidden or invalid trials)."""
+    def counts(self, study) -> tuple[float, int]:
+        """(budget slots held by measured trials finished, forbidden or invalid trials)."""
         from optuna.trial import TrialState
 
         done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED))
         rejected = sum(not is_measured(t) and t.user_attrs.get("unmeasured") != UNMEASURED_OVER_BUDGET for t in done)
-        return sum(is_measured(t) for t in done), rejected
+        return round(sum(budget_share(t) for t in done), 9), rejected
 
     def exhausted(self, study) -> bool:
         from optuna.trial import TrialState
 
         measured, rejected = self.counts(study)
-        running = sum(is_measured(t) for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+        running = sum(budget_share(t) for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))  # 1 each
         return measured + running >= self.total or rejected >= self.unmeasured_factor * self.total
 
     def admits(self, study, number: int) -> bool:
-        """Whether trial `number` may be measured: fewer than `total` measured trials precede it."""
-        return sum(is_measured(t) for t in study.get_trials(deepcopy=False) if t.number < number) < self.total
+        """Whether trial `number` may be measured: the trials before it hold fewer than `total` slots."""
+        return sum(budget_share(t) for t in study.get_trials(deepcopy=False) if t.number < number) < self.total - 1e-9
 
     def __call__(self, study, trial) -> None:
         if self.exhausted(study):
@@ -526,10 +539,12 @@ def finalize(spec: TuningSpec, study, tracker=None, prog=None,
     obj = spec.objective
     how = ("confirmed" if confirmation.is_confirmed else "unconfirmed") + (
         f" among the best {len(trials)} re-measured" if confirmation.is_round else "")
+    if remeasure["reasons"]:
+        how += "; its declared numbers miss the SLO"
+    seeds = remeasure.get("seeds") or [spec.robustness_seed]
     header = (f"# slotune best config for study '{spec.name}' (trial {best.number}, {how}); "
-              f"{obj.metric_key()} = {best.values[0]:.6g}, re-measured on seed{'s' if remeasure.get('seeds') else ''} "
-              f"{', '.join(map(str, remeasure.get('seeds') or [spec.robustness_seed]))}: "
-              f"{_fmt_metric(remeasure, obj.metric_key())}; metrics in best_metrics.json\n")
+              f"{obj.metric_key()} = {best.values[0]:.6g}, re-measured on seed{'s' if len(seeds) > 1 else ''} "
+              f"{', '.join(map(str, seeds))}: {_fmt_metric(remeasure, obj.metric_key())}; metrics in best_metrics.json\n")
     write_atomic(out / "best.yaml", header + config.to_yaml())
     summary = {"study": spec.name, "trial": best.number, "objective": obj.metric_key(),
                "direction": obj.direction(), "value": best.values[0], "metrics": best.user_attrs["metrics"],

@@ -129,6 +129,9 @@ class MLflowTracker:
                 c.log_metric(rid, k, float(v))
         for k, v in (ua.get("violations") or {}).items():
             c.log_metric(rid, f"violation_{k}", float(v))
+        screen = ua.get("screen")  # the short replay's objective value (screening)
+        if screen and _loggable(screen.get("value")):
+            c.log_metric(rid, f"screen_{self.spec.objective.metric_key()}", float(screen["value"]))
         c.set_tag(rid, "slotune.feasible", str(ua.get("feasible")))
         if not ua.get("feasible"):  # the same words as the report's trials table
             why = infeasible_reasons(ua, SLOLimits.from_objective(self.spec.objective), self.spec.quality_gates)
@@ -143,6 +146,8 @@ class MLflowTracker:
             if not slo.passed or early:
                 c.set_tag(rid, "slotune.slo_reasons", "; ".join((["stopped early"] if early else []) + slo.reasons))
         c.set_tag(rid, "slotune.early_stopped", str(bool(ua.get("early_stopped"))))
+        if ua.get("screened_out"):  # its metrics are the short replay's (screening)
+            c.set_tag(rid, "slotune.screened_out", "True")
         if trial_label(ua):  # default, naive, a start's name, "repeat of N"
             c.set_tag(rid, "slotune.tag", trial_label(ua))
         if ua.get("measure"):

@@ -6,14 +6,16 @@ explicitly (`tune run --trial-runner tests/tuner_tests/fake_trial_runner.py`, or
 
 Its behaviour is set by the test through the environment of the process it runs in:
 - FAKE_TRIAL_SLEEP=seconds: how long the stand-in measurement takes (default 0);
-- FAKE_TRIAL_FAULT=crash|hang|oom|raise: a crashing, hanging, memory-hungry or unimplemented trial;
+- FAKE_TRIAL_FAULT=crash|hang|oom|raise: a crashing, hanging, memory-hungry or unimplemented trial
+  (with FAKE_TRIAL_FAULT_SEEDS=seed[,seed...]: only on those workload seeds);
 - FAKE_TRIAL_LUCKY=knob=value[,knob=value...]: configs with these values were lucky in the study:
   measured on the study's workload seed, their latencies are halved and their throughput doubled;
   on another seed (the confirmation round) they measure as their config says, like every other;
 - FAKE_TRIAL_SEED_SCALE=seed=factor[,seed=factor...]: every config measured on that workload seed
   has its latencies multiplied by the factor and its rates divided by it (a seed that flatters all).
 
-Its metrics carry intervals (`<key>_ci_low`/`_ci_high`, +-3%) for the latency percentiles and rates.
+Its metrics carry intervals (`<key>_ci_low`/`_ci_high`, +-3%) for the latency percentiles and rates,
+and `workload_requests`: the number of requests it was asked to replay (a screening replay asks fewer).
 """
 
 from __future__ import annotations
@@ -82,9 +84,12 @@ def fake_trial(req: dict[str, Any]) -> dict[str, Any]:
     cfg = EngineConfig.model_validate(req["config"])
     if req.get("phase_file"):
         Path(req["phase_file"]).write_text("fake measurement")
-    _fault()
+    fault_seeds = os.environ.get("FAKE_TRIAL_FAULT_SEEDS")
+    if not fault_seeds or str(req.get("seed")) in fault_seeds.split(","):
+        _fault()
     time.sleep(float(os.environ.get("FAKE_TRIAL_SLEEP", "0")))
     metrics = fake_metrics(cfg, is_lucky(cfg, req.get("seed")), seed_scale(req.get("seed")))
+    metrics["workload_requests"] = float(req["workload"].get("num_requests") or 0)
     return {"metrics": metrics, "violations": slo_violations(metrics, req["objective"]), "early_stopped": False,
             "gates": None, "measure": req.get("measure", "served")}
 

@@ -73,7 +73,8 @@ def test_the_winner_is_the_best_on_re_measurement_not_the_luckiest_trial(tmp_pat
 def test_the_declared_numbers_are_measured_after_the_round_on_fresh_seeds(tmp_path, fake_trials, monkeypatch):
     """The round's seed (1000) flatters every config (latencies x0.8): the winner's numbers there
     picked it, but the numbers declared for it are the mean of its declaration measurements on
-    seeds 1001 and 1002 (x1.0 and x1.2 here), not the round's."""
+    seeds 1001 and 1002 (x1.0 and x1.2 here), not the round's, compared with the default's mean
+    measured beside it on the same seeds."""
     monkeypatch.setenv("FAKE_TRIAL_SEED_SCALE", "1000=0.8,1002=1.2")
     spec = write_spec(tmp_path, sampler="grid", search_space=GRID, budget={"n_trials": 6})
     summary = run_command(spec, progress=False, trial_runner=fake_trials)
@@ -87,15 +88,37 @@ def test_the_declared_numbers_are_measured_after_the_round_on_fresh_seeds(tmp_pa
     assert rm["metrics"]["tpot_p95"] == pytest.approx(1.1 * own)  # mean of 1.0x and 1.2x
     assert rm["metrics"]["tpot_p95_ci_low"] == pytest.approx(0.97 * own)  # spans both measurements
     assert rm["metrics"]["tpot_p95_ci_high"] == pytest.approx(1.03 * 1.2 * own)
-    assert [d["seed"] for d in summary["declared"]] == [1001, 1002]
+    assert [(d["trial"], d["seed"]) for d in summary["declared"]] == [(winner.number, 1001), (None, 1001),
+                                                                      (winner.number, 1002), (None, 1002)]
+    default_own = summary["references"]["default"]["tpot_p95"]  # outside the grid: measured beside the study
+    assert rm["default"]["tpot_p95"] == pytest.approx(1.1 * default_own) and rm["default_seeds"] == [1001, 1002]
+    assert rm["reasons"] == []
     assert "re-measured on seeds 1001, 1002:" in (out / "best.yaml").read_text()
     report = (out / "report.md").read_text()
-    assert "Declared on 2 measurements after the confirmation round, on workload seeds 1001, 1002" in report
-    assert f"trial {winner.number} (declaration, seed 1002)" in report
+    assert ("Declared on 2 measurements after the confirmation round, each beside the default config, on workload "
+            "seeds 1001, 1002") in report
+    assert f"trial {winner.number} (declaration, seed 1002)" in report and "default (declaration, seed 1002)" in report
+    assert "default re-measured (seeds 1001, 1002)" in report
     # A resumed finalize reuses the declaration: a trial process would now crash, and nothing changes.
     monkeypatch.setenv("FAKE_TRIAL_FAULT", "crash")
     again = finalize(TuningSpec.from_yaml(spec), study, runner=fake_trials)
     assert again["remeasured"] == rm
+
+
+def test_failed_declaration_measurements_are_said_and_retried_on_resume(tmp_path, fake_trials, monkeypatch):
+    """Every declaration measurement fails (seeds 1001, 1002): the round's numbers are declared and
+    the report says why; a resumed finalize measures the declaration again, and it holds."""
+    monkeypatch.setenv("FAKE_TRIAL_FAULT", "raise")
+    monkeypatch.setenv("FAKE_TRIAL_FAULT_SEEDS", "1001,1002")
+    spec = write_spec(tmp_path, sampler="grid", search_space=GRID, budget={"n_trials": 6})
+    summary = run_command(spec, progress=False, trial_runner=fake_trials)
+    rm = summary["remeasured"]
+    assert "seeds" not in rm and "NotImplementedError" in rm["declare_error"]
+    assert rm["metrics"] == rm["round"] and "re-measured on seed 1000:" in (tmp_path / "out" / "best.yaml").read_text()
+    assert "The declaration measurements after the round failed" in (tmp_path / "out" / "report.md").read_text()
+    monkeypatch.delenv("FAKE_TRIAL_FAULT")
+    again = finalize(TuningSpec.from_yaml(spec), _study(tmp_path / "out"), runner=fake_trials)
+    assert again["remeasured"]["seeds"] == [1001, 1002] and "declare_error" not in again["remeasured"]
 
 
 def test_declare_repeats_zero_declares_the_rounds_numbers(tmp_path, fake_trials, monkeypatch):
@@ -114,7 +137,8 @@ def test_confirm_top_k_zero_re_measures_only_the_best_trial(tmp_path, fake_trial
     study = _study(tmp_path / "out")
     lucky = _number(study, max_num_seqs=4, quantization="none")
     assert summary["trial"] == summary["best_by_trial"] == lucky  # off: the trial's own number decides
-    assert [c["trial"] for c in summary["confirm"]] == [lucky] and summary["remeasured"]["default"] is None
+    assert [c["trial"] for c in summary["confirm"]] == [lucky]  # no default in the round: only the declaration's
+    assert summary["remeasured"]["default_seeds"] == summary["remeasured"]["seeds"] == [1001, 1002]
     assert "No confirmation round (budget.confirm_top_k: 0)" in (tmp_path / "out" / "report.md").read_text()
 
 
