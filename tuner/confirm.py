@@ -219,11 +219,11 @@ class Confirmation:
     def remeasure(self) -> dict[str, Any]:
         """The winner's declared re-measurement for the report and best.yaml: {seed, metrics or error,
         default: the default's metrics measured beside it (None when not measured; default_seeds:
-        on which workload seeds), round: the
-        winner's own measurement in the round, reasons: why the declared metrics miss the SLO ([]
-        when they hold)}. With declaration measurements (`seeds`: the seeds they used), the metrics
-        are the winner's mean over them and the default's its mean on the same seeds; when every
-        one of the winner's failed, the round's numbers, and `declare_error` says why."""
+        on which workload seeds), round: the winner's own measurement in the round, reasons: why the
+        declared metrics miss the SLO ([] when they hold)}. With declaration measurements (`seeds`:
+        the seeds they used), the metrics are the winner's mean over them and the default's its mean
+        on the same seeds; when every one of the winner's failed, the round's numbers, and
+        `declare_error` says why."""
         mine = self.of(self.winner)[0]
         wins, defaults = self.declared_of(self.winner), self.declared_of(None)
         out: dict[str, Any] = {"seed": self.seed, "default": self.default_metrics, "default_seeds": [self.seed],

@@ -101,10 +101,11 @@ class Budget(_Strict):
         "the winner on those numbers (SLO judged again); 0 = off: the best trial wins on its own measurement and "
         "is re-measured once, alone")
     declare_repeats: int = Field(
-        2, ge=0, le=8, description="after the confirmation round, the winner measured this many more times on fresh "
-        "workload seeds (robustness_seed + 1, + 2, ...); its declared numbers are their mean. The round's own numbers "
-        "picked the winner, so they favour it (the best of several noisy measurements is partly the luckiest); 0 = "
-        "declare the round's numbers")
+        2, ge=0, le=8, description="after the confirmation round, the winner and the default config measured on this "
+        "many fresh workload seeds (robustness_seed + 1, + 2, ...), one after the other on each; the winner's declared "
+        "numbers are its mean there, compared with the default's on the same seeds. The round's own numbers picked "
+        "the winner, so they favour it (the best of several noisy measurements is partly the luckiest); 0 = declare "
+        "the round's numbers")
     timeout_s: float | None = Field(None, gt=0, description="wall-clock cap for the whole study")
     trial_timeout_s: float = Field(600, gt=0)
     trial_memory_gb: float = Field(8.0, gt=0)
