@@ -195,7 +195,7 @@ class Confirmation:
     winner: int  # the declared winner's trial number
     is_confirmed: bool  # the winner held the SLO on re-measurement
     is_round: bool  # False: confirm_top_k 0 (the best trial re-measured alone)
-    limits: SLOLimits | None = None  # the SLO the measurements are judged against
+    limits: SLOLimits  # the SLO the measurements are judged against
     declared: tuple[dict[str, Any], ...] = ()  # the declaration measurements ({trial, seed, metrics or error})
 
     def with_declaration(self, record: dict[str, Any]) -> "Confirmation":
@@ -239,7 +239,7 @@ class Confirmation:
             if errors:
                 out["declare_error"] = errors[0]
         metrics = out.get("metrics")
-        out["reasons"] = judge(metrics, self.limits).reasons if metrics is not None and self.limits else []
+        out["reasons"] = judge(metrics, self.limits).reasons if metrics is not None else []
         return out
 
     def to_json(self) -> list[dict[str, Any]]:
@@ -272,19 +272,17 @@ class Confirmation:
         else:
             text = (f"No confirmation round (budget.confirm_top_k: 0): the best trial won on its own measurement "
                     f"and was measured once more, alone, on workload seed {self.seed}.")
-        wins = self.declared_of(self.winner)
+        wins, declared = self.declared_of(self.winner), self.remeasure()
         if wins:
             vals = ", ".join(format_value(self.key, d["metrics"].get(self.key)) for d in wins)
             text += (f"\nThe winner was then measured {len(wins)} more time{'s' if len(wins) > 1 else ''} on fresh "
                      f"workload seeds ({vals}), each time beside the default; the numbers declared for it are their "
-                     f"mean ({format_value(self.key, mean_metrics([d['metrics'] for d in wins]).get(self.key))}), "
-                     f"compared with the default's on the same seeds: the round picked it on its own numbers there, "
-                     f"which favour it.")
-            missed = self.remeasure()["reasons"]
-            if missed:
-                text += f" Its declared numbers miss the SLO: {'; '.join(missed)}."
+                     f"mean ({format_value(self.key, declared['metrics'].get(self.key))}), compared with the "
+                     f"default's on the same seeds: the round picked it on its own numbers there, which favour it.")
+            if declared["reasons"]:
+                text += f" Its declared numbers miss the SLO: {'; '.join(declared['reasons'])}."
         elif self.declared:
-            text += (f"\nThe declaration measurements of the winner failed ({self.remeasure().get('declare_error')}); "
+            text += (f"\nThe declaration measurements of the winner failed ({declared.get('declare_error')}); "
                      f"its declared numbers are the round's.")
         if not self.is_confirmed:
             text += (f"\n{'No candidate' if self.is_round else 'The winner'} met the SLO when measured again: the "
@@ -293,20 +291,25 @@ class Confirmation:
             text += (f"\nThe winner, trial {self.winner}, ranked {_ordinal(rank[self.winner] + 1)} on its own trial; "
                      f"trial {self.by_trial[0]}, first there, did worse when measured again.")
         rows = [["#", "measured", f"own trial {label}", f"re-measured {label}", "meets the SLO", "winner"]]
-        for m in self.measured:
+        after = [(judged(len(self.measured) + i + 1, d, self.limits, self.key), f" (declaration, seed {d['seed']})")
+                 for i, d in enumerate(self.declared)]
+        for m, where in [(m, "") for m in self.measured] + after:
             own = "–" if m.trial is None else format_value(self.key, trial_values.get(m.trial))
             again = value_with_ci(m.metrics, self.key) if m.metrics is not None else f"failed: {m.error}"
             ok = "–" if m.metrics is None else ("yes" if m.feasible else "no: " + "; ".join(m.reasons))
-            rows.append([str(m.position), m.label, own, again, ok, "yes" if m.trial == self.winner else ""])
-        for i, d in enumerate(self.declared):
-            again = (value_with_ci(d["metrics"], self.key) if d.get("metrics") is not None else f"failed: {d['error']}")
-            reasons = judge(d["metrics"], self.limits).reasons if d.get("metrics") is not None and self.limits else []
-            ok = "–" if d.get("metrics") is None else ("yes" if not reasons else "no: " + "; ".join(reasons))
-            who = DEFAULT_TAG if d.get("trial") is None else f"trial {d['trial']}"
-            own = "–" if d.get("trial") is None else format_value(self.key, trial_values.get(d["trial"]))
-            rows.append([str(len(self.measured) + i + 1), f"{who} (declaration, seed {d['seed']})", own, again, ok,
-                         "yes" if d.get("trial") == self.winner else ""])
+            rows.append([str(m.position), m.label + where, own, again, ok, "yes" if m.trial == self.winner else ""])
         return ReportSection("Confirmation round", text, table=rows, anchor="confirmation")
+
+
+def judged(position: int, m: dict[str, Any], limits: SLOLimits, key: str) -> Measured:
+    """One stored measurement ({trial, metrics or error}) judged against the SLO; `key` must be measured."""
+    metrics = m.get("metrics")
+    reasons = []
+    if metrics is not None:
+        reasons = judge(metrics, limits).reasons
+        if metrics.get(key) is None:
+            reasons.append(f"{metric_label(key)} not measured")
+    return Measured(position, m.get("trial"), metrics, m.get("error"), reasons)
 
 
 def confirm_round(spec, record: dict[str, Any], trials: list) -> Confirmation:
@@ -318,15 +321,7 @@ def confirm_round(spec, record: dict[str, Any], trials: list) -> Confirmation:
     obj = spec.objective
     key, direction = obj.metric_key(), obj.direction()
     limits = SLOLimits.from_objective(obj)
-    measured = []
-    for i, m in enumerate(record["measurements"]):
-        metrics = m.get("metrics")
-        reasons = []
-        if metrics is not None:
-            reasons = judge(metrics, limits).reasons
-            if metrics.get(key) is None:
-                reasons.append(f"{metric_label(key)} not measured")
-        measured.append(Measured(i + 1, m.get("trial"), metrics, m.get("error"), reasons))
+    measured = [judged(i + 1, m, limits, key) for i, m in enumerate(record["measurements"])]
     by_trial = [t.number for t in trials]
     sign = 1 if direction == "minimize" else -1
     held = [m for m in measured if m.trial is not None and m.feasible]

@@ -89,9 +89,10 @@ def is_screened_out(trial) -> bool:
 
 def earlier_measurement(study, params: dict[str, Any], before: int | None = None, screened_out: bool = False):
     """The first measured trial of `study` (numbered below `before`) with exactly these params,
-    complete (or, with `screened_out`, screened out: the study screens now), or None. Samplers re-propose configs on small spaces (TPE on a
-    30-config grid proposed a measured config in about one trial of three): a repeat takes this
-    trial's outcome instead of a measurement, and does not count against the budget."""
+    complete (or, with `screened_out`, screened out: the study screens now), or None. Samplers
+    re-propose configs on small spaces (TPE on a 30-config grid proposed a measured config in about
+    one trial of three): a repeat takes this trial's outcome instead of a measurement, and does not
+    count against the budget."""
     from optuna.trial import TrialState  # optuna: the [tune] extra, imported where a study exists
 
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
@@ -482,18 +483,17 @@ class Objective:
         raise optuna.TrialPruned(reason)
 
     def _screen_reason(self, trial, key: str, value, early_stopped: bool, wl) -> str:
-        from slotune.tuner.screening import bar, peers
+        """Why the study's pruner screened `trial` out, with the bar and peers it decided on."""
         from slotune.tuner.units import format_value, metric_label
 
         screen = self.spec.screening
         n = screen.describe(wl)
         if early_stopped:
             return f"screened out after {n}: the short replay stopped early (the SLO out of reach)"
-        group = peers(trial.study, trial.number)
-        b = bar([t.intermediate_values[0] for t in group], screen.percentile, self.spec.objective.direction())
+        b, num_peers = trial.study.pruner.bar(trial.study, trial.number)
         which = "median" if screen.percentile == 50 else f"best {screen.percentile:g}% bar"
         return (f"screened out after {n}: {metric_label(key)} {format_value(key, value)}, worse than the {which} "
-                f"({format_value(key, b)}) of the {len(group)} trials measured in full that met the SLO")
+                f"({format_value(key, b)}) of the {num_peers} trials measured in full that met the SLO")
 
     def _repeat(self, trial, earlier) -> float | list[float]:
         """Trial `earlier` measured these params: copy its outcome (TPE learns the same as from a

@@ -25,7 +25,7 @@ from slotune.tuner.references import DEFAULT_TAG, reference_metrics, reference_r
 from slotune.tuner.reasons import gate_words, infeasible_reasons
 from slotune.tuner.report_html import ReportSection, render_html
 from slotune.tuner.slo import SLOLimits, judge, metric_key
-from slotune.tuner.units import format_value, interval, metric_label, number, value_with_ci
+from slotune.tuner.units import format_value, interval, metric_label, number, seeds_words, value_with_ci
 from slotune.tuner.workload import describe_replay
 
 MIN_TRIALS_FOR_IMPORTANCE = 4  # fANOVA on fewer complete trials says nothing
@@ -267,7 +267,7 @@ def _winner(spec, best, remeasure, refs: dict[str, dict | None], default_latenci
     seed = (remeasure or {}).get("seed", spec.robustness_seed)
     # declared on the declaration measurements' seeds (tuner/confirm.py), else on the round's
     seeds = (remeasure or {}).get("seeds") or [seed]
-    on_seeds = f"workload seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
+    on_seeds = f"workload {seeds_words(seeds)}"
     default = refs.get(DEFAULT_TAG)
     # Measured together in the confirmation round (tuner/confirm.py), the winner and the default
     # are compared on those numbers: same seed, same moment; else on their trials.
@@ -321,10 +321,9 @@ def _winner(spec, best, remeasure, refs: dict[str, dict | None], default_latenci
                           metric_key("ttft", obj.percentile), metric_key("tpot", 50), metric_key("tpot", obj.percentile),
                           "output_tokens_per_s", "goodput_rps", "slo_attainment", *COST_METRICS, "weight_bytes",
                           "peak_kv_blocks", "peak_memory_mb"))
-    columns = {"winner": bm, f"re-measured ({on_seeds.removeprefix('workload ')})": rm, **refs}
+    columns = {"winner": bm, f"re-measured ({seeds_words(seeds)})": rm, **refs}
     if rdefault:
-        dseeds = (remeasure or {}).get("default_seeds") or [seed]
-        columns[f"default re-measured (seed{'s' if len(dseeds) > 1 else ''} {', '.join(map(str, dseeds))})"] = rdefault
+        columns[f"default re-measured ({seeds_words((remeasure or {}).get('default_seeds') or [seed])})"] = rdefault
     comparison = [["metric", *columns]]
     for k in keys:
         row = [value_with_ci(m, k) if m else "–" for m in columns.values()]

@@ -30,23 +30,24 @@ def peers(study, number: int) -> list:
     return [t for t in screened_in(study, before=number) if t.user_attrs.get("feasible")]
 
 
-def bar(values: list[float], percentile: float, direction: str) -> float:
-    """The short-replay value a trial must match: the `percentile` best of `values` (50: the median)."""
-    return float(np.percentile(values, percentile if direction == "minimize" else 100 - percentile))
-
-
 class ScreeningPruner(optuna.pruners.BasePruner):
-    """Prune (screen out) a trial whose step-0 value is worse than `bar` over its `peers`; never
-    while it has fewer than `n_startup_trials` peers."""
+    """Prune (screen out) a trial whose step-0 value is worse than its `bar`."""
 
     def __init__(self, percentile: float, n_startup_trials: int) -> None:
         self.percentile, self.n_startup_trials = percentile, n_startup_trials
 
+    def bar(self, study, number: int) -> tuple[float | None, int]:
+        """(the short-replay value trial `number` must match: the `percentile` best of its `peers`'
+        (50: the median), how many peers); None while it has fewer than `n_startup_trials` peers."""
+        group = peers(study, number)
+        if not group or len(group) < self.n_startup_trials:
+            return None, len(group)
+        q = self.percentile if study.direction == optuna.study.StudyDirection.MINIMIZE else 100 - self.percentile
+        return float(np.percentile([t.intermediate_values[0] for t in group], q)), len(group)
+
     def prune(self, study, trial) -> bool:
         value = trial.intermediate_values.get(0)
-        group = peers(study, trial.number)
-        if value is None or len(group) < self.n_startup_trials or not group:
+        b, _ = self.bar(study, trial.number)
+        if value is None or b is None:
             return False
-        direction = "minimize" if study.direction == optuna.study.StudyDirection.MINIMIZE else "maximize"
-        b = bar([t.intermediate_values[0] for t in group], self.percentile, direction)
-        return value > b if direction == "minimize" else value < b
+        return value > b if study.direction == optuna.study.StudyDirection.MINIMIZE else value < b

@@ -37,6 +37,7 @@ from slotune.tuner.report import write_atomic, write_report
 from slotune.tuner.spec import TuningSpec, default_spec_path
 from slotune.tuner.sweep import sweep_after_study
 from slotune.tuner.tracking import MLflowTracker
+from slotune.tuner.units import seeds_words
 
 # Optuna heartbeat: a running trial whose process has not written for GRACE_S is failed by the
 # next process that asks for a trial (`optuna.storages.fail_stale_trials`).
@@ -541,10 +542,10 @@ def finalize(spec: TuningSpec, study, tracker=None, prog=None,
         f" among the best {len(trials)} re-measured" if confirmation.is_round else "")
     if remeasure["reasons"]:
         how += "; its declared numbers miss the SLO"
-    seeds = remeasure.get("seeds") or [spec.robustness_seed]
     header = (f"# slotune best config for study '{spec.name}' (trial {best.number}, {how}); "
-              f"{obj.metric_key()} = {best.values[0]:.6g}, re-measured on seed{'s' if len(seeds) > 1 else ''} "
-              f"{', '.join(map(str, seeds))}: {_fmt_metric(remeasure, obj.metric_key())}; metrics in best_metrics.json\n")
+              f"{obj.metric_key()} = {best.values[0]:.6g}, re-measured on "
+              f"{seeds_words(remeasure.get('seeds') or [spec.robustness_seed])}: "
+              f"{_fmt_metric(remeasure, obj.metric_key())}; metrics in best_metrics.json\n")
     write_atomic(out / "best.yaml", header + config.to_yaml())
     summary = {"study": spec.name, "trial": best.number, "objective": obj.metric_key(),
                "direction": obj.direction(), "value": best.values[0], "metrics": best.user_attrs["metrics"],

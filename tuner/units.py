@@ -53,6 +53,12 @@ def number(x: float, sig: int = 3) -> str:
     return f"{x:.{sig}g}"
 
 
+def seeds_words(seeds: Iterable[int]) -> str:
+    """Workload seeds in words: "seed 1000", "seeds 1001, 1002"."""
+    seeds = list(seeds)
+    return f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
+
+
 def _unit(key: str, v: float) -> tuple[float, str, str]:
     """(factor, prefix, suffix) that show `v` of metric `key` in its unit, picked for v's size."""
     if _is_seconds(key):
