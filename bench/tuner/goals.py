@@ -62,6 +62,18 @@ def run_study(spec_path: Path, seed: int, runs: Path) -> dict:
             "best_yaml": str(out / "best.yaml")}
 
 
+def machine() -> str:
+    """lscpu's model name, the core count and the matrix/vector extensions that decide kernel speed."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+        name = next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
+        flags = set(next(line.split(":", 1)[1].split() for line in out.splitlines() if line.startswith("Flags")))
+    except (OSError, subprocess.CalledProcessError, StopIteration):
+        return f"{platform.processor() or 'unknown CPU'}, {os.cpu_count()} cores"
+    isa = [f for f in ("avx512f", "avx512_vnni", "avx512_bf16", "amx_tile") if f in flags]
+    return f"{name}, {os.cpu_count()} cores, {'/'.join(isa) or 'no AVX-512'}"
+
+
 def declared(summary: dict) -> float:
     """The winner's declared value: best_metrics.json `remeasured` (its declaration measurements' mean,
     else its confirmation-round measurement), or its trial's value."""
@@ -73,7 +85,7 @@ def declared(summary: dict) -> float:
 def main() -> None:
     from slotune.engine.config import EngineConfig
     from slotune.tuner.metrics import ci_keys
-    from slotune.tuner.objective import TrialFailure, measure
+    from slotune.tuner.objective import TrialFailure, measure, omp_wait_policy
     from slotune.tuner.spec import TuningSpec
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -84,10 +96,18 @@ def main() -> None:
     ap.add_argument("--hand", action="append", default=[], metavar="NAME=JSON",
                     help="a hand-picked config: EngineConfig updates (dotted keys) over the spec's fixed engine")
     ap.add_argument("--reuse", action="store_true", help="reuse finished studies in --runs (re-measure only)")
-    ap.add_argument("--machine", default="")
+    ap.add_argument("--machine", default="", help="machine description for the results (default: lscpu's model "
+                                                  "name, core count and AMX/AVX-512 flags)")
+    ap.add_argument("--tag", default="", help="suffix of the results' file names (e.g. the machine: xeon-2c)")
     args = ap.parse_args()
 
     spec = TuningSpec.from_yaml(args.spec)
+    # One OpenMP wait policy for the studies and the re-measures, decided once here (as `tune run` decides
+    # it once per run): "auto" decided again before the re-measures could differ, and passive spinning
+    # costs tens of percent on this machine (tuner/objective.py trial_env).
+    policy = omp_wait_policy(spec.budget.trial_omp_wait_policy)
+    os.environ["OMP_WAIT_POLICY"] = policy.upper()
+    print(f"OMP_WAIT_POLICY={policy}", flush=True)
     studies = []
     for s in args.seeds:
         out = args.runs / f"{spec.name}-seed{s}"
@@ -146,8 +166,8 @@ def main() -> None:
     t, b = measured[tuned_name], measured[best_name]
     tuned_vs_best = (t / b) if obj.direction() == "maximize" else (b / t)
     result = {
-        "spec": str(args.spec), "date": date.today().isoformat(), "machine": args.machine or platform.processor(),
-        "python": platform.python_version(), "objective": f"{obj.direction()} {key}", "repeats": args.repeats,
+        "spec": str(args.spec), "date": date.today().isoformat(), "machine": args.machine or machine(),
+        "python": platform.python_version(), "omp_wait_policy": policy, "objective": f"{obj.direction()} {key}", "repeats": args.repeats,
         "configs": {n: c.model_dump(mode="json", exclude_defaults=True) for n, c in configs.items()},
         "rows": rows, "winners": winners, "winners_agree_on_major_levers": agree,
         "winners_within_noise": overlap, "best_config": best_name, "tuned": tuned_name,
@@ -156,7 +176,7 @@ def main() -> None:
         if measured.get("default") else None,
         "better": {n: better(measured[n], measured["default"]) for n in measured if n != "default"}, "runs": runs,
     }
-    stem = HERE / f"goals-{spec.name}-{result['date']}"
+    stem = HERE / f"goals-{spec.name}-{result['date']}{'-' + args.tag if args.tag else ''}"
     stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
     stem.with_suffix(".md").write_text(markdown(result))
     print(markdown(result))
@@ -166,7 +186,7 @@ def markdown(r: dict) -> str:
     from slotune.tuner.units import format_value
 
     key = r["objective"].split()[1]
-    lines = [f"# Tuner goals: {r['spec']}", "", f"Date {r['date']}; machine {r['machine']}; objective {r['objective']}; "
+    lines = [f"# Tuner goals: {r['spec']}", "", f"Date {r['date']}; machine {r['machine']}; OMP_WAIT_POLICY {r.get('omp_wait_policy', '?')}; objective {r['objective']}; "
              f"{r['repeats']} interleaved re-measures per config on unseen workload seeds (medians; interval = the "
              "median of the re-measures' bootstrap intervals).", "",
              "| config | re-measured median | interval | values |", "|---|---|---|---|"]

@@ -65,6 +65,37 @@ def test_lengths_follow_distribution_bounds(tok):
     assert len({r.output_len for r in reqs}) > 3
 
 
+def test_stratified_lengths_cover_every_stratum_in_each_block_of_eight(tok):
+    """Stratified (the default), each block of 8 requests takes one length from each eighth of the
+    distribution: uniform 1..8 gives every value once per block, whatever the seed, so seeds differ
+    in order, not in total tokens; independent draws repeat values and change the total."""
+    spec = WorkloadSpec(num_requests=24, warmup_requests=0, output_len={"kind": "uniform", "min": 1, "max": 8},
+                        prompt_len={"kind": "uniform", "min": 9, "max": 16})
+    orders = set()
+    for seed in range(4):
+        reqs = generate_requests(spec, tok, seed=seed)
+        for b in range(0, 24, 8):
+            block = reqs[b:b + 8]
+            assert sorted(r.output_len for r in block) == list(range(1, 9))
+            assert sorted(len(r.prompt_token_ids) for r in block) == list(range(9, 17))
+        orders.add(tuple(r.output_len for r in reqs))
+    assert len(orders) == 4  # the order is the seed's
+    independent = spec.model_copy(update={"length_sampling": "independent"})
+    totals = {sum(r.output_len for r in generate_requests(independent, tok, seed=s)) for s in range(4)}
+    assert len(totals) > 1
+
+
+def test_stratified_lognormal_lengths_keep_the_median(tok):
+    """The quantile transform is the distribution's: the median of many stratified lognormal lengths
+    is the spec's median (`mean`), and a short run (the screening head) is the long run's beginning."""
+    spec = WorkloadSpec(num_requests=400, warmup_requests=0, prompt_len={"kind": "fixed", "value": 4},
+                        output_len={"kind": "lognormal", "mean": 40, "sigma": 0.8, "min": 1, "max": 4000})
+    lens = sorted(r.output_len for r in generate_requests(spec, tok))
+    assert 38 <= lens[200] <= 42
+    head = generate_requests(spec.model_copy(update={"num_requests": 12}), tok)
+    assert _key(head) == _key(generate_requests(spec, tok)[:12])
+
+
 def test_prompts_are_windows_of_the_real_corpus(tok):
     reqs = generate_requests(WorkloadSpec(num_requests=3, prompt_len={"kind": "fixed", "value": 40}), tok)
     text = tok.decode(reqs[0].prompt_token_ids)

@@ -104,6 +104,7 @@ def test_workloads_written_before_gamma_and_traces_fingerprint_the_same():
      ["output_len, shared_prefix", "block hash ids"]),
     ({"arrivals": "poisson", "rate": 2.0}, ["arrivals 'poisson': a trace mapping replays", "--empirical"]),
     ({"mode": "chat"}, ["mode 'chat' with a trace mapping"]),
+    ({"length_sampling": "independent"}, ["length_sampling cannot be set", "its lengths"]),
     ({"trace": {"path": "x", "speed": 2}}, ["trace.speed\n  Extra inputs are not permitted"]),
 ])
 def test_fields_a_trace_decides_are_refused_by_name(extra, needles):
