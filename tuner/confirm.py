@@ -38,10 +38,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from slotune.engine.config import EngineConfig
+from slotune.tuner.metrics import CI_RATES, ci_keys
 from slotune.tuner.objective import DEFAULT_TRIAL_RUNNER, TrialFailure, measure, ranked_feasible
 from slotune.tuner.references import DEFAULT_TAG
 from slotune.tuner.report_html import ReportSection
-from slotune.tuner.slo import SLOLimits, judge
+from slotune.tuner.slo import COST_RATES, SLOLimits, judge
 from slotune.tuner.units import format_value, metric_label, value_with_ci
 
 CONFIRM_ATTR = "confirm"
@@ -151,15 +152,25 @@ def run_declaration(spec, study, trial, *, runner: tuple[str, ...] = DEFAULT_TRI
 
 def mean_metrics(got: list[dict[str, Any]]) -> dict[str, Any] | None:
     """Several measurements of one config as one: the mean of each numeric metric, and an interval
-    spanning all of theirs (`_ci_low` the lowest, `_ci_high` the highest). None when empty."""
+    spanning all of theirs and their values (`_ci_low` the lowest, `_ci_high` the highest), for
+    every metric that has intervals (`metrics.CI_RATES`, the costs, any with one measured). A
+    measurement's own interval sees the spread across its requests only (none at all for a rate
+    when every request added the same); the values of several measurements show the drift
+    between runs. None when empty."""
     if not got:
         return None
-    out: dict[str, Any] = {}
+    values: dict[str, list[float]] = {}
     for k in set().union(*got):
         vals = [m[k] for m in got if isinstance(m.get(k), (int, float)) and not isinstance(m.get(k), bool)]
-        if len(vals) != len(got):
-            continue
-        out[k] = min(vals) if k.endswith("_ci_low") else max(vals) if k.endswith("_ci_high") else sum(vals) / len(vals)
+        if len(vals) == len(got):
+            values[k] = vals
+    out: dict[str, Any] = {k: min(v) if k.endswith("_ci_low") else max(v) if k.endswith("_ci_high") else sum(v) / len(v)
+                           for k, v in values.items()}
+    for k, vals in values.items():
+        lo, hi = ci_keys(k)
+        if len(vals) > 1 and (k in CI_RATES or k in COST_RATES or any(lo in m for m in got)):
+            out[lo] = min(vals + [m[lo] for m in got if isinstance(m.get(lo), (int, float))])
+            out[hi] = max(vals + [m[hi] for m in got if isinstance(m.get(hi), (int, float))])
     return out
 
 

@@ -105,6 +105,25 @@ def test_the_declared_numbers_are_measured_after_the_round_on_fresh_seeds(tmp_pa
     assert again["remeasured"] == rm
 
 
+def test_a_declared_mean_carries_the_spread_of_its_measurements():
+    """A rate on which every request met the limits gets no bootstrap interval of its own (resampling
+    equal requests sees no spread); the mean of two such measurements is declared with an interval
+    spanning their values, the drift between runs. A latency's interval spans both its measurements'
+    intervals and values; a counter gets none; one measurement keeps what it had."""
+    from slotune.tuner.confirm import mean_metrics
+    from slotune.tuner.units import value_with_ci
+
+    m = mean_metrics([{"goodput_rps": 7.46, "num_steps": 170.0}, {"goodput_rps": 6.83, "num_steps": 173.0}])
+    assert m["goodput_rps"] == pytest.approx(7.145)
+    assert (m["goodput_rps_ci_low"], m["goodput_rps_ci_high"]) == (6.83, 7.46)
+    assert "num_steps_ci_low" not in m and m["num_steps"] == pytest.approx(171.5)
+    assert value_with_ci(m, "goodput_rps").startswith("7.14 req/s ±")
+    lat = mean_metrics([{"tpot_p95": 0.05, "tpot_p95_ci_low": 0.045, "tpot_p95_ci_high": 0.06},
+                        {"tpot_p95": 0.09, "tpot_p95_ci_low": 0.08, "tpot_p95_ci_high": 0.085}])
+    assert (lat["tpot_p95_ci_low"], lat["tpot_p95_ci_high"]) == (0.045, 0.09)
+    assert "goodput_rps_ci_low" not in mean_metrics([{"goodput_rps": 7.0}])
+
+
 def test_failed_declaration_measurements_are_said_and_retried_on_resume(tmp_path, fake_trials, monkeypatch):
     """Every declaration measurement fails (seeds 1001, 1002): the round's numbers are declared and
     the report says why; a resumed finalize measures the declaration again, and it holds."""
