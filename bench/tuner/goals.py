@@ -103,7 +103,7 @@ def main() -> None:
 
     spec = TuningSpec.from_yaml(args.spec)
     # One OpenMP wait policy for the studies and the re-measures, decided once here (as `tune run` decides
-    # it once per run): "auto" decided again before the re-measures could differ, and passive spinning
+    # it once per run): "auto" decided again before the re-measures could differ, and passive waiting
     # costs tens of percent on this machine (tuner/objective.py trial_env).
     policy = omp_wait_policy(spec.budget.trial_omp_wait_policy)
     os.environ["OMP_WAIT_POLICY"] = policy.upper()
