@@ -330,6 +330,14 @@ def _lengths(dist: Length, rng: np.random.Generator, stratified: bool) -> Iterat
             yield _length(dist, float(u))
 
 
+def length_streams(spec: WorkloadSpec, seed: int, stream: int = 0) -> tuple[Iterator[int], Iterator[int]]:
+    """The prompt and output lengths, one per request, of `spec` on `seed`: the measured requests'
+    (stream 0) or the warm-up's (stream 1), each from a generator of its own."""
+    stratified = spec.length_sampling == "stratified"
+    return (_lengths(spec.prompt_len, np.random.default_rng([seed, stream, 1]), stratified),
+            _lengths(spec.output_len, np.random.default_rng([seed, stream, 2]), stratified))
+
+
 def read_trace(path: str | Path) -> list[dict[str, Any]]:
     """The rows of a JSONL trace, each checked: `output_len` and one of `prompt` (text) / `prompt_len`.
 
@@ -409,11 +417,9 @@ def iter_requests(spec: WorkloadSpec, tokenizer, *, seed: int | None = None) -> 
     prompter = _Prompter(spec, tokenizer)
     rows = read_trace(spec.trace) if spec.trace else None
     # A fixed draw order per request: gap, window start, prefix coin; the lengths from streams of their own.
-    stratified = spec.length_sampling == "stratified"
     for is_warmup, stream in ((True, 1), (False, 0)):
         rng = np.random.default_rng([seed, stream])
-        prompt_lens = _lengths(spec.prompt_len, np.random.default_rng([seed, stream, 1]), stratified)
-        output_lens = _lengths(spec.output_len, np.random.default_rng([seed, stream, 2]), stratified)
+        prompt_lens, output_lens = length_streams(spec, seed, stream)
         count = spec.warmup_requests if is_warmup else spec.num_requests
         t = 0.0
         for i in itertools.count():

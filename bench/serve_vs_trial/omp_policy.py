@@ -21,16 +21,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run import TUNE, _free_port, _machine, _replay, _stop  # noqa: E402
-
-from slotune.tuner.http_bench import wait_ready  # noqa: E402
+from run import _machine, _replay, _serve, _stop  # noqa: E402
 
 KEYS = ("output_tokens_per_s", "goodput_rps", "tpot_p50", "tpot_p95", "ttft_p50", "ttft_p95", "idle_cores")
 
@@ -54,16 +51,6 @@ def idle_cores(pid: int, seconds: float = 3.0) -> float:
     return (sum(proc.cpu_times()[:2]) - c0) / (time.perf_counter() - t0)
 
 
-def serve(config: Path, policy: str, log: Path):
-    env = policy_env(policy)
-    port = _free_port()
-    proc = subprocess.Popen([*TUNE, "serve", str(config), "--port", str(port)], stdout=log.open("w"),
-                            stderr=subprocess.STDOUT, start_new_session=True, env=env)
-    url = f"http://127.0.0.1:{port}"
-    wait_ready(url, timeout_s=600, proc=proc)
-    return proc, url
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("config", type=Path, help="EngineConfig YAML or a best.yaml")
@@ -82,7 +69,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="omp-policy-"))
     for r in range(args.rounds):
         for p in policies:
-            proc, url = serve(args.config, p, tmp / f"serve-{p}-{r}.log")
+            proc, url = _serve(args.config, tmp / f"serve-{p}-{r}.log", env=policy_env(p))
             try:
                 _replay(url, {"path": args.spec}, tmp / "warm.json", seed)
                 m = _replay(url, {"path": args.spec}, tmp / f"{p}-{r}.json", seed)

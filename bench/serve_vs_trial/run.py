@@ -52,10 +52,11 @@ def _machine() -> str:
     return f"{name}, {os.cpu_count()} CPUs"
 
 
-def _serve(best: Path, log: Path):
+def _serve(best: Path, log: Path, env: dict[str, str] | None = None):
+    """`tune serve best` in its own process (environment `env`, default this one's); returns it and its URL."""
     port = _free_port()
     proc = subprocess.Popen([*TUNE, "serve", str(best), "--port", str(port)], stdout=log.open("w"),
-                            stderr=subprocess.STDOUT, start_new_session=True)
+                            stderr=subprocess.STDOUT, start_new_session=True, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, timeout_s=600, proc=proc)

@@ -3,7 +3,7 @@
     python bench/workload/length_spread.py examples/02-batch-throughput/spec.yaml --seeds 300
 
 For each of `--seeds` workload seeds, the measured requests' prompt and output lengths are drawn as
-`iter_requests` draws them (tuner/workload.py `_lengths`, the same streams), and the totals' coefficient
+`iter_requests` draws them (tuner/workload.py `length_streams`), and the totals' coefficient
 of variation across seeds is printed for both `length_sampling` modes. A throughput measured on one
 seed moves with its total output tokens, so this spread is a floor under any two measurements on
 different seeds agreeing. No model or tokenizer is loaded: lengths do not depend on the prompts' text.
@@ -19,13 +19,12 @@ import numpy as np
 
 
 def totals(wl, seeds: int, mode: str) -> tuple[np.ndarray, np.ndarray]:
-    from slotune.tuner.workload import _lengths
+    from slotune.tuner.workload import length_streams
 
-    n = wl.num_requests
+    n, wl = wl.num_requests, wl.model_copy(update={"length_sampling": mode})
     prompt, output = [], []
     for seed in range(seeds):
-        p = _lengths(wl.prompt_len, np.random.default_rng([seed, 0, 1]), mode == "stratified")
-        o = _lengths(wl.output_len, np.random.default_rng([seed, 0, 2]), mode == "stratified")
+        p, o = length_streams(wl, seed)
         prompt.append(sum(itertools.islice(p, n)))
         output.append(sum(itertools.islice(o, n)))
     return np.array(prompt, float), np.array(output, float)
