@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from slotune.tuner import machine
 from slotune.tuner.errors import format_error
 from slotune.tuner.metrics import cost_metrics
 from slotune.tuner.slo import CONSTRAINT_KEYS, constraint_values, is_feasible
@@ -414,6 +415,7 @@ class Objective:
         import optuna
 
         trial.set_user_attr("host", socket.gethostname())
+        trial.set_user_attr("machine", machine.words())  # the trial process runs here too
         trial.set_user_attr("pid", os.getpid())
         trial.set_user_attr("measure", self.spec.budget.measure)
         if self.budget is not None and not self.budget.admits(trial.study, trial.number):

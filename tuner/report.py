@@ -404,6 +404,10 @@ def gather(spec, study, best, remeasure) -> ReportData:
         summary.append(f"Screening: each searched trial replayed {spec.screening.describe(spec.workload)} first; "
                        f"{len(out)} were screened out there (each holding {number(spec.screening.share(spec.workload))} "
                        f"of a budget slot), {len(screened_in(study))} passed and were measured in full.")
+    machines = sorted({t.user_attrs["machine"] for t in study.trials if t.user_attrs.get("machine")})
+    if machines:  # a latency is a fact about the machine that measured it
+        summary.append(f"Measured on {machines[0]}." if len(machines) == 1 else
+                       f"Measured on {len(machines)} machines: {'; '.join(machines)}.")
     replay = describe_replay(spec.workload)
     if replay is not None:  # a trace workload: which traffic window the numbers are about
         summary.append(f"Traffic: tuned on {replay}.")

@@ -550,7 +550,8 @@ def finalize(spec: TuningSpec, study, tracker=None, prog=None,
     summary = {"study": spec.name, "trial": best.number, "objective": obj.metric_key(),
                "direction": obj.direction(), "value": best.values[0], "metrics": best.user_attrs["metrics"],
                "remeasured": remeasure, "confirmed": confirmation.is_confirmed, "best_by_trial": trials[0].number,
-               "confirm": confirmation.to_json(), "declared": list(confirmation.declared), "params": best.params, "references": reference_metrics(study),
+               "confirm": confirmation.to_json(), "declared": list(confirmation.declared), "params": best.params,
+               "machine": best.user_attrs.get("machine"), "references": reference_metrics(study),
                "mlflow_run_id": tracker.parent_run_id if tracker is not None else None}
     write_atomic(out / "best_metrics.json", json.dumps(summary, indent=1))
     report = write_report(spec, study, best, remeasure, out,

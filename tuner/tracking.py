@@ -152,6 +152,8 @@ class MLflowTracker:
             c.set_tag(rid, "slotune.tag", trial_label(ua))
         if ua.get("measure"):
             c.set_tag(rid, "slotune.measure", ua["measure"])
+        if ua.get("machine"):
+            c.set_tag(rid, "slotune.machine", ua["machine"])
         if ua.get("fail_reason"):
             c.set_tag(rid, "slotune.fail_reason", ua["fail_reason"][:MAX_TAG_CHARS])
         gates = ua.get("gates")

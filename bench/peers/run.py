@@ -68,6 +68,7 @@ from slotune.engine import EngineConfig, LLMEngine
 from slotune.engine.config import load_yaml
 from slotune.engine.loader import resolve_model_path
 from slotune.engine.tokenizer import Tokenizer
+from slotune.tuner import machine
 from slotune.tuner.http_bench import run_http_benchmark
 from slotune.tuner.workload import WorkloadSpec
 
@@ -321,8 +322,8 @@ def machine_info() -> dict[str, Any]:
 
 
 def machine_label(info: dict[str, Any]) -> str:
-    slug = re.sub(r"[^a-z0-9]+", "-", info.get("model_name", "cpu").lower()).strip("-")
-    return f"{slug}-{info['cpu_count']}c"
+    """File-name slug, as slotune.tuner.machine.label: 'intel-r-xeon-r-processor-2c'."""
+    return machine.label({"cpu": info.get("model_name", "cpu"), "cpus": info["cpu_count"]})
 
 
 def versions(bin_dir: Path) -> dict[str, Any]:

@@ -27,7 +27,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run import _machine, _replay, _serve, _stop  # noqa: E402
+from run import _replay, _serve, _stop  # noqa: E402
+
+from slotune.tuner import machine  # noqa: E402
 
 KEYS = ("output_tokens_per_s", "goodput_rps", "tpot_p50", "tpot_p95", "ttft_p50", "ttft_p95", "idle_cores")
 
@@ -82,14 +84,14 @@ def main() -> None:
     med = {p: {k: statistics.median(x[k] for x in runs[p] if x[k] is not None) for k in KEYS
                if any(x[k] is not None for x in runs[p])} for p in policies}
     base = policies[0]
-    print(f"\n{_machine()}; config {args.config}; workload of {args.spec} (seed {seed}); medians of {args.rounds} rounds")
+    print(f"\n{machine.words()}; config {args.config}; workload of {args.spec} (seed {seed}); medians of {args.rounds} rounds")
     print("| policy | " + " | ".join(KEYS) + " | tok/s ratio to " + base + " |")
     print("|---" * (len(KEYS) + 2) + "|")
     for p in policies:
         ratio = med[p]["output_tokens_per_s"] / med[base]["output_tokens_per_s"]
         print(f"| {p} | " + " | ".join(f"{med[p].get(k, float('nan')):.4g}" for k in KEYS) + f" | {ratio:.3f} |")
     if args.json:
-        args.json.write_text(json.dumps({"machine": _machine(), "config": str(args.config), "spec": str(args.spec),
+        args.json.write_text(json.dumps({"machine": machine.words(), "config": str(args.config), "spec": str(args.spec),
                                          "seed": seed, "runs": runs, "medians": med}, indent=1))
 
 

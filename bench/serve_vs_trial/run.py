@@ -30,6 +30,7 @@ from datetime import date
 from pathlib import Path
 
 
+from slotune.tuner import machine
 from slotune.tuner.http_bench import wait_ready
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,15 +43,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _machine() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        name = next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
-    except Exception:
-        name = platform.processor()
-    return f"{name}, {os.cpu_count()} CPUs"
 
 
 def _serve(best: Path, log: Path, env: dict[str, str] | None = None):
@@ -138,7 +130,7 @@ def main() -> int:
         raw.append({"spec": spec.name, "best": best, "served": served})
 
     stamp = date.today().isoformat()
-    meta = {"date": stamp, "machine": _machine(), "python": platform.python_version(), "repeats": args.repeats,
+    meta = {"date": stamp, "machine": machine.words(), "python": platform.python_version(), "repeats": args.repeats,
             "command": "python bench/serve_vs_trial/run.py " + " ".join(sys.argv[1:])}
     (HERE / f"results-{stamp}.json").write_text(json.dumps({"meta": meta, "rows": rows, "raw": raw}, indent=1))
     md = [f"# Served winner vs its trial ({stamp}, {meta['machine']})", "",

@@ -36,6 +36,8 @@ from pathlib import Path
 
 import yaml
 
+from slotune.tuner import machine
+
 HERE = Path(__file__).resolve().parent
 MAJOR_LEVERS = ("quantization", "kv_dtype", "scheduling")
 
@@ -60,18 +62,6 @@ def run_study(spec_path: Path, seed: int, runs: Path) -> dict:
     summary = json.loads((out / "best_metrics.json").read_text())
     return {"seed": seed, "output_dir": str(out), "wall_s": wall, "summary": summary,
             "best_yaml": str(out / "best.yaml")}
-
-
-def machine() -> str:
-    """lscpu's model name, the core count and the matrix/vector extensions that decide kernel speed."""
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        name = next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
-        flags = set(next(line.split(":", 1)[1].split() for line in out.splitlines() if line.startswith("Flags")))
-    except (OSError, subprocess.CalledProcessError, StopIteration):
-        return f"{platform.processor() or 'unknown CPU'}, {os.cpu_count()} cores"
-    isa = [f for f in ("avx512f", "avx512_vnni", "avx512_bf16", "amx_tile") if f in flags]
-    return f"{name}, {os.cpu_count()} cores, {'/'.join(isa) or 'no AVX-512'}"
 
 
 def declared(summary: dict) -> float:
@@ -166,7 +156,7 @@ def main() -> None:
     t, b = measured[tuned_name], measured[best_name]
     tuned_vs_best = (t / b) if obj.direction() == "maximize" else (b / t)
     result = {
-        "spec": str(args.spec), "date": date.today().isoformat(), "machine": args.machine or machine(),
+        "spec": str(args.spec), "date": date.today().isoformat(), "machine": args.machine or machine.words(),
         "python": platform.python_version(), "omp_wait_policy": policy, "objective": f"{obj.direction()} {key}", "repeats": args.repeats,
         "configs": {n: c.model_dump(mode="json", exclude_defaults=True) for n, c in configs.items()},
         "rows": rows, "winners": winners, "winners_agree_on_major_levers": agree,

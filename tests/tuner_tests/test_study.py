@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from slotune.engine.config import EngineConfig
+from slotune.tuner import machine
 from slotune.tuner.objective import is_measured
 from slotune.tuner.study import run_command
 from slotune.tuner.tracking import tracking_summary
@@ -46,6 +47,11 @@ def test_study_writes_best_report_and_mlflow_runs(tmp_path, fake_trials):
     # How trials measure (budget.measure, default served) is on every trial and run.
     assert parent["tags"]["slotune.measure"] == "served" and all(r["tags"]["slotune.measure"] == "served" for r in trials)
     assert all(t.user_attrs["measure"] == "served" for t in study.trials)
+    # Which machine measured them (CPU, cores, ISA) is on every trial, the winner, the runs and the report.
+    here = machine.words()
+    assert "CPUs" in here and all(t.user_attrs["machine"] == here for t in study.trials)
+    assert summary["machine"] == here and all(r["tags"]["slotune.machine"] == here for r in trials)
+    assert f"Measured on {here}." in report and f"Measured on {here}." in (out / "report.html").read_text()
 
 
 @pytest.mark.parametrize(("fault", "budget", "reason"), [
