@@ -139,6 +139,7 @@ def build_app(llm: AsyncLLM, *, api_key: str | None = None, served_model_name: s
     With a `recorder`, every request that reaches the engine is recorded when it leaves it."""
     app = FastAPI(title="slotune", docs_url=None, redoc_url=None, openapi_url=None)
     model_id = served_model_name or llm.config.model
+    stream_interval = llm.config.stream_interval
     metrics = ServingMetrics()
     app.state.metrics = metrics
     app.state.llm = llm
@@ -345,13 +346,18 @@ def build_app(llm: AsyncLLM, *, api_key: str | None = None, served_model_name: s
             return {"index": 0, "delta": delta, "finish_reason": finish}
 
         stream, last = llm.stream(rid), None
+        held, held_tokens, is_text_sent = [], 0, False  # text not sent yet, its tokens (stream_interval)
         try:
             if chat:
                 yield event([choice(None, None, first=True)])
             async for out in stream:
                 last = out
-                if out.new_text or out.finished:
-                    yield event([choice(out.new_text, out.finish_reason if out.finished else None)])
+                held_tokens += len(out.new_token_ids)
+                if out.new_text:
+                    held.append(out.new_text)
+                if out.finished or (held and (not is_text_sent or held_tokens >= stream_interval)):
+                    yield event([choice("".join(held), out.finish_reason if out.finished else None)])
+                    held, held_tokens, is_text_sent = [], 0, is_text_sent or bool(held)
             finished(last, chat, max_tokens)
             if include_usage:
                 yield event([], usage=usage(last))

@@ -4,6 +4,7 @@ disconnects, and SIGTERM draining of a real server process on loopback."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -232,3 +233,39 @@ def test_non_stream_client_that_gives_up_is_aborted(server):
     _assert_engine_idle_soon(llm)  # 400 tokens would take far longer if the request kept running
     m = httpx.get(base + "/metrics").text
     assert 'slotune_requests_total{finish_reason="abort"}' in m
+
+
+def _stream_events(base: str, **body) -> list[dict]:
+    events = []
+    with httpx.stream("POST", base + "/v1/completions", timeout=60, json={
+            "model": MODEL, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}, **body}) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                events.append(json.loads(line[len("data: "):]))
+    return events
+
+
+def test_stream_interval_sends_the_same_stream_in_fewer_events():
+    """stream_interval: 4 sends a stream's tokens four at a time in one SSE event, the first token and
+    the finish at once; the text, finish reason and usage are those of every-token streaming (1).
+    One model load, served twice (real server, real model)."""
+    from slotune.engine.serving.server import build_app, serve_in_thread
+
+    streams, loaded = {}, None
+    for n in (1, 4):
+        llm = AsyncLLM(EngineConfig(max_num_seqs=2, num_kv_blocks=32, max_model_len=256, stream_interval=n), llm=loaded)
+        with serve_in_thread(llm, build_app(llm)) as base:
+            streams[n] = _stream_events(base, prompt="Once upon a time", max_tokens=21, ignore_eos=True)
+        loaded = llm.llm
+    text = {n: [e for e in ev if e["choices"]] for n, ev in streams.items()}
+    assert "".join(e["choices"][0]["text"] for e in text[4]) == "".join(e["choices"][0]["text"] for e in text[1])
+    assert text[4][0]["choices"][0]["text"] == text[1][0]["choices"][0]["text"]  # the first token alone: TTFT
+    assert len(text[1]) >= 15 and len(text[4]) <= 1 + -(-(21 - 1) // 4) < len(text[1])
+    assert text[4][-1]["choices"][0]["finish_reason"] == text[1][-1]["choices"][0]["finish_reason"] == "length"
+    assert [e["usage"] for e in streams[4] if e.get("usage")] == [e["usage"] for e in streams[1] if e.get("usage")]
+
+
+def test_stream_interval_is_bounded():
+    with pytest.raises(ValueError, match="stream_interval"):
+        EngineConfig(stream_interval=0)
