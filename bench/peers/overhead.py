@@ -40,23 +40,15 @@ from pathlib import Path
 from typing import Any
 
 from report import fmt_ms  # this folder is sys.path[0]
-from run import (CONFIG_DIR, HERE, MODEL, OUTPUT_LEN, PROMPT_LENS, Point, _csv, _interrupt, _is_exact, free_port, machine_info,
-                 machine_label, measure, sizing, slotune_config, start, stop, tune_serve, versions, default_llama_bin)
+from run import (CONFIG_DIR, HERE, MODEL, OUTPUT_LEN, PROMPT_LENS, Point, _csv, _interrupt, default_llama_bin, free_port,
+                 machine_info, machine_label, measure, measure_in_process, sizing, slotune_config, start, stop, tune_serve,
+                 versions)
 
 from slotune.engine import LLM, EngineConfig
 from slotune.engine.loader import resolve_model_path
 from slotune.engine.tokenizer import Tokenizer
-from slotune.tuner.bench import run_benchmark
-from slotune.tuner.workload import WorkloadSpec
 
 GOAL = 0.95
-
-
-def in_process(llm: LLM, point: Point, num_requests: int | None, seed: int) -> dict[str, Any]:
-    wl = WorkloadSpec.load(point.workload(num_requests, seed))
-    res = run_benchmark(None, wl, llm=llm)
-    return {"point": point.key, "started_at": res.started_at, "is_exact": _is_exact(res.metrics, wl, point),
-            "metrics": res.metrics}
 
 
 def _row(m: dict[str, Any]) -> dict[str, float]:
@@ -110,7 +102,7 @@ def run_point(name: str, config: dict[str, Any], llm: LLM, point: Point, *, port
                 if side == "served":
                     r = measure(f"http://127.0.0.1:{port}", point, tokenizer, num_requests, seed)
                 else:
-                    r = in_process(llm, point, num_requests, seed)
+                    r = measure_in_process(llm, point, num_requests, seed)
                 after = (time.process_time(), server_cpu_s(proc.pid))
                 pair[side] = {**_row(r["metrics"]), "is_exact": r["is_exact"], "load_avg": os.getloadavg()[0],
                               "cpu_us_per_token": cpu_us_per_token(side, before, after,
@@ -138,10 +130,9 @@ def to_markdown(rep: dict[str, Any]) -> str:
              f"Command: `{rep['command']}`; commit {rep['versions']['slotune_git']}. For each point one `tune serve` "
              f"and the same engine in-process, replays alternated (S I, I S, ...) {rep['pairs']} times; "
              f"ratio > 1: served faster. Goal: >= {GOAL}x at concurrency 1 and 16.", "",
+             *([f"Note: {rep['note']}.", ""] if rep.get("note") else []),
              "| config | point | served / in-process tok/s, per pair | median | in-process / served TPOT p50, per pair "
              "| median | served tok/s (median) | in-process tok/s (median) |", "|---|---|---|---|---|---|---|---|"]
-    if rep.get("note"):
-        lines[4:4] = [f"Note: {rep['note']}.", ""]
     cpu = ["", "CPU per output token (microseconds, medians over the pairs): in-process, the engine (every thread "
            "of this process); served, the client process, the server's event-loop thread and its other threads "
            "(engine, OpenMP workers, tokenizer pool). Engine figures include OpenMP workers spinning between "

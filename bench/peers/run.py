@@ -278,23 +278,29 @@ def run_round(server: Server, points: list[Point], *, port: int, tokenizer, num_
 IN_PROCESS = "@in-process"  # suffix of a config's in-process rows
 
 
+def measure_in_process(llm, point: Point, num_requests: int | None, seed: int) -> dict[str, Any]:
+    """`measure`'s row for one point replayed on `llm` in this process (`tune bench` without HTTP)."""
+    from slotune.tuner.bench import run_benchmark
+
+    wl = WorkloadSpec.load(point.workload(num_requests, seed))
+    res = run_benchmark(None, wl, llm=llm)
+    return {"point": point.key, "started_at": res.started_at, "model": MODEL, "is_exact": _is_exact(res.metrics, wl, point),
+            "cached_prompt_tokens": 0, "workload": res.workload, "metrics": res.metrics}
+
+
 def run_in_process(server: Server, points: list[Point], *, num_requests: int | None, seed: int,
                    round_index: int) -> dict[str, Any]:
     """The same points replayed on the engine in this process (`tune bench` without HTTP): what the
     server costs is the served / in-process ratio."""
     from slotune.engine import LLM
-    from slotune.tuner.bench import run_benchmark
 
     entry: dict[str, Any] = {"server": server.name + IN_PROCESS, "round": round_index,
                              "copy_bandwidth_gbs": copy_bandwidth_gbs(), "load_avg_before": os.getloadavg(),
                              "log": None, "results": []}
     llm = LLM(EngineConfig.from_dict(server.config))
     for point in points:
-        wl = WorkloadSpec.load(point.workload(num_requests, seed))
-        res = run_benchmark(None, wl, llm=llm)
-        m = res.metrics
-        entry["results"].append({"point": point.key, "started_at": res.started_at, "model": MODEL,
-                                 "is_exact": _is_exact(m, wl, point), "cached_prompt_tokens": 0, "workload": res.workload, "metrics": m})
+        entry["results"].append(measure_in_process(llm, point, num_requests, seed))
+        m = entry["results"][-1]["metrics"]
         print(f"  [{round_index + 1}] {entry['server']:>12} {point.key:>9}: {m['output_tokens_per_s']:7.1f} tok/s, "
               f"TPOT p50 {fmt_ms(m.get('tpot_p50'))} ms, TTFT p50 {fmt_ms(m.get('ttft_p50'))} ms", flush=True)
     del llm
