@@ -23,6 +23,14 @@ fresh workload seeds, one after the other on each (`run_declaration`), and the n
 (best_metrics.json `remeasured`, the report's winner card) are the winner's mean there, with an
 interval spanning its measurements, compared with the default's mean on the same seeds.
 
+How many seeds is decided by the measurements themselves (`is_declared`), as a benchmark harness
+samples until its estimate is tight: after `declare_repeats`, further seeds are measured while the
+95% interval of the winner's mean (Student's t) is wider than +-`budget.declare_precision` of it,
+up to `Budget.declare_cap`. A quiet machine stops at `declare_repeats`; on a shared one, where the
+same replay varies by a third from one run to the next (bench/tuner/noise-floor-*.md), the
+declaration measures until the mean is good to the precision asked or the cap is reached (the
+report says which).
+
 `confirm_top_k: 0` turns the round off: the best trial wins on its own measurement and is
 re-measured once, alone, for the report (the study's behaviour before this round existed).
 
@@ -33,6 +41,8 @@ reuses it unless the candidates or the seed changed.
 from __future__ import annotations
 
 import dataclasses
+import math
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -108,45 +118,90 @@ def run_round(spec, study, trials: list, *, runner: tuple[str, ...] = DEFAULT_TR
 
 
 def declaration_seeds(spec) -> list[int]:
-    """The workload seeds of the declaration measurements: fresh ones after the round's, skipping
-    the study's own workload seed (its trials' numbers favour their configs too)."""
+    """The workload seeds the declaration measurements may use, in order, as many as it may take
+    (`Budget.declare_cap`): fresh ones after the round's, skipping the study's own workload seed
+    (its trials' numbers favour their configs too)."""
     from slotune.tuner.workload import MAX_SEED
 
     seeds, seed = [], spec.robustness_seed
-    while len(seeds) < spec.budget.declare_repeats:
+    while len(seeds) < spec.budget.declare_cap:
         seed = seed + 1 if seed < MAX_SEED else 0
         if seed not in (spec.workload.seed, spec.robustness_seed):
             seeds.append(seed)
     return seeds
 
 
+def half_width(values: list[float]) -> float | None:
+    """The half-width of the 95% interval of the mean of `values` (Student's t, n - 1 degrees of
+    freedom) as a fraction of the mean; None under 2 values or at a zero mean. Student's t, not the
+    standard error alone: two measurements that happen to agree say little about the spread (one
+    degree of freedom, t = 12.7), so a mean of two counts as precise only when they agree closely."""
+    if len(values) < 2 or not statistics.fmean(values):
+        return None
+    from scipy.stats import t
+
+    n = len(values)
+    return float(t.ppf(0.975, n - 1)) * statistics.stdev(values) / math.sqrt(n) / abs(statistics.fmean(values))
+
+
+def is_declared(budget, values: list[float], seeds_measured: int) -> bool:
+    """Has the declaration measured enough? At least `declare_repeats` seeds; then, with
+    `declare_precision` set, until the 95% interval of the mean of the winner's `values` (its
+    successful measurements of the objective) is within that fraction of it (`half_width`), or
+    `declare_cap` seeds. With fewer than 2 values after `declare_repeats` seeds it stops: the
+    winner fails on fresh seeds, and more of them would not make a mean."""
+    if seeds_measured < budget.declare_repeats:
+        return False
+    if seeds_measured >= budget.declare_cap or len(values) < 2:
+        return True
+    width = half_width(values)
+    return width is None or width <= budget.declare_precision
+
+
 def run_declaration(spec, study, trial, *, runner: tuple[str, ...] = DEFAULT_TRIAL_RUNNER,
                     say: Callable[[str], None] = print) -> dict[str, Any]:
-    """Measure the declared winner `trial` and the default config on each of `declaration_seeds`,
-    winner first (or reuse the stored record for the same trial and seeds, unless every winner
-    measurement in it failed); store it in the study. Returns {"trial", "seeds", "measurements":
-    [{"trial" (None: the default), "seed", "metrics" or "error"}]}."""
-    seeds = declaration_seeds(spec)
-    stored = study.user_attrs.get(DECLARE_ATTR)
-    if (stored and stored.get("trial") == trial.number and stored.get("seeds") == seeds
-            and any(m.get("metrics") for m in stored["measurements"] if m.get("trial") is not None)):
-        return stored
-    configs = {trial.number: EngineConfig.model_validate(trial.user_attrs["config"]), None: spec.base_config()}
+    """Measure the declared winner `trial` and the default config on `declaration_seeds`, winner
+    first on each, until `is_declared`; store the record in the study after every seed.
+
+    A stored record for the same trial whose seeds begin the same sequence is carried on from
+    (a finished one, under the same budget, is returned as it is), unless every winner
+    measurement in it failed: then it is measured again from the start.
+
+    Returns:
+        {"trial", "seeds", "measurements": [{"trial" (None: the default), "seed", "metrics" or "error"}]}.
+    """
+    planned = declaration_seeds(spec)
     key = spec.objective.metric_key()
-    measurements = []
-    order = [(seed, number) for seed in seeds for number in (trial.number, None)]
-    for i, (seed, number) in enumerate(order):
-        label = DEFAULT_TAG if number is None else f"trial {number}"
-        try:
-            r = measure(spec, configs[number], seed=seed, early_stop=False, runner=runner, gates=False)
-            measurements.append({"trial": number, "seed": seed, "metrics": r["metrics"]})
-            say(f"declare {i + 1}/{len(order)}: {label} on workload seed {seed}: "
-                f"{key} = {format_value(key, r['metrics'].get(key))}")
-        except TrialFailure as exc:
-            measurements.append({"trial": number, "seed": seed, "error": exc.reason})
-            say(f"declare {i + 1}/{len(order)}: {label} failed: {exc.reason}")
+    stored = study.user_attrs.get(DECLARE_ATTR) or {}
+    seeds, measurements = [], []
+    if (stored.get("trial") == trial.number and stored.get("seeds") == planned[:len(stored.get("seeds", []))]
+            and any(m.get("metrics") for m in stored["measurements"] if m.get("trial") is not None)):
+        seeds, measurements = list(stored["seeds"]), list(stored["measurements"])
+    configs = {trial.number: EngineConfig.model_validate(trial.user_attrs["config"]), None: spec.base_config()}
+
+    def values() -> list[float]:
+        return [m["metrics"][key] for m in measurements if m.get("trial") == trial.number
+                and isinstance((m.get("metrics") or {}).get(key), (int, float))]
+
     record = {"trial": trial.number, "seeds": seeds, "measurements": measurements}
-    study.set_user_attr(DECLARE_ATTR, record)
+    while not is_declared(spec.budget, values(), len(seeds)):
+        seed, n, b = planned[len(seeds)], len(seeds) + 1, spec.budget
+        step = (f"declare {n}/{b.declare_repeats}" if n <= b.declare_repeats else
+                f"declare {n} (at most {b.declare_cap}: the 95% interval of the winner's mean is +-"
+                f"{half_width(values()):.1%} of it, wider than the {b.declare_precision:.0%} asked)")
+        for number in (trial.number, None):
+            label = DEFAULT_TAG if number is None else f"trial {number}"
+            try:
+                r = measure(spec, configs[number], seed=seed, early_stop=False, runner=runner, gates=False)
+                measurements.append({"trial": number, "seed": seed, "metrics": r["metrics"]})
+                say(f"{step}: {label} on workload seed {seed}: {key} = {format_value(key, r['metrics'].get(key))}")
+            except TrialFailure as exc:
+                measurements.append({"trial": number, "seed": seed, "error": exc.reason})
+                say(f"{step}: {label} failed: {exc.reason}")
+        seeds.append(seed)
+        study.set_user_attr(DECLARE_ATTR, record)  # an interrupted declaration resumes from here
+    if record != stored:
+        study.set_user_attr(DECLARE_ATTR, record)
     return record
 
 
@@ -208,6 +263,7 @@ class Confirmation:
     is_round: bool  # False: confirm_top_k 0 (the best trial re-measured alone)
     limits: SLOLimits  # the SLO the measurements are judged against
     declared: tuple[dict[str, Any], ...] = ()  # the declaration measurements ({trial, seed, metrics or error})
+    declare_precision: float | None = None  # budget.declare_precision: the 95% half-width the declaration aimed at
 
     def with_declaration(self, record: dict[str, Any]) -> "Confirmation":
         """This round with the winner's declaration measurements (`run_declaration`'s record)."""
@@ -240,7 +296,9 @@ class Confirmation:
         out: dict[str, Any] = {"seed": self.seed, "default": self.default_metrics, "default_seeds": [self.seed],
                                "round": mine.metrics}
         if wins:
-            out.update(metrics=mean_metrics([d["metrics"] for d in wins]), seeds=[d["seed"] for d in wins])
+            out.update(metrics=mean_metrics([d["metrics"] for d in wins]), seeds=[d["seed"] for d in wins],
+                       half_width=half_width([d["metrics"][self.key] for d in wins
+                                              if isinstance(d["metrics"].get(self.key), (int, float))]))
             same = [d for d in defaults if d["seed"] in out["seeds"]]
             if same:
                 out.update(default=mean_metrics([d["metrics"] for d in same]), default_seeds=[d["seed"] for d in same])
@@ -290,6 +348,16 @@ class Confirmation:
                      f"workload seeds ({vals}), each time beside the default; the numbers declared for it are their "
                      f"mean ({format_value(self.key, declared['metrics'].get(self.key))}), compared with the "
                      f"default's on the same seeds: the round picked it on its own numbers there, which favour it.")
+            width = declared.get("half_width")
+            if width is not None:
+                text += f" The 95% interval of that mean (Student's t) is ±{width:.1%} of it"
+                if self.declare_precision is None:
+                    text += "."
+                elif width <= self.declare_precision:
+                    text += f", within the ±{self.declare_precision:.0%} asked (budget.declare_precision)."
+                else:
+                    text += (f", wider than the ±{self.declare_precision:.0%} asked (budget.declare_precision): the "
+                             f"measurements stopped at budget.declare_max_repeats; the value is less certain than asked.")
             if declared["reasons"]:
                 text += f" Its declared numbers miss the SLO: {'; '.join(declared['reasons'])}."
         elif self.declared:
@@ -339,7 +407,8 @@ def confirm_round(spec, record: dict[str, Any], trials: list) -> Confirmation:
     best = min(held, key=lambda m: (sign * m.metrics[key], by_trial.index(m.trial))) if held else None
     return Confirmation(seed=record["seed"], key=key, direction=direction, measured=measured, by_trial=by_trial,
                         winner=best.trial if best is not None else by_trial[0], is_confirmed=best is not None,
-                        is_round=bool(spec.budget.confirm_top_k), limits=limits)
+                        is_round=bool(spec.budget.confirm_top_k), limits=limits,
+                        declare_precision=spec.budget.declare_precision)
 
 
 def _ordinal(n: int) -> str:

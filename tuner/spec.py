@@ -101,11 +101,20 @@ class Budget(_Strict):
         "the winner on those numbers (SLO judged again); 0 = off: the best trial wins on its own measurement and "
         "is re-measured once, alone")
     declare_repeats: int = Field(
-        2, ge=0, le=8, description="after the confirmation round, the winner and the default config measured on this "
-        "many fresh workload seeds (robustness_seed + 1, + 2, ...), one after the other on each; the winner's declared "
+        2, ge=0, le=8, description="after the confirmation round, the winner and the default config measured on at least "
+        "this many fresh workload seeds (robustness_seed + 1, + 2, ...; more while declare_precision asks), one after the "
+        "other on each; the winner's declared "
         "numbers are its mean there, compared with the default's on the same seeds. The round's own numbers picked "
         "the winner, so they favour it (the best of several noisy measurements is partly the luckiest); 0 = declare "
         "the round's numbers")
+    declare_precision: float | None = Field(
+        0.10, gt=0, lt=1, description="after declare_repeats, keep measuring the winner and the default on further "
+        "fresh seeds until the 95% interval of the winner's mean (Student's t over its measurements) is within +- "
+        "this fraction of it (a quiet machine stops at declare_repeats, a noisy one measures more), up to "
+        "declare_max_repeats; null = exactly declare_repeats")
+    declare_max_repeats: int | None = Field(
+        None, ge=1, le=24, description="the most declaration measurements declare_precision may take; "
+        "null = 3 x declare_repeats")
     timeout_s: float | None = Field(None, gt=0, description="wall-clock cap for the whole study")
     trial_timeout_s: float = Field(600, gt=0)
     trial_memory_gb: float = Field(8.0, gt=0)
@@ -120,6 +129,21 @@ class Budget(_Strict):
         "engine behind the OpenAI-compatible HTTP server, the workload replayed over loopback by a client in its own "
         "process: the numbers `tune serve` delivers); in_process = the workload replayed on the engine directly "
         "(faster trials, no HTTP or client cost: its numbers can be better than what serving delivers)")
+
+
+    @model_validator(mode="after")
+    def _declare_cap(self) -> "Budget":
+        if self.declare_max_repeats is not None and self.declare_max_repeats < self.declare_repeats:
+            raise ValueError(f"budget.declare_max_repeats ({self.declare_max_repeats}) is below budget.declare_repeats "
+                             f"({self.declare_repeats}): raise it, or leave it out (3 x declare_repeats)")
+        return self
+
+    @property
+    def declare_cap(self) -> int:
+        """The most declaration measurements: declare_repeats when declare_precision is off."""
+        if self.declare_precision is None:
+            return self.declare_repeats
+        return self.declare_max_repeats if self.declare_max_repeats is not None else 3 * self.declare_repeats
 
 
 class EarlyStop(_Strict):

@@ -187,12 +187,21 @@ class MLflowTracker:
                       confirmation=None) -> None:
         """Parent run: the winner's metrics and config (best.yaml, best_metrics.json), the report
         (report.md, report.html: self-contained, so it opens in MLflow's artifact view), and with a
-        `confirmation` (tuner/confirm.py) whether the winner held on re-measurement and which trial
-        was best on its own; then close it."""
+        `confirmation` (tuner/confirm.py) whether the winner held on re-measurement, which trial
+        was best on its own, and the declared value of the objective (`declared_<metric>`), with its
+        95% half-width as a fraction of it (`declared_half_width`) and the number of declaration seeds
+        (tag `slotune.declared_seeds`); then close it."""
         c, rid = self.client, self.parent_run_id
         if confirmation is not None:
             c.set_tag(rid, "slotune.confirmed", str(confirmation.is_confirmed))
             c.set_tag(rid, "slotune.best_by_trial", str(confirmation.by_trial[0]))
+            declared = confirmation.remeasure()
+            value = (declared.get("metrics") or {}).get(confirmation.key)
+            if _loggable(value):
+                c.log_metric(rid, f"declared_{confirmation.key}", float(value))
+            if _loggable(declared.get("half_width")):
+                c.log_metric(rid, "declared_half_width", float(declared["half_width"]))
+            c.set_tag(rid, "slotune.declared_seeds", str(len(declared.get("seeds") or [])))
         if best is not None:
             c.set_tag(rid, "slotune.best_trial", str(best.number))
             for k, v in best.user_attrs.get("metrics", {}).items():
