@@ -150,6 +150,24 @@ def test_a_noisy_declaration_measures_until_its_mean_is_tight(tmp_path, fake_tri
     assert parent["tags"]["slotune.declared_seeds"] == "4"
 
 
+def test_the_declarations_interval_decides_from_three_values_on():
+    """Two values that agree say little about the spread: with a precision asked, a third seed is
+    measured however close they are. A winner that failed on its seeds is not measured further;
+    the cap and declare_precision: null end it at once."""
+    from slotune.tuner.confirm import is_declared
+    from slotune.tuner.spec import Budget
+
+    b = Budget()  # 2 seeds at least, +-10%, at most 6
+    assert not is_declared(b, [4.49], 1)
+    assert not is_declared(b, [4.49, 4.49], 2)
+    assert is_declared(b, [4.49, 4.49, 4.49], 3)
+    assert not is_declared(b, [4.49, 4.42, 5.3], 3)  # +-26%
+    assert is_declared(b, [4.49], 2)  # one of two failed: no mean to make tight
+    assert is_declared(b, [1.0, 2.0, 1.0, 2.0, 1.0, 2.0], 6)  # the cap
+    assert is_declared(Budget(declare_precision=None), [1.0, 2.0], 2)
+    assert is_declared(b, [0.0, 0.0, 0.0], 3)  # a zero mean has no relative precision to reach
+
+
 def test_a_declaration_cap_below_its_minimum_is_refused_by_name():
     from slotune.tuner.spec import Budget
 
