@@ -192,10 +192,7 @@ def run_declaration(spec, study, trial, *, runner: tuple[str, ...] = DEFAULT_TRI
 
     record = {"trial": trial.number, "seeds": seeds, "measurements": measurements}
     while not is_declared(spec.budget, values(), len(seeds)):
-        seed, n, b = planned[len(seeds)], len(seeds) + 1, spec.budget
-        step = (f"declare {n}/{b.declare_repeats}" if n <= b.declare_repeats else
-                f"declare {n} (at most {b.declare_cap}: the 95% interval of the winner's mean is +-"
-                f"{half_width(values()):.1%} of it, wider than the {b.declare_precision:.0%} asked)")
+        seed, step = planned[len(seeds)], _step_words(spec.budget, len(seeds) + 1, values())
         for number in (trial.number, None):
             label = DEFAULT_TAG if number is None else f"trial {number}"
             try:
@@ -207,9 +204,17 @@ def run_declaration(spec, study, trial, *, runner: tuple[str, ...] = DEFAULT_TRI
                 say(f"{step}: {label} failed: {exc.reason}")
         seeds.append(seed)
         study.set_user_attr(DECLARE_ATTR, record)  # an interrupted declaration resumes from here
-    if record != stored:
-        study.set_user_attr(DECLARE_ATTR, record)
     return record
+
+
+def _step_words(budget, n: int, values: list[float]) -> str:
+    """The progress line's head for the n-th declaration seed, saying why it is measured."""
+    if n <= budget.declare_repeats:
+        return f"declare {n}/{budget.declare_repeats}"
+    why = ("the interval decides from 3 measurements on" if len(values) < 3 else
+           f"the 95% interval of the winner's mean is ±{half_width(values):.1%} of it, wider than the "
+           f"±{budget.declare_precision:.0%} asked")
+    return f"declare {n} (at most {budget.declare_cap}: {why})"
 
 
 def mean_metrics(got: list[dict[str, Any]]) -> dict[str, Any] | None:
