@@ -154,7 +154,8 @@ def is_declared(budget, values: list[float], seeds_measured: int) -> bool:
     whose spread is underestimated, and two values are the worst case: on the Xeon (2026-11-26,
     example 02) a winner measured 4.49 and 4.42 req/s on its two seeds, an interval of +-9.3%, and
     re-measured 5.30 on five others. With fewer than 2 values after `declare_repeats` seeds it
-    stops: the winner fails on fresh seeds, and more of them would not make a mean."""
+    stops: one seed was asked for (`declare_repeats: 1`), or the winner fails on fresh seeds and
+    more of them would not make a mean."""
     if seeds_measured < budget.declare_repeats:
         return False
     if budget.declare_precision is None or seeds_measured >= budget.declare_cap or len(values) < 2:

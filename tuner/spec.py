@@ -101,10 +101,9 @@ class Budget(_Strict):
         "the winner on those numbers (SLO judged again); 0 = off: the best trial wins on its own measurement and "
         "is re-measured once, alone")
     declare_repeats: int = Field(
-        2, ge=0, le=8, description="after the confirmation round, the winner and the default config measured on at least "
-        "this many fresh workload seeds (robustness_seed + 1, + 2, ...; more while declare_precision asks), one after the "
-        "other on each; the winner's declared "
-        "numbers are its mean there, compared with the default's on the same seeds. The round's own numbers picked "
+        2, ge=0, le=8, description="after the confirmation round, the winner and the default config measured on at "
+        "least this many fresh workload seeds (robustness_seed + 1, + 2, ...; more while declare_precision asks), one "
+        "after the other on each; the winner's declared numbers are its mean there, compared with the default's on the same seeds. The round's own numbers picked "
         "the winner, so they favour it (the best of several noisy measurements is partly the luckiest); 0 = declare "
         "the round's numbers")
     declare_precision: float | None = Field(
@@ -129,7 +128,6 @@ class Budget(_Strict):
         "engine behind the OpenAI-compatible HTTP server, the workload replayed over loopback by a client in its own "
         "process: the numbers `tune serve` delivers); in_process = the workload replayed on the engine directly "
         "(faster trials, no HTTP or client cost: its numbers can be better than what serving delivers)")
-
 
     @model_validator(mode="after")
     def _declare_cap(self) -> "Budget":
