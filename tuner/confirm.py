@@ -131,17 +131,24 @@ def declaration_seeds(spec) -> list[int]:
     return seeds
 
 
+def objective_values(measurements, trial: int | None, key: str) -> list[float]:
+    """The objective `key` of `trial`'s (None: the default's) successful declaration measurements."""
+    return [m["metrics"][key] for m in measurements if m.get("trial") == trial
+            and isinstance((m.get("metrics") or {}).get(key), (int, float))]
+
+
 def half_width(values: list[float]) -> float | None:
     """The half-width of the 95% interval of the mean of `values` (Student's t, n - 1 degrees of
     freedom) as a fraction of the mean; None under 2 values or at a zero mean. Student's t, not the
     standard error alone: two measurements that happen to agree say little about the spread (one
     degree of freedom, t = 12.7), so a mean of two counts as precise only when they agree closely."""
-    if len(values) < 2 or not statistics.fmean(values):
+    mean = statistics.fmean(values) if len(values) >= 2 else 0.0
+    if not mean:
         return None
     from scipy.stats import t
 
     n = len(values)
-    return float(t.ppf(0.975, n - 1)) * statistics.stdev(values) / math.sqrt(n) / abs(statistics.fmean(values))
+    return float(t.ppf(0.975, n - 1)) * statistics.stdev(values) / math.sqrt(n) / abs(mean)
 
 
 def is_declared(budget, values: list[float], seeds_measured: int) -> bool:
@@ -186,14 +193,9 @@ def run_declaration(spec, study, trial, *, runner: tuple[str, ...] = DEFAULT_TRI
             and any(m.get("metrics") for m in stored["measurements"] if m.get("trial") is not None)):
         seeds, measurements = list(stored["seeds"]), list(stored["measurements"])
     configs = {trial.number: EngineConfig.model_validate(trial.user_attrs["config"]), None: spec.base_config()}
-
-    def values() -> list[float]:
-        return [m["metrics"][key] for m in measurements if m.get("trial") == trial.number
-                and isinstance((m.get("metrics") or {}).get(key), (int, float))]
-
     record = {"trial": trial.number, "seeds": seeds, "measurements": measurements}
-    while not is_declared(spec.budget, values(), len(seeds)):
-        seed, step = planned[len(seeds)], _step_words(spec.budget, len(seeds) + 1, values())
+    while not is_declared(spec.budget, values := objective_values(measurements, trial.number, key), len(seeds)):
+        seed, step = planned[len(seeds)], _step_words(spec.budget, len(seeds) + 1, values)
         for number in (trial.number, None):
             label = DEFAULT_TAG if number is None else f"trial {number}"
             try:
@@ -310,8 +312,7 @@ class Confirmation:
                                "round": mine.metrics}
         if wins:
             out.update(metrics=mean_metrics([d["metrics"] for d in wins]), seeds=[d["seed"] for d in wins],
-                       half_width=half_width([d["metrics"][self.key] for d in wins
-                                              if isinstance(d["metrics"].get(self.key), (int, float))]))
+                       half_width=half_width(objective_values(wins, self.winner, self.key)))
             same = [d for d in defaults if d["seed"] in out["seeds"]]
             if same:
                 out.update(default=mean_metrics([d["metrics"] for d in same]), default_seeds=[d["seed"] for d in same])

@@ -14,8 +14,9 @@ and the tuned result against hand-picked configs of the same space.
 3. Goals (issue 18): each winner's declared value (the mean of its declaration measurements after
    the confirmation round: `budget.declare_repeats` seeds, more while the mean's 95% interval is
    wider than `budget.declare_precision`; the value best.yaml and the report's winner card show) within
-   10% of the median re-measure; the two winners agree on weight precision, KV precision and batching mode, or their re-measured values are within noise
-   (the re-measures' bootstrap intervals overlap); the better winner within 10% of the best
+   10% of the median re-measure; the two winners agree on weight precision, KV precision and
+   batching mode, or their re-measured values are within noise (the re-measures' bootstrap
+   intervals overlap); the better winner within 10% of the best
    re-measured config of all (hand-picked ones included).
 
 Writes goals-<spec name>-<date>.json and .md beside this file. Takes minutes per study.
