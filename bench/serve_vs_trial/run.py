@@ -8,6 +8,13 @@ objective metric and output tokens/s, served / trial ratios (median over repeats
 winning trial's own measurement (`best_metrics.json` `metrics`). Goal: within 10% either way
 (served better than its trial by more is a miss too: the trial misjudged the config).
 
+The trial was measured minutes to hours earlier, and it is the best of many, so that ratio carries
+the machine's drift and the selection's bias as well as any difference between the two paths. The
+paths themselves are compared side by side: each repeat is a pair, one replay against `tune serve`
+and one measurement of the same config on the same seed by the trial harness (`objective.measure`,
+an isolated trial process serving it as `tune run` does), in alternating order (S T, T S, ...);
+served / harness is the median of the per-pair ratios.
+
     python bench/serve_vs_trial/run.py                      # examples 01 and 02
     python bench/serve_vs_trial/run.py --specs examples/01-chat-latency/spec.yaml --repeats 5
 
@@ -18,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import signal
@@ -83,6 +91,22 @@ def _replay(url: str, spec, out: Path, seed: int) -> dict:
     return json.loads(out.read_text())
 
 
+def _ratio_interval(ratios: list[float]) -> tuple[float, float] | None:
+    """95% interval of the geometric mean of per-pair ratios (Student's t on their logarithms), or None
+    under 3 pairs."""
+    if len(ratios) < 3:
+        return None
+    from scipy.stats import t
+
+    logs = [math.log(r) for r in ratios]
+    m, hw = statistics.fmean(logs), t.ppf(0.975, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+    return math.exp(m - hw), math.exp(m + hw)
+
+
+def _interval_words(iv: tuple[float, float] | None) -> str:
+    return "-" if iv is None else f"{iv[0]:.3f} - {iv[1]:.3f}"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--specs", default=",".join(DEFAULT_SPECS))
@@ -92,6 +116,8 @@ def main() -> int:
     ap.add_argument("--tag", default="", help="suffix of the results' file names (another run on the same day)")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
+    from slotune.engine.config import EngineConfig
+    from slotune.tuner.objective import TrialFailure, measure
     from slotune.tuner.spec import TuningSpec
 
     rows, raw = [], []
@@ -108,18 +134,32 @@ def main() -> int:
         best = json.loads((out_dir / "best_metrics.json").read_text())
         key, trial_m = best["objective"], best["metrics"]
         seed = spec.workload.seed
+        config = EngineConfig.from_yaml(out_dir / "best.yaml")
+        spec.output_dir = str(out_dir)  # as `tune run -o` ran the study: the harness uses its cache
         proc, url = _serve(out_dir / "best.yaml", out_dir / "serve.log")
-        served = []
+        served, harness = [], []
         try:
             for r in range(args.repeats):
-                m = _replay(url, {"path": spec_path}, out_dir / f"served-{r}.json", seed)
-                served.append(m)
-                print(f"[{spec.name}] served #{r}: {key} {m.get(key)}, tok/s {m['output_tokens_per_s']:.1f} "
-                      f"(trial: {trial_m.get(key)}, {trial_m['output_tokens_per_s']:.1f})", flush=True)
+                for side in (("served", "harness") if r % 2 == 0 else ("harness", "served")):
+                    if side == "served":
+                        m = _replay(url, {"path": spec_path}, out_dir / f"served-{r}.json", seed)
+                        served.append(m)
+                    else:  # the trial harness, as `tune run` measured the winner (no gates: they do not time)
+                        try:
+                            m = measure(spec, config, seed=seed, early_stop=False, gates=False)["metrics"]
+                        except TrialFailure as exc:
+                            m = {"error": exc.reason}
+                        harness.append(m)
+                    print(f"[{spec.name}] {side} #{r}: {key} {m.get(key)}, tok/s {m.get('output_tokens_per_s')} "
+                          f"(trial: {trial_m.get(key)}, {trial_m['output_tokens_per_s']:.1f})", flush=True)
         finally:
             _stop(proc)
         med = {k: statistics.median(m[k] for m in served if m.get(k) is not None) for k in (key, "output_tokens_per_s")}
         ratio = med[key] / trial_m[key]
+        pairs = {k: [s[k] / h[k] for s, h in zip(served, harness) if s.get(k) and h.get(k)]
+                 for k in (key, "output_tokens_per_s")}
+        paired = {k: statistics.median(v) if v else None for k, v in pairs.items()}
+        paired_interval = _ratio_interval(pairs[key])
         declaration = best.get("remeasured") or {}
         remeasured = declaration.get("metrics") or {}
         rows.append({"spec": spec.name, "objective": key, "direction": best["direction"], "trial": trial_m[key],
@@ -129,8 +169,15 @@ def main() -> int:
                      "is_within_10pct": 0.90 <= ratio <= 1.10,  # either way: better than the trial is a miss too
                      "trial_tok_s": trial_m["output_tokens_per_s"], "served_tok_s": med["output_tokens_per_s"],
                      "tok_s_ratio": med["output_tokens_per_s"] / trial_m["output_tokens_per_s"],
-                     "trial_measure": trial_m.get("measure", "served" if "client_cpu_s" in trial_m else "in_process")})
-        raw.append({"spec": spec.name, "best": best, "served": served})
+                     "trial_measure": trial_m.get("measure", "served" if "client_cpu_s" in trial_m else "in_process"),
+                     "harness": statistics.median(h[key] for h in harness if h.get(key) is not None)
+                     if any(h.get(key) is not None for h in harness) else None,
+                     "served_over_harness_pairs": pairs[key], "served_over_harness": paired[key],
+                     "served_over_harness_interval": paired_interval,
+                     "tok_s_served_over_harness_pairs": pairs["output_tokens_per_s"],
+                     "tok_s_served_over_harness": paired["output_tokens_per_s"],
+                     "paths_within_10pct": paired[key] is not None and 0.90 <= paired[key] <= 1.10})
+        raw.append({"spec": spec.name, "best": best, "served": served, "harness": harness})
 
     stamp = date.today().isoformat()
     meta = {"date": stamp, "machine": machine.words(), "python": platform.python_version(), "repeats": args.repeats,
@@ -154,6 +201,21 @@ def main() -> int:
         md.append(f"| {r['spec']} | {r['objective']} ({r['direction']}) | {r['trial']:.4g} | {rem} | {r['served']:.4g} | "
                   f"{r['ratio']:.2f} | {'yes' if r['is_within_10pct'] else 'no'} | {rem_ratio} | {r['trial_tok_s']:.1f} | "
                   f"{r['served_tok_s']:.1f} | {r['tok_s_ratio']:.2f} |")
+    md += ["", "The two paths side by side: per pair, one replay against `tune serve` and one measurement of the same "
+           "config on the same seed by the trial harness (as `tune run` measured the winner), alternating which goes first. "
+           "Ratio = served / harness (median of the per-pair ratios); interval = 95% interval of their geometric mean "
+           "(Student's t on the logarithms).", "",
+           "| spec | objective | harness (median) | served (median) | served / harness, per pair | median | interval "
+           "| within 10% | tok/s served / harness, per pair | median |", "|---|---|---|---|---|---|---|---|---|---|"]
+    def fmt(v):
+        return "-" if v is None else f"{v:.3f}"
+
+    for r in rows:
+        md.append(f"| {r['spec']} | {r['objective']} | {'-' if r['harness'] is None else format(r['harness'], '.4g')} | "
+                  f"{r['served']:.4g} | {', '.join(map(fmt, r['served_over_harness_pairs']))} | "
+                  f"**{fmt(r['served_over_harness'])}** | {_interval_words(r['served_over_harness_interval'])} | "
+                  f"{'yes' if r['paths_within_10pct'] else 'no'} | "
+                  f"{', '.join(map(fmt, r['tok_s_served_over_harness_pairs']))} | {fmt(r['tok_s_served_over_harness'])} |")
     stem.with_suffix(".md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
     return 0
