@@ -160,6 +160,7 @@ def main() -> int:
                  for k in (key, "output_tokens_per_s")}
         paired = {k: statistics.median(v) if v else None for k, v in pairs.items()}
         paired_interval = _ratio_interval(pairs[key])
+        harness_values = [h[key] for h in harness if h.get(key) is not None]
         declaration = best.get("remeasured") or {}
         remeasured = declaration.get("metrics") or {}
         rows.append({"spec": spec.name, "objective": key, "direction": best["direction"], "trial": trial_m[key],
@@ -170,8 +171,7 @@ def main() -> int:
                      "trial_tok_s": trial_m["output_tokens_per_s"], "served_tok_s": med["output_tokens_per_s"],
                      "tok_s_ratio": med["output_tokens_per_s"] / trial_m["output_tokens_per_s"],
                      "trial_measure": trial_m.get("measure", "served" if "client_cpu_s" in trial_m else "in_process"),
-                     "harness": statistics.median(h[key] for h in harness if h.get(key) is not None)
-                     if any(h.get(key) is not None for h in harness) else None,
+                     "harness": statistics.median(harness_values) if harness_values else None,
                      "served_over_harness_pairs": pairs[key], "served_over_harness": paired[key],
                      "served_over_harness_interval": paired_interval,
                      "tok_s_served_over_harness_pairs": pairs["output_tokens_per_s"],
