@@ -53,7 +53,7 @@ from slotune.tuner.objective import DEFAULT_TRIAL_RUNNER, TrialFailure, measure,
 from slotune.tuner.references import DEFAULT_TAG
 from slotune.tuner.report_html import ReportSection
 from slotune.tuner.slo import COST_RATES, SLOLimits, judge
-from slotune.tuner.units import format_value, metric_label, value_with_ci
+from slotune.tuner.units import format_value, interval, metric_label, value_with_ci
 
 CONFIRM_ATTR = "confirm"
 DECLARE_ATTR = "declare"
@@ -279,6 +279,7 @@ class Confirmation:
     limits: SLOLimits  # the SLO the measurements are judged against
     declared: tuple[dict[str, Any], ...] = ()  # the declaration measurements ({trial, seed, metrics or error})
     declare_precision: float | None = None  # budget.declare_precision: the 95% half-width the declaration aimed at
+    params: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)  # each candidate's sampled params
 
     def with_declaration(self, record: dict[str, Any]) -> "Confirmation":
         """This round with the winner's declaration measurements (`run_declaration`'s record)."""
@@ -293,6 +294,27 @@ class Confirmation:
         """The default config as the round measured it: the mean of its measurements, and an
         interval spanning both of theirs (drift over the round counts as noise)."""
         return mean_metrics([m.metrics for m in self.of(None) if m.metrics])
+
+    def rivals(self) -> list[Measured]:
+        """The round's other candidates that met the SLO with a re-measured interval overlapping the
+        winner's: on this round's numbers they cannot be told apart from it. [] outside a confirmed round."""
+        if not (self.is_round and self.is_confirmed):
+            return []
+        mine = interval(self.of(self.winner)[0].metrics, self.key)
+        if mine is None:
+            return []
+        out = []
+        for m in self.measured:
+            theirs = interval(m.metrics, self.key) if m.trial not in (None, self.winner) and m.feasible else None
+            if theirs is not None and theirs[0] <= mine[1] and mine[0] <= theirs[1]:
+                out.append(m)
+        return out
+
+    def differences(self, trial: int) -> list[str]:
+        """How `trial`'s params differ from the winner's, in words: ["quantization int8 (the winner: int4)"];
+        a knob only one of them samples (a conditional one) is left out: the knob it depends on differs."""
+        mine, theirs = self.params.get(self.winner, {}), self.params.get(trial, {})
+        return [f"{k} {theirs[k]} (the winner: {mine[k]})" for k in mine if k in theirs and theirs[k] != mine[k]]
 
     def declared_of(self, trial: int | None) -> list[dict[str, Any]]:
         """The declaration measurements of `trial` (None: the default) that succeeded."""
@@ -326,10 +348,13 @@ class Confirmation:
         return out
 
     def to_json(self) -> list[dict[str, Any]]:
-        """best_metrics.json's `confirm` list: each measurement in order, judged."""
+        """best_metrics.json's `confirm` list: each measurement in order, judged; `within_noise_of_winner`
+        marks the `rivals`."""
+        rivals = self.rivals()
         return [{"position": m.position, "trial": m.trial, "tag": DEFAULT_TAG if m.trial is None else None,
                  "seed": self.seed, "value": (m.metrics or {}).get(self.key), "feasible": m.feasible,
                  "reasons": m.reasons, "winner": m.trial == self.winner and m.trial is not None,
+                 "within_noise_of_winner": m in rivals,
                  **({"metrics": m.metrics} if m.metrics is not None else {"error": m.error})}
                 for m in self.measured]
 
@@ -377,12 +402,16 @@ class Confirmation:
         elif self.declared:
             text += (f"\nThe declaration measurements of the winner failed ({declared.get('declare_error')}); "
                      f"its declared numbers are the round's.")
+        rivals = self.rivals()
         if not self.is_confirmed:
             text += (f"\n{'No candidate' if self.is_round else 'The winner'} met the SLO when measured again: the "
                      f"winner is trial {self.winner}, the best on its own measurement, unconfirmed.")
         elif self.is_round and self.winner != self.by_trial[0]:
+            first_is_rival = any(m.trial == self.by_trial[0] for m in rivals)
             text += (f"\nThe winner, trial {self.winner}, ranked {_ordinal(rank[self.winner] + 1)} on its own trial; "
-                     f"trial {self.by_trial[0]}, first there, did worse when measured again.")
+                     f"trial {self.by_trial[0]}, first there, did worse when measured again"
+                     f"{', but within noise (below)' if first_is_rival else ''}.")
+        text += self._rivals_words(rivals)
         rows = [["#", "measured", f"own trial {label}", f"re-measured {label}", "meets the SLO", "winner"]]
         after = [(judged(len(self.measured) + i + 1, d, self.limits, self.key), f" (declaration, seed {d['seed']})")
                  for i, d in enumerate(self.declared)]
@@ -390,8 +419,24 @@ class Confirmation:
             own = "–" if m.trial is None else format_value(self.key, trial_values.get(m.trial))
             again = value_with_ci(m.metrics, self.key) if m.metrics is not None else f"failed: {m.error}"
             ok = "–" if m.metrics is None else ("yes" if m.feasible else "no: " + "; ".join(m.reasons))
-            rows.append([str(m.position), m.label + where, own, again, ok, "yes" if m.trial == self.winner else ""])
+            mark = "yes" if m.trial == self.winner else "within noise" if m in rivals else ""
+            rows.append([str(m.position), m.label + where, own, again, ok, mark])
         return ReportSection("Confirmation round", text, table=rows, anchor="confirmation")
+
+    def _rivals_words(self, rivals: list[Measured]) -> str:
+        """Say plainly which candidates (`rivals`) the round could not tell from the winner, and how they differ."""
+        if not rivals:
+            return ""
+        mine = value_with_ci(self.of(self.winner)[0].metrics, self.key)
+        parts = []
+        for m in rivals:
+            diff = self.differences(m.trial)
+            parts.append(f"trial {m.trial}, {metric_label(self.key)} {value_with_ci(m.metrics, self.key)} against the "
+                         f"winner's {mine}" + (f", with {', '.join(diff)}" if diff else ""))
+        return (f"\nWithin noise of the winner in this round (the intervals overlap, and the SLO held): "
+                f"{'; '.join(parts)}. The round cannot tell {'it' if len(rivals) == 1 else 'them'} from the winner "
+                f"on this machine: the winner is the better of equals here, and the differences listed are not "
+                f"shown to matter.")
 
 
 def judged(position: int, m: dict[str, Any], limits: SLOLimits, key: str) -> Measured:
@@ -422,6 +467,7 @@ def confirm_round(spec, record: dict[str, Any], trials: list) -> Confirmation:
     return Confirmation(seed=record["seed"], key=key, direction=direction, measured=measured, by_trial=by_trial,
                         winner=best.trial if best is not None else by_trial[0], is_confirmed=best is not None,
                         is_round=bool(spec.budget.confirm_top_k), limits=limits,
+                        params={t.number: dict(t.params) for t in trials},
                         declare_precision=spec.budget.declare_precision)
 
 

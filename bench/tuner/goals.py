@@ -201,10 +201,30 @@ def markdown(r: dict) -> str:
               f"**{'yes' if r['winners_agree_on_major_levers'] else 'no'}** "
               f"({'; '.join(w['name'] + ': ' + json.dumps(w['major_levers']) for w in r['winners'])}).",
               f"- Winners' re-measured intervals overlap (within noise): **{'yes' if r['winners_within_noise'] else 'no'}**.",
+              *_same_config_lines(r, key),
               f"- Best re-measured config: {r['best_config']}; tuned ({r['tuned']}) / best = **{r['tuned_vs_best']:.3f}** "
               f"(goal >= 0.9).",
               f"- Tuned vs default (better direction): {r['default_vs_tuned']:.2f}x." if r["default_vs_tuned"] else ""]
     return "\n".join(lines) + "\n"
+
+
+def _same_config_lines(r: dict, key: str) -> list[str]:
+    """A line for winners that are the same config: their re-measures (same seeds, interleaved) are
+    then two replicates of one config, and how far apart they land is the re-measure's own spread."""
+    from slotune.tuner.units import format_value
+
+    groups: dict[str, list[str]] = {}
+    for w in r["winners"]:
+        groups.setdefault(json.dumps(r["configs"][w["name"]], sort_keys=True), []).append(w["name"])
+    lines = []
+    for names in (g for g in groups.values() if len(g) > 1):
+        meds = [r["rows"][n]["median"] for n in names]
+        if all(m is not None for m in meds):
+            spread = f" ({max(meds) / min(meds):.2f}x apart)" if min(meds) > 0 else ""
+            lines.append(f"- {' and '.join(names)} are the same config: their re-measures, on the same seeds and "
+                         f"interleaved, are replicates of one config; medians {', '.join(format_value(key, m) for m in meds)}"
+                         f"{spread}, the re-measure's own spread.")
+    return lines
 
 
 if __name__ == "__main__":

@@ -237,7 +237,7 @@ def test_the_slo_is_judged_again_on_the_re_measured_numbers(tmp_path):
     """confirm_round on a stored round: the best re-measured value misses the TTFT limit, so the
     next one wins; when none holds, the best by its own trial stays the winner, unconfirmed."""
     spec = TuningSpec.from_yaml(write_spec(tmp_path, objective={"ttft_limit_s": 0.5}))
-    trials = [SimpleNamespace(number=n) for n in (7, 3, 9)]  # best first by their own trials
+    trials = [SimpleNamespace(number=n, params={}) for n in (7, 3, 9)]  # best first by their own trials
 
     def m(tpot, ttft):
         return {"metrics": {"tpot_p95": tpot, "ttft_p95": ttft}}
@@ -253,6 +253,41 @@ def test_the_slo_is_judged_again_on_the_re_measured_numbers(tmp_path):
     c = confirm_round(spec, record, trials)
     assert (c.winner, c.is_confirmed) == (7, False)
     assert "No candidate met the SLO when measured again: the winner is trial 7" in c.section({}).text
+
+
+def test_the_report_names_the_candidates_the_round_cannot_tell_from_the_winner(tmp_path):
+    """A candidate whose re-measured interval overlaps the winner's and that met the SLO is named as
+    within noise, with the params it differs in; one whose interval is apart, or that missed the SLO,
+    is not. best_metrics.json's round marks the same ones."""
+    spec = TuningSpec.from_yaml(write_spec(tmp_path, objective={"ttft_limit_s": 0.5}))
+    params = {7: {"quantization": "int8", "max_num_seqs": 1, "max_num_batched_tokens": 512},
+              3: {"quantization": "int4", "quant_group_size": 32, "max_num_seqs": 1, "max_num_batched_tokens": 2048},
+              9: {"quantization": "none", "max_num_seqs": 4, "max_num_batched_tokens": 2048},
+              5: {"quantization": "int8", "max_num_seqs": 2, "max_num_batched_tokens": 2048}}
+    trials = [SimpleNamespace(number=n, params=params[n]) for n in (7, 3, 9, 5)]
+
+    def m(tpot, half, ttft=0.3):
+        return {"metrics": {"tpot_p95": tpot, "tpot_p95_ci_low": tpot - half, "tpot_p95_ci_high": tpot + half,
+                            "ttft_p95": ttft}}
+
+    record = {"seed": 1000, "order": [None, 7, 3, 9, 5, None], "measurements": [
+        {"trial": None, **m(0.066, 0.015)}, {"trial": 7, **m(0.00793, 0.00038)}, {"trial": 3, **m(0.00782, 0.00068)},
+        {"trial": 9, **m(0.0104, 0.0011)}, {"trial": 5, **m(0.0079, 0.0004, ttft=0.9)}, {"trial": None, **m(0.060, 0.01)}]}
+    c = confirm_round(spec, record, trials)
+    assert (c.winner, c.is_confirmed) == (3, True)
+    assert [r.trial for r in c.rivals()] == [7]  # 9: apart; 5: overlaps but missed the TTFT limit
+    assert c.differences(7) == ["quantization int8 (the winner: int4)", "max_num_batched_tokens 512 (the winner: 2048)"]
+    section = c.section({7: 0.0078, 3: 0.0081, 9: 0.0092, 5: 0.0077})
+    assert ("Within noise of the winner in this round (the intervals overlap, and the SLO held): trial 7, p95 TPOT "
+            "7.93 ms ± 0.38 against the winner's 7.82 ms ± 0.68, with quantization int8 (the winner: int4), "
+            "max_num_batched_tokens 512 (the winner: 2048). The round cannot tell it from the winner") in section.text
+    assert "trial 7, first there, did worse when measured again, but within noise (below)." in section.text
+    assert [row[-1] for row in section.table[1:]] == ["", "within noise", "yes", "", "", ""]
+    assert [c["within_noise_of_winner"] for c in c.to_json()] == [False, True, False, False, False, False]
+    # Apart: nothing is said.
+    record["measurements"][1] = {"trial": 7, **m(0.0095, 0.0003)}
+    c = confirm_round(spec, record, trials)
+    assert c.rivals() == [] and "Within noise" not in c.section({}).text
 
 
 def test_the_cost_objective_picks_the_cheapest_config_that_meets_the_slo(tmp_path, fake_trials):
