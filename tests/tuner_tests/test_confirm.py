@@ -51,6 +51,8 @@ def test_the_winner_is_the_best_on_re_measurement_not_the_luckiest_trial(tmp_pat
     assert [c["trial"] for c in confirm] == [None, lucky, steady, runner_up, None]
     assert [c["tag"] for c in confirm] == ["default", None, None, None, "default"]
     assert [c["winner"] for c in confirm] == [False, False, True, False, False]
+    # (2, int8) re-measures 16.9 ms against the winner's 16.2, each +-3%: the round cannot tell them apart.
+    assert [c["within_noise_of_winner"] for c in confirm] == [False, False, False, True, False]
     assert all(c["seed"] == 1000 and c["feasible"] for c in confirm)
     assert confirm[1]["value"] == pytest.approx(2 * study.trials[lucky].values[0])  # its luck is gone
     assert confirm[2]["metrics"]["tpot_p95_ci_low"] < confirm[2]["value"] < confirm[2]["metrics"]["tpot_p95_ci_high"]
@@ -61,6 +63,11 @@ def test_the_winner_is_the_best_on_re_measurement_not_the_luckiest_trial(tmp_pat
     assert f"The winner, trial {steady}, ranked 2nd on its own trial; trial {lucky}, first there" in report
     assert f"| 2 | trial {lucky} | 13.2 ms | 26.4 ms ± 0.79 | yes |  |" in report
     assert "(+0% over the round)" in report  # the default's two measurements: no drift here
+    assert (f"Within noise of the winner in this round (the intervals overlap, and the SLO held): trial {runner_up}, "
+            "p95 TPOT 16.9 ms ± 0.51 against the winner's 16.2 ms ± 0.49, with max_num_seqs 2 (the winner: 1).") in report
+    assert f"| 4 | trial {runner_up} | 16.9 ms | 16.9 ms ± 0.51 | yes | within noise |" in report
+    parent = next(r for r in tracking_summary(f"sqlite:///{out / 'mlflow.db'}", "t") if r["tags"].get("slotune.role") == "study")
+    assert parent["tags"]["slotune.within_noise_of_winner"] == str(runner_up)
     assert 'id="confirmation"' in (out / "report.html").read_text()
 
     # A resumed finalize reuses the round: a trial process would now crash, and nothing changes.
