@@ -435,7 +435,7 @@ class Confirmation:
                          f"winner's {mine}" + (f", with {', '.join(diff)}" if diff else ""))
         return (f"\nWithin noise of the winner in this round (the intervals overlap, and the SLO held): "
                 f"{'; '.join(parts)}. The round cannot tell {'it' if len(rivals) == 1 else 'them'} from the winner "
-                f"on this machine: the winner is the better of equals here, and the differences listed are not "
+                f"on this machine: the winner's lead is within noise, and the differences listed are not "
                 f"shown to matter.")
 
 
