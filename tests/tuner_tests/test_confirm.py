@@ -290,7 +290,7 @@ def test_the_report_names_the_candidates_the_round_cannot_tell_from_the_winner(t
             "max_num_batched_tokens 512 (the winner: 2048). The round cannot tell it from the winner") in section.text
     assert "trial 7, first there, did worse when measured again, but within noise (below)." in section.text
     assert [row[-1] for row in section.table[1:]] == ["", "within noise", "yes", "", "", ""]
-    assert [c["within_noise_of_winner"] for c in c.to_json()] == [False, True, False, False, False, False]
+    assert [e["within_noise_of_winner"] for e in c.to_json()] == [False, True, False, False, False, False]
     # Apart: nothing is said.
     record["measurements"][1] = {"trial": 7, **m(0.0095, 0.0003)}
     c = confirm_round(spec, record, trials)
