@@ -53,7 +53,7 @@ from slotune.tuner.objective import DEFAULT_TRIAL_RUNNER, TrialFailure, measure,
 from slotune.tuner.references import DEFAULT_TAG
 from slotune.tuner.report_html import ReportSection
 from slotune.tuner.slo import COST_RATES, SLOLimits, judge
-from slotune.tuner.units import format_value, interval, metric_label, value_with_ci
+from slotune.tuner.units import format_value, interval, metric_label, overlaps, value_with_ci
 
 CONFIRM_ATTR = "confirm"
 DECLARE_ATTR = "declare"
@@ -306,7 +306,7 @@ class Confirmation:
         out = []
         for m in self.measured:
             theirs = interval(m.metrics, self.key) if m.trial not in (None, self.winner) and m.feasible else None
-            if theirs is not None and theirs[0] <= mine[1] and mine[0] <= theirs[1]:
+            if theirs is not None and overlaps(theirs, mine):
                 out.append(m)
         return out
 

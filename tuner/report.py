@@ -25,7 +25,7 @@ from slotune.tuner.references import DEFAULT_TAG, reference_metrics, reference_r
 from slotune.tuner.reasons import gate_words, infeasible_reasons
 from slotune.tuner.report_html import ReportSection, render_html
 from slotune.tuner.slo import SLOLimits, judge, metric_key
-from slotune.tuner.units import format_value, interval, metric_label, number, seeds_words, value_with_ci
+from slotune.tuner.units import format_value, interval, metric_label, number, overlaps, seeds_words, value_with_ci
 from slotune.tuner.workload import describe_replay
 
 MIN_TRIALS_FOR_IMPORTANCE = 4  # fANOVA on fewer complete trials says nothing
@@ -240,7 +240,7 @@ def _noise_note(key: str, direction: str, bm: dict, default: dict | None) -> str
         return None
     a, b = interval(bm, key), interval(default, key)
     if a is not None and b is not None:
-        if a[0] <= b[1] and b[0] <= a[1]:
+        if overlaps(a, b):
             return (f"The improvement over the default on {metric_label(key)} is within noise: the intervals "
                     f"overlap ({value_with_ci(bm, key)} vs {value_with_ci(default, key)}).")
         return None

@@ -100,6 +100,11 @@ def interval(metrics: Mapping[str, Any] | None, key: str) -> tuple[float, float]
     return (float(lo), float(hi)) if isinstance(lo, (int, float)) and isinstance(hi, (int, float)) else None
 
 
+def overlaps(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    """Two (low, high) intervals share a point: the two values are within noise of each other."""
+    return a[0] <= b[1] and b[0] <= a[1]
+
+
 def value_with_ci(metrics: Mapping[str, Any] | None, key: str) -> str:
     return format_value(key, (metrics or {}).get(key), interval(metrics, key))
 
