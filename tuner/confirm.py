@@ -7,6 +7,17 @@ workload seed (`robustness_seed`) in one round with the default config, and the 
 of them on those numbers, its SLO judged again (`slo.judge`; the quality gates do not depend on the
 workload and are not run again).
 
+Near misses: a trial that missed an SLO limit, but by less than its own measurement's noise (each
+missed limit lies inside the metric's interval, `near_misses`), may meet it as well as not. Left out,
+a config that is best on the objective is never measured again because of one unlucky replay (on
+example 01, 2026-11-27, seed 3's int4 start measured p95 TTFT 1.60 s, interval 1.35-1.71 s, against
+a 1.5 s limit: the round chose int8, which re-measured 10% slower). So the round also measures up to
+`confirm_top_k` such trials that rank above the last feasible candidate on their own value
+(`candidates`). Their quality gates were never run (a trial process runs them only when the SLO
+held), so the round runs them, on the same engine after the replay, and such a candidate can win
+only if its re-measurement meets the SLO and its gates pass (`judged`). When no candidate holds,
+the winner falls back to the best feasible trial by its own numbers, never to a near miss.
+
 Order: default, c1, c2, ..., ck, default (c1 the best by its own trial). Interleaved in one round,
 one right after the other, so whatever drift there is reaches every candidate alike instead of
 favouring the one measured in a quiet moment of the study, and candidates the winner is picked
@@ -15,6 +26,15 @@ difference between its two measurements is the drift over the round, and the win
 with both together (mean value, an interval spanning both: `Confirmation.default_metrics`).
 Alternating the default between every candidate would time drift more finely but costs k - 1
 more measurements for a comparison the round already makes between adjacent candidates.
+
+Passes: one measurement per candidate often cannot tell the best two apart (their intervals
+overlap: on example 01, 2026-11-27, int8 7.96 ms +-0.55 against int4 7.97 +-0.56, while the
+declarations measured int4 10-21% faster). So while the winner's interval overlaps a feasible
+candidate's (`Confirmation.rivals`), those contenders are measured again on the same seed, in
+reverse order each pass (drift that grows through a pass then favours none of them), up to
+`budget.confirm_passes` passes; each is then judged on its measurements together
+(`Confirmation.standing`: their mean, and `pooled_metrics`' interval, which narrows as passes
+agree and widens when they do not), and must have held the SLO in every pass.
 
 Declared numbers: the round picks the winner on its measurements, so the winner's own measurement
 in the round is biased in its favour (of k noisy candidates the one that measured luckiest tends
@@ -43,16 +63,18 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from slotune.engine.config import EngineConfig
+from slotune.evals.gate_spec import GateSpec
 from slotune.tuner.metrics import CI_RATES, ci_keys
 from slotune.tuner.objective import DEFAULT_TRIAL_RUNNER, TrialFailure, measure, ranked_feasible
+from slotune.tuner.reasons import failed_gates
 from slotune.tuner.references import DEFAULT_TAG
 from slotune.tuner.report_html import ReportSection
-from slotune.tuner.slo import COST_RATES, SLOLimits, judge
+from slotune.tuner.slo import COST_RATES, Check, SLOLimits, judge
 from slotune.tuner.units import format_value, interval, metric_label, overlaps, value_with_ci
 
 CONFIRM_ATTR = "confirm"
@@ -60,18 +82,64 @@ DECLARE_ATTR = "declare"
 
 
 def candidates(study, spec) -> list:
-    """The feasible complete trials the round re-measures, best first by the first objective:
-    `budget.confirm_top_k` of them (1 with the round off), one per distinct config."""
-    picked, seen = [], []
-    for t in ranked_feasible(study, spec):
-        config = t.user_attrs.get("config")
-        if config in seen:  # a sampler that proposed the same config twice: measured once
-            continue
-        seen.append(config)
-        picked.append(t)
-        if len(picked) == max(spec.budget.confirm_top_k, 1):
-            break
-    return picked
+    """The trials the round re-measures, best first by their own value of the first objective, one
+    per distinct config: the best `budget.confirm_top_k` feasible ones (1 with the round off), then
+    up to as many near misses (`near_misses`) that rank above the last of those (none when no trial
+    is feasible: the round needs a feasible trial to fall back on)."""
+    from optuna.trial import TrialState  # optuna: the [tune] extra, imported where a study exists
+
+    k, seen = max(spec.budget.confirm_top_k, 1), []
+
+    def distinct(ranked) -> list:
+        out = []
+        for t in ranked:
+            config = t.user_attrs.get("config")
+            if config in seen:  # a sampler that proposed the same config twice: measured once
+                continue
+            seen.append(config)
+            out.append(t)
+            if len(out) == k:
+                break
+        return out
+
+    picked = distinct(ranked_feasible(study, spec))
+    if not picked or not spec.budget.confirm_top_k:
+        return picked
+    limits, sign = SLOLimits.from_objective(spec.objective), 1 if spec.objective.direction() == "minimize" else -1
+    rank = lambda t: (sign * t.values[0], t.number)  # noqa: E731 - ranked_feasible's order
+    near = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if not t.user_attrs.get("feasible") and _missed_only_within_noise(t.user_attrs, limits)
+            and rank(t) < rank(picked[-1])]
+    return sorted(picked + distinct(sorted(near, key=rank)), key=rank)
+
+
+def near_misses(metrics: dict[str, Any] | None, limits: SLOLimits) -> list[Check]:
+    """The SLO limits `metrics` missed, when each lies inside its metric's interval (a latency's low
+    end at or under its limit, a throughput's high end at or over its floor): the measurement cannot
+    tell whether the config meets them. [] when nothing is missed, or anything is missed by more than
+    that (or has no interval)."""
+    missed = [c for c in judge(metrics or {}, limits).checks if not c.passed]
+    for c in missed:
+        ci = interval(metrics, c.key)
+        if c.value is None or ci is None or (ci[1] < c.limit if c.name == "throughput" else ci[0] > c.limit):
+            return []
+    return missed
+
+
+def _missed_only_within_noise(user_attrs: dict[str, Any], limits: SLOLimits) -> bool:
+    """A measured trial (no failure, not stopped early, its gates not failed) whose only fault is SLO
+    limits missed within noise (`near_misses`)."""
+    v = user_attrs.get("violations") or {}
+    return (not user_attrs.get("fail_reason") and not v.get("early_stop") and not v.get("quality_gates")
+            and bool(near_misses(user_attrs.get("metrics"), limits)))
+
+
+def near_words(user_attrs: dict[str, Any], limits: SLOLimits) -> list[str]:
+    """A near miss's missed limits in words, each with the interval that holds the limit:
+    'p95 TTFT 1.6 s > limit 1.5 s (+7%); its interval 1.35 s-1.71 s'."""
+    m = user_attrs.get("metrics") or {}
+    return [f"{c.text}; its interval {format_value(c.key, interval(m, c.key)[0])}-"
+            f"{format_value(c.key, interval(m, c.key)[1])}" for c in near_misses(m, limits)]
 
 
 def plan(spec, trials: list) -> list[int | None]:
@@ -82,7 +150,8 @@ def plan(spec, trials: list) -> list[int | None]:
 
 def run_round(spec, study, trials: list, *, runner: tuple[str, ...] = DEFAULT_TRIAL_RUNNER,
               say: Callable[[str], None] = print) -> dict[str, Any]:
-    """Measure the round (or reuse the stored one for the same order and seed); store it in the study.
+    """Measure the round (or reuse the stored one for the same order and seed), then its further passes
+    while the winner has rivals (module docstring); store it in the study after each pass.
 
     Args:
         spec: the TuningSpec.
@@ -92,29 +161,48 @@ def run_round(spec, study, trials: list, *, runner: tuple[str, ...] = DEFAULT_TR
         say: where each measurement's line goes.
 
     Returns:
-        The stored record: {"seed", "order", "measurements": [{"trial", "metrics"} or {"trial", "error"}]}.
+        The stored record: {"seed", "order", "measurements": [{"trial", "metrics"} or {"trial", "error"}]};
+        a near miss's measurement also has "gates": its gate report, None when the SLO missed again;
+        a measurement of a later pass has "pass": 2, 3, ... (the first pass's have none).
     """
     order = plan(spec, trials)
     stored = study.user_attrs.get(CONFIRM_ATTR)
-    if stored and stored.get("seed") == spec.robustness_seed and stored.get("order") == order:
-        return stored
     configs = {t.number: EngineConfig.model_validate(t.user_attrs["config"]) for t in trials}
+    near = {t.number for t in trials if not t.user_attrs.get("feasible")}  # their gates run here (module docstring)
     key = spec.objective.metric_key()
-    measurements = []
-    for i, number in enumerate(order):
-        label = DEFAULT_TAG if number is None else f"trial {number}"
+
+    def measured(label: str, number: int | None, gates: bool) -> dict[str, Any]:
         try:
             r = measure(spec, spec.base_config() if number is None else configs[number], seed=spec.robustness_seed,
-                        early_stop=False, runner=runner, gates=False)
-            measurements.append({"trial": number, "metrics": r["metrics"]})
-            say(f"confirm {i + 1}/{len(order)}: {label} on workload seed {spec.robustness_seed}: "
-                f"{key} = {format_value(key, r['metrics'].get(key))}")
+                        early_stop=False, runner=runner, gates=gates)
         except TrialFailure as exc:
-            measurements.append({"trial": number, "error": exc.reason})
-            say(f"confirm {i + 1}/{len(order)}: {label} failed: {exc.reason}")
-    record = {"seed": spec.robustness_seed, "order": order, "measurements": measurements}
-    study.set_user_attr(CONFIRM_ATTR, record)
-    return record
+            say(f"{label}: {DEFAULT_TAG if number is None else f'trial {number}'} failed: {exc.reason}")
+            return {"trial": number, "error": exc.reason}
+        say(f"{label}: {DEFAULT_TAG if number is None else f'trial {number}'} on workload seed {spec.robustness_seed}: "
+            f"{key} = {format_value(key, r['metrics'].get(key))}"
+            + (f"; quality gates {'passed' if r['gates']['passed'] else 'failed'}" if r.get("gates") else ""))
+        return {"trial": number, "metrics": r["metrics"], **({"gates": r.get("gates")} if gates else {})}
+
+    if stored and stored.get("seed") == spec.robustness_seed and stored.get("order") == order:
+        record = stored
+    else:
+        record = {"seed": spec.robustness_seed, "order": order,
+                  "measurements": [measured(f"confirm {i + 1}/{len(order)}", n, n in near) for i, n in enumerate(order)]}
+        study.set_user_attr(CONFIRM_ATTR, record)
+    while True:  # further passes (module docstring); a resumed round carries on from its last stored pass
+        c = confirm_round(spec, record, trials)
+        again = c.contenders()
+        if not again or c.passes >= spec.budget.confirm_passes:
+            return record
+        last = [m.trial for m in c.measured if m.pass_no == c.passes and m.trial in again]
+        order = [*reversed(last), *(t for t in again if t not in last)]  # a new rival (the winner changed) last
+        n = c.passes + 1
+        why = (f"within noise of trial {c.winner}" if len(again) == 2 else
+               f"{len(again) - 1} candidates within noise of trial {c.winner}")
+        record = {**record, "measurements": record["measurements"] + [
+            {**measured(f"confirm pass {n}/{spec.budget.confirm_passes} ({why})", t, False), "pass": n}
+            for t in order]}
+        study.set_user_attr(CONFIRM_ATTR, record)
 
 
 def declaration_seeds(spec) -> list[int]:
@@ -252,7 +340,9 @@ class Measured:
     trial: int | None  # None: the default config
     metrics: dict[str, Any] | None
     error: str | None
-    reasons: list[str]  # why it misses the SLO on this measurement ([] when it holds)
+    reasons: list[str]  # why it misses the SLO (or a near miss its gates) on this measurement ([] when it holds)
+    gates: dict[str, Any] | None = None  # a near miss's gate report from the round
+    pass_no: int = 1  # which pass of the round measured it
 
     @property
     def label(self) -> str:
@@ -280,6 +370,13 @@ class Confirmation:
     declared: tuple[dict[str, Any], ...] = ()  # the declaration measurements ({trial, seed, metrics or error})
     declare_precision: float | None = None  # budget.declare_precision: the 95% half-width the declaration aimed at
     params: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)  # each candidate's sampled params
+    near: dict[int, list[str]] = dataclasses.field(default_factory=dict)  # near misses: what their own trial missed
+    gated: bool = False  # the spec has quality gates (a near miss must pass them in the round)
+
+    @property
+    def best_by_trial(self) -> int:
+        """The best feasible candidate on its own trial (a near miss is not feasible there)."""
+        return next(n for n in self.by_trial if n not in self.near)
 
     def with_declaration(self, record: dict[str, Any]) -> "Confirmation":
         """This round with the winner's declaration measurements (`run_declaration`'s record)."""
@@ -295,20 +392,36 @@ class Confirmation:
         interval spanning both of theirs (drift over the round counts as noise)."""
         return mean_metrics([m.metrics for m in self.of(None) if m.metrics])
 
+    @property
+    def passes(self) -> int:
+        """How many passes the round measured (module docstring)."""
+        return max(m.pass_no for m in self.measured)
+
+    def standing(self, trial: int) -> Measured:
+        """A candidate's measurements in the round as one (`standing`)."""
+        return standing(self.measured, trial)
+
     def rivals(self) -> list[Measured]:
-        """The round's other candidates that met the SLO with a re-measured interval overlapping the
-        winner's: on this round's numbers they cannot be told apart from it. [] outside a confirmed round."""
+        """The round's other candidates (their `standing`) that met the SLO with a re-measured interval
+        overlapping the winner's: on this round's numbers they cannot be told apart from it. [] outside
+        a confirmed round."""
         if not (self.is_round and self.is_confirmed):
             return []
-        mine = interval(self.of(self.winner)[0].metrics, self.key)
+        mine = interval(self.standing(self.winner).metrics, self.key)
         if mine is None:
             return []
         out = []
-        for m in self.measured:
-            theirs = interval(m.metrics, self.key) if m.trial not in (None, self.winner) and m.feasible else None
+        for n in self.by_trial:
+            m = self.standing(n)
+            theirs = interval(m.metrics, self.key) if n != self.winner and m.feasible else None
             if theirs is not None and overlaps(theirs, mine):
                 out.append(m)
         return out
+
+    def contenders(self) -> list[int]:
+        """The trials a further pass measures: the winner and its `rivals`; [] when it has none."""
+        rivals = self.rivals()
+        return [self.winner, *(m.trial for m in rivals)] if rivals else []
 
     def differences(self, trial: int) -> list[str]:
         """How `trial`'s params differ from the winner's, in words: ["quantization int8 (the winner: int4)"];
@@ -323,15 +436,18 @@ class Confirmation:
     def remeasure(self) -> dict[str, Any]:
         """The winner's declared re-measurement for the report and best.yaml: {seed, metrics or error,
         default: the default's metrics measured beside it (None when not measured; default_seeds:
-        on which workload seeds), round: the winner's own measurement in the round, reasons: why the
+        on which workload seeds), round: the winner's `standing` in the round, reasons: why the
         declared metrics miss the SLO ([] when they hold)}. With declaration measurements (`seeds`:
         the seeds they used), the metrics are the winner's mean over them and the default's its mean
         on the same seeds; when every one of the winner's failed, the round's numbers, and
-        `declare_error` says why."""
-        mine = self.of(self.winner)[0]
+        `declare_error` says why. A near miss that won also has `near` (what its own trial missed, in
+        words) and `gates` (its gate report from the round)."""
+        mine = self.standing(self.winner)
         wins, defaults = self.declared_of(self.winner), self.declared_of(None)
         out: dict[str, Any] = {"seed": self.seed, "default": self.default_metrics, "default_seeds": [self.seed],
                                "round": mine.metrics}
+        if self.winner in self.near:  # it qualified in the round: its own trial missed the SLO, within noise
+            out.update(near=self.near[self.winner], gates=mine.gates)
         if wins:
             out.update(metrics=mean_metrics([d["metrics"] for d in wins]), seeds=[d["seed"] for d in wins],
                        half_width=half_width(objective_values(wins, self.winner, self.key)))
@@ -348,13 +464,14 @@ class Confirmation:
         return out
 
     def to_json(self) -> list[dict[str, Any]]:
-        """best_metrics.json's `confirm` list: each measurement in order, judged; `within_noise_of_winner`
-        marks the `rivals`."""
-        rivals = self.rivals()
-        return [{"position": m.position, "trial": m.trial, "tag": DEFAULT_TAG if m.trial is None else None,
+        """best_metrics.json's `confirm` list: each measurement in order (`pass`: of which pass), judged
+        on its own; `within_noise_of_winner` marks the `rivals`' measurements, `near_miss` those of the
+        candidates whose own trial missed the SLO within noise."""
+        rivals = {m.trial for m in self.rivals()}
+        return [{"position": m.position, "pass": m.pass_no, "trial": m.trial, "tag": DEFAULT_TAG if m.trial is None else None,
                  "seed": self.seed, "value": (m.metrics or {}).get(self.key), "feasible": m.feasible,
                  "reasons": m.reasons, "winner": m.trial == self.winner and m.trial is not None,
-                 "within_noise_of_winner": m in rivals,
+                 "within_noise_of_winner": m.trial in rivals, "near_miss": m.trial in self.near,
                  **({"metrics": m.metrics} if m.metrics is not None else {"error": m.error})}
                 for m in self.measured]
 
@@ -371,12 +488,18 @@ class Confirmation:
         label = metric_label(self.key)
         rank = {n: i for i, n in enumerate(self.by_trial)}
         if self.is_round:
-            text = (f"The best {len(self.by_trial)} feasible trial{'s' if len(self.by_trial) > 1 else ''} were "
-                    f"measured again on workload seed {self.seed}, one after the other, between two measurements "
-                    f"of the default config, and the winner picked on these numbers (the SLO judged again).")
+            feasible = len(self.by_trial) - len(self.near)
+            text = (f"The best {feasible} feasible trial{'s' if feasible > 1 else ''}"
+                    + (f", and {len(self.near)} that missed the SLO by less than {'its' if len(self.near) == 1 else 'their'} "
+                       f"own measurement's noise," if self.near else "")
+                    + f" were measured again on workload seed {self.seed}, one after the other, between two "
+                    f"measurements of the default config, and the winner picked on these numbers (the SLO judged again).")
+            text += self._near_words()
             drift = self.drift()
             if drift:
                 text += f" Drift: {drift}."
+            if self.passes > 1:
+                text += self._passes_words()
         else:
             text = (f"No confirmation round (budget.confirm_top_k: 0): the best trial won on its own measurement "
                     f"and was measured once more, alone, on workload seed {self.seed}.")
@@ -407,67 +530,140 @@ class Confirmation:
             text += (f"\n{'No candidate' if self.is_round else 'The winner'} met the SLO when measured again: the "
                      f"winner is trial {self.winner}, the best on its own measurement, unconfirmed.")
         elif self.is_round and self.winner != self.by_trial[0]:
-            first_is_rival = any(m.trial == self.by_trial[0] for m in rivals)
+            first = self.standing(self.by_trial[0])
+            how = ("did worse when measured again" + (", but within noise (below)" if first.trial in
+                                                      {m.trial for m in rivals} else "")
+                   if first.feasible else "did not qualify when measured again: " + "; ".join(first.reasons)
+                   if first.metrics is not None else f"failed when measured again: {first.error}")
             text += (f"\nThe winner, trial {self.winner}, ranked {_ordinal(rank[self.winner] + 1)} on its own trial; "
-                     f"trial {self.by_trial[0]}, first there, did worse when measured again"
-                     f"{', but within noise (below)' if first_is_rival else ''}.")
+                     f"trial {self.by_trial[0]}, first there, {how}.")
         text += self._rivals_words(rivals)
         rows = [["#", "measured", f"own trial {label}", f"re-measured {label}", "meets the SLO", "winner"]]
         after = [(judged(len(self.measured) + i + 1, d, self.limits, self.key), f" (declaration, seed {d['seed']})")
                  for i, d in enumerate(self.declared)]
-        for m, where in [(m, "") for m in self.measured] + after:
-            own = "–" if m.trial is None else format_value(self.key, trial_values.get(m.trial))
+        for m, where in [(m, f" (pass {m.pass_no})" if m.pass_no > 1 else "") for m in self.measured] + after:
+            own = "–" if m.trial is None else format_value(self.key, trial_values.get(m.trial)) + (
+                " (missed the SLO within noise)" if m.trial in self.near else "")
             again = value_with_ci(m.metrics, self.key) if m.metrics is not None else f"failed: {m.error}"
             ok = "–" if m.metrics is None else ("yes" if m.feasible else "no: " + "; ".join(m.reasons))
-            mark = "yes" if m.trial == self.winner else "within noise" if m in rivals else ""
+            mark = "yes" if m.trial == self.winner else "within noise" if m.trial in {r.trial for r in rivals} else ""
             rows.append([str(m.position), m.label + where, own, again, ok, mark])
         return ReportSection("Confirmation round", text, table=rows, anchor="confirmation")
+
+    def _near_words(self) -> str:
+        """Which candidates entered as near misses, what their own trials missed, and what the round
+        asked of them (module docstring)."""
+        if not self.near:
+            return ""
+        parts = [f"trial {n} ({'; '.join(words)})" for n, words in self.near.items()]
+        return (f" Near misses: {', '.join(parts)}: the interval holds the limit, so the config may meet it. "
+                + ("Such a candidate's quality gates were not run on its trial (only SLO-meeting trials run them); "
+                   "the round ran them, and it can win only if its re-measurement meets the SLO and its gates pass."
+                   if self.gated else "It can win only if its re-measurement meets the SLO."))
+
+    def _passes_words(self) -> str:
+        """What the further passes measured, and each contender's standing over them."""
+        again = [n for n in self.by_trial if len(self.of(n)) > 1]
+        parts = [f"trial {n} {value_with_ci(self.standing(n).metrics, self.key)} over {len(self.of(n))} passes "
+                 f"({', '.join(format_value(self.key, (m.metrics or {}).get(self.key)) for m in self.of(n))})"
+                 for n in again]
+        return (f"\nThe winner's interval overlapped another candidate's, so the winner and the candidates within "
+                f"noise of it were measured again on the same seed, in reverse order each pass, {self.passes} passes "
+                f"in all (at most budget.confirm_passes), and judged on their mean: {'; '.join(parts)}.")
 
     def _rivals_words(self, rivals: list[Measured]) -> str:
         """Say plainly which candidates (`rivals`) the round could not tell from the winner, and how they differ."""
         if not rivals:
             return ""
-        mine = value_with_ci(self.of(self.winner)[0].metrics, self.key)
+        mine = value_with_ci(self.standing(self.winner).metrics, self.key)
         parts = []
         for m in rivals:
             diff = self.differences(m.trial)
             parts.append(f"trial {m.trial}, {metric_label(self.key)} {value_with_ci(m.metrics, self.key)} against the "
                          f"winner's {mine}" + (f", with {', '.join(diff)}" if diff else ""))
-        return (f"\nWithin noise of the winner in this round (the intervals overlap, and the SLO held): "
+        over = f" after {self.passes} passes" if self.passes > 1 else ""
+        return (f"\nWithin noise of the winner in this round{over} (the intervals overlap, and the SLO held): "
                 f"{'; '.join(parts)}. The round cannot tell {'it' if len(rivals) == 1 else 'them'} from the winner "
                 f"on this machine: the winner's lead is within noise, and the differences listed are not "
                 f"shown to matter.")
 
 
-def judged(position: int, m: dict[str, Any], limits: SLOLimits, key: str) -> Measured:
-    """One stored measurement ({trial, metrics or error}) judged against the SLO; `key` must be measured."""
+def judged(position: int, m: dict[str, Any], limits: SLOLimits, key: str, gate_specs: Sequence[GateSpec] = (),
+           needs_gates: bool = False) -> Measured:
+    """One stored measurement ({trial, metrics or error, gates}) judged against the SLO; `key` must be
+    measured. With `needs_gates` (a near miss, whose gates only the round ran) its `gate_specs` must
+    have passed too: they are run only when the SLO held, so a report is missing only then."""
     metrics = m.get("metrics")
     reasons = []
     if metrics is not None:
         reasons = judge(metrics, limits).reasons
         if metrics.get(key) is None:
             reasons.append(f"{metric_label(key)} not measured")
-    return Measured(position, m.get("trial"), metrics, m.get("error"), reasons)
+        if needs_gates and gate_specs and not reasons:
+            gates = m.get("gates")
+            reasons += ["quality gates not run"] if gates is None else (
+                failed_gates(gates, gate_specs) or ([] if gates.get("passed") else ["quality gates failed"]))
+    return Measured(position, m.get("trial"), metrics, m.get("error"), reasons, m.get("gates"), m.get("pass", 1))
+
+
+def standing(measured: list[Measured], trial: int) -> Measured:
+    """`trial`'s measurements in the round as one: with one pass its measurement; with several, their
+    `pooled_metrics` (none when any failed), every pass's reasons (it must hold the SLO in each), and
+    the first pass's gates (the only ones run)."""
+    ms = [m for m in measured if m.trial == trial]
+    if len(ms) == 1:
+        return ms[0]
+    whole = all(m.metrics is not None for m in ms)
+    return Measured(ms[0].position, trial, pooled_metrics([m.metrics for m in ms]) if whole else None,
+                    next((m.error for m in ms if m.error), None), list(dict.fromkeys(r for m in ms for r in m.reasons)),
+                    ms[0].gates, ms[-1].pass_no)
+
+
+def pooled_metrics(got: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several passes' measurements of one config on one seed as one: the mean of each numeric metric,
+    and for each with an interval in every pass, an interval around that mean with the wider of two
+    half-widths on each side: the passes' own half-widths pooled as for a mean of independent
+    measurements (sqrt(sum h^2) / n, narrowing as passes add requests), and 1.96 standard errors of
+    the passes' values (drift between passes, when they disagree by more than their intervals say)."""
+    out: dict[str, Any] = {}
+    n = len(got)
+    for k in set().union(*got):
+        vals = [m[k] for m in got if isinstance(m.get(k), (int, float)) and not isinstance(m.get(k), bool)]
+        if len(vals) == n and not k.endswith(("_ci_low", "_ci_high")):
+            out[k] = sum(vals) / n
+    for k in list(out):
+        lo, hi = ci_keys(k)
+        if not all(isinstance(m.get(lo), (int, float)) and isinstance(m.get(hi), (int, float)) for m in got):
+            continue
+        spread = 1.96 * statistics.stdev([m[k] for m in got]) / math.sqrt(n)
+        below = math.sqrt(sum((m[k] - m[lo]) ** 2 for m in got)) / n
+        above = math.sqrt(sum((m[hi] - m[k]) ** 2 for m in got)) / n
+        out[lo], out[hi] = out[k] - max(below, spread), out[k] + max(above, spread)
+    return out
 
 
 def confirm_round(spec, record: dict[str, Any], trials: list) -> Confirmation:
     """Judge a round (`run_round`'s record) and pick the winner.
 
-    The winner is the candidate whose re-measurement met the SLO (`slo.judge`) with the best value
-    of the first objective; the best by its own trial when none did (then `is_confirmed` is False).
+    The winner is the candidate whose re-measurement (its `standing` over the passes) met the SLO
+    (`slo.judge`; a near miss's gates too) with the best value of the first objective; the best feasible one by its own trial when
+    none did (then `is_confirmed` is False).
     """
     obj = spec.objective
     key, direction = obj.metric_key(), obj.direction()
     limits = SLOLimits.from_objective(obj)
-    measured = [judged(i + 1, m, limits, key) for i, m in enumerate(record["measurements"])]
+    near = {t.number: near_words(t.user_attrs, limits) for t in trials if not t.user_attrs.get("feasible")}
+    measured = [judged(i + 1, m, limits, key, spec.quality_gates, needs_gates=m.get("trial") in near and "pass" not in m)
+                for i, m in enumerate(record["measurements"])]
     by_trial = [t.number for t in trials]
     sign = 1 if direction == "minimize" else -1
-    held = [m for m in measured if m.trial is not None and m.feasible]
+    held = [m for m in (standing(measured, n) for n in by_trial) if m.feasible]
     best = min(held, key=lambda m: (sign * m.metrics[key], by_trial.index(m.trial))) if held else None
+    fallback = next(n for n in by_trial if n not in near)
     return Confirmation(seed=record["seed"], key=key, direction=direction, measured=measured, by_trial=by_trial,
-                        winner=best.trial if best is not None else by_trial[0], is_confirmed=best is not None,
+                        winner=best.trial if best is not None else fallback, is_confirmed=best is not None,
                         is_round=bool(spec.budget.confirm_top_k), limits=limits,
-                        params={t.number: dict(t.params) for t in trials},
+                        params={t.number: dict(t.params) for t in trials}, near=near, gated=bool(spec.quality_gates),
                         declare_precision=spec.budget.declare_precision)
 
 

@@ -273,7 +273,8 @@ def _winner(spec, best, remeasure, refs: dict[str, dict | None], default_latenci
     # are compared on those numbers: same seed, same moment; else on their trials.
     rdefault = (remeasure or {}).get("default") or {}
     card, card_default = (rm, rdefault) if rm and rdefault else (bm, default)
-    gates = _gate_facts(best.user_attrs.get("gates"), spec.quality_gates)
+    # A near miss (tuner/confirm.py) ran its gates in the confirmation round, not on its trial.
+    gates = _gate_facts((remeasure or {}).get("gates") or best.user_attrs.get("gates"), spec.quality_gates)
     base = spec.base_config().model_dump(mode="json")
     defaults = {k: _config_value(base, k) for k in best.params}
 
@@ -288,6 +289,11 @@ def _winner(spec, best, remeasure, refs: dict[str, dict | None], default_latenci
         if r is not None:
             notes.append(f"{_times(r)} improvement over {name} on {metric_label(key)} "
                          f"({format_value(key, m[key])} -> {format_value(key, bm[key])})")
+    if (remeasure or {}).get("near"):
+        notes.append(f"Its own trial missed the SLO, by less than that measurement's noise "
+                     f"({'; '.join(remeasure['near'])}); so it was measured again in the confirmation round and "
+                     f"met the SLO there" + (", and passed the quality gates run there" if spec.quality_gates else "")
+                     + " (the confirmation section).")
     noise = None if is_default else _noise_note(key, direction, card, card_default)
     if noise:
         notes.append(noise)

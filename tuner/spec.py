@@ -100,6 +100,11 @@ class Budget(_Strict):
         "workload seed (robustness_seed) in one round, beside the default config measured first and last, and pick "
         "the winner on those numbers (SLO judged again); 0 = off: the best trial wins on its own measurement and "
         "is re-measured once, alone")
+    confirm_passes: int = Field(
+        3, ge=1, le=8, description="the most passes of the confirmation round: after the first, while another "
+        "candidate that met the SLO has a re-measured interval overlapping the winner's, the winner and those "
+        "candidates are measured again on the same seed, in reverse order each pass, and compared on their mean "
+        "over the passes; 1 = one pass, whatever the overlap")
     declare_repeats: int = Field(
         2, ge=0, le=8, description="after the confirmation round, the winner and the default config measured on at "
         "least this many fresh workload seeds (robustness_seed + 1, + 2, ...; more while declare_precision asks), one "

@@ -549,7 +549,7 @@ def finalize(spec: TuningSpec, study, tracker=None, prog=None,
     write_atomic(out / "best.yaml", header + config.to_yaml())
     summary = {"study": spec.name, "trial": best.number, "objective": obj.metric_key(),
                "direction": obj.direction(), "value": best.values[0], "metrics": best.user_attrs["metrics"],
-               "remeasured": remeasure, "confirmed": confirmation.is_confirmed, "best_by_trial": trials[0].number,
+               "remeasured": remeasure, "confirmed": confirmation.is_confirmed, "best_by_trial": confirmation.best_by_trial,
                "confirm": confirmation.to_json(), "declared": list(confirmation.declared), "params": best.params,
                "machine": best.user_attrs.get("machine"), "references": reference_metrics(study),
                "mlflow_run_id": tracker.parent_run_id if tracker is not None else None}

@@ -195,7 +195,7 @@ class MLflowTracker:
         c, rid = self.client, self.parent_run_id
         if confirmation is not None:
             c.set_tag(rid, "slotune.confirmed", str(confirmation.is_confirmed))
-            c.set_tag(rid, "slotune.best_by_trial", str(confirmation.by_trial[0]))
+            c.set_tag(rid, "slotune.best_by_trial", str(confirmation.best_by_trial))
             declared = confirmation.remeasure()
             value = (declared.get("metrics") or {}).get(confirmation.key)
             if _loggable(value):

@@ -9,8 +9,12 @@ Its behaviour is set by the test through the environment of the process it runs 
 - FAKE_TRIAL_FAULT=crash|hang|oom|raise: a crashing, hanging, memory-hungry or unimplemented trial
   (with FAKE_TRIAL_FAULT_SEEDS=seed[,seed...]: only on those workload seeds);
 - FAKE_TRIAL_LUCKY=knob=value[,knob=value...]: configs with these values were lucky in the study:
-  measured on the study's workload seed, their latencies are halved and their throughput doubled;
+  measured on the study's workload seed, their latencies are halved and their throughput doubled
+  (FAKE_TRIAL_LUCK=factor: latencies times that factor instead, rates divided by it; over 1, unlucky);
   on another seed (the confirmation round) they measure as their config says, like every other;
+- FAKE_TRIAL_TOP1=quantization=value[,...]: with quality gates in the request (and the SLO met, as
+  the real trial process runs them), every gate is an agreement gate scoring this top-1 agreement
+  for configs of that quantization (1.0 for the others), passing when it reaches the gate's min_top1;
 - FAKE_TRIAL_SEED_SCALE=seed=factor[,seed=factor...]: every config measured on that workload seed
   has its latencies multiplied by the factor and its rates divided by it (a seed that flatters all).
 
@@ -28,7 +32,7 @@ from typing import Any
 
 from slotune.engine.config import EngineConfig
 from slotune.tuner import trial_runner
-from slotune.tuner.slo import slo_violations
+from slotune.tuner.slo import is_feasible, slo_violations
 
 FAKE_RUNNER = (sys.executable, str(Path(__file__).resolve()))
 
@@ -45,9 +49,10 @@ def fake_metrics(cfg: EngineConfig, is_lucky: bool = False, scale: float = 1.0) 
     m = {"ttft_p50": 0.05 * q, "ttft_p95": 0.08 * q * (1 + 0.02 * seqs), "tpot_p50": tpot, "tpot_p95": tpot * 1.1,
          "output_tokens_per_s": tput, "total_tokens_per_s": tput * 4, "goodput_rps": tput / 32,
          "requests_per_s": tput / 32, "slo_attainment": 1.0, "num_completed": 8.0, "num_requests": 8.0}
+    luck = float(os.environ.get("FAKE_TRIAL_LUCK", "0.5"))
     for k in LATENCY_KEYS + RATE_KEYS:
         if is_lucky:
-            m[k] *= 0.5 if k in LATENCY_KEYS else 2.0
+            m[k] *= luck if k in LATENCY_KEYS else 1 / luck
         m[k] *= scale if k in LATENCY_KEYS else 1 / scale
         m[f"{k}_ci_low"], m[f"{k}_ci_high"] = m[k] * 0.97, m[k] * 1.03
     return m
@@ -90,8 +95,23 @@ def fake_trial(req: dict[str, Any]) -> dict[str, Any]:
     time.sleep(float(os.environ.get("FAKE_TRIAL_SLEEP", "0")))
     metrics = fake_metrics(cfg, is_lucky(cfg, req.get("seed")), seed_scale(req.get("seed")))
     metrics["workload_requests"] = float(req["workload"].get("num_requests") or 0)
-    return {"metrics": metrics, "violations": slo_violations(metrics, req["objective"]), "early_stopped": False,
-            "gates": None, "measure": req.get("measure", "served")}
+    violations = slo_violations(metrics, req["objective"])
+    gates = fake_gates(cfg, req["gates"]) if req.get("gates") and is_feasible(violations) else None
+    if gates is not None:
+        violations["quality_gates"] = 0.0 if gates["passed"] else 1.0
+    return {"metrics": metrics, "violations": violations, "early_stopped": False, "gates": gates,
+            "measure": req.get("measure", "served")}
+
+
+def fake_gates(cfg: EngineConfig, gates: list[dict[str, Any]]) -> dict[str, Any]:
+    """A gate report (evals/gate_spec.py `GateReport.to_dict`) scoring FAKE_TRIAL_TOP1's agreement."""
+    items = (item.partition("=") for item in os.environ.get("FAKE_TRIAL_TOP1", "").split(",") if item)
+    top1 = next((float(v) for q, _, v in items if q == cfg.quantization), 1.0)
+    results = [{"name": g["name"], "kind": "agreement", "passed": top1 >= g["min_top1"], "baseline": 1.0,
+                "candidate": top1, "stderr": None, "drop": 1.0 - top1, "metric": "top1", "margin": 1 - g["min_top1"],
+                "reason": "ok" if top1 >= g["min_top1"] else "failed", "num_items": 8, "seconds": 0.0, "details": {}}
+               for g in gates]
+    return {"passed": all(r["passed"] for r in results), "gates": results}
 
 
 if __name__ == "__main__":

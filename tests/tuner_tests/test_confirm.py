@@ -14,7 +14,8 @@ import optuna
 import pytest
 
 from slotune.engine.config import EngineConfig
-from slotune.tuner.confirm import CONFIRM_ATTR, confirm_round
+from slotune.tuner.confirm import CONFIRM_ATTR, confirm_round, near_misses
+from slotune.tuner.slo import SLOLimits
 from slotune.tuner.spec import TuningSpec
 from slotune.tuner.study import finalize, run_command
 from slotune.tuner.tracking import tracking_summary
@@ -32,9 +33,17 @@ def _number(study, **params):
     return next(t.number for t in study.trials if t.params == params)
 
 
+def _trial(number, params=None, **user_attrs):
+    """A stored candidate as confirm_round reads it (a FrozenTrial's number, params, user_attrs); feasible
+    unless `user_attrs` say otherwise."""
+    return SimpleNamespace(number=number, params=params or {}, user_attrs={"feasible": True, **user_attrs})
+
+
 def test_the_winner_is_the_best_on_re_measurement_not_the_luckiest_trial(tmp_path, fake_trials, monkeypatch):
     """Config (4, none) is lucky on the study's seed: best of all trials (13.2 ms p95 TPOT), 26.4 ms
-    when measured again. (1, int8) is 16.2 ms either way and must be declared the winner."""
+    when measured again. (1, int8) is 16.2 ms either way and must be declared the winner. (2, int8)
+    re-measures 16.9 ms: the two +-3% intervals overlap, so both are measured in a second pass, in
+    reverse order, after which their pooled intervals (+-3% / sqrt 2) are apart and the round stops."""
     monkeypatch.setenv("FAKE_TRIAL_LUCKY", "max_num_seqs=4,quantization=none")
     spec = write_spec(tmp_path, sampler="grid", search_space=GRID, budget={"n_trials": 6})
     summary = run_command(spec, progress=False, trial_runner=fake_trials)
@@ -48,26 +57,28 @@ def test_the_winner_is_the_best_on_re_measurement_not_the_luckiest_trial(tmp_pat
     assert "(trial %d, confirmed among the best 3 re-measured)" % steady in (out / "best.yaml").read_text()
     # one round: the default first and last, the best three by their own trials between
     confirm = json.loads((out / "best_metrics.json").read_text())["confirm"]
-    assert [c["trial"] for c in confirm] == [None, lucky, steady, runner_up, None]
-    assert [c["tag"] for c in confirm] == ["default", None, None, None, "default"]
-    assert [c["winner"] for c in confirm] == [False, False, True, False, False]
-    # (2, int8) re-measures 16.9 ms against the winner's 16.2, each +-3%: the round cannot tell them apart.
-    assert [c["within_noise_of_winner"] for c in confirm] == [False, False, False, True, False]
+    assert [c["trial"] for c in confirm] == [None, lucky, steady, runner_up, None, runner_up, steady]
+    assert [c["pass"] for c in confirm] == [1, 1, 1, 1, 1, 2, 2]
+    assert [c["tag"] for c in confirm] == ["default", None, None, None, "default", None, None]
+    assert [c["winner"] for c in confirm] == [False, False, True, False, False, False, True]
+    assert not any(c["within_noise_of_winner"] for c in confirm)  # told apart by the second pass
     assert all(c["seed"] == 1000 and c["feasible"] for c in confirm)
     assert confirm[1]["value"] == pytest.approx(2 * study.trials[lucky].values[0])  # its luck is gone
     assert confirm[2]["metrics"]["tpot_p95_ci_low"] < confirm[2]["value"] < confirm[2]["metrics"]["tpot_p95_ci_high"]
     assert summary["remeasured"]["metrics"]["tpot_p95"] == pytest.approx(confirm[2]["value"])
-    assert study.user_attrs[CONFIRM_ATTR]["order"] == [None, lucky, steady, runner_up, None]
+    assert study.user_attrs[CONFIRM_ATTR]["order"] == [None, lucky, steady, runner_up, None]  # the first pass
     report = (out / "report.md").read_text()
     assert f"Trial {steady}: 1 sequence per step + int8 weights: p95 TPOT 16.2 ms ± 0.49 (default 39.6 ms ± 1.2)" in report
     assert f"The winner, trial {steady}, ranked 2nd on its own trial; trial {lucky}, first there" in report
     assert f"| 2 | trial {lucky} | 13.2 ms | 26.4 ms ± 0.79 | yes |  |" in report
     assert "(+0% over the round)" in report  # the default's two measurements: no drift here
-    assert (f"Within noise of the winner in this round (the intervals overlap, and the SLO held): trial {runner_up}, "
-            "p95 TPOT 16.9 ms ± 0.51 against the winner's 16.2 ms ± 0.49, with max_num_seqs 2 (the winner: 1).") in report
-    assert f"| 4 | trial {runner_up} | 16.9 ms | 16.9 ms ± 0.51 | yes | within noise |" in report
+    assert (f"so the winner and the candidates within noise of it were measured again on the same seed, in reverse "
+            f"order each pass, 2 passes in all (at most budget.confirm_passes), and judged on their mean: trial {steady} "
+            f"16.2 ms ± 0.34 over 2 passes (16.2 ms, 16.2 ms); trial {runner_up} 16.9 ms ± 0.36 over 2 passes") in report
+    assert f"| 6 | trial {runner_up} (pass 2) | 16.9 ms | 16.9 ms ± 0.51 | yes |  |" in report
+    assert "Within noise of the winner" not in report
     parent = next(r for r in tracking_summary(f"sqlite:///{out / 'mlflow.db'}", "t") if r["tags"].get("slotune.role") == "study")
-    assert parent["tags"]["slotune.within_noise_of_winner"] == str(runner_up)
+    assert parent["tags"]["slotune.within_noise_of_winner"] == ""
     assert 'id="confirmation"' in (out / "report.html").read_text()
 
     # A resumed finalize reuses the round: a trial process would now crash, and nothing changes.
@@ -244,7 +255,7 @@ def test_the_slo_is_judged_again_on_the_re_measured_numbers(tmp_path):
     """confirm_round on a stored round: the best re-measured value misses the TTFT limit, so the
     next one wins; when none holds, the best by its own trial stays the winner, unconfirmed."""
     spec = TuningSpec.from_yaml(write_spec(tmp_path, objective={"ttft_limit_s": 0.5}))
-    trials = [SimpleNamespace(number=n, params={}) for n in (7, 3, 9)]  # best first by their own trials
+    trials = [_trial(n) for n in (7, 3, 9)]  # best first by their own trials
 
     def m(tpot, ttft):
         return {"metrics": {"tpot_p95": tpot, "ttft_p95": ttft}}
@@ -271,7 +282,7 @@ def test_the_report_names_the_candidates_the_round_cannot_tell_from_the_winner(t
               3: {"quantization": "int4", "quant_group_size": 32, "max_num_seqs": 1, "max_num_batched_tokens": 2048},
               9: {"quantization": "none", "max_num_seqs": 4, "max_num_batched_tokens": 2048},
               5: {"quantization": "int8", "max_num_seqs": 2, "max_num_batched_tokens": 2048}}
-    trials = [SimpleNamespace(number=n, params=params[n]) for n in (7, 3, 9, 5)]
+    trials = [_trial(n, params[n]) for n in (7, 3, 9, 5)]
 
     def m(tpot, half, ttft=0.3):
         return {"metrics": {"tpot_p95": tpot, "tpot_p95_ci_low": tpot - half, "tpot_p95_ci_high": tpot + half,
@@ -295,6 +306,146 @@ def test_the_report_names_the_candidates_the_round_cannot_tell_from_the_winner(t
     record["measurements"][1] = {"trial": 7, **m(0.0095, 0.0003)}
     c = confirm_round(spec, record, trials)
     assert c.rivals() == [] and "Within noise" not in c.section({}).text
+
+
+def test_candidates_the_passes_cannot_tell_apart_are_named_after_the_last_pass(tmp_path, fake_trials):
+    """Two configs that differ only in a knob the stand-in trial process ignores (prefix caching)
+    measure the same: no pass separates them, so the round measures them budget.confirm_passes
+    (here 3) times, alternating, and the report, best_metrics.json and the MLflow parent run name
+    the other as within noise of the winner after 3 passes."""
+    space = {"name": "g", "knobs": [{"name": "enable_prefix_caching", "type": "categorical", "choices": [False, True]},
+                                    {"name": "quantization", "type": "categorical", "choices": ["none", "int8"]}]}
+    spec = write_spec(tmp_path, sampler="grid", search_space=space, budget={"n_trials": 4, "confirm_top_k": 2})
+    summary = run_command(spec, progress=False, trial_runner=fake_trials)
+    out = tmp_path / "out"
+    study = _study(out)
+    a, b = sorted(_number(study, enable_prefix_caching=v, quantization="int8") for v in (False, True))
+    confirm = summary["confirm"]
+    # equal values rank by trial number: the earlier first, and the winner
+    assert [(c["trial"], c["pass"]) for c in confirm] == [(None, 1), (a, 1), (b, 1), (None, 1), (b, 2), (a, 2), (a, 3), (b, 3)]
+    other = b
+    assert summary["trial"] == a
+    assert [c["within_noise_of_winner"] for c in confirm] == [c["trial"] == other for c in confirm]
+    report = (out / "report.md").read_text()
+    assert (f"Within noise of the winner in this round after 3 passes (the intervals overlap, and the SLO held): trial "
+            f"{other}, p95 TPOT 27.7 ms ± 0.48 against the winner's 27.7 ms ± 0.48, with enable_prefix_caching") in report
+    parent = next(r for r in tracking_summary(f"sqlite:///{out / 'mlflow.db'}", "t") if r["tags"].get("slotune.role") == "study")
+    assert parent["tags"]["slotune.within_noise_of_winner"] == str(other)
+
+
+def test_pooled_passes_narrow_when_they_agree_and_widen_when_they_drift():
+    """Three passes that agree: the interval of their mean is their own half-widths pooled (1/sqrt 3 of
+    one); three that disagree by more than that: 1.96 standard errors of their values."""
+    from slotune.tuner.confirm import pooled_metrics
+
+    def m(v, h):
+        return {"tpot_p95": v, "tpot_p95_ci_low": v - h, "tpot_p95_ci_high": v + h, "num_requests": 8.0}
+
+    same = pooled_metrics([m(0.010, 0.0006)] * 3)
+    assert same["tpot_p95"] == pytest.approx(0.010) and same["num_requests"] == 8.0
+    assert same["tpot_p95_ci_high"] - 0.010 == pytest.approx(0.0006 / 3 ** 0.5)
+    drift = pooled_metrics([m(0.009, 0.0003), m(0.010, 0.0003), m(0.011, 0.0003)])
+    assert drift["tpot_p95"] == pytest.approx(0.010)
+    assert drift["tpot_p95_ci_high"] - 0.010 == pytest.approx(1.96 * 0.001 / 3 ** 0.5)
+
+
+def test_a_limit_missed_within_the_measurements_interval_is_a_near_miss():
+    """The measurement cannot tell whether a limit inside its metric's interval is met; one missed by
+    more than that, or without an interval, is a plain miss; a measurement that met every limit misses none."""
+    limits = SLOLimits(percentile=95, ttft_s=1.5, min_output_tokens_per_s=50)
+
+    def m(ttft, lo, hi, tps=60.0, tps_lo=55.0, tps_hi=65.0):
+        return {"ttft_p95": ttft, "ttft_p95_ci_low": lo, "ttft_p95_ci_high": hi, "output_tokens_per_s": tps,
+                "output_tokens_per_s_ci_low": tps_lo, "output_tokens_per_s_ci_high": tps_hi}
+
+    assert [c.name for c in near_misses(m(1.60, 1.35, 1.71), limits)] == ["ttft"]  # seed 3's int4 trial on example 01
+    assert near_misses(m(1.60, 1.52, 1.71), limits) == []  # its interval is above the limit
+    assert near_misses(m(1.40, 1.30, 1.45), limits) == []  # met
+    assert [c.name for c in near_misses(m(1.6, 1.4, 1.7, tps=48, tps_lo=45, tps_hi=51), limits)] == ["ttft", "throughput"]
+    assert near_misses(m(1.6, 1.4, 1.7, tps=48, tps_lo=45, tps_hi=49), limits) == []  # one limit missed for sure
+    assert near_misses({"ttft_p95": 1.6}, limits) == []  # no interval: nothing says it may hold
+
+
+def test_a_near_miss_wins_the_round_only_with_the_slo_met_and_its_gates_passed(tmp_path):
+    """confirm_round on a stored round: trial 4's own trial missed the TTFT limit within its interval.
+    Re-measured inside the limit with its gates passed, it wins; with a gate failed there, or its gates
+    missing, it cannot, and the feasible trial 7 does. Missing the SLO again, no candidate holds and the
+    winner falls back to trial 7, the best feasible by its own trial, never to the near miss."""
+    gate = {"name": "agreement", "kind": "agreement", "min_top1": 0.9}
+    spec = TuningSpec.from_yaml(write_spec(tmp_path, objective={"ttft_limit_s": 0.5}, quality_gates=[gate]))
+    own = {"tpot_p95": 0.02, "ttft_p95": 0.52, "ttft_p95_ci_low": 0.47, "ttft_p95_ci_high": 0.56}
+    trials = [_trial(4, {"quantization": "int4"}, feasible=False, metrics=own), _trial(7, {"quantization": "int8"})]
+
+    def passed(top1):
+        return {"passed": top1 >= 0.9, "gates": [{"name": "agreement", "kind": "agreement", "passed": top1 >= 0.9,
+                                                  "candidate": top1, "metric": "top1", "margin": 0.1, "reason": ""}]}
+
+    def record(near):
+        return {"seed": 1000, "order": [None, 4, 7, None], "measurements": [
+            {"trial": None, "metrics": {"tpot_p95": 0.09, "ttft_p95": 0.3}}, {"trial": 4, **near},
+            {"trial": 7, "metrics": {"tpot_p95": 0.03, "ttft_p95": 0.3}}, {"trial": None, "metrics": {"tpot_p95": 0.09, "ttft_p95": 0.3}}]}
+
+    held = {"metrics": {"tpot_p95": 0.021, "ttft_p95": 0.45}}
+    c = confirm_round(spec, record({**held, "gates": passed(0.95)}), trials)
+    assert (c.winner, c.is_confirmed, c.best_by_trial) == (4, True, 7)
+    assert c.near == {4: ["p95 TTFT 520 ms > limit 500 ms (+4%); its interval 470 ms-560 ms"]}
+    declared = c.remeasure()
+    assert declared["near"] == c.near[4] and declared["gates"]["passed"] and declared["reasons"] == []
+    section = c.section({4: 0.02, 7: 0.03})
+    assert "The best 1 feasible trial, and 1 that missed the SLO by less than its own measurement's noise," in section.text
+    assert "Near misses: trial 4 (p95 TTFT 520 ms > limit 500 ms (+4%); its interval 470 ms-560 ms)" in section.text
+    assert section.table[2][2] == "20 ms (missed the SLO within noise)"
+    assert [e["near_miss"] for e in c.to_json()] == [False, True, False, False]
+
+    c = confirm_round(spec, record({**held, "gates": passed(0.8)}), trials)
+    assert (c.winner, c.is_confirmed) == (7, True)
+    assert c.of(4)[0].reasons == ["gate agreement: top-1 agreement 0.8 < 0.9"]
+    assert "trial 4, first there, did not qualify when measured again: gate agreement: top-1 agreement 0.8 < 0.9" in \
+        c.section({}).text
+    c = confirm_round(spec, record(held), trials)  # the SLO held, yet no gate report: never declared on faith
+    assert c.winner == 7 and c.of(4)[0].reasons == ["quality gates not run"]
+    missed = record({"metrics": {"tpot_p95": 0.021, "ttft_p95": 0.55}})  # the near miss misses again
+    c = confirm_round(spec, missed, trials)
+    assert (c.winner, c.is_confirmed) == (7, True) and c.of(4)[0].reasons == ["p95 TTFT 550 ms > limit 500 ms (+10%)"]
+    missed["measurements"][2]["metrics"]["ttft_p95"] = 0.6  # and so does trial 7
+    c = confirm_round(spec, missed, trials)
+    assert (c.winner, c.is_confirmed) == (7, False)
+
+
+def test_a_near_miss_enters_the_round_runs_its_gates_there_and_can_win(tmp_path, fake_trials, monkeypatch):
+    """(1, int4) is the best config on p95 TPOT, but on the study's seed it measured 4% slow: p95 TTFT
+    46.7 ms against a 46 ms limit, inside its +-3% interval. It enters the round beside (2, int4), the
+    only feasible trial; re-measured (in two passes) it meets the limit, its agreement gate is run in the round (its
+    trial never ran it) and passes, and it is declared, with its near miss said in the report and the
+    gate table taken from the round. The int8 and unquantized configs miss TTFT by far and stay out."""
+    monkeypatch.setenv("FAKE_TRIAL_LUCKY", "max_num_seqs=1,quantization=int4")
+    monkeypatch.setenv("FAKE_TRIAL_LUCK", "1.04")
+    monkeypatch.setenv("FAKE_TRIAL_TOP1", "int4=0.95")
+    space = {"name": "g", "knobs": [{"name": "max_num_seqs", "type": "categorical", "choices": [1, 2]},
+                                    {"name": "quantization", "type": "categorical", "choices": ["none", "int8", "int4"]}]}
+    spec = write_spec(tmp_path, sampler="grid", search_space=space, budget={"n_trials": 6}, objective={"ttft_limit_s": 0.046},
+                      quality_gates=[{"name": "agreement", "kind": "agreement", "min_top1": 0.9, "limit": 8}])
+    summary = run_command(spec, progress=False, trial_runner=fake_trials)
+    out = tmp_path / "out"
+    study = _study(out)
+    near, steady = _number(study, max_num_seqs=1, quantization="int4"), _number(study, max_num_seqs=2, quantization="int4")
+    assert not study.trials[near].user_attrs["feasible"] and study.trials[near].user_attrs.get("gates") is None
+    assert (summary["trial"], summary["best_by_trial"], summary["confirmed"]) == (near, steady, True)
+    confirm = summary["confirm"]
+    # 12.7 ms against 13.3, each +-3%: a second pass tells them apart
+    assert [(c["trial"], c["near_miss"]) for c in confirm] == [(None, False), (near, True), (steady, False), (None, False),
+                                                               (steady, False), (near, True)]
+    stored = study.user_attrs[CONFIRM_ATTR]["measurements"]
+    assert stored[1]["gates"]["passed"] and stored[1]["gates"]["gates"][0]["candidate"] == 0.95
+    assert "gates" not in stored[2]  # a feasible trial's gates ran on its trial
+    assert "gates" not in stored[5]  # the first pass ran the near miss's gates: once is enough
+    assert summary["remeasured"]["near"] == ["p95 TTFT 46.7 ms > limit 46 ms (+1%); its interval 45.3 ms-48.1 ms"]
+    report = (out / "report.md").read_text()
+    assert "Its own trial missed the SLO, by less than that measurement's noise (p95 TTFT 46.7 ms > limit 46 ms" in report
+    assert "and passed the quality gates run there" in report
+    assert "## Quality gates of the winner" in report and "top-1 agreement 0.95 >= 0.9" in report
+    parent = next(r for r in tracking_summary(f"sqlite:///{out / 'mlflow.db'}", "t") if r["tags"].get("slotune.role") == "study")
+    assert parent["tags"]["slotune.best_by_trial"] == str(steady) and parent["tags"]["slotune.best_trial"] == str(near)
 
 
 def test_the_cost_objective_picks_the_cheapest_config_that_meets_the_slo(tmp_path, fake_trials):
