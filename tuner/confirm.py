@@ -70,7 +70,7 @@ from typing import Any
 from slotune.engine.config import EngineConfig
 from slotune.evals.gate_spec import GateSpec
 from slotune.tuner.metrics import CI_RATES, ci_keys
-from slotune.tuner.objective import DEFAULT_TRIAL_RUNNER, TrialFailure, measure, ranked_feasible
+from slotune.tuner.objective import DEFAULT_TRIAL_RUNNER, TrialFailure, by_first_objective, measure, ranked_feasible
 from slotune.tuner.reasons import failed_gates
 from slotune.tuner.references import DEFAULT_TAG
 from slotune.tuner.report_html import ReportSection
@@ -105,8 +105,7 @@ def candidates(study, spec) -> list:
     picked = distinct(ranked_feasible(study, spec))
     if not picked or not spec.budget.confirm_top_k:
         return picked
-    limits, sign = SLOLimits.from_objective(spec.objective), 1 if spec.objective.direction() == "minimize" else -1
-    rank = lambda t: (sign * t.values[0], t.number)  # noqa: E731 - ranked_feasible's order
+    limits, rank = SLOLimits.from_objective(spec.objective), by_first_objective(spec)
     near = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
             if not t.user_attrs.get("feasible") and _missed_only_within_noise(t.user_attrs, limits)
             and rank(t) < rank(picked[-1])]

@@ -126,13 +126,18 @@ def enqueue_unexplored(space, study, seed: int | None = None) -> dict[str, Any] 
     return params
 
 
+def by_first_objective(spec) -> Callable[[Any], tuple[float, int]]:
+    """The sort key that puts completed trials best first on the first objective (ties: the earlier trial)."""
+    sign = 1 if spec.objective.direction() == "minimize" else -1
+    return lambda t: (sign * t.values[0], t.number)
+
+
 def ranked_feasible(study, spec) -> list:
-    """The feasible completed trials, best first on the first objective (ties: the earlier trial)."""
+    """The feasible completed trials, best first on the first objective (`by_first_objective`)."""
     from optuna.trial import TrialState  # optuna: the [tune] extra, imported where a study exists
 
-    sign = 1 if spec.objective.direction() == "minimize" else -1
     return sorted((t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                   if t.user_attrs.get("feasible")), key=lambda t: (sign * t.values[0], t.number))
+                   if t.user_attrs.get("feasible")), key=by_first_objective(spec))
 
 
 def best_trial(study, spec):
