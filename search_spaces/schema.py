@@ -208,6 +208,14 @@ class Start(BaseModel):
     metrics: list[str] = Field(default_factory=list, description="the objective metrics (ttft, tpot, goodput_rps, ...) "
                                "it is a good start for, within those kinds; empty = every metric")
     params: dict[str, Scalar] = Field(min_length=1, description="knob values; knobs not named keep the base config's")
+    then: list[dict[str, Scalar]] = Field(
+        default_factory=list, description="repairs, tried in turn while this start misses an SLO limit: each is "
+        "`params` with these knob values on top (`rung`), enqueued when the one before it missed (tuner/study.py "
+        "StartRepairs); say [{max_num_seqs: 2}] for a batch-1 start whose queue may push TTFT past its limit")
+
+    def rung(self, i: int) -> dict[str, Scalar]:
+        """The params of the i-th try: 0 is the start itself, i >= 1 its (i-1)-th repair in `then`."""
+        return dict(self.params) if i == 0 else {**self.params, **self.then[i - 1]}
 
 
 class SearchSpace(BaseModel):
@@ -262,21 +270,32 @@ class SearchSpace(BaseModel):
             where = f"starts[{j}] '{start.name}'"
             if start.name in [s.name for s in self.starts[:j]]:
                 raise ValueError(f"{where}: name used twice")
-            for field, value in start.params.items():
-                if field not in by_name:
-                    raise ValueError(f"{where}: '{field}' is not a knob of this space (knobs: {', '.join(names)})")
-                self._check_values(f"{where}.params.{field}", by_name[field], [value])
-                for cond, vals in by_name[field].when.items():
-                    if start.params.get(cond, base.value_at(cond)) not in vals:
-                        raise ValueError(f"{where}: '{field}' is sampled only when {cond} is one of {vals}; set {cond}")
-            reason = self.forbidden_reason(start.params)
-            if reason is not None:
-                raise ValueError(f"{where}: a {reason}")
-            try:
-                base.with_updates(start.params)
-            except ValueError as exc:
-                raise ValueError(f"{where}: not a valid EngineConfig: {_first_problem(exc)}") from None
+            for i in range(len(start.then) + 1):
+                if i and not start.then[i - 1]:
+                    raise ValueError(f"{where}.then[{i - 1}]: an empty repair changes nothing; name the knobs it changes")
+                self._check_start(where if i == 0 else f"{where}.then[{i - 1}]", "params" if i == 0 else "then",
+                                  start.rung(i), by_name, base)
         return self
+
+    def _check_start(self, where: str, part: str, params: dict[str, Any], by_name: dict[str, Knob],
+                     base: EngineConfig) -> None:
+        """A start's params (or one of its repairs, over them): knobs of this space, values they can
+        take, conditions met, no forbidden combination, a valid EngineConfig."""
+        for field, value in params.items():
+            if field not in by_name:
+                raise ValueError(f"{where}: '{field}' is not a knob of this space (knobs: {', '.join(by_name)})")
+            self._check_values(f"{where}.{part}.{field}" if part == "params" else f"{where}.{field}", by_name[field],
+                               [value])
+            for cond, vals in by_name[field].when.items():
+                if params.get(cond, base.value_at(cond)) not in vals:
+                    raise ValueError(f"{where}: '{field}' is sampled only when {cond} is one of {vals}; set {cond}")
+        reason = self.forbidden_reason(params)
+        if reason is not None:
+            raise ValueError(f"{where}: a {reason}")
+        try:
+            base.with_updates(params)
+        except ValueError as exc:
+            raise ValueError(f"{where}: not a valid EngineConfig: {_first_problem(exc)}") from None
 
     @staticmethod
     def _check_values(where: str, knob: Knob, values: list[Any]) -> None:

@@ -74,17 +74,22 @@ def test_builtin_tile_knobs_are_values_the_kernels_offer():
     ({"max_num_seqs": 99}, "starts[0] 'x'.params.max_num_seqs: 99 is not a value"),
     ({"kernels.int8_activations": True}, "sampled only when quantization is one of ['int8', 'int4']; set quantization"),
     ({"quantization": "int4", "max_num_seqs": 2}, "forbidden combination"),
+    ({"quantization": "int4", "max_num_seqs": 1, "then": [{"max_num_seqs": 2}]}, "starts[0] 'x'.then[0]: a forbidden combination"),
+    ({"max_num_seqs": 1, "then": [{"max_num_seqs": 9}]}, "starts[0] 'x'.then[0].max_num_seqs: 9 is not a value"),
+    ({"max_num_seqs": 1, "then": [{}]}, "starts[0] 'x'.then[0]: an empty repair changes nothing"),
 ])
 def test_bad_starting_points_are_named(params, needle):
     """A starting point is checked like the knobs: every value one its knob can take, conditions met, not a
-    forbidden combination."""
+    forbidden combination; so is each of its repairs (`then`), over its params."""
+    params = dict(params)
+    then = params.pop("then", [])
     space = {"name": "s", "knobs": [
         {"name": "quantization", "type": "categorical", "choices": ["none", "int8", "int4"]},
         {"name": "kernels.int8_activations", "type": "categorical", "choices": [False, True],
          "when": {"quantization": ["int8", "int4"]}},
         {"name": "max_num_seqs", "type": "int", "low": 1, "high": 8}],
         "forbidden": [{"quantization": ["int4"], "max_num_seqs": [2]}],
-        "starts": [{"name": "x", "why": "because", "params": params}]}
+        "starts": [{"name": "x", "why": "because", "params": params, "then": then}]}
     with pytest.raises(ValidationError, match=None) as exc:
         SearchSpace.model_validate(space)
     assert needle in str(exc.value), str(exc.value)
@@ -96,7 +101,8 @@ def test_builtin_starting_points_say_why_and_make_valid_configs():
         assert space.starts, name
         for start in space.starts:
             assert len(start.why.split()) >= 10, start.name  # the reasoning is written down
-            EngineConfig().with_updates(start.params)
+            for i in range(len(start.then) + 1):
+                EngineConfig().with_updates(start.rung(i))
 
 
 def test_a_start_names_metrics_of_its_own_objective_kinds():

@@ -256,6 +256,37 @@ def test_starting_points_follow_the_references_for_their_objective_kind(tmp_path
     assert not any(t.user_attrs.get("start") in ("tput", "ttft") for t in trials)  # a TPOT study: not the TTFT corner
 
 
+def test_a_start_that_misses_an_slo_limit_is_repaired_next(tmp_path, fake_trials, monkeypatch):
+    """Start 'one' (1 sequence, int8) is slow on the study's seed (the stand-in trial process doubles
+    its latencies): p95 TTFT 114 ms against a 100 ms limit. Its first repair (`then`) is enqueued at
+    once and measured next after the starts already queued: (2, int8) meets the limit, so the second
+    repair (4, int8) is never tried. Start 'plain' meets the limit and is not repaired; neither is a
+    trial that failed its quality gates (`_missed_slo`)."""
+    from slotune.tuner.study import _missed_slo
+
+    monkeypatch.setenv("FAKE_TRIAL_LUCKY", "max_num_seqs=1,quantization=int8")
+    monkeypatch.setenv("FAKE_TRIAL_LUCK", "2")
+    space = {"name": "s", "knobs": [{"name": "max_num_seqs", "type": "int", "low": 1, "high": 8},
+                                    {"name": "quantization", "type": "categorical", "choices": ["none", "int8"]}],
+             "starts": [{"name": "one", "why": "one row per step", "objectives": ["latency"],
+                         "params": {"max_num_seqs": 1, "quantization": "int8"},
+                         "then": [{"max_num_seqs": 2}, {"max_num_seqs": 4}]},
+                        {"name": "plain", "why": "the unquantized batch-1 corner", "objectives": ["latency"],
+                         "params": {"max_num_seqs": 1, "quantization": "none"}, "then": [{"max_num_seqs": 3}]}]}
+    spec = write_spec(tmp_path, search_space=space, budget={"n_trials": 4, "confirm_top_k": 0, "declare_repeats": 0},
+                      objective={"ttft_limit_s": 0.1})
+    run_command(spec, progress=False, trial_runner=fake_trials)
+    trials = [t for t in _study(tmp_path / "out").trials if not t.user_attrs.get("tag")]
+    assert [(t.user_attrs.get("start"), t.user_attrs.get("rung")) for t in trials[:3]] == [
+        ("one", None), ("plain", None), ("one", 1)]
+    assert trials[0].user_attrs["violations"]["ttft"] > 0 and not trials[0].user_attrs["feasible"]
+    assert trials[2].params == {"max_num_seqs": 2, "quantization": "int8"} and trials[2].user_attrs["feasible"]
+    assert not any(t.user_attrs.get("rung") == 2 for t in trials) and trials[1].user_attrs["feasible"]
+    assert not any(t.params == {"max_num_seqs": 3, "quantization": "none"} and t.user_attrs.get("start") for t in trials)
+    assert not _missed_slo({"feasible": False, "violations": {"ttft": 0.2, "quality_gates": 1.0}})
+    assert _missed_slo({"feasible": False, "violations": {"ttft": 0.0, "early_stop": 1.0}})
+
+
 def test_a_new_study_starts_from_the_winner_of_an_earlier_one_of_the_same_model_and_objective(tmp_path, fake_trials):
     """Warm start: a second study in the same storage (another workload: another study, as a re-tune on
     new traffic is) enqueues the first study's winner; a study with another objective does not."""
