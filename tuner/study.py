@@ -298,8 +298,8 @@ class StartRepairs:
     again with its next repair (`Start.then`, `Start.rung`), enqueued at once, as an expert who saw a
     batch-1 corner queue arrivals past the TTFT limit would try two sequences per step next, instead
     of leaving the neighbourhood of a good corner to the sampler's luck (example 01, 2026-11-27: both
-    studies' batch-1 starts missed p95 TTFT by 3-15%, and int4 at 2 sequences, 0.80x better than
-    either winner, was never measured). A miss of the quality gates is not repaired (more sequences
+    studies' batch-1 starts missed p95 TTFT by 3-15%, and int4 at 2 sequences, 20-30% faster than
+    either study's winner, was never measured). A miss of the quality gates is not repaired (more sequences
     per step do not change the model's answers), nor a failed trial."""
 
     def __init__(self, spec: TuningSpec) -> None:
