@@ -175,8 +175,9 @@ def test_two_tune_runs_on_one_fresh_storage_share_the_study_and_its_budget(tmp_p
     finally:
         for p in procs:
             _kill_all(p, [])
-    assert all(p.returncode == 0 for p in procs), logs
-    assert not any("Error" in log or "Traceback" in log for log in logs), logs
+    # the logs joined into one string: pytest prints a string message whole (a list's repr it cuts short)
+    assert all(p.returncode == 0 for p in procs), "\n---\n".join(logs)
+    assert not any("Error" in log or "Traceback" in log for log in logs), "\n---\n".join(logs)
     out = tmp_path / "out"
     trials = _study(out).trials
     # a config the random sampler proposes twice is a repeat: COMPLETE, but no measurement, no budget slot
