@@ -273,19 +273,19 @@ class SearchSpace(BaseModel):
             for i in range(len(start.then) + 1):
                 if i and not start.then[i - 1]:
                     raise ValueError(f"{where}.then[{i - 1}]: an empty repair changes nothing; name the knobs it changes")
-                self._check_start(where if i == 0 else f"{where}.then[{i - 1}]", "params" if i == 0 else "then",
-                                  start.rung(i), by_name, base)
+                at = where if i == 0 else f"{where}.then[{i - 1}]"
+                self._check_start(at, f"{where}.params" if i == 0 else at, start.rung(i), by_name, base)
         return self
 
-    def _check_start(self, where: str, part: str, params: dict[str, Any], by_name: dict[str, Knob],
+    def _check_start(self, where: str, values_at: str, params: dict[str, Any], by_name: dict[str, Knob],
                      base: EngineConfig) -> None:
         """A start's params (or one of its repairs, over them): knobs of this space, values they can
-        take, conditions met, no forbidden combination, a valid EngineConfig."""
+        take (a bad one named as `values_at`.knob), conditions met, no forbidden combination, a valid
+        EngineConfig."""
         for field, value in params.items():
             if field not in by_name:
                 raise ValueError(f"{where}: '{field}' is not a knob of this space (knobs: {', '.join(by_name)})")
-            self._check_values(f"{where}.{part}.{field}" if part == "params" else f"{where}.{field}", by_name[field],
-                               [value])
+            self._check_values(f"{values_at}.{field}", by_name[field], [value])
             for cond, vals in by_name[field].when.items():
                 if params.get(cond, base.value_at(cond)) not in vals:
                     raise ValueError(f"{where}: '{field}' is sampled only when {cond} is one of {vals}; set {cond}")

@@ -319,11 +319,7 @@ def mean_metrics(got: list[dict[str, Any]]) -> dict[str, Any] | None:
     between runs. None when empty."""
     if not got:
         return None
-    values: dict[str, list[float]] = {}
-    for k in set().union(*got):
-        vals = [m[k] for m in got if isinstance(m.get(k), (int, float)) and not isinstance(m.get(k), bool)]
-        if len(vals) == len(got):
-            values[k] = vals
+    values = _common_numbers(got)
     out: dict[str, Any] = {k: min(v) if k.endswith("_ci_low") else max(v) if k.endswith("_ci_high") else sum(v) / len(v)
                            for k, v in values.items()}
     for k, vals in values.items():
@@ -332,6 +328,16 @@ def mean_metrics(got: list[dict[str, Any]]) -> dict[str, Any] | None:
             out[lo] = min(vals + [m[lo] for m in got if isinstance(m.get(lo), (int, float))])
             out[hi] = max(vals + [m[hi] for m in got if isinstance(m.get(hi), (int, float))])
     return out
+
+
+def _common_numbers(got: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """Each metric that every measurement in `got` has as a number: its values, in order."""
+    values: dict[str, list[float]] = {}
+    for k in set().union(*got):
+        vals = [m[k] for m in got if isinstance(m.get(k), (int, float)) and not isinstance(m.get(k), bool)]
+        if len(vals) == len(got):
+            values[k] = vals
+    return values
 
 
 @dataclass(frozen=True)
@@ -528,13 +534,13 @@ class Confirmation:
             text += (f"\nThe declaration measurements of the winner failed ({declared.get('declare_error')}); "
                      f"its declared numbers are the round's.")
         rivals = self.rivals()
+        rival_trials = {m.trial for m in rivals}
         if not self.is_confirmed:
             text += (f"\n{'No candidate' if self.is_round else 'The winner'} met the SLO when measured again: the "
                      f"winner is trial {self.winner}, the best on its own measurement, unconfirmed.")
         elif self.is_round and self.winner != self.by_trial[0]:
             first = self.standing(self.by_trial[0])
-            how = ("did worse when measured again" + (", but within noise (below)" if first.trial in
-                                                      {m.trial for m in rivals} else "")
+            how = ("did worse when measured again" + (", but within noise (below)" if first.trial in rival_trials else "")
                    if first.feasible else "did not qualify when measured again: " + "; ".join(first.reasons)
                    if first.metrics is not None else f"failed when measured again: {first.error}")
             text += (f"\nThe winner, trial {self.winner}, ranked {_ordinal(rank[self.winner] + 1)} on its own trial; "
@@ -548,7 +554,7 @@ class Confirmation:
                 " (missed the SLO within noise)" if m.trial in self.near else "")
             again = value_with_ci(m.metrics, self.key) if m.metrics is not None else f"failed: {m.error}"
             ok = "–" if m.metrics is None else ("yes" if m.feasible else "no: " + "; ".join(m.reasons))
-            mark = "yes" if m.trial == self.winner else "within noise" if m.trial in {r.trial for r in rivals} else ""
+            mark = "yes" if m.trial == self.winner else "within noise" if m.trial in rival_trials else ""
             rows.append([str(m.position), m.label + where, own, again, ok, mark])
         return ReportSection("Confirmation round", text, table=rows, anchor="confirmation")
 
@@ -627,12 +633,9 @@ def pooled_metrics(got: list[dict[str, Any]]) -> dict[str, Any]:
     half-widths on each side: the passes' own half-widths pooled as for a mean of independent
     measurements (sqrt(sum h^2) / n, narrowing as passes add requests), and 1.96 standard errors of
     the passes' values (drift between passes, when they disagree by more than their intervals say)."""
-    out: dict[str, Any] = {}
     n = len(got)
-    for k in set().union(*got):
-        vals = [m[k] for m in got if isinstance(m.get(k), (int, float)) and not isinstance(m.get(k), bool)]
-        if len(vals) == n and not k.endswith(("_ci_low", "_ci_high")):
-            out[k] = sum(vals) / n
+    out: dict[str, Any] = {k: sum(vals) / n for k, vals in _common_numbers(got).items()
+                           if not k.endswith(("_ci_low", "_ci_high"))}
     for k in list(out):
         lo, hi = ci_keys(k)
         if not all(isinstance(m.get(lo), (int, float)) and isinstance(m.get(hi), (int, float)) for m in got):

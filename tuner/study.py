@@ -287,7 +287,7 @@ def enqueue_reference_trials(study, spec: TuningSpec) -> None:
             study.enqueue_trial(params, user_attrs={"tag": tag}, skip_if_exists=True)
     for start in space.starts:
         if start.suits(spec.objective.kind, spec.objective.metric):
-            params = _params_of(space, base.with_updates(start.params), base) or start.params  # else: the rest sampled
+            params = _start_params(space, base, start.params)
             study.enqueue_trial(params, user_attrs={"start": start.name}, skip_if_exists=True)
     for name, params in warm_starts(spec, study.study_name):
         study.enqueue_trial(params, user_attrs={"start": name}, skip_if_exists=True)
@@ -310,9 +310,7 @@ class StartRepairs:
         start, rung = self.starts.get(trial.user_attrs.get("start")), trial.user_attrs.get("rung", 0)
         if start is None or rung >= len(start.then) or not _missed_slo(trial.user_attrs):
             return
-        base = self.spec.base_config()
-        wanted = start.rung(rung + 1)
-        params = _params_of(self.spec.search_space, base.with_updates(wanted), base) or wanted
+        params = _start_params(self.spec.search_space, self.spec.base_config(), start.rung(rung + 1))
         study.enqueue_trial(params, user_attrs={"start": start.name, "rung": rung + 1}, skip_if_exists=True)
 
 
@@ -355,6 +353,12 @@ def warm_starts(spec: TuningSpec, own_name: str) -> list[tuple[str, dict[str, An
         if len(found) == MAX_WARM_STARTS:
             break
     return found
+
+
+def _start_params(space, base, params: dict[str, Any]) -> dict[str, Any]:
+    """A start's (or a repair's) params as the trial to enqueue: the whole config the base with them
+    makes, in this space's params, when the space can express it; else them alone (the rest sampled)."""
+    return _params_of(space, base.with_updates(params), base) or params
 
 
 def _params_of(space, cfg, base) -> dict[str, Any] | None:

@@ -167,6 +167,8 @@ def judged(r: dict) -> dict:
     standard the confirmation round holds a winner to: a config that misses it in one of five is
     no answer, however fast), and tuned / best.
     A pure function of `r`, so `--render` can judge a stored result again."""
+    from slotune.tuner.slo import SLO_KEYS
+
     direction, key = r["objective"].split()
     lo_key, hi_key = f"{key}_ci_low", f"{key}_ci_high"
     runs = r["runs"]
@@ -177,7 +179,7 @@ def judged(r: dict) -> dict:
 
     def held(x: dict) -> bool:  # the SLO's limits (not the gates, not run here) held in this repeat
         v = x.get("violations")
-        return v is not None and all(v.get(k, 0.0) <= 0 for k in ("ttft", "tpot", "throughput"))
+        return v is not None and all(v.get(k, 0.0) <= 0 for k in SLO_KEYS)
 
     rows = {n: {"median": med(n, key), "ci_low": med(n, lo_key), "ci_high": med(n, hi_key),
                 "values": [x.get(key) for x in runs[n]], "slo_held": sum(held(x) for x in runs[n]),
@@ -232,10 +234,9 @@ def markdown(r: dict) -> str:
               f"({'; '.join(w['name'] + ': ' + json.dumps(w['major_levers']) for w in r['winners'])}).",
               f"- Winners' re-measured intervals overlap (within noise): **{'yes' if r['winners_within_noise'] else 'no'}**.",
               *_same_config_lines(r, key),
-              f"- Best re-measured config of those that held the SLO in every repeat: {r['best_config']}; tuned "
-              f"({r['tuned']}) / best = **{r['tuned_vs_best']:.3f}** (goal >= 0.9)." if r["tuned_vs_best"] is not None
-              else f"- Best re-measured config of those that held the SLO in every repeat: {r['best_config']}; no winner "
-                   "held it in every repeat.",
+              f"- Best re-measured config of those that held the SLO in every repeat: {r['best_config']}; "
+              + (f"tuned ({r['tuned']}) / best = **{r['tuned_vs_best']:.3f}** (goal >= 0.9)."
+                 if r["tuned_vs_best"] is not None else "no winner held it in every repeat."),
               f"- Tuned vs default (better direction): {r['default_vs_tuned']:.2f}x." if r["default_vs_tuned"] else ""]
     return "\n".join(lines) + "\n"
 
