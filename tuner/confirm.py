@@ -42,8 +42,10 @@ Declared numbers: the round picks the winner on its measurements, so the winner'
 in the round is biased in its favour (of k noisy candidates the one that measured luckiest tends
 to win). After the round the winner and the default config are measured on `budget.declare_repeats`
 fresh workload seeds, one after the other on each (`run_declaration`), and the numbers declared
-(best_metrics.json `remeasured`, the report's winner card) are the winner's mean there, with an
-interval spanning its measurements, compared with the default's mean on the same seeds.
+(best_metrics.json `remeasured`, the report's winner card) are the winner's median there (with two
+seeds, their mean), with an interval spanning its measurements, compared with the default's median
+on the same seeds. The median, because one measurement taken while the whole host slowed would
+move a mean by a quarter (`median_metrics`).
 
 How many seeds is decided by the measurements themselves (`is_declared`), as a benchmark harness
 samples until its estimate is tight: after `declare_repeats`, further seeds are measured while the
@@ -51,7 +53,10 @@ samples until its estimate is tight: after `declare_repeats`, further seeds are 
 up to `Budget.declare_cap`. A quiet machine stops at `declare_repeats`; on a shared one, where the
 same replay varies by a third from one run to the next (bench/tuner/noise-floor-*.md), the
 declaration measures until the mean is good to the precision asked or the cap is reached (the
-report says which).
+report says which). The mean's interval decides, not a robust one of the median's: a measurement far
+from the others widens it, so the declaration measures on, and the median it declares then sets
+that one aside; a spread estimated robustly from three values would call two close ones and a far
+one precise.
 
 `confirm_top_k: 0` turns the round off: the best trial wins on its own measurement and is
 re-measured once, alone, for the report (the study's behaviour before this round existed).
@@ -310,17 +315,21 @@ def _step_words(budget, n: int, values: list[float]) -> str:
     return f"declare {n} (at most {budget.declare_cap}: {why})"
 
 
-def mean_metrics(got: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """Several measurements of one config as one: the mean of each numeric metric, and an interval
-    spanning all of theirs and their values (`_ci_low` the lowest, `_ci_high` the highest), for
-    every metric that has intervals (`metrics.CI_RATES`, the costs, any with one measured). A
-    measurement's own interval sees the spread across its requests only (none at all for a rate
-    when every request added the same); the values of several measurements show the drift
+def median_metrics(got: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Several measurements of one config on different seeds as one: the median of each numeric
+    metric (with two, their mean), and an interval spanning all of theirs and their values
+    (`_ci_low` the lowest, `_ci_high` the highest), for every metric that has intervals
+    (`metrics.CI_RATES`, the costs, any with one measured). The median, as benchmark harnesses
+    report (pyperf, asv): on a shared host one measurement in a moment when everything slowed
+    (example 01 on the Xeon, 2026-11-27: 13.9, 15.8, 16.8, 39.4, 16.9, 17.6 ms p95 TPOT; the default
+    beside the 39.4 ran 1.3x its usual) would move a mean by a quarter and moves the median by
+    nothing. A measurement's own interval sees the spread across its requests only (none at all for
+    a rate when every request added the same); the values of several measurements show the drift
     between runs. None when empty."""
     if not got:
         return None
     values = _common_numbers(got)
-    out: dict[str, Any] = {k: min(v) if k.endswith("_ci_low") else max(v) if k.endswith("_ci_high") else sum(v) / len(v)
+    out: dict[str, Any] = {k: min(v) if k.endswith("_ci_low") else max(v) if k.endswith("_ci_high") else statistics.median(v)
                            for k, v in values.items()}
     for k, vals in values.items():
         lo, hi = ci_keys(k)
@@ -396,9 +405,9 @@ class Confirmation:
 
     @property
     def default_metrics(self) -> dict[str, Any] | None:
-        """The default config as the round measured it: the mean of its measurements, and an
-        interval spanning both of theirs (drift over the round counts as noise)."""
-        return mean_metrics([m.metrics for m in self.of(None) if m.metrics])
+        """The default config as the round measured it: its two measurements (first and last) as
+        one (their mean), and an interval spanning both of theirs (drift over the round counts as noise)."""
+        return median_metrics([m.metrics for m in self.of(None) if m.metrics])
 
     @property
     def passes(self) -> int:
@@ -446,8 +455,8 @@ class Confirmation:
         default: the default's metrics measured beside it (None when not measured; default_seeds:
         on which workload seeds), round: the winner's `standing` in the round, reasons: why the
         declared metrics miss the SLO ([] when they hold)}. With declaration measurements (`seeds`:
-        the seeds they used), the metrics are the winner's mean over them and the default's its mean
-        on the same seeds; when every one of the winner's failed, the round's numbers, and
+        the seeds they used), the metrics are the winner's median over them (`median_metrics`) and the
+        default's its median on the same seeds; when every one of the winner's failed, the round's numbers, and
         `declare_error` says why. A near miss that won also has `near` (what its own trial missed, in
         words) and `gates` (its gate report from the round)."""
         mine = self.standing(self.winner)
@@ -457,11 +466,11 @@ class Confirmation:
         if self.winner in self.near:  # it qualified in the round: its own trial missed the SLO, within noise
             out.update(near=self.near[self.winner], gates=mine.gates)
         if wins:
-            out.update(metrics=mean_metrics([d["metrics"] for d in wins]), seeds=[d["seed"] for d in wins],
+            out.update(metrics=median_metrics([d["metrics"] for d in wins]), seeds=[d["seed"] for d in wins],
                        half_width=half_width(objective_values(wins, self.winner, self.key)))
             same = [d for d in defaults if d["seed"] in out["seeds"]]
             if same:
-                out.update(default=mean_metrics([d["metrics"] for d in same]), default_seeds=[d["seed"] for d in same])
+                out.update(default=median_metrics([d["metrics"] for d in same]), default_seeds=[d["seed"] for d in same])
         else:
             out.update({"metrics": mine.metrics} if mine.metrics is not None else {"error": mine.error})
             errors = [d["error"] for d in self.declared if d.get("trial") == self.winner and d.get("error")]
@@ -516,11 +525,12 @@ class Confirmation:
             vals = ", ".join(format_value(self.key, d["metrics"].get(self.key)) for d in wins)
             text += (f"\nThe winner was then measured {len(wins)} more time{'s' if len(wins) > 1 else ''} on fresh "
                      f"workload seeds ({vals}), each time beside the default; the numbers declared for it are their "
-                     f"mean ({format_value(self.key, declared['metrics'].get(self.key))}), compared with the "
-                     f"default's on the same seeds: the round picked it on its own numbers there, which favour it.")
+                     f"{'mean' if len(wins) == 2 else 'median'} ({format_value(self.key, declared['metrics'].get(self.key))}), "
+                     f"compared with the default's on the same seeds: the round picked it on its own numbers there, "
+                     f"which favour it.")
             width = declared.get("half_width")
             if width is not None:
-                text += f" The 95% interval of that mean (Student's t) is ±{width:.1%} of it"
+                text += f" The 95% interval of their mean (Student's t) is ±{width:.1%} of it"
                 if self.declare_precision is None:
                     text += "."
                 elif width <= self.declare_precision:

@@ -11,10 +11,12 @@ and the tuned result against hand-picked configs of the same space.
    interleaved `--repeats` times on workload seeds no study saw (robustness_seed + 1000 + i; the
    confirmation round used robustness_seed), each run an isolated trial process as in `tune run`
    (served, as the spec measures).
-3. Goals (issue 18): each winner's declared value (the mean of its declaration measurements after
+3. Goals (issue 18): each winner's declared value (the median of its declaration measurements after
    the confirmation round: `budget.declare_repeats` seeds, more while the mean's 95% interval is
    wider than `budget.declare_precision`; the value best.yaml and the report's winner card show) within
-   10% of the median re-measure; the two winners agree on weight precision, KV precision and
+   10% of the median re-measure (beside it, the same comparison relative to the default config
+   measured beside the winner in both: when the host's speed moved between the declaration and the
+   re-measure, the default moved with it, and the relative figure shows what is left); the two winners agree on weight precision, KV precision and
    batching mode, or their re-measured values are within noise (the re-measures' bootstrap
    intervals overlap); the better winner within 10% of the best
    re-measured config of all (hand-picked ones included) that held the SLO in every repeat.
@@ -68,11 +70,18 @@ def run_study(spec_path: Path, seed: int, runs: Path) -> dict:
 
 
 def declared(summary: dict) -> float:
-    """The winner's declared value: best_metrics.json `remeasured` (its declaration measurements' mean,
+    """The winner's declared value: best_metrics.json `remeasured` (its declaration measurements' median,
     else its confirmation-round measurement), or its trial's value."""
     key = summary["objective"]
     re = (summary.get("remeasured") or {}).get("metrics") or {}
     return float(re.get(key, summary["value"]))
+
+
+def declared_default(summary: dict) -> float | None:
+    """The default config's value measured beside the winner's declaration (best_metrics.json
+    `remeasured.default`), or None."""
+    value = ((summary.get("remeasured") or {}).get("default") or {}).get(summary["objective"])
+    return float(value) if isinstance(value, (int, float)) else None
 
 
 def main() -> None:
@@ -146,6 +155,7 @@ def main() -> None:
         "python": platform.python_version(), "omp_wait_policy": policy, "objective": f"{obj.direction()} {key}",
         "repeats": args.repeats, "configs": {n: c.model_dump(mode="json", exclude_defaults=True) for n, c in configs.items()},
         "winners": [{"name": f"winner-seed{st['seed']}", "declared": declared(st["summary"]),
+                     "declared_default": declared_default(st["summary"]),
                      "declaration_seeds": len((st["summary"].get("remeasured") or {}).get("seeds") or []),
                      "declared_half_width": (st["summary"].get("remeasured") or {}).get("half_width"),
                      "major_levers": {k: configs[f"winner-seed{st['seed']}"].value_at(k) for k in MAJOR_LEVERS},
@@ -189,6 +199,15 @@ def judged(r: dict) -> dict:
         m = rows[w["name"]]["median"]
         w.update(remeasured_median=m, declared_over_remeasured=w["declared"] / m if m else None,
                  within_10pct=bool(m) and abs(w["declared"] / m - 1) <= 0.10)
+        # Relative to the default measured beside it: the declaration's winner / default against the
+        # median of the re-measure's per-repeat winner / default (same seed, interleaved).
+        d0 = w.get("declared_default")
+        pairs = [x[key] / y[key] for x, y in zip(runs[w["name"]], runs.get("default", []))
+                 if x.get(key) and y.get(key)]
+        rel = (w["declared"] / d0) / statistics.median(pairs) if d0 and pairs else None
+        dm = rows.get("default", {}).get("median")
+        w.update(relative_over_remeasured=rel, relative_within_10pct=rel is not None and abs(rel - 1) <= 0.10,
+                 default_drift=dm / d0 if d0 and dm else None)
     lo_hi = [(rows[w["name"]]["ci_low"], rows[w["name"]]["ci_high"]) for w in r["winners"]]
     overlap = all(v is not None for iv in lo_hi for v in iv) and max(lo for lo, _ in lo_hi) <= min(hi for _, hi in lo_hi)
     eligible = {n: row["median"] for n, row in rows.items() if row["median"] is not None and row["slo_held"] == row["measured"]}
@@ -220,7 +239,8 @@ def markdown(r: dict) -> str:
         lines.append(f"| {n} | {fmt(row['median'])} | {fmt(row['ci_low'])} - {fmt(row['ci_high'])} | "
                      f"{', '.join(fmt(v) for v in row['values'])} | {row['slo_held']} of {row['measured']} |")
     lines += ["", "| winner | study wall | trial | params | declared | declared on (95% half-width) | re-measured | "
-              "declared / re-measured | within 10% |", "|---|---|---|---|---|---|---|---|---|"]
+              "declared / re-measured | within 10% | default re-measured / beside the declaration | "
+              "relative to the default: declared / re-measured |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for w in r["winners"]:
         wall = f"{w['wall_s'] / 60:.1f} min" if w["wall_s"] else "-"
         ratio = f"{w['declared_over_remeasured']:.3f}" if w["declared_over_remeasured"] else "-"
@@ -228,7 +248,9 @@ def markdown(r: dict) -> str:
         on = f"{w.get('declaration_seeds', '?')} seeds" + (f" (+-{hw:.1%})" if hw is not None else "")
         lines.append(f"| {w['name']} | {wall} | {w['trial']} | `{json.dumps(w['params'])}` | {format_value(key, w['declared'])} | "
                      f"{on} | {format_value(key, w['remeasured_median']) if w['remeasured_median'] else '-'} | {ratio} | "
-                     f"{'yes' if w['within_10pct'] else 'no'} |")
+                     f"{'yes' if w['within_10pct'] else 'no'} | "
+                     + (f"{w['default_drift']:.3f}" if w.get("default_drift") else "-") + " | "
+                     + (f"{w['relative_over_remeasured']:.3f}" if w.get("relative_over_remeasured") else "-") + " |")
     lines += ["", f"- Winners agree on the major levers ({', '.join(MAJOR_LEVERS)}): "
               f"**{'yes' if r['winners_agree_on_major_levers'] else 'no'}** "
               f"({'; '.join(w['name'] + ': ' + json.dumps(w['major_levers']) for w in r['winners'])}).",
