@@ -455,7 +455,7 @@ class Confirmation:
         default: the default's metrics measured beside it (None when not measured; default_seeds:
         on which workload seeds), round: the winner's `standing` in the round, reasons: why the
         declared metrics miss the SLO ([] when they hold)}. With declaration measurements (`seeds`:
-        the seeds they used), the metrics are the winner's median over them (`median_metrics`) and the
+        the seeds they used; `missed`: [{seed, reasons}] for those on which the winner missed the SLO), the metrics are the winner's median over them (`median_metrics`) and the
         default's its median on the same seeds; when every one of the winner's failed, the round's numbers, and
         `declare_error` says why. A near miss that won also has `near` (what its own trial missed, in
         words) and `gates` (its gate report from the round)."""
@@ -467,7 +467,9 @@ class Confirmation:
             out.update(near=self.near[self.winner], gates=mine.gates)
         if wins:
             out.update(metrics=median_metrics([d["metrics"] for d in wins]), seeds=[d["seed"] for d in wins],
-                       half_width=half_width(objective_values(wins, self.winner, self.key)))
+                       half_width=half_width(objective_values(wins, self.winner, self.key)),
+                       missed=[{"seed": d["seed"], "reasons": why} for d in wins
+                               if (why := judge(d["metrics"], self.limits).reasons)])
             same = [d for d in defaults if d["seed"] in out["seeds"]]
             if same:
                 out.update(default=median_metrics([d["metrics"] for d in same]), default_seeds=[d["seed"] for d in same])
@@ -525,7 +527,7 @@ class Confirmation:
             vals = ", ".join(format_value(self.key, d["metrics"].get(self.key)) for d in wins)
             text += (f"\nThe winner was then measured {len(wins)} more time{'s' if len(wins) > 1 else ''} on fresh "
                      f"workload seeds ({vals}), each time beside the default; the numbers declared for it are their "
-                     f"{'mean' if len(wins) == 2 else 'median'} ({format_value(self.key, declared['metrics'].get(self.key))}), "
+                     f"{'median' if len(wins) > 2 else 'mean'} ({format_value(self.key, declared['metrics'].get(self.key))}), "
                      f"compared with the default's on the same seeds: the round picked it on its own numbers there, "
                      f"which favour it.")
             width = declared.get("half_width")
@@ -538,6 +540,10 @@ class Confirmation:
                 else:
                     text += (f", wider than the ±{self.declare_precision:.0%} asked (budget.declare_precision): the "
                              f"measurements stopped at budget.declare_max_repeats; the value is less certain than asked.")
+            missed = declared.get("missed") or []
+            if missed:
+                text += (f" It missed the SLO on {len(missed)} of those {len(wins)} seeds ("
+                         + "; ".join(f"seed {m['seed']}: {', '.join(m['reasons'])}" for m in missed) + ").")
             if declared["reasons"]:
                 text += f" Its declared numbers miss the SLO: {'; '.join(declared['reasons'])}."
         elif self.declared:

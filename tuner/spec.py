@@ -109,8 +109,8 @@ class Budget(_Strict):
         2, ge=0, le=8, description="after the confirmation round, the winner and the default config measured on at "
         "least this many fresh workload seeds (robustness_seed + 1, + 2, ...; more while declare_precision asks), one "
         "after the other on each; the winner's declared numbers are its median there (of two, their mean), "
-        "compared with the default's on the same seeds. The round's own numbers picked the winner, so they favour it (the best of several noisy "
-        "measurements is partly the luckiest); 0 = declare the round's numbers")
+        "compared with the default's on the same seeds. The round's own numbers picked the winner, so they favour "
+        "it (the best of several noisy measurements is partly the luckiest); 0 = declare the round's numbers")
     declare_precision: float | None = Field(
         0.10, gt=0, lt=1, description="after declare_repeats, keep measuring the winner and the default on further "
         "fresh seeds until the 95% interval of the winner's mean (Student's t over its measurements) is within +- "
