@@ -455,8 +455,9 @@ class Confirmation:
         default: the default's metrics measured beside it (None when not measured; default_seeds:
         on which workload seeds), round: the winner's `standing` in the round, reasons: why the
         declared metrics miss the SLO ([] when they hold)}. With declaration measurements (`seeds`:
-        the seeds they used; `missed`: [{seed, reasons}] for those on which the winner missed the SLO), the metrics are the winner's median over them (`median_metrics`) and the
-        default's its median on the same seeds; when every one of the winner's failed, the round's numbers, and
+        the seeds they used; `missed`: [{seed, reasons}] for those on which the winner missed the
+        SLO), the metrics are the winner's median over them (`median_metrics`) and the default's its
+        median on the same seeds; when every one of the winner's failed, the round's numbers, and
         `declare_error` says why. A near miss that won also has `near` (what its own trial missed, in
         words) and `gates` (its gate report from the round)."""
         mine = self.standing(self.winner)

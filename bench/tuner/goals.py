@@ -16,8 +16,8 @@ and the tuned result against hand-picked configs of the same space.
    wider than `budget.declare_precision`; the value best.yaml and the report's winner card show) within
    10% of the median re-measure (beside it, the same comparison relative to the default config
    measured beside the winner in both: when the host's speed moved between the declaration and the
-   re-measure, the default moved with it, and the relative figure shows what is left); the two winners agree on weight precision, KV precision and
-   batching mode, or their re-measured values are within noise (the re-measures' bootstrap
+   re-measure, the default moved with it, and the relative figure shows what is left); the two
+   winners agree on weight precision, KV precision and batching mode, or their re-measured values are within noise (the re-measures' bootstrap
    intervals overlap); the better winner within 10% of the best
    re-measured config of all (hand-picked ones included) that held the SLO in every repeat.
 
