@@ -190,8 +190,10 @@ class MLflowTracker:
         `confirmation` (tuner/confirm.py) whether the winner held on re-measurement, which trial
         was best on its own, and the declared value of the objective (`declared_<metric>`), with its
         95% half-width as a fraction of it (`declared_half_width`), the number of declaration seeds
-        (tag `slotune.declared_seeds`) and the round's candidates within noise of the winner (tag
-        `slotune.within_noise_of_winner`: trial numbers, comma-separated, empty for none); then close it."""
+        (tag `slotune.declared_seeds`), those on which the winner missed the SLO (tag
+        `slotune.declared_slo_missed_on`: workload seeds, comma-separated, empty for none) and the
+        round's candidates within noise of the winner (tag `slotune.within_noise_of_winner`: trial
+        numbers, comma-separated, empty for none); then close it."""
         c, rid = self.client, self.parent_run_id
         if confirmation is not None:
             c.set_tag(rid, "slotune.confirmed", str(confirmation.is_confirmed))
@@ -203,6 +205,7 @@ class MLflowTracker:
             if _loggable(declared.get("half_width")):
                 c.log_metric(rid, "declared_half_width", float(declared["half_width"]))
             c.set_tag(rid, "slotune.declared_seeds", str(len(declared.get("seeds") or [])))
+            c.set_tag(rid, "slotune.declared_slo_missed_on", ",".join(str(m["seed"]) for m in declared.get("missed") or []))
             c.set_tag(rid, "slotune.within_noise_of_winner", ",".join(str(m.trial) for m in confirmation.rivals()))
         if best is not None:
             c.set_tag(rid, "slotune.best_trial", str(best.number))

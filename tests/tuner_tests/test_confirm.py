@@ -173,6 +173,7 @@ def test_a_noisy_declaration_measures_until_its_mean_is_tight(tmp_path, fake_tri
     assert parent["metrics"]["declared_half_width"] == pytest.approx(rm["half_width"])
     assert parent["metrics"]["declared_tpot_p95"] == pytest.approx(rm["metrics"]["tpot_p95"])
     assert parent["tags"]["slotune.declared_seeds"] == "4"
+    assert parent["tags"]["slotune.declared_slo_missed_on"] == "1002"
 
 
 def test_the_declarations_interval_decides_from_three_values_on():
