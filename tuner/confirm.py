@@ -339,6 +339,11 @@ def median_metrics(got: list[dict[str, Any]]) -> dict[str, Any] | None:
     return out
 
 
+def declared_as(n: int) -> str:
+    """What `median_metrics` makes of n measurements, in a word for the report."""
+    return "median" if n > 2 else "mean"
+
+
 def _common_numbers(got: list[dict[str, Any]]) -> dict[str, list[float]]:
     """Each metric that every measurement in `got` has as a number: its values, in order."""
     values: dict[str, list[float]] = {}
@@ -528,7 +533,7 @@ class Confirmation:
             vals = ", ".join(format_value(self.key, d["metrics"].get(self.key)) for d in wins)
             text += (f"\nThe winner was then measured {len(wins)} more time{'s' if len(wins) > 1 else ''} on fresh "
                      f"workload seeds ({vals}), each time beside the default; the numbers declared for it are their "
-                     f"{'median' if len(wins) > 2 else 'mean'} ({format_value(self.key, declared['metrics'].get(self.key))}), "
+                     f"{declared_as(len(wins))} ({format_value(self.key, declared['metrics'].get(self.key))}), "
                      f"compared with the default's on the same seeds: the round picked it on its own numbers there, "
                      f"which favour it.")
             width = declared.get("half_width")

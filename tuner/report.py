@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from slotune.evals.gate_spec import GateSpec
+from slotune.tuner.confirm import declared_as
 from slotune.tuner.objective import is_screened_out
 from slotune.tuner.spec import COST_METRICS
 from slotune.tuner.references import DEFAULT_TAG, reference_metrics, reference_results, trial_label
@@ -300,7 +301,7 @@ def _winner(spec, best, remeasure, refs: dict[str, dict | None], default_latenci
     if rm and card is rm and (remeasure or {}).get("seeds"):
         notes.append(f"Declared on {len(seeds)} measurement{'s' if len(seeds) > 1 else ''} after the confirmation "
                      f"round, each beside the default config, on {on_seeds}: {metric_label(key)} "
-                     f"{value_with_ci(rm, key)} (their {'median' if len(seeds) > 2 else 'mean'}; default {value_with_ci(rdefault, key)}"
+                     f"{value_with_ci(rm, key)} (their {declared_as(len(seeds))}; default {value_with_ci(rdefault, key)}"
                      + ("" if (remeasure or {}).get("default_seeds") == seeds else f", measured in the round on "
                         f"workload seed {seed}: its declaration measurements failed") + "); the comparison above "
                      "is on these numbers.")

@@ -19,6 +19,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from goals import relative_to_default  # this folder is sys.path[0]
+
 
 def values(study, key: str, trial: int | None) -> dict[int, float]:
     """Seed -> the objective `key` of `trial`'s (None: the default's) declaration measurements."""
@@ -44,15 +46,13 @@ def rows(result: dict, runs: Path) -> list[dict]:
         trial = (study.user_attrs.get("declare") or {}).get("trial")
         mine, default = values(study, key, trial), values(study, key, None)
         again = [x[key] for x in result["runs"][w["name"]] if x.get(key)]
-        pairs = [x[key] / d[key] for x, d in zip(result["runs"][w["name"]], result["runs"]["default"])
-                 if x.get(key) and d.get(key)]
         if not mine or not again:
             continue
         remeasured = statistics.median(again)
         beside = [default[s] for s in mine if s in default]  # the default on the winner's seeds, as declared
         declared = statistics.median(mine.values())
-        relative = (declared / statistics.median(beside) / statistics.median(pairs)
-                    if beside and pairs and statistics.median(beside) else None)
+        relative = relative_to_default(declared, statistics.median(beside) if beside else None,
+                                       result["runs"][w["name"]], result["runs"]["default"], key)
         out.append({"winner": w["name"], "declared_on": list(mine.values()), "remeasured": remeasured,
                     "mean": statistics.fmean(mine.values()) / remeasured, "median": declared / remeasured,
                     "relative": relative})

@@ -84,6 +84,15 @@ def declared_default(summary: dict) -> float | None:
     return float(value) if isinstance(value, (int, float)) else None
 
 
+def relative_to_default(declared: float, beside: float | None, winner_runs: list[dict], default_runs: list[dict],
+                        key: str) -> float | None:
+    """The declaration relative to the default measured beside it (declared / beside), against the
+    re-measure's median per-repeat winner / default (same seed, interleaved): a change of the host's
+    speed between the two moves both and cancels. None without a default beside it or a pair."""
+    pairs = [x[key] / y[key] for x, y in zip(winner_runs, default_runs) if x.get(key) and y.get(key)]
+    return declared / beside / statistics.median(pairs) if beside and pairs else None
+
+
 def main() -> None:
     from slotune.engine.config import EngineConfig
     from slotune.tuner.metrics import ci_keys
@@ -199,12 +208,8 @@ def judged(r: dict) -> dict:
         m = rows[w["name"]]["median"]
         w.update(remeasured_median=m, declared_over_remeasured=w["declared"] / m if m else None,
                  within_10pct=bool(m) and abs(w["declared"] / m - 1) <= 0.10)
-        # Relative to the default measured beside it: the declaration's winner / default against the
-        # median of the re-measure's per-repeat winner / default (same seed, interleaved).
         d0 = w.get("declared_default")
-        pairs = [x[key] / y[key] for x, y in zip(runs[w["name"]], runs.get("default", []))
-                 if x.get(key) and y.get(key)]
-        rel = (w["declared"] / d0) / statistics.median(pairs) if d0 and pairs else None
+        rel = relative_to_default(w["declared"], d0, runs[w["name"]], runs.get("default", []), key)
         dm = rows.get("default", {}).get("median")
         w.update(relative_over_remeasured=rel, relative_within_10pct=rel is not None and abs(rel - 1) <= 0.10,
                  default_drift=dm / d0 if d0 and dm else None)
