@@ -60,6 +60,7 @@ from typing import Any
 
 import aiohttp
 
+from slotune.engine.serving import event_loop
 from slotune.tuner.metrics import PERCENTILES, BenchResult, RequestRecord, breaks_slo_so_far, summarize
 from slotune.tuner.workload import BenchRequest, WorkloadSpec, iter_requests
 
@@ -452,9 +453,9 @@ def run_http_benchmark(url: str, workload: WorkloadSpec, *, tokenizer, api_key: 
     base = _base_url(url)
     metric_kw = {"ttft_limit_s": ttft_limit_s, "tpot_limit_s": tpot_limit_s,
                  "percentiles": tuple(dict.fromkeys((*PERCENTILES, *percentiles)))}
-    return asyncio.run(_run(base, workload, tokenizer=tokenizer, api_key=api_key, model=model, api=api, seed=seed,
-                            timeout_s=timeout_s, metric_kw=metric_kw, on_progress=on_progress, should_stop=should_stop,
-                            after_warm_up=after_warm_up))
+    return event_loop.run(_run(base, workload, tokenizer=tokenizer, api_key=api_key, model=model, api=api,
+                               seed=seed, timeout_s=timeout_s, metric_kw=metric_kw, on_progress=on_progress,
+                               should_stop=should_stop, after_warm_up=after_warm_up))
 
 
 def main(argv: list[str]) -> int:

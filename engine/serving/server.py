@@ -29,6 +29,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from slotune.engine.serving.api_protocol import (ChatRequest, CompletionRequest, InvalidRequest, _Request, error_response,
                                          parse_request)
+from slotune.engine.serving import event_loop
 from slotune.engine.serving.async_llm import AsyncLLM, EngineDeadError
 from slotune.engine.chat_template import ChatTemplateError
 from slotune.engine.config import EngineConfig
@@ -467,7 +468,7 @@ def serve_in_thread(llm: AsyncLLM, app: FastAPI, *, host: str = "127.0.0.1", por
 
     def run() -> None:
         try:
-            box["code"] = asyncio.run(main())
+            box["code"] = event_loop.run(main())
         except BaseException as exc:  # uvicorn's SystemExit too; raised again in the caller's thread
             box["error"] = exc
         finally:
@@ -533,7 +534,7 @@ def serve_command(config: Path | None, host: str, port: int, api_key: str | None
             "ready on http://%s:%d (model %s)", host, port, served_model_name or cfg.model))
 
     try:
-        code = asyncio.run(main())
+        code = event_loop.run(main())
     finally:
         if recorder is not None:
             recorder.close()  # the drained requests' lines reach the disk

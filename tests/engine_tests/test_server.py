@@ -269,3 +269,15 @@ def test_stream_interval_sends_the_same_stream_in_fewer_events():
 def test_stream_interval_is_bounded():
     with pytest.raises(ValueError, match="stream_interval"):
         EngineConfig(stream_interval=0)
+
+
+def test_the_served_event_loop_is_uvloop():
+    """`tune serve` and the replay client run their coroutines through `event_loop.run`: on uvloop,
+    with the coroutine's result returned (bench/peers/README.md: less CPU per streamed token)."""
+    from slotune.engine.serving import event_loop
+
+    async def which() -> str:
+        await asyncio.sleep(0)
+        return type(asyncio.get_running_loop()).__module__
+
+    assert event_loop.run(which()).startswith("uvloop")
