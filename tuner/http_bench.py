@@ -33,11 +33,12 @@ and each is counted by cause as `num_failed_<cause>`: the HTTP status (`num_fail
 `connection`, `timeout`, `stream_error`, `incomplete`, `abort`; `num_failed` is their sum.
 
 The client is built to sit beside the server it measures on a small machine: one aiohttp
-session (its HTTP parser is C) with HTTP/1.1 keep-alive connections, SSE parsed line by line
-with `json.loads` only on `data:` lines, nothing logged per token. `client_cpu_s` reports what
-the measurement itself cost. Client CPU per streamed chunk against a bare ASGI SSE server on the
-2-core AVX2 EPYC (2026-11-24, medians of 3): httpx 350 us at 1 stream / 170 us at 16, aiohttp
-171 / 67 us; on two cores every client microsecond is taken from the server it measures.
+session (its HTTP parser is C) on uvloop (`engine/serving/event_loop.py`) with HTTP/1.1
+keep-alive connections, SSE parsed line by line with `json.loads` only on `data:` lines, nothing
+logged per token. `client_cpu_s` reports what the measurement itself cost. Client CPU per
+streamed chunk against a bare ASGI SSE server on the 2-core AVX2 EPYC (2026-11-24, medians of 3):
+httpx 350 us at 1 stream / 170 us at 16, aiohttp 171 / 67 us; on two cores every client
+microsecond is taken from the server it measures (twice over: bench/peers/colocated-*.md).
 
 `python -m slotune.tuner.http_bench IN.json OUT.json` (`main`) is a served trial's client process.
 """

@@ -6,7 +6,8 @@ client (`tuner/http_bench.py`). On a CPU host the engine's OpenMP threads keep e
 any other CPU work on the machine stalls their parallel regions: Python work beside the engine
 costs about twice its share of the machine in tokens/s (`bench/peers/colocated-*.md`), whether it
 runs in the engine's process or in another one. So every microsecond the event loops spend per
-streamed token is taken from the engine, twice over (`bench/peers/README.md`, "The server's cost").
+streamed token is taken from the engine, twice over (`bench/peers/README.md`, "Where the server's
+cost comes from").
 Standard library and uvloop only: the client process imports this without torch.
 """
 
