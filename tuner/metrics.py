@@ -15,8 +15,10 @@ and `cost_metrics` ($ per 1M tokens at the measured throughput, for a price per 
 
 from __future__ import annotations
 
+import math
 import os
 import resource
+import statistics
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
@@ -218,6 +220,18 @@ def bootstrap_intervals(records: list[RequestRecord], duration_s: float, *, ttft
         for key, st in zip(CI_RATES, rates.T):
             put(key, st)
     return out
+
+
+def ratio_interval(ratios: list[float]) -> tuple[float, float] | None:
+    """95% interval of the geometric mean of per-pair ratios (Student's t on their logarithms), or None
+    under 3 pairs. For A/B measurements alternated in pairs (bench/serve_vs_trial, bench/peers/overhead.py)."""
+    if len(ratios) < 3:
+        return None
+    from scipy.stats import t
+
+    logs = [math.log(r) for r in ratios]
+    m, hw = statistics.fmean(logs), t.ppf(0.975, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+    return math.exp(m - hw), math.exp(m + hw)
 
 
 def _draw_counts(n: int, num_resamples: int, rng: np.random.Generator) -> np.ndarray:

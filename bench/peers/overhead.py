@@ -21,6 +21,9 @@ concurrency 1 and 16. Reported per point: every pair's ratio and their median.
 Usage: python bench/peers/overhead.py [--configs int8-bf16-int8act] [--concurrency 1,16]
                                       [--prompt short,long] [--pairs 6]
 Writes overhead-DATE-MACHINE.{json,md} beside this file.
+       python bench/peers/overhead.py --pool overhead-*.json
+Pools the pairs of stored runs per config and point: the geometric mean of the per-pair ratios and
+its 95% interval (`slotune.tuner.metrics.ratio_interval`).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from run import (CONFIG_DIR, HERE, MODEL, OUTPUT_LEN, PROMPT_LENS, Point, _csv, 
 from slotune.engine import LLM, EngineConfig
 from slotune.engine.loader import resolve_model_path
 from slotune.engine.tokenizer import Tokenizer
+from slotune.tuner.metrics import ratio_interval
 
 GOAL = 0.95
 
@@ -153,6 +157,27 @@ def to_markdown(rep: dict[str, Any]) -> str:
     return "\n".join(lines + cpu) + "\n"
 
 
+def pooled(paths: list[Path]) -> str:
+    """Markdown: per config and point, the pairs of every run in `paths` pooled."""
+    pairs: dict[tuple[str, str], list[dict]] = {}
+    for path in paths:
+        for res in json.loads(path.read_text())["results"]:
+            for pt in res["points"]:
+                pairs.setdefault((res["config"], pt["point"]), []).extend(p["ratio"] for p in pt["pairs"])
+    lines = [f"Pooled over {len(paths)} runs: {', '.join(p.name for p in paths)}", "",
+             "| config | point | pairs | served / in-process tok/s (95% interval) | in-process / served TPOT p50 (95% interval) |",
+             "|---|---|---|---|---|"]
+    for (config, point), ratios in pairs.items():
+        cells = []
+        for key in ("tok_s", "tpot_p50"):
+            values = [r[key] for r in ratios]
+            iv = ratio_interval(values)
+            cells.append(f"{statistics.geometric_mean(values):.4f}"
+                         + ("" if iv is None else f" ({iv[0]:.4f}-{iv[1]:.4f})"))
+        lines.append(f"| {config} | {point} | {len(ratios)} | {cells[0]} | {cells[1]} |")
+    return "\n".join(lines) + "\n"
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--configs", default="int8-bf16-int8act", help=f"names in {CONFIG_DIR.name}/ or YAML paths")
@@ -163,6 +188,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=HERE)
+    ap.add_argument("--pool", type=Path, nargs="+", metavar="JSON", help="pool stored runs instead of measuring")
     args = ap.parse_args(argv)
     args.concurrency = [int(c) for c in _csv(args.concurrency)]
     args.prompt = _csv(args.prompt)
@@ -176,6 +202,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.pool:
+        print(pooled(args.pool), end="")
+        return 0
     signal.signal(signal.SIGTERM, _interrupt)
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))  # as tune_serve gives the server
     tokenizer = Tokenizer.from_model_path(resolve_model_path(MODEL))

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import signal
@@ -40,6 +39,7 @@ from pathlib import Path
 
 from slotune.tuner import machine
 from slotune.tuner.http_bench import wait_ready
+from slotune.tuner.metrics import ratio_interval
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -89,18 +89,6 @@ def _replay(url: str, spec, out: Path, seed: int) -> dict:
         "open(sys.argv[3], 'w').write(json.dumps(res.metrics))\n")
     subprocess.run([sys.executable, "-c", code, str(spec["path"]), url, str(out), str(seed)], check=True)
     return json.loads(out.read_text())
-
-
-def _ratio_interval(ratios: list[float]) -> tuple[float, float] | None:
-    """95% interval of the geometric mean of per-pair ratios (Student's t on their logarithms), or None
-    under 3 pairs."""
-    if len(ratios) < 3:
-        return None
-    from scipy.stats import t
-
-    logs = [math.log(r) for r in ratios]
-    m, hw = statistics.fmean(logs), t.ppf(0.975, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
-    return math.exp(m - hw), math.exp(m + hw)
 
 
 def _interval_words(iv: tuple[float, float] | None) -> str:
@@ -159,7 +147,7 @@ def main() -> int:
         pairs = {k: [s[k] / h[k] for s, h in zip(served, harness) if s.get(k) and h.get(k)]
                  for k in (key, "output_tokens_per_s")}
         paired = {k: statistics.median(v) if v else None for k, v in pairs.items()}
-        paired_interval = _ratio_interval(pairs[key])
+        paired_interval = ratio_interval(pairs[key])
         harness_values = [h[key] for h in harness if h.get(key) is not None]
         declaration = best.get("remeasured") or {}
         remeasured = declaration.get("metrics") or {}

@@ -180,3 +180,21 @@ def test_cost_is_the_price_of_the_measured_throughput():
     assert cost_metrics({"output_tokens_per_s": 0.0}, 1.0) == {}  # nothing produced: no price per token
     with pytest.raises(ValueError, match="usd_per_hour"):
         cost_metrics(m, 0.0)
+
+
+def test_ratio_interval_brackets_the_geometric_mean_of_paired_ratios():
+    """A/B pairs (bench/peers/overhead.py --pool, bench/serve_vs_trial): the interval is symmetric on
+    the log scale around the geometric mean, narrows as pairs agree, and needs 3 pairs."""
+    import math
+    import statistics
+
+    from slotune.tuner.metrics import ratio_interval
+
+    assert ratio_interval([0.9, 1.1]) is None
+    spread = [0.93, 0.97, 0.99, 1.01, 0.95, 0.98]
+    lo, hi = ratio_interval(spread)
+    gm = statistics.geometric_mean(spread)
+    assert lo < gm < hi
+    assert math.isclose(math.log(gm) - math.log(lo), math.log(hi) - math.log(gm))
+    lo2, hi2 = ratio_interval(spread * 4)
+    assert lo < lo2 < hi2 < hi
