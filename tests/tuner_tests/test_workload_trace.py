@@ -19,7 +19,7 @@ from slotune.tuner.cli import app
 from slotune.tuner.errors import MissingFileError, SpecError
 from slotune.tuner.spec import TuningSpec, preflight
 from slotune.tuner.traces import TraceSource, load_trace
-from slotune.tuner.workload import WorkloadSpec, corpus_token_ids, describe_replay, generate_requests
+from slotune.tuner.workload import WorkloadSpec, describe_replay, generate_requests
 from slotune.tuner.workload_fit import requests_to_trace, summarize
 from tests.tuner_tests.conftest import write_spec
 from tests.tuner_tests.test_workload_fit import WordTokenizer
@@ -40,26 +40,56 @@ def _gaps(spec: WorkloadSpec) -> np.ndarray:
 
 
 # --- gamma arrivals -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("sampling", ["stratified", "independent"])
 @pytest.mark.parametrize("burstiness", [0.25, 1.0, 4.0])
-def test_gamma_gaps_have_the_rate_and_the_cv(burstiness):
-    """4000 gaps: mean within 5% of 1/rate, CV within 10% of 1/sqrt(burstiness) (sampling error ~2-4%)."""
+def test_gamma_gaps_have_the_rate_and_the_cv(burstiness, sampling):
+    """4000 gaps: mean within 3 standard errors of 1/rate (independent gaps: CV / sqrt(4000), 1.6-3.2%;
+    stratified ones are closer), CV within 10% of 1/sqrt(burstiness), whether the gaps are stratified
+    (the default) or drawn independently."""
     gaps = _gaps(WorkloadSpec(arrivals="gamma", rate=5.0, burstiness=burstiness, num_requests=4001,
-                              warmup_requests=0, prompt_len={"kind": "fixed", "value": 2}))
-    assert gaps.mean() == pytest.approx(1 / 5.0, rel=0.05)
+                              warmup_requests=0, prompt_len={"kind": "fixed", "value": 2}, arrival_sampling=sampling))
+    assert gaps.mean() == pytest.approx(1 / 5.0, rel=3 / np.sqrt(burstiness * len(gaps)))
     assert gaps.std() / gaps.mean() == pytest.approx(1 / np.sqrt(burstiness), rel=0.1)
 
 
-def test_poisson_draws_are_unchanged_by_gamma():
-    """The same seed gives the same Poisson arrivals as before gamma existed: per request, one exponential
-    gap, then the window start (fixed lengths and no prefix draw nothing)."""
-    spec = WorkloadSpec(arrivals="poisson", rate=2.0, num_requests=5, warmup_requests=0)
-    rng = np.random.default_rng([0, 0])
-    num_corpus = len(corpus_token_ids(WordTokenizer()))
-    expected = []
-    for _ in range(4):
-        expected.append(rng.exponential(0.5))
-        rng.integers(0, num_corpus)
-    assert list(_gaps(spec)) == pytest.approx(expected, rel=1e-12)
+@pytest.mark.parametrize("arrivals", [{"arrivals": "poisson"}, {"arrivals": "gamma", "burstiness": 0.25}])
+def test_stratified_gaps_take_one_from_each_eighth_and_pin_the_rate(arrivals):
+    """Stratified: each block of 8 gaps holds one gap from each eighth of the gaps' distribution
+    (exponential: F(g) = 1 - exp(-rate g); gamma: its regularised incomplete gamma function), so over
+    200 seeds the span of 24 arrivals varies less than half as much as with independent gaps."""
+    from scipy.special import gammainc
+
+    spec = WorkloadSpec(rate=2.0, num_requests=25, warmup_requests=0, prompt_len={"kind": "fixed", "value": 2},
+                        **arrivals)
+    k = spec.burstiness or 1.0
+    for seed in range(5):
+        cdf = gammainc(k, _gaps(spec.model_copy(update={"seed": seed})) * spec.rate * k)
+        for block in cdf.reshape(3, 8):
+            assert sorted(np.floor(block * 8).astype(int)) == list(range(8))
+
+    def span_cv(sampling: str) -> float:
+        wl = spec.model_copy(update={"arrival_sampling": sampling, "num_requests": 24})
+        spans = [_gaps(wl.model_copy(update={"seed": s})).sum() for s in range(200)]
+        return float(np.std(spans) / np.mean(spans))
+
+    assert span_cv("stratified") < 0.5 * span_cv("independent")
+
+
+def test_prompts_and_lengths_do_not_depend_on_the_arrivals():
+    """Gaps come from a generator of their own: the same seed gives the same prompts and lengths
+    whether its requests arrive closed loop, at a fixed rate, or as stratified or independent
+    Poisson or gamma arrivals; only the arrival offsets differ."""
+    base = WorkloadSpec(num_requests=12, warmup_requests=1, prompt_len={"kind": "uniform", "min": 4, "max": 40},
+                        output_len={"kind": "lognormal", "mean": 16, "sigma": 0.5, "min": 1, "max": 64},
+                        shared_prefix={"num_tokens": 8, "fraction": 0.5}, seed=7)
+    variants = [{}, {"arrivals": "fixed_rate", "rate": 3.0}, {"arrivals": "poisson", "rate": 3.0},
+                {"arrivals": "poisson", "rate": 3.0, "arrival_sampling": "independent"},
+                {"arrivals": "gamma", "rate": 3.0, "burstiness": 0.5}]
+    drawn = [generate_requests(WorkloadSpec(**(base.model_dump() | v)), WordTokenizer()) for v in variants]
+    first = [(r.request_id, r.prompt_token_ids, r.output_len) for r in drawn[0]]
+    for reqs in drawn[1:]:
+        assert [(r.request_id, r.prompt_token_ids, r.output_len) for r in reqs] == first
+    assert len({tuple(r.arrival_offset_s for r in reqs) for reqs in drawn}) == len(variants)
 
 
 @pytest.mark.parametrize(("doc", "needle"), [
@@ -105,6 +135,7 @@ def test_workloads_written_before_gamma_and_traces_fingerprint_the_same():
     ({"arrivals": "poisson", "rate": 2.0}, ["arrivals 'poisson': a trace mapping replays", "--empirical"]),
     ({"mode": "chat"}, ["mode 'chat' with a trace mapping"]),
     ({"length_sampling": "independent"}, ["length_sampling cannot be set", "its lengths"]),
+    ({"arrival_sampling": "independent"}, ["arrival_sampling cannot be set", "its arrival times"]),
     ({"trace": {"path": "x", "speed": 2}}, ["trace.speed\n  Extra inputs are not permitted"]),
 ])
 def test_fields_a_trace_decides_are_refused_by_name(extra, needles):
