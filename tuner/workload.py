@@ -332,9 +332,10 @@ def _length(dist: Length, u: float) -> int:
 
 
 def _quantiles(rng: np.random.Generator, stratified: bool) -> Iterator[float]:
-    """Quantiles (0 < u < 1) to draw values at, one per request. Stratified: each block of
-    STRATUM_BLOCK takes one from each 1/STRATUM_BLOCK of (0, 1), in a random order; the block is drawn
-    whole, so request i depends only on its own block, never on how many requests follow."""
+    """Quantiles (0 <= u < 1) to draw values at, one per request (a length) or per arrival (a gap).
+    Stratified: each block of STRATUM_BLOCK takes one from each 1/STRATUM_BLOCK of [0, 1), in a random
+    order; the block is drawn whole, so request i depends only on its own block, never on how many
+    requests follow."""
     while True:
         if stratified:
             us = (rng.permutation(STRATUM_BLOCK) + rng.random(STRATUM_BLOCK)) / STRATUM_BLOCK
