@@ -77,7 +77,7 @@ from typing import Any
 
 from slotune.engine.config import EngineConfig
 from slotune.evals.gate_spec import GateSpec
-from slotune.tuner.metrics import CI_RATES, ci_keys
+from slotune.tuner.metrics import CI_RATES, ci_keys, mean_half_width
 from slotune.tuner.objective import DEFAULT_TRIAL_RUNNER, TrialFailure, by_first_objective, measure, ranked_feasible
 from slotune.tuner.reasons import failed_gates
 from slotune.tuner.references import DEFAULT_TAG
@@ -238,12 +238,7 @@ def half_width(values: list[float]) -> float | None:
     standard error alone: two measurements that happen to agree say little about the spread (one
     degree of freedom, t = 12.7), so a mean of two counts as precise only when they agree closely."""
     mean = statistics.fmean(values) if len(values) >= 2 else 0.0
-    if not mean:
-        return None
-    from scipy.stats import t
-
-    n = len(values)
-    return float(t.ppf(0.975, n - 1)) * statistics.stdev(values) / math.sqrt(n) / abs(mean)
+    return mean_half_width(values) / abs(mean) if mean else None
 
 
 def is_declared(budget, values: list[float], seeds_measured: int) -> bool:

@@ -222,15 +222,22 @@ def bootstrap_intervals(records: list[RequestRecord], duration_s: float, *, ttft
     return out
 
 
+def mean_half_width(values: list[float]) -> float:
+    """The half-width of the 95% interval of the mean of `values` (at least 2): Student's t with n - 1
+    degrees of freedom times the standard error."""
+    from scipy.stats import t
+
+    n = len(values)
+    return float(t.ppf(0.975, n - 1)) * statistics.stdev(values) / math.sqrt(n)
+
+
 def ratio_interval(ratios: list[float]) -> tuple[float, float] | None:
     """95% interval of the geometric mean of per-pair ratios (Student's t on their logarithms), or None
     under 3 pairs. For A/B measurements alternated in pairs (bench/serve_vs_trial, bench/peers/overhead.py)."""
     if len(ratios) < 3:
         return None
-    from scipy.stats import t
-
     logs = [math.log(r) for r in ratios]
-    m, hw = statistics.fmean(logs), t.ppf(0.975, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+    m, hw = statistics.fmean(logs), mean_half_width(logs)
     return math.exp(m - hw), math.exp(m + hw)
 
 
