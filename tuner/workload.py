@@ -42,7 +42,6 @@ from typing import Any, Literal, Union
 import numpy as np
 from pydantic import (BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, ValidationError,
                       ValidatorFunctionWrapHandler, field_validator, model_serializer, model_validator)
-from scipy.special import gammaincinv
 
 from slotune.tuner.errors import MissingFileError, SpecError, load_yaml_mapping
 from slotune.tuner.traces import Trace, TraceSource, iter_prompts, load_trace
@@ -475,7 +474,9 @@ def arrival_gaps(spec: WorkloadSpec, seed: int) -> Iterator[float]:
     us = _quantiles(np.random.default_rng([seed, 0, 3]), spec.arrival_sampling == "stratified")
     if spec.arrivals == "poisson":
         yield from (-math.log1p(-u) / spec.rate for u in us)
-    else:
+    else:  # scipy imported here only: the served trial's client process imports this module at start
+        from scipy.special import gammaincinv
+
         k = spec.burstiness
         yield from (float(gammaincinv(k, u)) / (spec.rate * k) for u in us)
 
