@@ -13,8 +13,10 @@ if TYPE_CHECKING:
     from slotune.engine.llm_engine import EngineStats, LLMEngine, RequestRejected
 
 _LAZY = {
-    "LLM": "slotune.engine.llm", "PromptLogprobs": "slotune.engine.llm",
-    "LLMEngine": "slotune.engine.llm_engine", "RequestRejected": "slotune.engine.llm_engine",
+    "LLM": "slotune.engine.llm",
+    "PromptLogprobs": "slotune.engine.llm",
+    "LLMEngine": "slotune.engine.llm_engine",
+    "RequestRejected": "slotune.engine.llm_engine",
     "EngineStats": "slotune.engine.llm_engine",
 }
 
@@ -27,6 +29,15 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'slotune.engine' has no attribute '{name}'")
 
 
-__all__ = ["EngineConfig", "SamplingParams", "RequestOutput", "RequestMetrics",
-           "LLM", "PromptLogprobs", "LLMEngine", "RequestRejected", "EngineStats"]
+__all__ = [
+    "EngineConfig",
+    "SamplingParams",
+    "RequestOutput",
+    "RequestMetrics",
+    "LLM",
+    "PromptLogprobs",
+    "LLMEngine",
+    "RequestRejected",
+    "EngineStats",
+]
 assert set(__all__) >= set(_LAZY)

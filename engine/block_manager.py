@@ -44,8 +44,14 @@ _ROOT = CachedBlock(key=None, serial=0, parent_serial=None, token_ids=())  # the
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False, *,
-                 hash_fn: BlockHashFn = sha256_block_key) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = False,
+        *,
+        hash_fn: BlockHashFn = sha256_block_key,
+    ) -> None:
         assert num_blocks > 0 and block_size > 0
         self.num_blocks = num_blocks
         self.block_size = block_size

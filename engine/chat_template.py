@@ -96,8 +96,9 @@ class _Namespace(jinja2.utils.Namespace):
 @lru_cache(maxsize=16)
 def compile_template(source: str) -> jinja2.Template:
     """The compiled template (cached by source, so `Tokenizer` stays picklable)."""
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[_GenerationTag, jinja2.ext.loopcontrols])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
+    )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
@@ -106,8 +107,14 @@ def compile_template(source: str) -> jinja2.Template:
     return env.from_string(source)
 
 
-def render(source: str, messages: list[dict[str, Any]], *, add_generation_prompt: bool,
-           special_tokens: dict[str, str], tools: list[dict] | None = None) -> str:
+def render(
+    source: str,
+    messages: list[dict[str, Any]],
+    *,
+    add_generation_prompt: bool,
+    special_tokens: dict[str, str],
+    tools: list[dict] | None = None,
+) -> str:
     """The prompt text for `messages`.
 
     Raises:
@@ -118,10 +125,16 @@ def render(source: str, messages: list[dict[str, Any]], *, add_generation_prompt
             raise ChatTemplateError(f"messages[{i}]: a message is a mapping with a 'role' (got {m!r})")
     try:
         template = compile_template(source)
-        return template.render(messages=messages, tools=tools, documents=None,
-                               add_generation_prompt=add_generation_prompt, **special_tokens)
+        return template.render(
+            messages=messages,
+            tools=tools,
+            documents=None,
+            add_generation_prompt=add_generation_prompt,
+            **special_tokens,
+        )
     except jinja2.exceptions.TemplateError as exc:  # raise_exception, syntax, sandbox, undefined calls
         raise ChatTemplateError(f"the model's chat template refused these messages: {exc}") from exc
     except (TypeError, KeyError, AttributeError, ValueError) as exc:  # e.g. `message['content'] + 1`
-        raise ChatTemplateError(f"the model's chat template failed on these messages "
-                                f"({type(exc).__name__}: {exc})") from exc
+        raise ChatTemplateError(
+            f"the model's chat template failed on these messages ({type(exc).__name__}: {exc})"
+        ) from exc

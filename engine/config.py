@@ -32,16 +32,18 @@ class KernelConfig(_Strict):
     and defaults are the kernels' own: kernels/tiles.py)."""
 
     backend: Literal["auto", "torch", "triton", "native"] = Field(
-        "auto", description="auto = Triton on CUDA; on CPU, decode steps in one native call "
+        "auto",
+        description="auto = Triton on CUDA; on CPU, decode steps in one native call "
         "(kernels/cpu_decode.c) where the machine and model allow it, torch otherwise. "
-        "native = the same, required (an error says why it cannot run)"
+        "native = the same, required (an error says why it cannot run)",
     )
     int8_activations: bool = Field(
-        False, description="CPU native decode, int4 and int8 layers (the LM head included): quantize "
+        False,
+        description="CPU native decode, int4 and int8 layers (the LM head included): quantize "
         "activations to int8 per 32 inputs and multiply with VNNI integer dot products (llama.cpp's Q4/Q8 x "
         "Q8). Faster, most at larger batches; less exact than float activations (SmolLM2 logits vs the same "
         "weights in float32: int8 max error 0.6x, mean 1.3x the bf16 torch path's; int4 2.3x and 3.3x): a "
-        "lever for the quality gates to judge"
+        "lever for the quality gates to judge",
     )
     decode_attention: DecodeAttentionConfig = DecodeAttentionConfig()
     prefill_attention: PrefillAttentionConfig = PrefillAttentionConfig()
@@ -79,13 +81,20 @@ class AdmissionConfig(_Strict):
 
     max_prompt_tokens: int | None = Field(None, ge=1)
     max_output_tokens: int | None = Field(None, ge=1)
-    max_queued_requests: int | None = Field(None, ge=0, description="engine: requests waiting to be scheduled "
-                                            "beyond which add_request refuses (queue_full); None = unbounded")
+    max_queued_requests: int | None = Field(
+        None,
+        ge=0,
+        description="engine: requests waiting to be scheduled "
+        "beyond which add_request refuses (queue_full); None = unbounded",
+    )
     max_tokens_in_flight: int | None = Field(None, ge=1)
     max_pending_requests: int | None = Field(
-        DEFAULT_MAX_PENDING_REQUESTS, ge=0, description="served: requests the HTTP server holds beyond max_num_seqs "
+        DEFAULT_MAX_PENDING_REQUESTS,
+        ge=0,
+        description="served: requests the HTTP server holds beyond max_num_seqs "
         "(being tokenized, waiting in the engine queue, being admitted) before it answers 429 queue_full with "
-        "Retry-After; None = unbounded")
+        "Retry-After; None = unbounded",
+    )
 
 
 class EngineConfig(_Strict):
@@ -97,9 +106,14 @@ class EngineConfig(_Strict):
         "auto", description="activation/compute dtype; auto = bfloat16 on CUDA, float32 on CPU"
     )
     seed: int = Field(0, ge=0, le=2**32 - 1)
-    num_threads: int | None = Field(None, ge=1, le=1024, description="CPU: intra-op threads of the engine process "
-                                    "(torch.set_num_threads); None = torch's default (one per core). Fewer leave "
-                                    "cores to the HTTP server and its clients")
+    num_threads: int | None = Field(
+        None,
+        ge=1,
+        le=1024,
+        description="CPU: intra-op threads of the engine process "
+        "(torch.set_num_threads); None = torch's default (one per core). Fewer leave "
+        "cores to the HTTP server and its clients",
+    )
 
     # Weight quantization (weight-only unless fp8).
     quantization: Literal["none", "int8", "int4", "fp8"] = "none"
@@ -109,14 +123,18 @@ class EngineConfig(_Strict):
     kv_dtype: Literal["auto", "int8", "fp8"] = "auto"
     block_size: Literal[8, 16, 32, 64] = 16
     num_kv_blocks: int | None = Field(None, ge=2, description="fixed block count; None = size from kv_cache_memory_gb")
-    kv_cache_memory_gb: float = Field(0.25, gt=0, description="memory budget for the KV cache when num_kv_blocks is None")
+    kv_cache_memory_gb: float = Field(
+        0.25, gt=0, description="memory budget for the KV cache when num_kv_blocks is None"
+    )
     enable_prefix_caching: bool = False
 
     # Batching.
     scheduling: Literal["continuous", "static"] = "continuous"
     scheduling_policy: SchedulingPolicy = Field(
-        "fcfs", description="admission order of waiting requests: fcfs, or shortest_prompt_first (lower TTFT on "
-                            "mixed prompt lengths; a request is passed over at most 64 times)")
+        "fcfs",
+        description="admission order of waiting requests: fcfs, or shortest_prompt_first (lower TTFT on "
+        "mixed prompt lengths; a request is passed over at most 64 times)",
+    )
     max_num_seqs: int = Field(16, ge=1, le=1024)
     max_num_batched_tokens: int = Field(2048, ge=16, le=2**24)
     max_model_len: int = Field(2048, ge=16, le=2**24)
@@ -125,10 +143,14 @@ class EngineConfig(_Strict):
     speculative: SpeculativeConfig = SpeculativeConfig()
     admission: AdmissionConfig = AdmissionConfig()
     stream_interval: int = Field(
-        1, ge=1, le=64, description="served streams: send a stream's tokens once this many have accumulated, in one "
+        1,
+        ge=1,
+        le=64,
+        description="served streams: send a stream's tokens once this many have accumulated, in one "
         "SSE event (the first token and the last are always sent at once, so TTFT and end-to-end latency keep "
         "their values): fewer events, socket writes and client parses per token at high concurrency, burstier "
-        "arrival between them (vLLM's and SGLang's --stream-interval); 1 = every step's tokens as they come")
+        "arrival between them (vLLM's and SGLang's --stream-interval); 1 = every step's tokens as they come",
+    )
     kernels: KernelConfig = KernelConfig()
     use_cuda_graph: bool = Field(True, description="capture decode steps as CUDA graphs (CUDA only)")
 

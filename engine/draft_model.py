@@ -59,11 +59,15 @@ class DraftModelProposer:
         if sc.method == "quantized":
             draft_cfg = cfg.with_updates({"quantization": sc.draft_quantization, "speculative.method": "none"})
         else:
-            draft_cfg = cfg.with_updates({"model": sc.draft_model, "quantization": "none", "speculative.method": "none"})
+            draft_cfg = cfg.with_updates(
+                {"model": sc.draft_model, "quantization": "none", "speculative.method": "none"}
+            )
         self.runner = ModelRunner(draft_cfg)
         if self.runner.model_cfg.vocab_size != target_vocab_size:
-            raise ValueError(f"speculative.draft_model vocab ({self.runner.model_cfg.vocab_size}) differs from the "
-                             f"target's ({target_vocab_size}); a draft must share the tokenizer")
+            raise ValueError(
+                f"speculative.draft_model vocab ({self.runner.model_cfg.vocab_size}) differs from the "
+                f"target's ({target_vocab_size}); a draft must share the tokenizer"
+            )
         self.bm = BlockManager(self.runner.num_blocks, cfg.block_size)
         self.mirrors: dict[int, _Mirror] = {}
         self.drafts = DraftSampler(sampler)
@@ -106,8 +110,9 @@ class DraftModelProposer:
         # Steps 2..k: one token per sequence; draft j is fed to produce draft j+1.
         for j in range(1, max(ks)):
             live = [i for i, k in enumerate(ks) if j < k]
-            logits = self.runner.run_decode([active[i][1].block_table for i in live], [toks[i] for i in live],
-                                            [pos[i] for i in live])
+            logits = self.runner.run_decode(
+                [active[i][1].block_table for i in live], [toks[i] for i in live], [pos[i] for i in live]
+            )
             for i, t in zip(live, self.drafts.choose([active[i][0] for i in live], logits)):
                 active[i][0].spec_token_ids.append(t)
                 toks[i], pos[i] = t, pos[i] + 1

@@ -28,10 +28,14 @@ NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 
 # The regexes as the families' tokenizer.json files write them (llama.cpp spells the case-insensitive
 # contractions out because its regex engine lacks (?i:); the matches are the same).
-LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
-                r"\s*[\r\n]+|\s+(?!\S)|\s+")
-QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
-               r"\s*[\r\n]+|\s+(?!\S)|\s+")
+LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+    r"\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+    r"\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,8 +52,10 @@ class PreTokenizer:
         if self.split is None:
             steps = [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]
         else:
-            steps = [pre_tokenizers.Split(Regex(self.split), behavior="isolated", invert=False),
-                     pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+            steps = [
+                pre_tokenizers.Split(Regex(self.split), behavior="isolated", invert=False),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
         if self.individual_digits:
             steps.insert(0, pre_tokenizers.Digits(individual_digits=True))
         return pre_tokenizers.Sequence(steps)
@@ -63,8 +69,13 @@ _LLAMA3 = PreTokenizer(LLAMA3_SPLIT, ignore_merges=True, add_bos=True)
 # adds a step llama.cpp's table lacks (e.g. a normalizer) are left out until checked.
 PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     "gpt-2": PreTokenizer(),
-    "smollm": _STARCODER, "starcoder": _STARCODER,
-    "llama-bpe": _LLAMA3, "llama3": _LLAMA3, "llama-v3": _LLAMA3, "falcon3": _LLAMA3, "pixtral": _LLAMA3,
+    "smollm": _STARCODER,
+    "starcoder": _STARCODER,
+    "llama-bpe": _LLAMA3,
+    "llama3": _LLAMA3,
+    "llama-v3": _LLAMA3,
+    "falcon3": _LLAMA3,
+    "pixtral": _LLAMA3,
     "smaug-bpe": PreTokenizer(LLAMA3_SPLIT),
     "qwen2": PreTokenizer(QWEN2_SPLIT, nfc=True),
 }
@@ -84,8 +95,10 @@ def gguf_vocab(meta: dict[str, Any], path: Path) -> GGUFVocab:
         return _byte_level_bpe(meta, path)
     if kind == "llama":
         return _sentencepiece_bpe(meta, path)
-    raise ValueError(f"{path}: tokenizer.ggml.model '{kind}' is not supported (supported: {', '.join(VOCABULARIES)}); "
-                     "use the model's HF directory (config.json + tokenizer.json) instead")
+    raise ValueError(
+        f"{path}: tokenizer.ggml.model '{kind}' is not supported (supported: {', '.join(VOCABULARIES)}); "
+        "use the model's HF directory (config.json + tokenizer.json) instead"
+    )
 
 
 def _byte_level_bpe(meta: dict[str, Any], path: Path) -> GGUFVocab:
@@ -94,13 +107,25 @@ def _byte_level_bpe(meta: dict[str, Any], path: Path) -> GGUFVocab:
         raise ValueError(
             f"{path}: tokenizer.ggml.pre '{name}' is not supported (supported: {', '.join(sorted(PRE_TOKENIZERS))}); "
             "its words would be split differently from the model's training. Use the model's HF directory "
-            "(config.json + tokenizer.json) instead" + (", or re-convert it with a current convert_hf_to_gguf.py, "
-                                                         "which records the pre-tokenizer" if name is None else ""))
+            "(config.json + tokenizer.json) instead"
+            + (
+                ", or re-convert it with a current convert_hf_to_gguf.py, which records the pre-tokenizer"
+                if name is None
+                else ""
+            )
+        )
     pre = PRE_TOKENIZERS[name]
     tokens, types = _tokens(meta, path)
     merges = [tuple(m.split(" ", 1)) for m in _require(meta, "tokenizer.ggml.merges", path)]
-    tok = HFTokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False,
-                                 byte_fallback=False, ignore_merges=pre.ignore_merges))
+    tok = HFTokenizer(
+        models.BPE(
+            vocab={t: i for i, t in enumerate(tokens)},
+            merges=merges,
+            fuse_unk=False,
+            byte_fallback=False,
+            ignore_merges=pre.ignore_merges,
+        )
+    )
     if pre.nfc:
         tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre.build()
@@ -113,34 +138,54 @@ def _sentencepiece_bpe(meta: dict[str, Any], path: Path) -> GGUFVocab:
     tokens, types = _tokens(meta, path)
     scores = meta.get("tokenizer.ggml.scores")
     if scores is None or len(scores) != len(tokens):
-        raise ValueError(f"{path}: a SentencePiece vocabulary needs tokenizer.ggml.scores, one per token "
-                         f"({0 if scores is None else len(scores)} for {len(tokens)} tokens)")
+        raise ValueError(
+            f"{path}: a SentencePiece vocabulary needs tokenizer.ggml.scores, one per token "
+            f"({0 if scores is None else len(scores)} for {len(tokens)} tokens)"
+        )
     unk = [t for t, ty in zip(tokens, types) if ty == UNKNOWN]
     # SentencePiece merges only into normal pieces; control, byte and unused pieces never form from text.
     normal = {t for t, ty in zip(tokens, types) if ty == NORMAL}
     ranked = []
     for i, piece in enumerate(tokens):
         if piece in normal:
-            ranked += [(-float(scores[i]), i, piece[:cut], piece[cut:]) for cut in range(1, len(piece))
-                       if piece[:cut] in normal and piece[cut:] in normal]
+            ranked += [
+                (-float(scores[i]), i, piece[:cut], piece[cut:])
+                for cut in range(1, len(piece))
+                if piece[:cut] in normal and piece[cut:] in normal
+            ]
     ranked.sort()  # the highest-scoring merged piece first (ties: the lower id, as SentencePiece orders pieces)
-    tok = HFTokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=[(a, b) for _, _, a, b in ranked],
-                                 unk_token=unk[0] if unk else None, fuse_unk=True, byte_fallback=True))
+    tok = HFTokenizer(
+        models.BPE(
+            vocab={t: i for i, t in enumerate(tokens)},
+            merges=[(a, b) for _, _, a, b in ranked],
+            unk_token=unk[0] if unk else None,
+            fuse_unk=True,
+            byte_fallback=True,
+        )
+    )
     # llama.cpp: a space before the text (and after each special token) unless add_space_prefix is false,
     # and every space as U+2581 -- the normalizer of HF's legacy Llama tokenizer.
     add_space_prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
     steps = [normalizers.Prepend("▁")] if add_space_prefix else []
     tok.normalizer = normalizers.Sequence([*steps, normalizers.Replace(" ", "▁")])
-    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                     *([decoders.Strip(" ", 1, 0)] if add_space_prefix else [])])
+    tok.decoder = decoders.Sequence(
+        [
+            decoders.Replace("▁", " "),
+            decoders.ByteFallback(),
+            decoders.Fuse(),
+            *([decoders.Strip(" ", 1, 0)] if add_space_prefix else []),
+        ]
+    )
     _add_atomic_tokens(tok, tokens, types)
     return GGUFVocab(tok, bool(meta.get("tokenizer.ggml.add_bos_token", True)))
 
 
 def _require(meta: dict[str, Any], key: str, path: Path) -> Any:
     if meta.get(key) is None:
-        raise ValueError(f"{path}: {key} is missing: the file has no complete vocabulary; re-convert it with "
-                         "llama.cpp's convert_hf_to_gguf.py, or use the model's HF directory")
+        raise ValueError(
+            f"{path}: {key} is missing: the file has no complete vocabulary; re-convert it with "
+            "llama.cpp's convert_hf_to_gguf.py, or use the model's HF directory"
+        )
     return meta[key]
 
 

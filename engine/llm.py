@@ -30,8 +30,11 @@ class LLM:
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
 
-    def generate(self, prompts: str | list[int] | list[str | list[int]],
-                 params: SamplingParams | list[SamplingParams] | None = None) -> list[RequestOutput]:
+    def generate(
+        self,
+        prompts: str | list[int] | list[str | list[int]],
+        params: SamplingParams | list[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
         """Run prompts to completion with continuous batching; outputs in input order."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
@@ -75,10 +78,12 @@ class LLM:
             logits = self.engine.runner.full_logits(ids)[:-1].float()
             lp = torch.log_softmax(logits, dim=-1)
             tgt = torch.tensor(ids[1:], device=lp.device)
-            out.append(PromptLogprobs(
-                token_logprobs=lp.gather(1, tgt[:, None]).squeeze(1).tolist(),
-                is_greedy=(lp.argmax(-1) == tgt).tolist(),
-            ))
+            out.append(
+                PromptLogprobs(
+                    token_logprobs=lp.gather(1, tgt[:, None]).squeeze(1).tolist(),
+                    is_greedy=(lp.argmax(-1) == tgt).tolist(),
+                )
+            )
         return out
 
     def _check_len(self, ids: list[int]) -> None:

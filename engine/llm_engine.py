@@ -44,6 +44,7 @@ def build_proposer(cfg: EngineConfig, runner: ModelRunner, block_manager: BlockM
         return EarlyExitProposer(cfg, runner, block_manager, sampler)
     return DraftModelProposer(cfg, runner.model_cfg.vocab_size, sampler)
 
+
 @dataclass(slots=True)
 class EngineStats:
     num_running: int
@@ -81,7 +82,9 @@ class EngineStats:
 
 
 class LLMEngine:
-    def __init__(self, cfg: EngineConfig, runner: ModelRunner | None = None, tokenizer: Tokenizer | None = None) -> None:
+    def __init__(
+        self, cfg: EngineConfig, runner: ModelRunner | None = None, tokenizer: Tokenizer | None = None
+    ) -> None:
         self.cfg = cfg
         # The tokenizer before the weights: a vocabulary the engine refuses costs no weight load.
         self.tokenizer = tokenizer or Tokenizer.from_model_path(resolve_model_path(cfg.model))
@@ -113,8 +116,9 @@ class LLMEngine:
         return self.runner.kv_bytes_per_token
 
     # --- admission ------------------------------------------------------------------------
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                    arrival_time: float | None = None) -> None:
+    def add_request(
+        self, request_id: str, prompt: str | list[int], params: SamplingParams, arrival_time: float | None = None
+    ) -> None:
         if request_id in self.seqs:
             raise ValueError(f"request_id '{request_id}' is already in flight")
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
@@ -138,21 +142,34 @@ class LLMEngine:
         if n > limit:
             self._reject("prompt_too_long", f"prompt has {n} tokens; the limit is {limit}")
         if adm.max_output_tokens is not None and params.max_tokens > adm.max_output_tokens:
-            self._reject("max_tokens_too_large", f"max_tokens={params.max_tokens} exceeds admission.max_output_tokens={adm.max_output_tokens}")
+            self._reject(
+                "max_tokens_too_large",
+                f"max_tokens={params.max_tokens} exceeds admission.max_output_tokens={adm.max_output_tokens}",
+            )
         if n + params.max_tokens > cfg.max_model_len:
-            self._reject("max_tokens_too_large",
-                         f"prompt ({n}) + max_tokens ({params.max_tokens}) exceeds max_model_len ({cfg.max_model_len})")
+            self._reject(
+                "max_tokens_too_large",
+                f"prompt ({n}) + max_tokens ({params.max_tokens}) exceeds max_model_len ({cfg.max_model_len})",
+            )
         total = n + params.max_tokens + cfg.speculative.num_speculative_tokens * (cfg.speculative.method != "none")
         if self.block_manager.blocks_needed(total) > self.block_manager.num_blocks:
-            self._reject("never_fits", f"request needs {self.block_manager.blocks_needed(total)} KV blocks; the cache has "
-                         f"{self.block_manager.num_blocks} in all")
+            self._reject(
+                "never_fits",
+                f"request needs {self.block_manager.blocks_needed(total)} KV blocks; the cache has "
+                f"{self.block_manager.num_blocks} in all",
+            )
         if adm.max_queued_requests is not None and len(self.scheduler.waiting) >= adm.max_queued_requests:
-            self._reject("queue_full", f"{len(self.scheduler.waiting)} requests already queued (admission.max_queued_requests)")
+            self._reject(
+                "queue_full", f"{len(self.scheduler.waiting)} requests already queued (admission.max_queued_requests)"
+            )
         if adm.max_tokens_in_flight is not None:
             in_flight = sum(s.max_total_tokens for s in self.seqs.values())
             if in_flight + n + params.max_tokens > adm.max_tokens_in_flight:
-                self._reject("tokens_in_flight", f"{in_flight} tokens in flight; adding {n + params.max_tokens} exceeds "
-                             f"admission.max_tokens_in_flight={adm.max_tokens_in_flight}")
+                self._reject(
+                    "tokens_in_flight",
+                    f"{in_flight} tokens in flight; adding {n + params.max_tokens} exceeds "
+                    f"admission.max_tokens_in_flight={adm.max_tokens_in_flight}",
+                )
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         seq = self.seqs.pop(request_id, None)
@@ -203,8 +220,9 @@ class LLMEngine:
         new_tokens: dict[int, list[int]] = {}
         if plain:
             rows = torch.tensor([r for _, r in plain], device=result.logits.device)
-            toks = self.sampler.sample(result.logits[rows], [s.seq.params for s, _ in plain],
-                                       [s.seq.seq_id for s, _ in plain]).tolist()
+            toks = self.sampler.sample(
+                result.logits[rows], [s.seq.params for s, _ in plain], [s.seq.seq_id for s, _ in plain]
+            ).tolist()
             for (s, _), tok in zip(plain, toks):
                 s.seq.num_computed_tokens += s.num_new_tokens
                 new_tokens[s.seq.seq_id] = [tok]
@@ -255,8 +273,9 @@ class LLMEngine:
         prev = seq.output_text
         # Only the new tokens are decoded (special tokens, EOS among them, are skipped); an
         # incomplete UTF-8 character waits for the next token unless the sequence ends here.
-        delta, *offsets = self.tokenizer.decode_delta(seq.output_token_ids, *seq.detok_offsets,
-                                                      final=seq.finish_reason is not None)
+        delta, *offsets = self.tokenizer.decode_delta(
+            seq.output_token_ids, *seq.detok_offsets, final=seq.finish_reason is not None
+        )
         seq.detok_offsets = tuple(offsets)
         text = prev + delta
         if p.stop:
@@ -267,7 +286,7 @@ class LLMEngine:
                 text = text[: min(hits)[0]]
                 seq.finish_reason = "stop"
         seq.output_text = text
-        new_text = text[len(prev):] if text.startswith(prev) else text
+        new_text = text[len(prev) :] if text.startswith(prev) else text
         if seq.finish_reason is not None:
             seq.metrics.finish_time = time.perf_counter()
             self.scheduler.finish(seq, seq.finish_reason)

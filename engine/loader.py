@@ -146,8 +146,11 @@ class _GgufArch:
     is_qk_norm: bool = False  # Qwen3: blk.N.attn_q_norm / attn_k_norm
 
 
-GGUF_ARCHS = {"llama": _GgufArch(is_qk_permuted=True), "qwen2": _GgufArch(is_qk_permuted=False),
-              "qwen3": _GgufArch(is_qk_permuted=False, is_qk_norm=True)}
+GGUF_ARCHS = {
+    "llama": _GgufArch(is_qk_permuted=True),
+    "qwen2": _GgufArch(is_qk_permuted=False),
+    "qwen3": _GgufArch(is_qk_permuted=False, is_qk_norm=True),
+}
 
 
 def gguf_metadata(path: Path) -> dict[str, Any]:
@@ -181,8 +184,10 @@ def _load_gguf(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     meta = {k: _field_value(f) for k, f in reader.fields.items()}
     name = meta.get("general.architecture")
     if name not in GGUF_ARCHS:
-        raise ValueError(f"{path}: unsupported GGUF architecture '{name}' (supported: {', '.join(GGUF_ARCHS)}); "
-                         "a Hugging Face directory of a supported family loads instead")
+        raise ValueError(
+            f"{path}: unsupported GGUF architecture '{name}' (supported: {', '.join(GGUF_ARCHS)}); "
+            "a Hugging Face directory of a supported family loads instead"
+        )
     arch = GGUF_ARCHS[name]
     hp = _gguf_hparams(path, meta, name)  # every metadata check before any tensor is read
     layer_names = _GGUF_LAYER_NAMES | (_GGUF_QK_NORM_NAMES if arch.is_qk_norm else {})
@@ -194,8 +199,10 @@ def _load_gguf(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
         arr = arr.reshape([int(d) for d in reversed(t.shape)])
         if t.name == "rope_freqs.weight":  # Llama 3.x: per-dimension frequency divisors
             if rope_scaling is not None:
-                raise ValueError(f"{path}: both rope_freqs.weight and {name}.rope.scaling.type "
-                                 f"'{rope_scaling['rope_type']}': which one applies is not defined")
+                raise ValueError(
+                    f"{path}: both rope_freqs.weight and {name}.rope.scaling.type "
+                    f"'{rope_scaling['rope_type']}': which one applies is not defined"
+                )
             rope_scaling = {"rope_type": "freq_factors", "factors": [float(v) for v in arr.reshape(-1)]}
             continue
         if t.name.startswith("blk."):
@@ -227,6 +234,7 @@ def _load_gguf(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
 def _gguf_hparams(path: Path, meta: dict[str, Any], arch: str) -> dict[str, Any]:
     """The `{arch}.*` metadata as ModelConfig fields (besides the ones tensors decide), with an error
     naming each key that changes the math in a way this engine does not implement."""
+
     def key(name: str, default: Any = None) -> Any:
         value = meta.get(f"{arch}.{name}", default)
         if value is None:
@@ -238,11 +246,15 @@ def _gguf_hparams(path: Path, meta: dict[str, Any], arch: str) -> dict[str, Any]
     head_dim = int(key("attention.key_length", hidden // n_head))  # written when the HF config has head_dim
     problems = []
     if int(key("attention.value_length", head_dim)) != head_dim:
-        problems.append(f"{arch}.attention.value_length {meta[f'{arch}.attention.value_length']} != key_length "
-                        f"{head_dim} (one head_dim for q, k and v)")
+        problems.append(
+            f"{arch}.attention.value_length {meta[f'{arch}.attention.value_length']} != key_length "
+            f"{head_dim} (one head_dim for q, k and v)"
+        )
     if int(key("rope.dimension_count", head_dim)) != head_dim:
-        problems.append(f"{arch}.rope.dimension_count {meta[f'{arch}.rope.dimension_count']} != head_dim {head_dim} "
-                        "(rotary on part of each head)")
+        problems.append(
+            f"{arch}.rope.dimension_count {meta[f'{arch}.rope.dimension_count']} != head_dim {head_dim} "
+            "(rotary on part of each head)"
+        )
     if f"{arch}.attention.sliding_window_pattern" in meta:
         problems.append(f"{arch}.attention.sliding_window_pattern (a window on some layers only)")
     try:
@@ -273,7 +285,7 @@ _GGUF_ROPE_SCALING_KEYS = ("type", "factor", "original_context_length", "finetun
 def _gguf_rope_scaling(meta: dict[str, Any], arch: str) -> dict | None:
     """{arch}.rope.scaling.* metadata -> the rope_scaling dict (layers/ops.py), or an error naming it."""
     prefix = f"{arch}.rope.scaling."
-    unknown = sorted(k for k in meta if k.startswith(prefix) and k[len(prefix):] not in _GGUF_ROPE_SCALING_KEYS)
+    unknown = sorted(k for k in meta if k.startswith(prefix) and k[len(prefix) :] not in _GGUF_ROPE_SCALING_KEYS)
     if unknown:  # e.g. yarn_beta_fast, attn_factor: they change the math
         raise ValueError(f"{', '.join(unknown)} (only {', '.join(prefix + k for k in _GGUF_ROPE_SCALING_KEYS)})")
     kind = meta.get(prefix + "type")
@@ -283,8 +295,11 @@ def _gguf_rope_scaling(meta: dict[str, Any], arch: str) -> dict | None:
     if kind == "linear":
         return {"rope_type": "linear", "factor": factor}
     if kind == "yarn":
-        return {"rope_type": "yarn", "factor": factor,
-                "original_max_position_embeddings": int(meta[prefix + "original_context_length"])}
+        return {
+            "rope_type": "yarn",
+            "factor": factor,
+            "original_max_position_embeddings": int(meta[prefix + "original_context_length"]),
+        }
     raise ValueError(f"{prefix}type '{kind}' (supported: none, linear, yarn)")
 
 
@@ -314,8 +329,10 @@ def _hf_config(path: Path, hf: dict[str, Any]) -> dict[str, Any]:
     that changes the math in a way this engine does not implement."""
     model_type = hf.get("model_type")
     if model_type not in HF_MODEL_TYPES and not any("Llama" in a for a in hf.get("architectures") or []):
-        raise ValueError(f"{path}: model_type '{model_type}' is not implemented (supported: "
-                         f"{', '.join(HF_MODEL_TYPES)}, or a LlamaForCausalLM architecture)")
+        raise ValueError(
+            f"{path}: model_type '{model_type}' is not implemented (supported: "
+            f"{', '.join(HF_MODEL_TYPES)}, or a LlamaForCausalLM architecture)"
+        )
     _refuse_unimplemented_math(path, hf)
     n_head = hf["num_attention_heads"]
     rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})  # transformers >= 5: rope_parameters
@@ -323,8 +340,10 @@ def _hf_config(path: Path, hf: dict[str, Any]) -> dict[str, Any]:
     rope_scaling = None
     if rope_type != "default":
         if rope_type not in ROPE_TYPES:
-            raise ValueError(f"{path}: rope_scaling type '{rope_type}' is not implemented (supported: default, "
-                             f"{', '.join(t for t in ROPE_TYPES if t != 'freq_factors')})")
+            raise ValueError(
+                f"{path}: rope_scaling type '{rope_type}' is not implemented (supported: default, "
+                f"{', '.join(t for t in ROPE_TYPES if t != 'freq_factors')})"
+            )
         rope_scaling = {k: v for k, v in rope.items() if k not in ("type", "rope_theta")} | {"rope_type": rope_type}
         rope_scaling.setdefault("original_max_position_embeddings", hf.get("max_position_embeddings", 2048))
     eos = hf.get("eos_token_id")
@@ -365,8 +384,10 @@ def _hf_sliding_window(path: Path, hf: dict[str, Any]) -> int | None:
     if kinds == {"full_attention"}:
         return None
     if kinds != {"sliding_attention"}:
-        raise ValueError(f"{path} ({model_type}): not implemented: sliding_window {window} on some layers only "
-                         f"(layer_types / max_window_layers: {layer_types})")
+        raise ValueError(
+            f"{path} ({model_type}): not implemented: sliding_window {window} on some layers only "
+            f"(layer_types / max_window_layers: {layer_types})"
+        )
     return int(window)
 
 

@@ -18,8 +18,13 @@ import torch
 from slotune.engine.config import EngineConfig
 from slotune.engine.cuda_graph import DecodeGraphs
 from slotune.engine.layers.attention import KVCache
-from slotune.engine.layers.attn_metadata import (AttentionMetadata, SeqSpan, build_metadata, scratch_metadata,
-                                                 slot_mapping)
+from slotune.engine.layers.attn_metadata import (
+    AttentionMetadata,
+    SeqSpan,
+    build_metadata,
+    scratch_metadata,
+    slot_mapping,
+)
 from slotune.engine.layers.backend import backend_name, select_backend
 from slotune.engine.loader import ModelConfig, load_model
 from slotune.engine.models.llama import LlamaModel
@@ -51,8 +56,9 @@ class StepResult:
     row_ranges: list[tuple[int, int]]  # per scheduled seq: [start, end) rows of logits (empty = no logits)
 
 
-def build_model(cfg: EngineConfig, model_cfg: ModelConfig, sd: dict[str, torch.Tensor], dtype: torch.dtype,
-                device: torch.device) -> LlamaModel:
+def build_model(
+    cfg: EngineConfig, model_cfg: ModelConfig, sd: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device
+) -> LlamaModel:
     """The model `cfg` serves: built with the kernel backend cfg.kernels selects, then its Linear
     layers converted to cfg.quantization (the quantized layers take the backend's matmul tiles)."""
     backend = select_backend(cfg.kernels, device, model_cfg.sliding_window)
@@ -64,14 +70,18 @@ def build_model(cfg: EngineConfig, model_cfg: ModelConfig, sd: dict[str, torch.T
 
 class ModelRunner:
     """Args:
-        cfg: the engine config.
-        weights: (model config, state dict) to build the model from instead of loading `cfg.model`.
-        model: an already built model to share (`build_model` for a config with the same weights,
-            dtype, quantization and kernel backend); used as it is.
+    cfg: the engine config.
+    weights: (model config, state dict) to build the model from instead of loading `cfg.model`.
+    model: an already built model to share (`build_model` for a config with the same weights,
+        dtype, quantization and kernel backend); used as it is.
     """
 
-    def __init__(self, cfg: EngineConfig, weights: tuple[ModelConfig, dict[str, torch.Tensor]] | None = None,
-                 model: LlamaModel | None = None) -> None:
+    def __init__(
+        self,
+        cfg: EngineConfig,
+        weights: tuple[ModelConfig, dict[str, torch.Tensor]] | None = None,
+        model: LlamaModel | None = None,
+    ) -> None:
         self.cfg = cfg
         self.device = resolve_device(cfg)
         self.dtype = resolve_dtype(cfg, self.device)
@@ -86,8 +96,10 @@ class ModelRunner:
                 model_cfg, sd = weights
             model = build_model(cfg, model_cfg, sd, self.dtype, self.device)
         elif model.backend.name != backend_name(cfg.kernels, self.device):
-            raise ValueError(f"a shared model built for the {model.backend.name} backend cannot serve kernels.backend "
-                             f"{cfg.kernels.backend} on {self.device.type}")
+            raise ValueError(
+                f"a shared model built for the {model.backend.name} backend cannot serve kernels.backend "
+                f"{cfg.kernels.backend} on {self.device.type}"
+            )
         self.backend = model.backend.name  # "native" below when the native CPU step takes decode steps
         self.model = model
         self.model_cfg: ModelConfig = model.cfg
@@ -108,7 +120,9 @@ class ModelRunner:
                 f"set max_model_len <= {rope['original_max_position_embeddings']}"
             )
         mc = self.model_cfg
-        self.kv_bytes_per_token = KVCache.bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, self.dtype, cfg.kv_dtype)
+        self.kv_bytes_per_token = KVCache.bytes_per_token(
+            mc.num_layers, mc.num_kv_heads, mc.head_dim, self.dtype, cfg.kv_dtype
+        )
         if cfg.num_kv_blocks is not None:
             num_blocks = cfg.num_kv_blocks
         else:
@@ -116,8 +130,16 @@ class ModelRunner:
         if num_blocks < 2:
             raise ValueError(f"kv_cache_memory_gb={cfg.kv_cache_memory_gb} holds fewer than 2 blocks; raise it")
         self.num_blocks = num_blocks
-        self.kv_cache = KVCache(mc.num_layers, num_blocks, cfg.block_size, mc.num_kv_heads, mc.head_dim,
-                                self.dtype, cfg.kv_dtype, self.device)
+        self.kv_cache = KVCache(
+            mc.num_layers,
+            num_blocks,
+            cfg.block_size,
+            mc.num_kv_heads,
+            mc.head_dim,
+            self.dtype,
+            cfg.kv_dtype,
+            self.device,
+        )
         self.block_size = cfg.block_size
         self.native = self._native_decoder(cfg)
         # Rows the chosen kernel backend did not run, by reason: a lever must never be credited
@@ -132,11 +154,18 @@ class ModelRunner:
         if self.device.type != "cpu" or cfg.kernels.backend not in ("auto", "native"):
             return None
         rows = cfg.max_num_seqs + min(PREFILL_ROWS, cfg.max_num_batched_tokens)
-        decoder = native_decoder(self.model, self.kv_cache, max_rows=rows, max_ctx=cfg.max_model_len,
-                                 int8_activations=cfg.kernels.int8_activations)
+        decoder = native_decoder(
+            self.model,
+            self.kv_cache,
+            max_rows=rows,
+            max_ctx=cfg.max_model_len,
+            int8_activations=cfg.kernels.int8_activations,
+        )
         if isinstance(decoder, str):
             if cfg.kernels.backend == "native":
-                raise ValueError(f"kernels.backend: native cannot run this config: {decoder}; use kernels.backend: torch")
+                raise ValueError(
+                    f"kernels.backend: native cannot run this config: {decoder}; use kernels.backend: torch"
+                )
             log.info("decode steps stay on torch ops: %s", decoder)
             return None
         self.backend = "native"
@@ -158,7 +187,9 @@ class ModelRunner:
         return [hidden[slice(*at[id(s)])] for s in batch]
 
     # --- input preparation ---------------------------------------------------------------
-    def _prepare(self, batch: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[tuple[int, int]], torch.Tensor]:
+    def _prepare(
+        self, batch: list[ScheduledSeq]
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[tuple[int, int]], torch.Tensor]:
         extend = [s for s in batch if s.num_new_tokens > 1]
         decode = [s for s in batch if s.num_new_tokens == 1]
         ids: list[int] = []
@@ -274,8 +305,9 @@ class ModelRunner:
         return torch.cat(parts), ranges
 
     @torch.inference_mode()
-    def run_decode(self, block_tables: list[list[int]], token_ids: list[int], positions: list[int],
-                   num_layers: int | None = None) -> torch.Tensor:
+    def run_decode(
+        self, block_tables: list[list[int]], token_ids: list[int], positions: list[int], num_layers: int | None = None
+    ) -> torch.Tensor:
         """One token per sequence at explicit positions (draft steps). -> logits [B, V].
 
         Each block table must already cover its sequence's position.

@@ -14,8 +14,7 @@ from slotune.engine.layers.attention import KVCache
 from slotune.engine.layers.linear import Linear
 from slotune.engine.models.llama import LlamaModel
 from slotune.engine.quantize import Int4Linear, Int8Linear
-from slotune.kernels.cpu_decode import (W_BF16, W_F32, W_INT4, W_INT8, CpuDecoder, NativeLayer, NativeLinear,
-                                        NativeModel)
+from slotune.kernels.cpu_decode import W_BF16, W_F32, W_INT4, W_INT8, CpuDecoder, NativeLayer, NativeLinear, NativeModel
 
 _DENSE = {torch.float32: W_F32, torch.bfloat16: W_BF16}
 
@@ -53,12 +52,25 @@ def native_model(model: LlamaModel) -> NativeModel | str:
     if isinstance(lm_head, str):
         return lm_head
     c = model.cfg
-    return NativeModel(c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps,
-                       c.sliding_window, model.embed.data, model.norm.data, model.cos_sin, layers, lm_head)
+    return NativeModel(
+        c.hidden_size,
+        c.intermediate_size,
+        c.num_heads,
+        c.num_kv_heads,
+        c.head_dim,
+        c.rms_norm_eps,
+        c.sliding_window,
+        model.embed.data,
+        model.norm.data,
+        model.cos_sin,
+        layers,
+        lm_head,
+    )
 
 
-def native_decoder(model: LlamaModel, cache: KVCache, max_rows: int, max_ctx: int,
-                   int8_activations: bool) -> CpuDecoder | str:
+def native_decoder(
+    model: LlamaModel, cache: KVCache, max_rows: int, max_ctx: int, int8_activations: bool
+) -> CpuDecoder | str:
     """The native decode step for `model` over `cache`, or why it cannot run here."""
     if cache.is_quantized:
         return f"kv_dtype {cache.kv_dtype} (the kernel reads a cache in the model dtype)"

@@ -64,12 +64,16 @@ class _QuantLinear(nn.Module):
 
 
 class Int8Linear(_QuantLinear):
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, tiles: MatmulConfig | None = None) -> None:
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor | None = None, tiles: MatmulConfig | None = None
+    ) -> None:
         super().__init__(bias)
         w = weight.float()
         # Round the scale to its stored bf16 first, then the codes against it: |error| <= half a step.
         scale = (w.abs().amax(dim=1) / 127.0).clamp_min(1e-10).to(torch.bfloat16)
-        self.register_buffer("qweight", torch.round(w / scale.float()[:, None]).clamp_(-127, 127).to(torch.int8))  # [N, K]
+        self.register_buffer(
+            "qweight", torch.round(w / scale.float()[:, None]).clamp_(-127, 127).to(torch.int8)
+        )  # [N, K]
         self.register_buffer("scales", scale)  # [N]
         self.tiles = tiles  # the Triton backend's: kernels/quant_matmul.py; None = torch
 
@@ -102,8 +106,9 @@ def _cpu_int4_block() -> int:
 
 
 class Int4Linear(_QuantLinear):
-    def __init__(self, weight: torch.Tensor, group_size: int, bias: torch.Tensor | None = None,
-                 tiles: MatmulConfig | None = None) -> None:
+    def __init__(
+        self, weight: torch.Tensor, group_size: int, bias: torch.Tensor | None = None, tiles: MatmulConfig | None = None
+    ) -> None:
         super().__init__(bias)
         n, k = weight.shape
         self.pad = -k % group_size  # zero columns appended to K (and to x in forward)
@@ -144,8 +149,11 @@ class Int4Linear(_QuantLinear):
             w = (q - 8) * sz[..., 0] + sz[..., 1]
         elif self.on_cpu:  # layout-agnostic: multiply by the identity through the kernel (output rounded to bf16)
             eye = torch.eye(self.k, dtype=torch.bfloat16)
-            w = torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.packed, self.group_size,
-                                                           self.scales_and_zeros).float().t()
+            w = (
+                torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.packed, self.group_size, self.scales_and_zeros)
+                .float()
+                .t()
+            )
         else:
             q = torch.stack([self.packed & 0xF, self.packed >> 4], dim=-1).view(self.n, -1, self.group_size).float()
             w = (q * self.scales.float()[..., None] + self.mins.float()[..., None]).view(self.n, self.k)
@@ -164,7 +172,8 @@ class Int4Linear(_QuantLinear):
             if _rows(x) >= CPU_GEMM_MIN_ROWS["int4"] and b and self.n % b == 0:
                 return self._dequant_gemm(xb).to(x.dtype)
             return torch.ops.aten._weight_int4pack_mm_for_cpu(
-                xb, self.packed, self.group_size, self.scales_and_zeros).to(x.dtype)
+                xb, self.packed, self.group_size, self.scales_and_zeros
+            ).to(x.dtype)
         return F.linear(x, F.pad(self.dequantize(), (0, self.pad)).to(x.dtype))
 
     def _dequant_gemm(self, x: torch.Tensor) -> torch.Tensor:
@@ -198,7 +207,9 @@ class Int4Linear(_QuantLinear):
 
 
 class FP8Linear(_QuantLinear):
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, tiles: MatmulConfig | None = None) -> None:
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor | None = None, tiles: MatmulConfig | None = None
+    ) -> None:
         super().__init__(bias)
         w = weight.float()
         scale = (w.abs().amax(dim=1) / FP8_MAX).clamp_min(1e-12)
@@ -246,8 +257,13 @@ def quantize_linear(lin: Linear, method: str, group_size: int, tiles: MatmulConf
 LM_HEAD_METHOD = "int8"  # see the module docstring
 
 
-def quantize_model(model: nn.Module, method: str, group_size: int = 64, lm_head: str | None = LM_HEAD_METHOD,
-                   tiles: MatmulConfig | None = None) -> nn.Module:
+def quantize_model(
+    model: nn.Module,
+    method: str,
+    group_size: int = 64,
+    lm_head: str | None = LM_HEAD_METHOD,
+    tiles: MatmulConfig | None = None,
+) -> nn.Module:
     """Replace every Linear in place: projections with `method`, the LM head with `lm_head`
     (None = the same method, "none" = keep it dense). Returns the model.
 

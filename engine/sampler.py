@@ -48,7 +48,9 @@ class Sampler:
             logits = torch.full_like(logits, float("-inf")).scatter(1, idx, sorted_logits)
         return logits.softmax(-1)
 
-    def exponential_noise(self, shape: tuple[int, ...], params: list[SamplingParams], seq_ids: list[int]) -> torch.Tensor:
+    def exponential_noise(
+        self, shape: tuple[int, ...], params: list[SamplingParams], seq_ids: list[int]
+    ) -> torch.Tensor:
         q = torch.empty(shape, device=self.device)
         q.exponential_(generator=self.generator)
         for row, (p, sid) in enumerate(zip(params, seq_ids)):

@@ -70,9 +70,14 @@ class Scheduler:
     @classmethod
     def from_config(cls, block_manager: BlockManager, cfg: EngineConfig) -> Scheduler:
         """The engine's scheduler: every scheduling knob of EngineConfig is read here, and only here."""
-        return cls(block_manager, max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
-                   enable_chunked_prefill=cfg.enable_chunked_prefill, static_batching=cfg.scheduling == "static",
-                   policy=cfg.scheduling_policy)
+        return cls(
+            block_manager,
+            max_num_seqs=cfg.max_num_seqs,
+            max_num_batched_tokens=cfg.max_num_batched_tokens,
+            enable_chunked_prefill=cfg.enable_chunked_prefill,
+            static_batching=cfg.scheduling == "static",
+            policy=cfg.scheduling_policy,
+        )
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -138,6 +143,7 @@ class Scheduler:
         """Reorder `waiting`: preempted sequences (they hold progress) and requests passed over
         MAX_BYPASS times first, in their current order; then the rest by tokens left to prefill,
         ties by arrival. Everyone moved behind a later arrival counts one more bypass."""
+
         def key(item: tuple[int, Sequence]) -> tuple[bool, int, int]:
             i, seq = item
             is_due = seq.metrics.num_preemptions > 0 or self._bypassed.get(seq.seq_id, 0) >= MAX_BYPASS

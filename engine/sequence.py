@@ -19,9 +19,21 @@ class Sequence:
     _counter = itertools.count()
 
     __slots__ = (
-        "seq_id", "request_id", "token_ids", "num_prompt_tokens", "params", "status",
-        "block_table", "num_computed_tokens", "num_cached_tokens", "metrics", "finish_reason",
-        "spec_token_ids", "output_text", "block_hashes", "detok_offsets",
+        "seq_id",
+        "request_id",
+        "token_ids",
+        "num_prompt_tokens",
+        "params",
+        "status",
+        "block_table",
+        "num_computed_tokens",
+        "num_cached_tokens",
+        "metrics",
+        "finish_reason",
+        "spec_token_ids",
+        "output_text",
+        "block_hashes",
+        "detok_offsets",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, arrival_time: float):

@@ -52,10 +52,10 @@ class NgramProposer:
     def draft(self, tokens: list[int], k: int) -> list[int]:
         L = len(tokens)
         for n in range(min(self.n_max, L - 1), self.n_min - 1, -1):
-            suffix = tokens[L - n:]
+            suffix = tokens[L - n :]
             for start in range(L - n - 1, -1, -1):  # latest match first
-                if tokens[start:start + n] == suffix:
-                    return tokens[start + n:start + n + k]
+                if tokens[start : start + n] == suffix:
+                    return tokens[start + n : start + n + k]
         return []
 
     def propose(self, running: list[Sequence]) -> None:
@@ -120,16 +120,24 @@ class EarlyExitProposer:
         pos = [s.num_tokens - 1 for s in active]
         for j in range(max(ks)):
             live = [i for i, k in enumerate(ks) if j < k]
-            logits = self.runner.run_decode([active[i].block_table for i in live], [toks[i] for i in live],
-                                            [pos[i] for i in live], num_layers=self.num_layers)
+            logits = self.runner.run_decode(
+                [active[i].block_table for i in live],
+                [toks[i] for i in live],
+                [pos[i] for i in live],
+                num_layers=self.num_layers,
+            )
             nxt = self.drafts.choose([active[i] for i in live], logits)
             for i, t in zip(live, nxt):
                 active[i].spec_token_ids.append(t)
                 toks[i], pos[i] = t, pos[i] + 1
 
 
-def rejection_sample(probs: torch.Tensor, drafts: list[int], generator: torch.Generator | None = None,
-                     draft_probs: torch.Tensor | None = None) -> list[int]:
+def rejection_sample(
+    probs: torch.Tensor,
+    drafts: list[int],
+    generator: torch.Generator | None = None,
+    draft_probs: torch.Tensor | None = None,
+) -> list[int]:
     """probs: [k+1, V] target distributions at the k draft positions + one bonus position;
     draft_probs: [k, V] the draft distributions the drafts were sampled from (None = point masses).
 

@@ -25,9 +25,14 @@ from slotune.engine.gguf_vocab import gguf_vocab
 
 # The special tokens transformers hands a chat template (its SPECIAL_TOKENS_ATTRIBUTES).
 _TEMPLATE_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
-_GGUF_TOKEN_IDS = {"bos_token": "bos_token_id", "eos_token": "eos_token_id", "unk_token": "unknown_token_id",
-                   "sep_token": "seperator_token_id", "pad_token": "padding_token_id",
-                   "mask_token": "mask_token_id"}  # "seperator" is llama.cpp's spelling of the key
+_GGUF_TOKEN_IDS = {
+    "bos_token": "bos_token_id",
+    "eos_token": "eos_token_id",
+    "unk_token": "unknown_token_id",
+    "sep_token": "seperator_token_id",
+    "pad_token": "padding_token_id",
+    "mask_token": "mask_token_id",
+}  # "seperator" is llama.cpp's spelling of the key
 _GGUF_STOP_KEYS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
 
 
@@ -51,8 +56,9 @@ class Tokenizer:
         self.eos_token_id = eos_token_id  # the primary one (lm-eval's end of text, padding)
         self.eos_token_ids: frozenset[int] = frozenset(eos_token_ids) | ({eos_token_id} - {None})
         self.chat_template = chat_template or CHATML
-        self.chat_template_source = chat_template_source if chat_template else \
-            "ChatML fallback (the model has no chat template)"
+        self.chat_template_source = (
+            chat_template_source if chat_template else "ChatML fallback (the model has no chat template)"
+        )
         self.special_tokens = dict(special_tokens or {})
         self.add_bos = add_bos
         self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
@@ -68,8 +74,11 @@ class Tokenizer:
         for key in {f"tokenizer.ggml.{k}" for k in _GGUF_TOKEN_IDS.values()} | set(_GGUF_STOP_KEYS):
             if meta.get(key) is not None and not 0 <= int(meta[key]) < len(tokens):
                 raise ValueError(f"{path}: {key} = {meta[key]} is outside the vocabulary of {len(tokens)} tokens")
-        special = {name: tokens[i] for name, key in _GGUF_TOKEN_IDS.items()
-                   if (i := meta.get(f"tokenizer.ggml.{key}")) is not None}
+        special = {
+            name: tokens[i]
+            for name, key in _GGUF_TOKEN_IDS.items()
+            if (i := meta.get(f"tokenizer.ggml.{key}")) is not None
+        }
         template = meta.get("tokenizer.chat_template")
         return cls(
             vocab.tokenizer,
@@ -102,13 +111,16 @@ class Tokenizer:
                 return None
             i = tok.token_to_id(special[name])
             if i is None:
-                raise ValueError(f"{path}: {name} '{special[name]}' (tokenizer_config.json) is not in tokenizer.json's "
-                                 "vocabulary")
+                raise ValueError(
+                    f"{path}: {name} '{special[name]}' (tokenizer_config.json) is not in tokenizer.json's vocabulary"
+                )
             return i
 
-        declared = [*([_id("eos_token")] if "eos_token" in special else []),
-                    *_token_ids(path / "config.json", "eos_token_id"),
-                    *_token_ids(path / "generation_config.json", "eos_token_id")]
+        declared = [
+            *([_id("eos_token")] if "eos_token" in special else []),
+            *_token_ids(path / "config.json", "eos_token_id"),
+            *_token_ids(path / "generation_config.json", "eos_token_id"),
+        ]
         template, source = _hf_chat_template(path, cfg)
         return cls(
             tok,
@@ -135,8 +147,9 @@ class Tokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
-    def decode_delta(self, ids: list[int], prefix_offset: int, read_offset: int, final: bool = False
-                     ) -> tuple[str, int, int]:
+    def decode_delta(
+        self, ids: list[int], prefix_offset: int, read_offset: int, final: bool = False
+    ) -> tuple[str, int, int]:
         """The text `ids[read_offset:]` adds to the decoded `ids[:read_offset]`, in O(new tokens).
 
         vLLM's incremental detokenization: decode the window from `prefix_offset` (the last text
@@ -150,7 +163,7 @@ class Tokenizer:
         text = self.decode(ids[prefix_offset:])
         if len(text) <= len(before) or (text.endswith("\ufffd") and not final):
             return "", prefix_offset, read_offset
-        return text[len(before):], read_offset, len(ids)
+        return text[len(before) :], read_offset, len(ids)
 
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
@@ -163,8 +176,12 @@ class Tokenizer:
             ChatTemplateError: the template refuses these messages (e.g. roles that do not
                 alternate): a client error.
         """
-        return render(self.chat_template, messages, add_generation_prompt=add_generation_prompt,
-                      special_tokens=self.special_tokens)
+        return render(
+            self.chat_template,
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            special_tokens=self.special_tokens,
+        )
 
 
 def _json(path: Path) -> dict[str, Any]:
@@ -190,7 +207,9 @@ def _hf_chat_template(path: Path, cfg: dict[str, Any]) -> tuple[str | None, str]
     if isinstance(template, list):  # [{"name": ..., "template": ...}, ...]
         named = {t["name"]: t["template"] for t in template}
         if "default" not in named:
-            raise ValueError(f"{path}/tokenizer_config.json: chat_template lists {sorted(named)} but none is named "
-                             "'default'; add a chat_template.jinja with the template to serve")
+            raise ValueError(
+                f"{path}/tokenizer_config.json: chat_template lists {sorted(named)} but none is named "
+                "'default'; add a chat_template.jinja with the template to serve"
+            )
         template, source = named["default"], "tokenizer_config.json: chat_template 'default'"
     return template, source

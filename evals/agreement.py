@@ -102,15 +102,32 @@ def agreement_gate(gate: GateSpec, llm, base: Baseline) -> GateResult:
     verdicts = []
     top1_margin = None
     if gate.min_top1 is not None or gate.max_abs_drop is not None:
-        top1_margin = min(m for m in (None if gate.min_top1 is None else 1 - gate.min_top1, gate.max_abs_drop)
-                          if m is not None)
+        top1_margin = min(
+            m for m in (None if gate.min_top1 is None else 1 - gate.min_top1, gate.max_abs_drop) if m is not None
+        )
         verdicts.append(judge(1 - top1, se_top1, top1_margin, gate.mode, gate.confidence, what="top-1 disagreement"))
     if gate.max_mean_kl is not None:
         verdicts.append(judge(mean_kl, se_kl, gate.max_mean_kl, gate.mode, gate.confidence, what="mean KL"))
     passed = all(v.passed for v in verdicts)
     reason = "; ".join(v.reason for v in verdicts)
-    return GateResult(name=gate.name, kind="agreement", passed=passed, baseline=1.0, candidate=top1, stderr=se_top1,
-                      drop=1.0 - top1, reason=reason, metric="top1", margin=top1_margin, num_items=len(prompts),
-                      seconds=seconds,
-                      details={"top1": top1, "mean_kl": mean_kl, "mean_kl_stderr": se_kl,
-                               "positions": sum(weights), "mean_prompt_top1": mean([a for a, _ in per_prompt])})
+    return GateResult(
+        name=gate.name,
+        kind="agreement",
+        passed=passed,
+        baseline=1.0,
+        candidate=top1,
+        stderr=se_top1,
+        drop=1.0 - top1,
+        reason=reason,
+        metric="top1",
+        margin=top1_margin,
+        num_items=len(prompts),
+        seconds=seconds,
+        details={
+            "top1": top1,
+            "mean_kl": mean_kl,
+            "mean_kl_stderr": se_kl,
+            "positions": sum(weights),
+            "mean_prompt_top1": mean([a for a, _ in per_prompt]),
+        },
+    )

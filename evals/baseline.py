@@ -43,9 +43,16 @@ def default_cache_dir() -> Path:
 def baseline_config(config):
     """The reference for a candidate: same model and shape knobs, full-precision weights and KV
     cache, default compute dtype (bf16 on CUDA, fp32 on CPU), no speculative decoding."""
-    return config.with_updates({"quantization": "none", "kv_dtype": "auto", "speculative.method": "none",
-                                "dtype": "auto", "num_kv_blocks": None,
-                                "kv_cache_memory_gb": min(config.kv_cache_memory_gb, 0.5)})
+    return config.with_updates(
+        {
+            "quantization": "none",
+            "kv_dtype": "auto",
+            "speculative.method": "none",
+            "dtype": "auto",
+            "num_kv_blocks": None,
+            "kv_cache_memory_gb": min(config.kv_cache_memory_gb, 0.5),
+        }
+    )
 
 
 def _resolved(config) -> dict[str, Any]:
@@ -53,9 +60,15 @@ def _resolved(config) -> dict[str, Any]:
     from slotune.engine.model_runner import resolve_device, resolve_dtype  # imports torch: a gate run has it loaded
 
     dev = resolve_device(config)
-    return {"device": dev.type, "dtype": str(resolve_dtype(config, dev)), "quantization": config.quantization,
-            "quant_group_size": config.quant_group_size if config.quantization == "int4" else None,
-            "kv_dtype": config.kv_dtype, "speculative": config.speculative.method, "model": config.model}
+    return {
+        "device": dev.type,
+        "dtype": str(resolve_dtype(config, dev)),
+        "quantization": config.quantization,
+        "quant_group_size": config.quant_group_size if config.quantization == "int4" else None,
+        "kv_dtype": config.kv_dtype,
+        "speculative": config.speculative.method,
+        "model": config.model,
+    }
 
 
 class Baseline:
@@ -70,10 +83,16 @@ class Baseline:
         # The candidate is its own baseline when every number-deciding field already matches.
         self.is_candidate = _resolved(candidate_llm.config) == spec
         if baseline_llm is not None and _resolved(baseline_llm.config) != spec:
-            raise ValueError(f"baseline_llm does not run the baseline config: {_resolved(baseline_llm.config)} != {spec}")
+            raise ValueError(
+                f"baseline_llm does not run the baseline config: {_resolved(baseline_llm.config)} != {spec}"
+            )
         self._llm = candidate_llm if self.is_candidate else baseline_llm
-        self.identity = {"model": model_identity(resolve_model_path(self.config.model)),
-                         "device": spec["device"], "dtype": spec["dtype"], "scorer": SCORER_VERSION}
+        self.identity = {
+            "model": model_identity(resolve_model_path(self.config.model)),
+            "device": spec["device"],
+            "dtype": spec["dtype"],
+            "scorer": SCORER_VERSION,
+        }
 
     @property
     def llm(self):

@@ -26,11 +26,18 @@ class GateSpec(BaseModel):
     name: str
     kind: Literal["agreement", "lm_eval", "perplexity"]
     task: str | None = Field(None, description="bundled lm-eval task (lm_eval, perplexity); see evals/tasks/SOURCES.md")
-    metric: str | None = Field(None, description="lm_eval: acc | acc_norm | exact_match; perplexity: "
-                               "word_perplexity | byte_perplexity; agreement: top1 (default per kind)")
-    limit: int | None = Field(None, ge=2, description="documents (lm_eval, perplexity) or prompts (agreement); None = all")
+    metric: str | None = Field(
+        None,
+        description="lm_eval: acc | acc_norm | exact_match; perplexity: "
+        "word_perplexity | byte_perplexity; agreement: top1 (default per kind)",
+    )
+    limit: int | None = Field(
+        None, ge=2, description="documents (lm_eval, perplexity) or prompts (agreement); None = all"
+    )
     max_abs_drop: float | None = Field(None, ge=0, description="largest accepted drop, in the metric's units")
-    max_rel_drop: float | None = Field(None, ge=0, le=10, description="largest accepted drop as a fraction of the baseline")
+    max_rel_drop: float | None = Field(
+        None, ge=0, le=10, description="largest accepted drop as a fraction of the baseline"
+    )
     min_top1: float | None = Field(None, ge=0, le=1, description="agreement: minimum top-1 agreement")
     max_mean_kl: float | None = Field(None, ge=0, description="agreement: maximum mean KL(baseline || candidate), nats")
     mode: Literal["threshold", "non_inferiority"] = "threshold"

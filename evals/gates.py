@@ -66,15 +66,34 @@ def _task_gate(gate: GateSpec, llm, base: Baseline) -> GateResult:
         b_val = sum(b[i] for i in c if i in b) / max(n, 1)
         c_val = b_val - drop
     margin = gate.margin(b_val)
-    v = judge(drop, se, margin, gate.mode, gate.confidence, what=f"{metric} drop" if gate.kind != "perplexity"
-              else f"{metric} increase")
-    return GateResult(name=gate.name, kind=gate.kind, passed=v.passed, baseline=b_val, candidate=c_val, stderr=se,
-                      drop=drop, reason=v.reason, metric=metric, margin=margin, num_items=n, seconds=cand["seconds"],
-                      details={"task": gate.task, "bound": v.bound, "metrics": cand["metrics"]})
+    v = judge(
+        drop,
+        se,
+        margin,
+        gate.mode,
+        gate.confidence,
+        what=f"{metric} drop" if gate.kind != "perplexity" else f"{metric} increase",
+    )
+    return GateResult(
+        name=gate.name,
+        kind=gate.kind,
+        passed=v.passed,
+        baseline=b_val,
+        candidate=c_val,
+        stderr=se,
+        drop=drop,
+        reason=v.reason,
+        metric=metric,
+        margin=margin,
+        num_items=n,
+        seconds=cand["seconds"],
+        details={"task": gate.task, "bound": v.bound, "metrics": cand["metrics"]},
+    )
 
 
-def evaluate_gates(config, gates: list[GateSpec], *, llm=None, cache_dir: str | Path | None = None,
-                   baseline_llm=None) -> GateReport:
+def evaluate_gates(
+    config, gates: list[GateSpec], *, llm=None, cache_dir: str | Path | None = None, baseline_llm=None
+) -> GateReport:
     """Run every gate for `config` against its cached baseline.
 
     Args:
@@ -105,8 +124,17 @@ def evaluate_gates(config, gates: list[GateSpec], *, llm=None, cache_dir: str | 
                 r = _task_gate(g, llm, base)
         except Exception as e:  # recorded, not raised: a failed gate makes a trial infeasible, not the study crash
             log.exception("gate %s errored", g.name)
-            r = GateResult(name=g.name, kind=g.kind, passed=False, baseline=None, candidate=None, stderr=None,
-                           drop=None, reason=f"error: {type(e).__name__}: {e}", metric=g.metric_name)
+            r = GateResult(
+                name=g.name,
+                kind=g.kind,
+                passed=False,
+                baseline=None,
+                candidate=None,
+                stderr=None,
+                drop=None,
+                reason=f"error: {type(e).__name__}: {e}",
+                metric=g.metric_name,
+            )
         r.details["wall_s"] = time.perf_counter() - t0
         results.append(r)
     return GateReport(results)
@@ -148,8 +176,18 @@ def render_report(report: GateReport, title: str = "quality gates"):
         t.add_column(c, justify="right" if c not in ("gate", "metric", "result") else "left")
     f = lambda v: "-" if v is None else f"{v:.4g}"  # noqa: E731
     for r in report.gates:
-        t.add_row(r.name, r.metric, f(r.baseline), f(r.candidate), f(r.drop), f(r.stderr), f(r.margin),
-                  str(r.num_items), f"{r.seconds:.1f}", ("[green]" if r.passed else "[red]") + r.reason)
+        t.add_row(
+            r.name,
+            r.metric,
+            f(r.baseline),
+            f(r.candidate),
+            f(r.drop),
+            f(r.stderr),
+            f(r.margin),
+            str(r.num_items),
+            f"{r.seconds:.1f}",
+            ("[green]" if r.passed else "[red]") + r.reason,
+        )
     return t
 
 

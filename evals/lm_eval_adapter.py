@@ -53,8 +53,8 @@ class SlotuneLM(LM):
         pairs = []
         for req in requests:
             ctx, cont = self._encode_pair(*req.args)
-            cont = cont[-(self.max_length - 1):] or [self.prefix_token_id]  # never empty, never longer than fits
-            ids = (ctx + cont)[-self.max_length:]  # left-truncate the context
+            cont = cont[-(self.max_length - 1) :] or [self.prefix_token_id]  # never empty, never longer than fits
+            ids = (ctx + cont)[-self.max_length :]  # left-truncate the context
             pairs.append((ids, len(cont)))
         scored = self.scorer.score(pairs)
         out = [(float(sum(s.logprobs)), bool(all(s.is_greedy))) for s in scored]
@@ -68,8 +68,12 @@ class SlotuneLM(LM):
         pairs, owner = [], []
         for k, req in enumerate(requests):
             (text,) = req.args
-            windows = get_rolling_token_windows(token_list=self.tok.encode(text), prefix_token=self.prefix_token_id,
-                                                max_seq_len=self.max_length - 1, context_len=1)
+            windows = get_rolling_token_windows(
+                token_list=self.tok.encode(text),
+                prefix_token=self.prefix_token_id,
+                max_seq_len=self.max_length - 1,
+                context_len=1,
+            )
             for ctx, pred in map(make_disjoint_window, windows):
                 pairs.append((ctx + pred, len(pred)))
                 owner.append(k)
@@ -85,9 +89,8 @@ class SlotuneLM(LM):
             until = kw.get("until") or []
             until = [until] if isinstance(until, str) else list(until)
             max_new = int(kw.get("max_gen_toks", 256))
-            prompts.append(self.tok.encode(context)[-max(1, self.max_length - max_new):])
-            params.append(SamplingParams(max_tokens=max_new, temperature=float(kw.get("temperature", 0.0)),
-                                         stop=until))
+            prompts.append(self.tok.encode(context)[-max(1, self.max_length - max_new) :])
+            params.append(SamplingParams(max_tokens=max_new, temperature=float(kw.get("temperature", 0.0)), stop=until))
         if not prompts:
             return []
         texts = []

@@ -47,8 +47,9 @@ class PagedScorer:
         bm = self.engine.block_manager
         self.max_batch_tokens = max_batch_tokens or llm.config.max_num_batched_tokens
         # Longest sequence one forward can hold: context limit and the whole cache.
-        self.max_seq_len = min(self.runner.model_cfg.max_position_embeddings, llm.config.max_model_len,
-                               bm.num_blocks * bm.block_size)
+        self.max_seq_len = min(
+            self.runner.model_cfg.max_position_embeddings, llm.config.max_model_len, bm.num_blocks * bm.block_size
+        )
 
     # --- public ------------------------------------------------------------------------------
     def score(self, requests: list[tuple[list[int], int]]) -> list[Scored]:
@@ -62,14 +63,13 @@ class PagedScorer:
 
         def reduce(i: int, logits: torch.Tensor) -> Scored:
             ids = requests[i][0]
-            tgt = torch.tensor(ids[len(ids) - logits.shape[0]:], device=logits.device)
+            tgt = torch.tensor(ids[len(ids) - logits.shape[0] :], device=logits.device)
             lp = torch.log_softmax(logits, dim=-1)
             return Scored(lp.gather(1, tgt[:, None]).squeeze(1).tolist(), (lp.argmax(-1) == tgt).tolist())
 
         return self.map_logits(requests, reduce)
 
-    def map_logits(self, requests: list[tuple[list[int], int]],
-                   fn: Callable[[int, torch.Tensor], object]) -> list:
+    def map_logits(self, requests: list[tuple[list[int], int]], fn: Callable[[int, torch.Tensor], object]) -> list:
         """Apply fn(request_index, logits) per request; logits: [n, V] float32, row j predicts token -n+j.
 
         Rows are handed over batch by batch and dropped after fn, so memory stays bounded.
@@ -140,7 +140,13 @@ class PagedScorer:
             if n <= 0:
                 out.append(runner.model.compute_logits(hidden[:0]).float())  # [0, V]
                 continue
-            h = hidden[end - n:end]
-            out.append(torch.cat([runner.model.compute_logits(h[j:j + LOGIT_ROWS_PER_CHUNK])
-                                  for j in range(0, h.shape[0], LOGIT_ROWS_PER_CHUNK)]).float())
+            h = hidden[end - n : end]
+            out.append(
+                torch.cat(
+                    [
+                        runner.model.compute_logits(h[j : j + LOGIT_ROWS_PER_CHUNK])
+                        for j in range(0, h.shape[0], LOGIT_ROWS_PER_CHUNK)
+                    ]
+                ).float()
+            )
         return out

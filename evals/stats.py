@@ -44,8 +44,9 @@ def perplexity(pairs: list[tuple[float, float]]) -> float:
     return math.exp(-sum(ll for ll, _ in pairs) / sum(u for _, u in pairs))
 
 
-def paired_perplexity_drop(base: dict[int, tuple[float, float]], cand: dict[int, tuple[float, float]]
-                           ) -> tuple[float, float, float | None, int]:
+def paired_perplexity_drop(
+    base: dict[int, tuple[float, float]], cand: dict[int, tuple[float, float]]
+) -> tuple[float, float, float | None, int]:
     """Perplexity of each config over the common documents, and the SE of (cand - base).
 
     log(ppl_c / ppl_b) = sum_i (ll_b,i - ll_c,i) / U, with U the total units (words/bytes);
@@ -75,8 +76,9 @@ class Verdict:
     reason: str
 
 
-def judge(drop: float, stderr: float | None, margin: float, mode: str, confidence: float, what: str = "drop"
-          ) -> Verdict:
+def judge(
+    drop: float, stderr: float | None, margin: float, mode: str, confidence: float, what: str = "drop"
+) -> Verdict:
     """The pass/fail rule.
 
     threshold: fail iff drop > margin.
@@ -90,8 +92,10 @@ def judge(drop: float, stderr: float | None, margin: float, mode: str, confidenc
     if mode == "non_inferiority" and stderr is not None and stderr > 0:
         bound = drop - one_sided_z(confidence) * stderr
         ok = bound <= margin
-        why = (f"{what} {drop:.4g} +- {stderr:.2g} (one-sided {confidence:.0%} lower bound {bound:.4g}) "
-               f"{'<=' if ok else '>'} margin {margin:.4g}")
+        why = (
+            f"{what} {drop:.4g} +- {stderr:.2g} (one-sided {confidence:.0%} lower bound {bound:.4g}) "
+            f"{'<=' if ok else '>'} margin {margin:.4g}"
+        )
         return Verdict(ok, bound, ("ok: " if ok else "failed: ") + why)
     ok = drop <= margin
     return Verdict(ok, None, f"{'ok' if ok else 'failed'}: {what} {drop:.4g} {'<=' if ok else '>'} margin {margin:.4g}")

@@ -82,9 +82,19 @@ def run_task(llm, task: str, limit: int | None = None, *, max_batch_tokens: int 
     task_fingerprint(task)  # raises on unknown names
     tm = TaskManager(include_path=str(tasks_dir()), include_defaults=False)
     t0 = time.perf_counter()
-    res = lm_eval.simple_evaluate(model=SlotuneLM(llm, max_batch_tokens=max_batch_tokens), tasks=[task], limit=limit,
-                                  task_manager=tm, log_samples=True, bootstrap_iters=0, verbosity="ERROR",
-                                  random_seed=0, numpy_random_seed=0, torch_random_seed=0, fewshot_random_seed=0)
+    res = lm_eval.simple_evaluate(
+        model=SlotuneLM(llm, max_batch_tokens=max_batch_tokens),
+        tasks=[task],
+        limit=limit,
+        task_manager=tm,
+        log_samples=True,
+        bootstrap_iters=0,
+        verbosity="ERROR",
+        random_seed=0,
+        numpy_random_seed=0,
+        torch_random_seed=0,
+        fewshot_random_seed=0,
+    )
     seconds = time.perf_counter() - t0
     raw = res["results"][task]
     metrics, stderr = {}, {}
@@ -102,5 +112,10 @@ def run_task(llm, task: str, limit: int | None = None, *, max_batch_tokens: int 
             if name in s:
                 v = s[name]
                 per_doc.setdefault(name, {})[int(s["doc_id"])] = list(v) if isinstance(v, (list, tuple)) else float(v)
-    return {"metrics": metrics, "stderr": stderr, "per_doc": per_doc,
-            "num_docs": len(res["samples"][task]), "seconds": seconds}
+    return {
+        "metrics": metrics,
+        "stderr": stderr,
+        "per_doc": per_doc,
+        "num_docs": len(res["samples"][task]),
+        "seconds": seconds,
+    }

@@ -91,27 +91,65 @@ class NativeModel:
 
 
 class _Lin(ctypes.Structure):
-    _fields_ = [("kind", ctypes.c_int32), ("n", ctypes.c_int32), ("k", ctypes.c_int32), ("group", ctypes.c_int32),
-                ("w", ctypes.c_void_p), ("scales", ctypes.c_void_p), ("bias", ctypes.c_void_p)]
+    _fields_ = [
+        ("kind", ctypes.c_int32),
+        ("n", ctypes.c_int32),
+        ("k", ctypes.c_int32),
+        ("group", ctypes.c_int32),
+        ("w", ctypes.c_void_p),
+        ("scales", ctypes.c_void_p),
+        ("bias", ctypes.c_void_p),
+    ]
 
 
 class _Layer(ctypes.Structure):
-    _fields_ = [("input_norm", ctypes.c_void_p), ("post_norm", ctypes.c_void_p),
-                ("qkv", _Lin), ("o", _Lin), ("gate_up", _Lin), ("down", _Lin), ("q_norm", ctypes.c_void_p),
-                ("k_norm", ctypes.c_void_p)]
+    _fields_ = [
+        ("input_norm", ctypes.c_void_p),
+        ("post_norm", ctypes.c_void_p),
+        ("qkv", _Lin),
+        ("o", _Lin),
+        ("gate_up", _Lin),
+        ("down", _Lin),
+        ("q_norm", ctypes.c_void_p),
+        ("k_norm", ctypes.c_void_p),
+    ]
 
 
 class _Model(ctypes.Structure):
     _fields_ = [
-        *[(n, ctypes.c_int32) for n in ("num_layers", "hidden", "num_heads", "num_kv_heads", "head_dim", "inter",
-                                         "vocab", "dtype", "block_size")],
-        ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("num_blocks", ctypes.c_int64),
-        ("embed", ctypes.c_void_p), ("final_norm", ctypes.c_void_p), ("cos_sin", ctypes.c_void_p),
-        ("layers", ctypes.POINTER(_Layer)), ("lm_head", _Lin), ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p),
+        *[
+            (n, ctypes.c_int32)
+            for n in (
+                "num_layers",
+                "hidden",
+                "num_heads",
+                "num_kv_heads",
+                "head_dim",
+                "inter",
+                "vocab",
+                "dtype",
+                "block_size",
+            )
+        ],
+        ("eps", ctypes.c_float),
+        ("scale", ctypes.c_float),
+        ("num_blocks", ctypes.c_int64),
+        ("embed", ctypes.c_void_p),
+        ("final_norm", ctypes.c_void_p),
+        ("cos_sin", ctypes.c_void_p),
+        ("layers", ctypes.POINTER(_Layer)),
+        ("lm_head", _Lin),
+        ("k_cache", ctypes.c_void_p),
+        ("v_cache", ctypes.c_void_p),
         *[(n, ctypes.c_void_p) for n in ("x", "res", "h", "qkv", "att", "gu", "act", "probs")],
         ("max_ctx", ctypes.c_int32),
-        ("xq", ctypes.c_void_p), ("xscale", ctypes.c_void_p), ("xsum", ctypes.c_void_p), ("max_k", ctypes.c_int32),
-        ("int8_activations", ctypes.c_int32), ("window", ctypes.c_int32), ("ctx_slots", ctypes.c_void_p),
+        ("xq", ctypes.c_void_p),
+        ("xscale", ctypes.c_void_p),
+        ("xsum", ctypes.c_void_p),
+        ("max_k", ctypes.c_int32),
+        ("int8_activations", ctypes.c_int32),
+        ("window", ctypes.c_int32),
+        ("ctx_slots", ctypes.c_void_p),
     ]
 
 
@@ -160,16 +198,31 @@ def load_library() -> ctypes.CDLL | str:
     lib = ctypes.CDLL(str(out))
     lib.slotune_decode_step.restype = None
     lib.slotune_decode_step.argtypes = [
-        ctypes.POINTER(_Model), ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-        ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
+        ctypes.POINTER(_Model),
+        ctypes.c_int,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_void_p,
+        ctypes.c_int,
     ]
     lib.slotune_isa.restype = ctypes.c_int
     lib.slotune_isa.argtypes = []
     lib.slotune_int4_block.restype = ctypes.c_int
     lib.slotune_int4_block.argtypes = []
     lib.slotune_matmul.restype = None
-    lib.slotune_matmul.argtypes = [ctypes.POINTER(_Model), ctypes.POINTER(_Lin), ctypes.c_void_p, ctypes.c_void_p,
-                                   ctypes.c_int, ctypes.c_int]
+    lib.slotune_matmul.argtypes = [
+        ctypes.POINTER(_Model),
+        ctypes.POINTER(_Lin),
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_int,
+    ]
     return lib
 
 
@@ -209,7 +262,9 @@ def matmul(w: NativeLinear, x: torch.Tensor, int8_activations: bool = False) -> 
     kp = -(-k // 32) * 32
     xq, xs = torch.zeros(m, kp, dtype=torch.int8), torch.zeros(m, kp // 32)
     xsum = torch.zeros(m, kp // 32)
-    md = _Model(max_k=kp, xq=xq.data_ptr(), xscale=xs.data_ptr(), xsum=xsum.data_ptr(), int8_activations=int(int8_activations))
+    md = _Model(
+        max_k=kp, xq=xq.data_ptr(), xscale=xs.data_ptr(), xsum=xsum.data_ptr(), int8_activations=int(int8_activations)
+    )
     out = torch.empty(m, lin.n)
     lib.slotune_matmul(ctypes.byref(md), ctypes.byref(lin), x.data_ptr(), out.data_ptr(), m, torch.get_num_threads())
     return out
@@ -269,8 +324,10 @@ def _unreadable(w: NativeLinear) -> str | None:
     if w.kind == W_INT4:
         lib, block = load_library(), torch_int4_block()
         if not isinstance(lib, str) and lib.slotune_int4_block() != block:
-            return (f"torch packs int4 in blocks of {block or 'unknown'} channels here, the kernel built for this CPU "
-                    f"reads blocks of {lib.slotune_int4_block()} (ATEN_CPU_CAPABILITY set below the CPU's ISA?)")
+            return (
+                f"torch packs int4 in blocks of {block or 'unknown'} channels here, the kernel built for this CPU "
+                f"reads blocks of {lib.slotune_int4_block()} (ATEN_CPU_CAPABILITY set below the CPU's ISA?)"
+            )
         if w.n % 64:
             return f"int4 layer with {w.n} output channels (the CPU pack needs a multiple of 64)"
         return None
@@ -307,8 +364,15 @@ class CpuDecoder:
     [L, NB, BS, Hkv, Dh] in the model dtype) and fp32 scratch for `max_rows`.
     """
 
-    def __init__(self, model: NativeModel, k_cache: torch.Tensor, v_cache: torch.Tensor, max_rows: int, max_ctx: int,
-                 int8_activations: bool = False) -> None:
+    def __init__(
+        self,
+        model: NativeModel,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        max_rows: int,
+        max_ctx: int,
+        int8_activations: bool = False,
+    ) -> None:
         reason = self.unsupported(model, k_cache)
         assert reason is None, reason
         if int8_activations and not has_int8_activations():
@@ -320,16 +384,26 @@ class CpuDecoder:
         num_layers = len(model.layers)
         self._layers = (_Layer * num_layers)()
         for i, ly in enumerate(model.layers):
-            self._layers[i] = _Layer(ly.input_norm.data_ptr(), ly.post_norm.data_ptr(), lin(ly.qkv), lin(ly.o),
-                                     lin(ly.gate_up), lin(ly.down),
-                                     *[None if n is None else n.data_ptr() for n in (ly.q_norm, ly.k_norm)])
+            self._layers[i] = _Layer(
+                ly.input_norm.data_ptr(),
+                ly.post_norm.data_ptr(),
+                lin(ly.qkv),
+                lin(ly.o),
+                lin(ly.gate_up),
+                lin(ly.down),
+                *[None if n is None else n.data_ptr() for n in (ly.q_norm, ly.k_norm)],
+            )
         inter = model.intermediate_size
         d, h, hkv, hd = model.hidden_size, model.num_heads, model.num_kv_heads, model.head_dim
         f32 = dict(dtype=torch.float32)
         self._scratch = {
-            "x": torch.zeros(max_rows, d, **f32), "res": torch.zeros(max_rows, d, **f32), "h": torch.zeros(max_rows, d, **f32),
-            "qkv": torch.zeros(max_rows, (h + 2 * hkv) * hd, **f32), "att": torch.zeros(max_rows, h * hd, **f32),
-            "gu": torch.zeros(max_rows, 2 * inter, **f32), "act": torch.zeros(max_rows, inter, **f32),
+            "x": torch.zeros(max_rows, d, **f32),
+            "res": torch.zeros(max_rows, d, **f32),
+            "h": torch.zeros(max_rows, d, **f32),
+            "qkv": torch.zeros(max_rows, (h + 2 * hkv) * hd, **f32),
+            "att": torch.zeros(max_rows, h * hd, **f32),
+            "gu": torch.zeros(max_rows, 2 * inter, **f32),
+            "act": torch.zeros(max_rows, inter, **f32),
             "probs": torch.zeros(max_rows * h * max_ctx, **f32),
         }
         max_k = -(-max(d, inter, h * hd) // 32) * 32
@@ -345,13 +419,32 @@ class CpuDecoder:
         self._model = model  # keeps every viewed tensor alive
         self._cache = (k_cache, v_cache)
         self._m = _Model(
-            num_layers, d, h, hkv, hd, inter, self.logits.shape[1], _dtype_code(model.embed), k_cache.shape[2],
-            model.rms_norm_eps, hd ** -0.5, k_cache.shape[1],
-            model.embed.data_ptr(), model.norm.data_ptr(), model.cos_sin.data_ptr(), self._layers, lin(model.lm_head),
-            k_cache.data_ptr(), v_cache.data_ptr(),
-            *[self._scratch[n].data_ptr() for n in ("x", "res", "h", "qkv", "att", "gu", "act", "probs")], max_ctx,
-            *[self._scratch[n].data_ptr() for n in ("xq", "xscale", "xsum")], max_k, int(int8_activations),
-            model.sliding_window or 0, self._scratch["ctx_slots"].data_ptr(),
+            num_layers,
+            d,
+            h,
+            hkv,
+            hd,
+            inter,
+            self.logits.shape[1],
+            _dtype_code(model.embed),
+            k_cache.shape[2],
+            model.rms_norm_eps,
+            hd**-0.5,
+            k_cache.shape[1],
+            model.embed.data_ptr(),
+            model.norm.data_ptr(),
+            model.cos_sin.data_ptr(),
+            self._layers,
+            lin(model.lm_head),
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            *[self._scratch[n].data_ptr() for n in ("x", "res", "h", "qkv", "att", "gu", "act", "probs")],
+            max_ctx,
+            *[self._scratch[n].data_ptr() for n in ("xq", "xscale", "xsum")],
+            max_k,
+            int(int8_activations),
+            model.sliding_window or 0,
+            self._scratch["ctx_slots"].data_ptr(),
         )
 
     @staticmethod
@@ -375,8 +468,14 @@ class CpuDecoder:
                     return r
         return _unreadable(model.lm_head)
 
-    def step(self, ids: list[int], positions: list[int], slots: list[int], block_tables: list[list[int]],
-             logit_rows: list[int] | None = None) -> torch.Tensor:
+    def step(
+        self,
+        ids: list[int],
+        positions: list[int],
+        slots: list[int],
+        block_tables: list[list[int]],
+        logit_rows: list[int] | None = None,
+    ) -> torch.Tensor:
         """One token per row (decode rows, or the rows of prefill chunks) -> logits [len(logit_rows), V]
         float32 for the rows listed (default: every row); a view of a buffer the next step overwrites."""
         b = len(ids)
@@ -387,8 +486,16 @@ class CpuDecoder:
         for i, t in enumerate(block_tables):
             bt[i * width : i * width + len(t)] = t
         self.lib.slotune_decode_step(
-            ctypes.byref(self._m), b, (ctypes.c_int64 * b)(*ids), (ctypes.c_int64 * b)(*positions),
-            (ctypes.c_int64 * b)(*slots), bt, width, (ctypes.c_int32 * len(rows))(*rows), len(rows),
-            self.logits.data_ptr(), torch.get_num_threads(),
+            ctypes.byref(self._m),
+            b,
+            (ctypes.c_int64 * b)(*ids),
+            (ctypes.c_int64 * b)(*positions),
+            (ctypes.c_int64 * b)(*slots),
+            bt,
+            width,
+            (ctypes.c_int32 * len(rows))(*rows),
+            len(rows),
+            self.logits.data_ptr(),
+            torch.get_num_threads(),
         )
         return self.logits[: len(rows)]

@@ -14,8 +14,13 @@ import torch
 import triton
 import triton.language as tl
 
-from slotune.kernels.tiles import (DECODE_BLOCK_N, DECODE_NUM_SPLITS, DECODE_NUM_STAGES, DECODE_NUM_WARPS,
-                                   DecodeAttentionConfig)
+from slotune.kernels.tiles import (
+    DECODE_BLOCK_N,
+    DECODE_NUM_SPLITS,
+    DECODE_NUM_STAGES,
+    DECODE_NUM_WARPS,
+    DecodeAttentionConfig,
+)
 
 
 def configs(max_context: int, num_seqs: int) -> list[DecodeAttentionConfig]:
@@ -36,19 +41,41 @@ def configs(max_context: int, num_seqs: int) -> list[DecodeAttentionConfig]:
 @triton.jit
 def _decode_attention_kernel(
     # pointers
-    q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, ctx_ptr, mid_o_ptr, mid_lse_ptr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    ks_ptr,
+    vs_ptr,
+    bt_ptr,
+    ctx_ptr,
+    mid_o_ptr,
+    mid_lse_ptr,
     # sizes
-    sm_scale, max_blocks, chunk,
+    sm_scale,
+    max_blocks,
+    chunk,
     # strides
-    stride_qb, stride_qh,
-    stride_kb, stride_kt, stride_kh,
-    stride_sb, stride_st,
+    stride_qb,
+    stride_qh,
+    stride_kb,
+    stride_kt,
+    stride_kh,
+    stride_sb,
+    stride_st,
     stride_btb,
-    stride_ob, stride_oh, stride_os,
-    stride_lb, stride_lh,
+    stride_ob,
+    stride_oh,
+    stride_os,
+    stride_lb,
+    stride_lh,
     # meta
-    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_N: tl.constexpr, QUANTIZED: tl.constexpr, WINDOW: tl.constexpr,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    QUANTIZED: tl.constexpr,
+    WINDOW: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -100,16 +127,29 @@ def _decode_attention_kernel(
     out = acc / tl.maximum(l_i, 1e-30)[:, None]
     lse = m_i + tl.log(tl.maximum(l_i, 1e-30))
     lse = tl.where(l_i > 0, lse, float("-inf"))
-    tl.store(mid_o_ptr + b * stride_ob + heads[:, None] * stride_oh + split * stride_os + d[None, :], out,
-             mask=g_mask[:, None])
+    tl.store(
+        mid_o_ptr + b * stride_ob + heads[:, None] * stride_oh + split * stride_os + d[None, :],
+        out,
+        mask=g_mask[:, None],
+    )
     tl.store(mid_lse_ptr + b * stride_lb + heads * stride_lh + split, lse, mask=g_mask)
 
 
 @triton.jit
 def _reduce_splits_kernel(
-    mid_o_ptr, mid_lse_ptr, out_ptr,
-    stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_outb, stride_outh,
-    NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+    mid_o_ptr,
+    mid_lse_ptr,
+    out_ptr,
+    stride_ob,
+    stride_oh,
+    stride_os,
+    stride_lb,
+    stride_lh,
+    stride_outb,
+    stride_outh,
+    NUM_SPLITS: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -119,15 +159,26 @@ def _reduce_splits_kernel(
     lse = tl.load(mid_lse_ptr + b * stride_lb + h * stride_lh + s, mask=sm, other=float("-inf"))
     m = tl.max(lse, axis=0)
     w = tl.where(sm, tl.exp(lse - m), 0.0)
-    o = tl.load(mid_o_ptr + b * stride_ob + h * stride_oh + s[:, None] * stride_os + d[None, :], mask=sm[:, None], other=0.0)
+    o = tl.load(
+        mid_o_ptr + b * stride_ob + h * stride_oh + s[:, None] * stride_os + d[None, :], mask=sm[:, None], other=0.0
+    )
     res = tl.sum(o * w[:, None], axis=0) / tl.sum(w, axis=0)
     tl.store(out_ptr + b * stride_outb + h * stride_outh + d, res.to(out_ptr.dtype.element_ty))
 
 
-def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-                           context_lens: torch.Tensor, scale: float, k_scale: torch.Tensor | None = None,
-                           v_scale: torch.Tensor | None = None, config: DecodeAttentionConfig | None = None,
-                           max_context: int | None = None, window: int | None = None) -> torch.Tensor:
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    config: DecodeAttentionConfig | None = None,
+    max_context: int | None = None,
+    window: int | None = None,
+) -> torch.Tensor:
     """q: [B, H, D]; k/v_cache: [NB, BS, Hkv, D]; block_tables: [B, MB] int32; context_lens: [B] int32 -> [B, H, D].
 
     window: attend only the last `window` keys of each sequence (sliding window); None = all."""
@@ -150,22 +201,56 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     ks = k_scale if quantized else q  # dummy pointer when unquantized
     vs = v_scale if quantized else q
     _decode_attention_kernel[(B, Hkv, splits)](
-        q, k_cache, v_cache, ks, vs, block_tables, context_lens, mid_o, mid_lse,
-        scale, block_tables.shape[1], chunk,
-        q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        ks.stride(0) if quantized else 0, ks.stride(1) if quantized else 0,
+        q,
+        k_cache,
+        v_cache,
+        ks,
+        vs,
+        block_tables,
+        context_lens,
+        mid_o,
+        mid_lse,
+        scale,
+        block_tables.shape[1],
+        chunk,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        ks.stride(0) if quantized else 0,
+        ks.stride(1) if quantized else 0,
         block_tables.stride(0),
-        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
-        mid_lse.stride(0), mid_lse.stride(1),
-        GROUP=group, GROUP_PAD=max(triton.next_power_of_2(group), 1), HEAD_DIM=D, BLOCK_SIZE=BS,
-        BLOCK_N=cfg.block_n, QUANTIZED=quantized, WINDOW=window or 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        mid_o.stride(0),
+        mid_o.stride(1),
+        mid_o.stride(2),
+        mid_lse.stride(0),
+        mid_lse.stride(1),
+        GROUP=group,
+        GROUP_PAD=max(triton.next_power_of_2(group), 1),
+        HEAD_DIM=D,
+        BLOCK_SIZE=BS,
+        BLOCK_N=cfg.block_n,
+        QUANTIZED=quantized,
+        WINDOW=window or 0,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )
     out = torch.empty(B, H, D, dtype=q.dtype, device=q.device)
     _reduce_splits_kernel[(B, H)](
-        mid_o, mid_lse, out,
-        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
-        out.stride(0), out.stride(1),
-        NUM_SPLITS=splits, SPLITS_PAD=triton.next_power_of_2(splits), HEAD_DIM=D, num_warps=1,
+        mid_o,
+        mid_lse,
+        out,
+        mid_o.stride(0),
+        mid_o.stride(1),
+        mid_o.stride(2),
+        mid_lse.stride(0),
+        mid_lse.stride(1),
+        out.stride(0),
+        out.stride(1),
+        NUM_SPLITS=splits,
+        SPLITS_PAD=triton.next_power_of_2(splits),
+        HEAD_DIM=D,
+        num_warps=1,
     )
     return out

@@ -12,9 +12,25 @@ from slotune.kernels.kv_quant import QMAX
 
 @triton.jit
 def _kv_store_kernel(
-    k_ptr, v_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, slot_ptr,
-    n_heads, stride_kt, stride_kh, stride_vt, stride_vh, stride_cs, stride_ch, stride_ss,
-    HEAD_DIM: tl.constexpr, HEADS_PAD: tl.constexpr, QUANT: tl.constexpr, QMAX: tl.constexpr,
+    k_ptr,
+    v_ptr,
+    kc_ptr,
+    vc_ptr,
+    ks_ptr,
+    vs_ptr,
+    slot_ptr,
+    n_heads,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_cs,
+    stride_ch,
+    stride_ss,
+    HEAD_DIM: tl.constexpr,
+    HEADS_PAD: tl.constexpr,
+    QUANT: tl.constexpr,
+    QMAX: tl.constexpr,
 ):
     t = tl.program_id(0)
     slot = tl.load(slot_ptr + t)
@@ -45,8 +61,15 @@ def _kv_store_kernel(
             tl.store(vc_ptr + dst, v.to(vc_ptr.dtype.element_ty), mask=hm)
 
 
-def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
-             k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> None:
+def store_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> None:
     """k, v: [T, Hkv, D]; caches: [NB, BS, Hkv, D]; scales: [NB, BS, Hkv] or None; slots: [T] int64."""
     T, H, D = k.shape
     assert k_cache.shape[2:] == (H, D) and v.shape == k.shape and slots.shape == (T,)
@@ -57,6 +80,23 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     vs = v_scale.view(-1, H) if quant else vc
     if T:
         _kv_store_kernel[(T,)](
-            k, v, kc, vc, ks, vs, slots, H, k.stride(0), k.stride(1), v.stride(0), v.stride(1), kc.stride(0), kc.stride(1),
-            ks.stride(0) if quant else 0, HEAD_DIM=D, HEADS_PAD=triton.next_power_of_2(H), QUANT=quant, QMAX=qmax,
+            k,
+            v,
+            kc,
+            vc,
+            ks,
+            vs,
+            slots,
+            H,
+            k.stride(0),
+            k.stride(1),
+            v.stride(0),
+            v.stride(1),
+            kc.stride(0),
+            kc.stride(1),
+            ks.stride(0) if quant else 0,
+            HEAD_DIM=D,
+            HEADS_PAD=triton.next_power_of_2(H),
+            QUANT=quant,
+            QMAX=qmax,
         )

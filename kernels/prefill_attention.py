@@ -19,8 +19,13 @@ import torch
 import triton
 import triton.language as tl
 
-from slotune.kernels.tiles import (PREFILL_BLOCK_M, PREFILL_BLOCK_N, PREFILL_NUM_STAGES, PREFILL_NUM_WARPS,
-                                   PrefillAttentionConfig)
+from slotune.kernels.tiles import (
+    PREFILL_BLOCK_M,
+    PREFILL_BLOCK_N,
+    PREFILL_NUM_STAGES,
+    PREFILL_NUM_WARPS,
+    PrefillAttentionConfig,
+)
 
 
 def configs(max_query_len: int, head_dim: int) -> list[PrefillAttentionConfig]:
@@ -41,18 +46,37 @@ def configs(max_query_len: int, head_dim: int) -> list[PrefillAttentionConfig]:
 @triton.jit
 def _prefill_attention_kernel(
     # pointers
-    q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, q_start_ptr, q_len_ptr, ctx_ptr, out_ptr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    ks_ptr,
+    vs_ptr,
+    bt_ptr,
+    q_start_ptr,
+    q_len_ptr,
+    ctx_ptr,
+    out_ptr,
     # sizes
     sm_scale,
     # strides
-    stride_qt, stride_qh,
-    stride_kb, stride_kt, stride_kh,
-    stride_sb, stride_st,
+    stride_qt,
+    stride_qh,
+    stride_kb,
+    stride_kt,
+    stride_kh,
+    stride_sb,
+    stride_st,
     stride_btb,
-    stride_ot, stride_oh,
+    stride_ot,
+    stride_oh,
     # meta
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, QUANTIZED: tl.constexpr, WINDOW: tl.constexpr,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    QUANTIZED: tl.constexpr,
+    WINDOW: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -67,7 +91,9 @@ def _prefill_attention_kernel(
     m_mask = offs_m < q_len
     q_pos = prefix + offs_m
     d = tl.arange(0, HEAD_DIM)
-    q = tl.load(q_ptr + (q0 + offs_m)[:, None] * stride_qt + h * stride_qh + d[None, :], mask=m_mask[:, None], other=0.0)
+    q = tl.load(
+        q_ptr + (q0 + offs_m)[:, None] * stride_qt + h * stride_qh + d[None, :], mask=m_mask[:, None], other=0.0
+    )
     cdt = q.dtype
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -108,15 +134,28 @@ def _prefill_attention_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(cdt), v)
         m_i = m_new
     out = acc / tl.maximum(l_i, 1e-30)[:, None]
-    tl.store(out_ptr + (q0 + offs_m)[:, None] * stride_ot + h * stride_oh + d[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=m_mask[:, None])
+    tl.store(
+        out_ptr + (q0 + offs_m)[:, None] * stride_ot + h * stride_oh + d[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=m_mask[:, None],
+    )
 
 
-def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-                            query_starts: torch.Tensor, query_lens: torch.Tensor, context_lens: torch.Tensor,
-                            max_query_len: int, scale: float, k_scale: torch.Tensor | None = None,
-                            v_scale: torch.Tensor | None = None, config: PrefillAttentionConfig | None = None,
-                            window: int | None = None) -> torch.Tensor:
+def paged_prefill_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_starts: torch.Tensor,
+    query_lens: torch.Tensor,
+    context_lens: torch.Tensor,
+    max_query_len: int,
+    scale: float,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    config: PrefillAttentionConfig | None = None,
+    window: int | None = None,
+) -> torch.Tensor:
     """q: [T, H, D] (sequences back to back); k/v_cache: [NB, BS, Hkv, D]; block_tables: [B, MB] int32;
     query_starts, query_lens, context_lens: [B] int32 (context includes the new tokens) -> [T, H, D].
 
@@ -136,14 +175,35 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     grid = (B, H, triton.cdiv(max(max_query_len, 1), cfg.block_m))
     if T:
         _prefill_attention_kernel[grid](
-            q, k_cache, v_cache, ks, vs, block_tables, query_starts, query_lens, context_lens, out,
+            q,
+            k_cache,
+            v_cache,
+            ks,
+            vs,
+            block_tables,
+            query_starts,
+            query_lens,
+            context_lens,
+            out,
             scale,
-            q.stride(0), q.stride(1),
-            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-            ks.stride(0) if quantized else 0, ks.stride(1) if quantized else 0,
+            q.stride(0),
+            q.stride(1),
+            k_cache.stride(0),
+            k_cache.stride(1),
+            k_cache.stride(2),
+            ks.stride(0) if quantized else 0,
+            ks.stride(1) if quantized else 0,
             block_tables.stride(0),
-            out.stride(0), out.stride(1),
-            GROUP=H // Hkv, HEAD_DIM=D, BLOCK_SIZE=BS, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, QUANTIZED=quantized,
-            WINDOW=window or 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            out.stride(0),
+            out.stride(1),
+            GROUP=H // Hkv,
+            HEAD_DIM=D,
+            BLOCK_SIZE=BS,
+            BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n,
+            QUANTIZED=quantized,
+            WINDOW=window or 0,
+            num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
         )
     return out

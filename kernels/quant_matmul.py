@@ -28,8 +28,15 @@ import torch
 import triton
 import triton.language as tl
 
-from slotune.kernels.tiles import (MATMUL_BLOCK_K, MATMUL_BLOCK_M, MATMUL_BLOCK_N, MATMUL_NUM_STAGES, MATMUL_NUM_WARPS,
-                                   MATMUL_SPLIT_K, MatmulConfig)
+from slotune.kernels.tiles import (
+    MATMUL_BLOCK_K,
+    MATMUL_BLOCK_M,
+    MATMUL_BLOCK_N,
+    MATMUL_NUM_STAGES,
+    MATMUL_NUM_WARPS,
+    MATMUL_SPLIT_K,
+    MatmulConfig,
+)
 
 INT8, INT4, FP8 = 0, 1, 2
 
@@ -52,21 +59,37 @@ def configs(m: int, n: int, k: int, group_size: int | None = None) -> list[Matmu
                         continue
                     for w in MATMUL_NUM_WARPS:
                         for s in MATMUL_NUM_STAGES:
-                            out.append(MatmulConfig(block_m=bm, block_n=bn, block_k=bk, num_warps=w, num_stages=s, split_k=sk))
+                            out.append(
+                                MatmulConfig(block_m=bm, block_n=bn, block_k=bk, num_warps=w, num_stages=s, split_k=sk)
+                            )
     return out
 
 
 @triton.jit
 def _quant_matmul_kernel(
     # pointers
-    x_ptr, w_ptr, s_ptr, z_ptr, out_ptr,
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    z_ptr,
+    out_ptr,
     # sizes
-    M, N, K, k_per_split,
+    M,
+    N,
+    K,
+    k_per_split,
     # strides
-    stride_xm, stride_wn, stride_sn, stride_om, stride_os,
+    stride_xm,
+    stride_wn,
+    stride_sn,
+    stride_om,
+    stride_os,
     # meta
-    FORMAT: tl.constexpr, GROUP: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    FORMAT: tl.constexpr,
+    GROUP: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -84,11 +107,17 @@ def _quant_matmul_kernel(
             j = tl.arange(0, BLOCK_K // 2)
             kk = k0 + 2 * j
             k_mask = kk < k_end
-            x_even = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-            x_odd = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :] + 1, mask=m_mask[:, None] & k_mask[None, :],
-                            other=0.0)
-            p = tl.load(w_ptr + rn[:, None] * stride_wn + (k0 // 2 + j)[None, :], mask=n_mask[:, None] & k_mask[None, :],
-                        other=0)
+            x_even = tl.load(
+                x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0
+            )
+            x_odd = tl.load(
+                x_ptr + rm[:, None] * stride_xm + kk[None, :] + 1, mask=m_mask[:, None] & k_mask[None, :], other=0.0
+            )
+            p = tl.load(
+                w_ptr + rn[:, None] * stride_wn + (k0 // 2 + j)[None, :],
+                mask=n_mask[:, None] & k_mask[None, :],
+                other=0,
+            )
             lo = (p & 0xF).to(cdt)
             hi = (p >> 4).to(cdt)
             part = tl.dot(x_even, tl.trans(lo)) + tl.dot(x_odd, tl.trans(hi))  # [BLOCK_M, BLOCK_N]
@@ -100,17 +129,32 @@ def _quant_matmul_kernel(
         else:  # int8 / fp8 codes, per-channel scale applied at the end
             rk = k0 + tl.arange(0, BLOCK_K)
             k_mask = rk < k_end
-            x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-            w = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+            x = tl.load(
+                x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0
+            )
+            w = tl.load(
+                w_ptr + rn[:, None] * stride_wn + rk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0
+            )
             acc += tl.dot(x, tl.trans(w.to(cdt)))
     if FORMAT != 1:
         acc *= tl.load(s_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + pid_k * stride_os + rm[:, None] * stride_om + rn[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=m_mask[:, None] & n_mask[None, :])
+    tl.store(
+        out_ptr + pid_k * stride_os + rm[:, None] * stride_om + rn[None, :],
+        acc.to(out_ptr.dtype.element_ty),
+        mask=m_mask[:, None] & n_mask[None, :],
+    )
 
 
-def _launch(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, z: torch.Tensor, n: int, fmt: int, group: int,
-            cfg: MatmulConfig | None) -> torch.Tensor:
+def _launch(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    s: torch.Tensor,
+    z: torch.Tensor,
+    n: int,
+    fmt: int,
+    group: int,
+    cfg: MatmulConfig | None,
+) -> torch.Tensor:
     cfg = cfg or MatmulConfig()
     x2 = x.reshape(-1, x.shape[-1])
     if x2.stride(-1) != 1:
@@ -126,39 +170,74 @@ def _launch(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, z: torch.Tensor, 
         out = torch.empty(split_k, M, n, dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(M, cfg.block_m), triton.cdiv(n, cfg.block_n), split_k)
     _quant_matmul_kernel[grid](
-        x2, w, s, z, out,
-        M, n, K, k_per_split,
-        x2.stride(0), w.stride(0), s.stride(0), out.stride(-2), out.stride(0) if split_k > 1 else 0,
-        FORMAT=fmt, GROUP=group, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        x2,
+        w,
+        s,
+        z,
+        out,
+        M,
+        n,
+        K,
+        k_per_split,
+        x2.stride(0),
+        w.stride(0),
+        s.stride(0),
+        out.stride(-2),
+        out.stride(0) if split_k > 1 else 0,
+        FORMAT=fmt,
+        GROUP=group,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=block_k,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )
     if split_k > 1:
         out = out.sum(0).to(x.dtype)
     return out.view(*x.shape[:-1], n)
 
 
-def int8_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, config: MatmulConfig | None = None) -> torch.Tensor:
+def int8_matmul(
+    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, config: MatmulConfig | None = None
+) -> torch.Tensor:
     """x: [..., K]; qweight: [N, K] int8; scales: [N] -> [..., N] in x's dtype."""
     return _per_channel("int8_matmul", torch.int8, INT8, x, qweight, scales, config)
 
 
-def fp8_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, config: MatmulConfig | None = None) -> torch.Tensor:
+def fp8_matmul(
+    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, config: MatmulConfig | None = None
+) -> torch.Tensor:
     """Weight-only fp8: x: [..., K]; qweight: [N, K] float8_e4m3fn; scales: [N] -> [..., N] in x's dtype."""
     return _per_channel("fp8_matmul", torch.float8_e4m3fn, FP8, x, qweight, scales, config)
 
 
-def _per_channel(name: str, dtype: torch.dtype, fmt: int, x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
-                 config: MatmulConfig | None) -> torch.Tensor:
+def _per_channel(
+    name: str,
+    dtype: torch.dtype,
+    fmt: int,
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    config: MatmulConfig | None,
+) -> torch.Tensor:
     """The per-output-channel formats (int8, fp8): check shapes, then launch."""
     if qweight.dtype != dtype or qweight.shape[1] != x.shape[-1] or scales.shape != (qweight.shape[0],):
-        raise ValueError(f"{name}: want qweight [N, {x.shape[-1]}] {str(dtype).removeprefix('torch.')} and scales [N], "
-                         f"got {tuple(qweight.shape)} {qweight.dtype} and {tuple(scales.shape)}")
+        raise ValueError(
+            f"{name}: want qweight [N, {x.shape[-1]}] {str(dtype).removeprefix('torch.')} and scales [N], "
+            f"got {tuple(qweight.shape)} {qweight.dtype} and {tuple(scales.shape)}"
+        )
     assert qweight.stride(-1) == 1
     return _launch(x, qweight, scales, scales, qweight.shape[0], fmt, 1, config)
 
 
-def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, group_size: int,
-                config: MatmulConfig | None = None) -> torch.Tensor:
+def int4_matmul(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    scales: torch.Tensor,
+    mins: torch.Tensor,
+    group_size: int,
+    config: MatmulConfig | None = None,
+) -> torch.Tensor:
     """x: [..., K]; packed: [N, K/2] uint8; scales, mins: [N, K/group] -> [..., N] in x's dtype."""
     n, k = packed.shape[0], x.shape[-1]
     if packed.dtype != torch.uint8 or packed.shape[1] * 2 != k:
@@ -166,7 +245,9 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, min
     if group_size < 32 or group_size & (group_size - 1) or k % group_size:
         raise ValueError(f"int4_matmul: group_size must be a power of two >= 32 dividing K={k}, got {group_size}")
     if scales.shape != (n, k // group_size) or mins.shape != scales.shape or scales.stride() != mins.stride():
-        raise ValueError(f"int4_matmul: scales and mins must be [N, K/group] = {(n, k // group_size)}, got "
-                         f"{tuple(scales.shape)} and {tuple(mins.shape)}")
+        raise ValueError(
+            f"int4_matmul: scales and mins must be [N, K/group] = {(n, k // group_size)}, got "
+            f"{tuple(scales.shape)} and {tuple(mins.shape)}"
+        )
     assert packed.stride(-1) == 1 and scales.stride(-1) == 1
     return _launch(x, packed, scales, mins, n, INT4, group_size, config)

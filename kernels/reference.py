@@ -11,8 +11,9 @@ def dequant_cache(cache: torch.Tensor, scale: torch.Tensor | None) -> torch.Tens
     return cache.float() if scale is None else cache.float() * scale[..., None].float()
 
 
-def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, k_scale=None, v_scale=None,
-                           window=None):
+def paged_decode_attention(
+    q, k_cache, v_cache, block_tables, context_lens, scale, k_scale=None, v_scale=None, window=None
+):
     """q: [B, H, D]; caches: [NB, BS, Hkv, D]; block_tables: [B, MB]; context_lens: [B] -> [B, H, D] (float32).
     window: only the last `window` keys (sliding window); None = all."""
     B, H, D = q.shape
@@ -32,8 +33,9 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
     return out
 
 
-def paged_prefill_attention(q, k_cache, v_cache, block_tables, query_lens, context_lens, scale, k_scale=None,
-                            v_scale=None, window=None):
+def paged_prefill_attention(
+    q, k_cache, v_cache, block_tables, query_lens, context_lens, scale, k_scale=None, v_scale=None, window=None
+):
     """Causal attention of each sequence's new tokens over its whole paged context (cached prefix
     + new tokens, already stored). q: [T, H, D] (sequences back to back); query_lens,
     context_lens: per-sequence lists -> [T, H, D] (float32). window: a query at position p sees

@@ -9,10 +9,19 @@ import triton.language as tl
 
 @triton.jit
 def _rms_norm_kernel(
-    x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr,
-    n_cols, eps,
-    stride_x, stride_r, stride_o, stride_ro,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+    x_ptr,
+    res_ptr,
+    w_ptr,
+    out_ptr,
+    res_out_ptr,
+    n_cols,
+    eps,
+    stride_x,
+    stride_r,
+    stride_o,
+    stride_ro,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
@@ -29,8 +38,9 @@ def _rms_norm_kernel(
     tl.store(out_ptr + row * stride_o + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
-             ) -> tuple[torch.Tensor, torch.Tensor]:
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """x, residual: [T, D]; weight: [D] -> (normed [T, D], x + residual [T, D])."""
     assert x.dim() == 2 and weight.shape == (x.shape[1],), f"bad shapes {tuple(x.shape)} / {tuple(weight.shape)}"
     assert x.stride(-1) == 1 and (residual is None or residual.shape == x.shape)
@@ -39,9 +49,18 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     T, D = x.shape
     if T:
         _rms_norm_kernel[(T,)](
-            x, residual if residual is not None else x, weight, out, res_out,
-            D, eps,
-            x.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0), res_out.stride(0),
-            HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(D),
+            x,
+            residual if residual is not None else x,
+            weight,
+            out,
+            res_out,
+            D,
+            eps,
+            x.stride(0),
+            residual.stride(0) if residual is not None else 0,
+            out.stride(0),
+            res_out.stride(0),
+            HAS_RESIDUAL=residual is not None,
+            BLOCK=triton.next_power_of_2(D),
         )
     return out, res_out

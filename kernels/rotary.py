@@ -8,8 +8,20 @@ import triton.language as tl
 
 
 @triton.jit
-def _rotary_kernel(x_ptr, cs_ptr, pos_ptr, out_ptr, n_heads, stride_xt, stride_xh, stride_cs, stride_ot, stride_oh,
-                   HALF: tl.constexpr, HEADS_PAD: tl.constexpr):
+def _rotary_kernel(
+    x_ptr,
+    cs_ptr,
+    pos_ptr,
+    out_ptr,
+    n_heads,
+    stride_xt,
+    stride_xh,
+    stride_cs,
+    stride_ot,
+    stride_oh,
+    HALF: tl.constexpr,
+    HEADS_PAD: tl.constexpr,
+):
     t = tl.program_id(0)
     h = tl.arange(0, HEADS_PAD)[:, None]
     d = tl.arange(0, HALF)[None, :]
@@ -31,6 +43,18 @@ def rotary(x: torch.Tensor, cos_sin_table: torch.Tensor, positions: torch.Tensor
     assert x.stride(-1) == 1 and cos_sin_table.shape[1] == D and D % 2 == 0 and (D // 2) & (D // 2 - 1) == 0
     out = torch.empty(T, H, D, dtype=x.dtype, device=x.device)
     if T:
-        _rotary_kernel[(T,)](x, cos_sin_table, positions, out, H, x.stride(0), x.stride(1), cos_sin_table.stride(0),
-                             out.stride(0), out.stride(1), HALF=D // 2, HEADS_PAD=triton.next_power_of_2(H))
+        _rotary_kernel[(T,)](
+            x,
+            cos_sin_table,
+            positions,
+            out,
+            H,
+            x.stride(0),
+            x.stride(1),
+            cos_sin_table.stride(0),
+            out.stride(0),
+            out.stride(1),
+            HALF=D // 2,
+            HEADS_PAD=triton.next_power_of_2(H),
+        )
     return out

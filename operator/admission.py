@@ -34,8 +34,10 @@ from slotune.tuner.spec import TuningSpec
 
 _NAME = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 # distribution's reference grammar, lower-case names; a registry port only before a '/'
-_IMAGE = re.compile(rf"^(?P<name>(?:[A-Za-z0-9.-]+(?::[0-9]+)?/)?{_NAME}(?:/{_NAME})*)"
-                    r"(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?(?:@(?P<digest>sha256:[0-9a-f]{64}))?$")
+_IMAGE = re.compile(
+    rf"^(?P<name>(?:[A-Za-z0-9.-]+(?::[0-9]+)?/)?{_NAME}(?:/{_NAME})*)"
+    r"(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?(?:@(?P<digest>sha256:[0-9a-f]{64}))?$"
+)
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
 
@@ -102,13 +104,19 @@ class Admission:
 
     def __post_init__(self) -> None:
         for entry in self.allowed_images:
-            if not (entry.endswith("/") and _DNS_SUBDOMAIN.match(entry.split("/")[0].split(":")[0])) \
-                    and _IMAGE.match(entry) is None:
-                raise ValueError(f"SLOTUNE_ALLOWED_IMAGES: '{entry}' is neither an image reference nor a "
-                                 "registry prefix ending in '/'")
+            if (
+                not (entry.endswith("/") and _DNS_SUBDOMAIN.match(entry.split("/")[0].split(":")[0]))
+                and _IMAGE.match(entry) is None
+            ):
+                raise ValueError(
+                    f"SLOTUNE_ALLOWED_IMAGES: '{entry}' is neither an image reference nor a "
+                    "registry prefix ending in '/'"
+                )
         if not is_image_allowed(self.default_image, self.allowed_images):
-            raise ValueError(f"SLOTUNE_DEFAULT_IMAGE '{self.default_image}' is not in SLOTUNE_ALLOWED_IMAGES "
-                             f"({', '.join(self.allowed_images)})")
+            raise ValueError(
+                f"SLOTUNE_DEFAULT_IMAGE '{self.default_image}' is not in SLOTUNE_ALLOWED_IMAGES "
+                f"({', '.join(self.allowed_images)})"
+            )
         for sa in self.allowed_service_accounts:
             if not _DNS_SUBDOMAIN.match(sa):
                 raise ValueError(f"SLOTUNE_ALLOWED_SERVICE_ACCOUNTS: '{sa}' is not a service account name")
@@ -121,10 +129,12 @@ class Admission:
         """The allow-lists from `env` (default os.environ); ValueError names a bad entry."""
         env = os.environ if env is None else env
         default_image = env.get("SLOTUNE_DEFAULT_IMAGE", "").strip() or children.DEFAULT_IMAGE
-        return cls(default_image=default_image,
-                   allowed_images=_list(env, "SLOTUNE_ALLOWED_IMAGES", (image_name(default_image),)),
-                   allowed_service_accounts=_list(env, "SLOTUNE_ALLOWED_SERVICE_ACCOUNTS", DEFAULT_SERVICE_ACCOUNTS),
-                   allowed_secret_keys=_list(env, "SLOTUNE_ALLOWED_SECRET_KEYS", DEFAULT_SECRET_KEYS))
+        return cls(
+            default_image=default_image,
+            allowed_images=_list(env, "SLOTUNE_ALLOWED_IMAGES", (image_name(default_image),)),
+            allowed_service_accounts=_list(env, "SLOTUNE_ALLOWED_SERVICE_ACCOUNTS", DEFAULT_SERVICE_ACCOUNTS),
+            allowed_secret_keys=_list(env, "SLOTUNE_ALLOWED_SECRET_KEYS", DEFAULT_SECRET_KEYS),
+        )
 
     def admit(self, kind: str, namespace: str, spec: dict[str, Any]) -> dict[str, Any]:
         """`spec` with the image and service account filled in; Rejected when not allowed."""
@@ -132,22 +142,31 @@ class Admission:
         if rejection is not None:
             raise Rejected(rejection)
         default_sa = children.TUNER_SERVICE_ACCOUNT if kind == "SLOTuning" else children.SERVING_SERVICE_ACCOUNT
-        return {**spec, "image": spec.get("image") or self.default_image,
-                "serviceAccountName": spec.get("serviceAccountName") or default_sa}
+        return {
+            **spec,
+            "image": spec.get("image") or self.default_image,
+            "serviceAccountName": spec.get("serviceAccountName") or default_sa,
+        }
 
     def check(self, kind: str, namespace: str, spec: dict[str, Any]) -> Rejection | None:
         """The first thing `spec` asks for that the allow-lists do not allow, or None."""
         image = spec.get("image")
         if image and not is_image_allowed(image, self.allowed_images):
-            return Rejection("spec.image", "ImageNotAllowed",
-                             f"spec.image '{image}' is not allowed; allowed images: {', '.join(self.allowed_images)} "
-                             "(operator setting SLOTUNE_ALLOWED_IMAGES)")
+            return Rejection(
+                "spec.image",
+                "ImageNotAllowed",
+                f"spec.image '{image}' is not allowed; allowed images: {', '.join(self.allowed_images)} "
+                "(operator setting SLOTUNE_ALLOWED_IMAGES)",
+            )
         sa = spec.get("serviceAccountName")
         if sa and sa not in self.allowed_service_accounts:
-            return Rejection("spec.serviceAccountName", "ServiceAccountNotAllowed",
-                             f"spec.serviceAccountName '{sa}' is not allowed; allowed service accounts: "
-                             f"{', '.join(self.allowed_service_accounts)} (operator setting "
-                             "SLOTUNE_ALLOWED_SERVICE_ACCOUNTS)")
+            return Rejection(
+                "spec.serviceAccountName",
+                "ServiceAccountNotAllowed",
+                f"spec.serviceAccountName '{sa}' is not allowed; allowed service accounts: "
+                f"{', '.join(self.allowed_service_accounts)} (operator setting "
+                "SLOTUNE_ALLOWED_SERVICE_ACCOUNTS)",
+            )
         for field, default_key in SECRET_REFS[kind].items():
             ref = spec.get(field)
             if ref:
@@ -159,21 +178,27 @@ class Admission:
     def _check_secret(self, field: str, namespace: str, ref: dict[str, Any], default_key: str) -> Rejection | None:
         other = ref.get("namespace")
         if other and other != namespace:
-            return Rejection(f"{field}.namespace", "SecretNotAllowed",
-                             f"{field}.namespace '{other}': a Secret must be in the resource's own namespace "
-                             f"'{namespace}'")
+            return Rejection(
+                f"{field}.namespace",
+                "SecretNotAllowed",
+                f"{field}.namespace '{other}': a Secret must be in the resource's own namespace '{namespace}'",
+            )
         name = str(ref.get("name") or "")
         if not _DNS_SUBDOMAIN.match(name) or len(name) > 253:
             return Rejection(f"{field}.name", "SecretNotAllowed", f"{field}.name '{name}' is not a Secret name")
         key = ref.get("key") or default_key
         if key not in self.allowed_secret_keys:
-            return Rejection(f"{field}.key", "SecretNotAllowed",
-                             f"{field}.key '{key}' is not allowed; allowed Secret keys: "
-                             f"{', '.join(self.allowed_secret_keys)} (operator setting SLOTUNE_ALLOWED_SECRET_KEYS)")
+            return Rejection(
+                f"{field}.key",
+                "SecretNotAllowed",
+                f"{field}.key '{key}' is not allowed; allowed Secret keys: "
+                f"{', '.join(self.allowed_secret_keys)} (operator setting SLOTUNE_ALLOWED_SECRET_KEYS)",
+            )
         return None
 
 
 # --- SLOTuning: the tuning spec, the schedule, where the study lives ------------------------
+
 
 def check_tuning(spec: dict[str, Any], namespace: str, admission: Admission) -> Rejection | None:
     """The first reason the SLOTuning's spec cannot run, or None (warnings: `storage_warning`)."""
@@ -186,13 +211,18 @@ def check_tuning(spec: dict[str, Any], namespace: str, admission: Admission) -> 
         return rejection
     if int(spec.get("workers", 1)) > 1:
         if not (spec.get("storageSecret") or tuning_spec.get("storage")):
-            return Rejection("spec.workers", "StorageNotShared",
-                             "workers > 1 needs a shared study: set spec.storageSecret to a Secret holding a "
-                             "PostgreSQL URL")
+            return Rejection(
+                "spec.workers",
+                "StorageNotShared",
+                "workers > 1 needs a shared study: set spec.storageSecret to a Secret holding a PostgreSQL URL",
+            )
         if not spec.get("storageSecret") and on_pod_disk(tuning_spec.get("storage")):
-            return Rejection("spec.tuning.storage", "StorageNotShared",
-                             f"workers > 1 cannot share the SQLite study '{tuning_spec['storage']}' across pods: "
-                             "set spec.storageSecret to a Secret holding a PostgreSQL URL")
+            return Rejection(
+                "spec.tuning.storage",
+                "StorageNotShared",
+                f"workers > 1 cannot share the SQLite study '{tuning_spec['storage']}' across pods: "
+                "set spec.storageSecret to a Secret holding a PostgreSQL URL",
+            )
     trouble = traffic.problem(spec)
     if trouble is not None:
         return Rejection(trouble[0], "InvalidTraffic", trouble[1])
@@ -203,13 +233,17 @@ def check_tuning(spec: dict[str, Any], namespace: str, admission: Admission) -> 
             return Rejection("spec.schedule", "InvalidSchedule", str(exc))
         lost = ephemeral_data(spec)
         if lost:
-            return Rejection("spec.schedule", "StorageNotPersistent",
-                             f"a schedule re-tunes over runs, but {' and '.join(lost)} would be lost with the "
-                             f"Job's emptyDir: {PERSISTENCE_HINT}")
+            return Rejection(
+                "spec.schedule",
+                "StorageNotPersistent",
+                f"a schedule re-tunes over runs, but {' and '.join(lost)} would be lost with the "
+                f"Job's emptyDir: {PERSISTENCE_HINT}",
+            )
     return None
 
 
 # --- SLOServing: what it records ------------------------------------------------------------
+
 
 def check_serving(spec: dict[str, Any]) -> Rejection | None:
     """The first reason the SLOServing's spec cannot be rendered, beyond the allow-lists, or None."""
@@ -218,22 +252,33 @@ def check_serving(spec: dict[str, Any]) -> Rejection | None:
         return None
     claim = str((record or {}).get("claimName") or "")
     if not claim:
-        return Rejection("spec.recordTraffic.claimName", "InvalidRecording",
-                         "spec.recordTraffic.claimName is empty: name the PersistentVolumeClaim the pods record "
-                         "traffic on (ReadWriteMany when pods run on several nodes)")
+        return Rejection(
+            "spec.recordTraffic.claimName",
+            "InvalidRecording",
+            "spec.recordTraffic.claimName is empty: name the PersistentVolumeClaim the pods record "
+            "traffic on (ReadWriteMany when pods run on several nodes)",
+        )
     if not _DNS_SUBDOMAIN.match(claim) or len(claim) > 253:
-        return Rejection("spec.recordTraffic.claimName", "InvalidRecording",
-                         f"spec.recordTraffic.claimName '{claim}' is not a PersistentVolumeClaim name")
+        return Rejection(
+            "spec.recordTraffic.claimName",
+            "InvalidRecording",
+            f"spec.recordTraffic.claimName '{claim}' is not a PersistentVolumeClaim name",
+        )
     max_mib = record.get("maxMiB", children.DEFAULT_RECORD_MAX_MIB)
     if isinstance(max_mib, bool) or not isinstance(max_mib, int) or max_mib < 1:
-        return Rejection("spec.recordTraffic.maxMiB", "InvalidRecording",
-                         f"spec.recordTraffic.maxMiB {max_mib!r} must be a whole number of MiB >= 1")
+        return Rejection(
+            "spec.recordTraffic.maxMiB",
+            "InvalidRecording",
+            f"spec.recordTraffic.maxMiB {max_mib!r} must be a whole number of MiB >= 1",
+        )
     return None
 
 
-PERSISTENCE_HINT = ("set spec.workVolumeClaim (a PersistentVolumeClaim mounted at /work), or a database URL "
-                    "(spec.storageSecret or spec.tuning.storage) and a tracking server "
-                    "(spec.tuning.mlflow_tracking_uri)")
+PERSISTENCE_HINT = (
+    "set spec.workVolumeClaim (a PersistentVolumeClaim mounted at /work), or a database URL "
+    "(spec.storageSecret or spec.tuning.storage) and a tracking server "
+    "(spec.tuning.mlflow_tracking_uri)"
+)
 
 
 def storage_warning(spec: dict[str, Any]) -> str | None:

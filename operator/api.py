@@ -89,14 +89,25 @@ def is_status(exc: BaseException, *codes: int) -> bool:
 def owner_reference(body: Any) -> dict[str, Any]:
     """A controller owner reference to a slotune custom resource (kopf body or dict)."""
     meta = body["metadata"]
-    return {"apiVersion": body.get("apiVersion", API_VERSION), "kind": body["kind"], "name": meta["name"],
-            "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}
+    return {
+        "apiVersion": body.get("apiVersion", API_VERSION),
+        "kind": body["kind"],
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
 
 
 # The namespaced kinds the operator manages: kind -> (API group client, resource in the method names).
-_KINDS = {"ConfigMap": (core, "config_map"), "Service": (core, "service"),
-          "Deployment": (apps, "deployment"), "Job": (batch, "job"),
-          "Role": (rbac, "role"), "RoleBinding": (rbac, "role_binding")}
+_KINDS = {
+    "ConfigMap": (core, "config_map"),
+    "Service": (core, "service"),
+    "Deployment": (apps, "deployment"),
+    "Job": (batch, "job"),
+    "Role": (rbac, "role"),
+    "RoleBinding": (rbac, "role_binding"),
+}
 
 
 def _call(verb: str, kind: str):
@@ -147,8 +158,7 @@ MERGE_PATCH = "application/merge-patch+json"  # lists are replaced whole, `null`
 
 def patch_serving(namespace: str, name: str, body: dict[str, Any]) -> None:
     """Merge-patch a SLOServing (the tuning controller sets and clears its canary this way)."""
-    custom().patch_namespaced_custom_object(GROUP, VERSION, namespace, SERVINGS, name, body,
-                                            _content_type=MERGE_PATCH)
+    custom().patch_namespaced_custom_object(GROUP, VERSION, namespace, SERVINGS, name, body, _content_type=MERGE_PATCH)
 
 
 def read_serving(namespace: str, name: str) -> dict[str, Any] | None:

@@ -49,9 +49,15 @@ def login(**_: Any) -> kopf.ConnectionInfo:
     cfg = api.load_configuration()
     header = cfg.get_api_key_with_prefix("BearerToken") or cfg.get_api_key_with_prefix("authorization") or ""
     scheme, _, token = header.rpartition(" ")
-    return kopf.ConnectionInfo(server=cfg.host, ca_path=cfg.ssl_ca_cert, insecure=not cfg.verify_ssl,
-                               scheme=scheme or None, token=token or None,
-                               certificate_path=cfg.cert_file, private_key_path=cfg.key_file)
+    return kopf.ConnectionInfo(
+        server=cfg.host,
+        ca_path=cfg.ssl_ca_cert,
+        insecure=not cfg.verify_ssl,
+        scheme=scheme or None,
+        token=token or None,
+        certificate_path=cfg.cert_file,
+        private_key_path=cfg.key_file,
+    )
 
 
 def _api_call(fn, *args: Any) -> Any:
@@ -75,8 +81,8 @@ def _message(exc: ApiException) -> str:
 
 # --- SLOServing ----------------------------------------------------------------------------
 
-def _reconcile_serving(name: str, namespace: str, spec: Any, body: Any, status: Any, patch: Any,
-                       memo: Any) -> None:
+
+def _reconcile_serving(name: str, namespace: str, spec: Any, body: Any, status: Any, patch: Any, memo: Any) -> None:
     status = dict(status or {})
     old = [dict(c) for c in status.get("conditions") or []]
     try:
@@ -89,8 +95,9 @@ def _reconcile_serving(name: str, namespace: str, spec: Any, body: Any, status: 
             kopf.warn(body, reason=reason, message=str(exc))
         return
     observed["message"] = None
-    observed["conditions"] = conditions.with_condition(old, conditions.VALID, True, "Valid", "the spec is valid",
-                                                       tuning.stamp(tuning.now()))
+    observed["conditions"] = conditions.with_condition(
+        old, conditions.VALID, True, "Valid", "the spec is valid", tuning.stamp(tuning.now())
+    )
     if any(status.get(k) != v for k, v in observed.items()):
         patch.status.update(observed)
 
@@ -109,10 +116,12 @@ def serving_tick(name, namespace, spec, body, status, patch, memo, **_: Any) -> 
 
 # --- SLOTuning -----------------------------------------------------------------------------
 
+
 @kopf.timer(api.GROUP, api.VERSION, api.TUNINGS, interval=POLL_S)
 def tuning_tick(name, namespace, spec, body, status, patch, memo, **_: Any) -> None:
-    step = tuning.Step(name=name, namespace=namespace, spec=dict(spec), status=dict(status or {}), body=body,
-                       admission=memo.admission)
+    step = tuning.Step(
+        name=name, namespace=namespace, spec=dict(spec), status=dict(status or {}), body=body, admission=memo.admission
+    )
     _api_call(tuning.advance, step)
     if step.patch:
         patch.status.update(step.patch)

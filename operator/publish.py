@@ -44,9 +44,16 @@ RESULT_KEYS = ("best.yaml", "best_metrics.json", "mlflow_run_id", "error", "traf
 RESULT_FILES = ("best.yaml", "best_metrics.json")
 
 
-def report_result(configmap: str, namespace: str, result_dir: Path | None = None, *,
-                  error: str | None = None, traffic_summary: dict | None = None, skipped: str | None = None,
-                  api_client=None) -> dict[str, str]:
+def report_result(
+    configmap: str,
+    namespace: str,
+    result_dir: Path | None = None,
+    *,
+    error: str | None = None,
+    traffic_summary: dict | None = None,
+    skipped: str | None = None,
+    api_client=None,
+) -> dict[str, str]:
     """Write the tuning result (or an error, or why the run was skipped) into the ConfigMap `configmap`.
 
     Args:
@@ -85,11 +92,13 @@ def report_result(configmap: str, namespace: str, result_dir: Path | None = None
 
 def _patch(configmap: str, namespace: str, data: dict[str, str | None], api_client=None) -> None:
     # a JSON merge patch: `null` deletes the key (a strategic merge patch leaves "" behind)
-    _core(api_client).patch_namespaced_config_map(configmap, namespace, {"data": data},
-                                                  _content_type="application/merge-patch+json")
+    _core(api_client).patch_namespaced_config_map(
+        configmap, namespace, {"data": data}, _content_type="application/merge-patch+json"
+    )
 
 
 # --- recorded traffic ------------------------------------------------------------------------
+
 
 class NoTraffic(ValueError):
     """No recorded request to tune on; the message names the folder (and the window)."""
@@ -128,8 +137,10 @@ def snapshot_traffic(root: Path, window_s: float, out: Path) -> Window:
     if end is None:
         raise NoTraffic(f"{len(files)} recording file(s) under {root}, but no valid request line in them")
     start = end - window_s
-    kept = sorted(((rec.arrival, line) for line, rec in _records(files) if rec is not None and rec.arrival > start),
-                  key=lambda x: x[0])
+    kept = sorted(
+        ((rec.arrival, line) for line, rec in _records(files) if rec is not None and rec.arrival > start),
+        key=lambda x: x[0],
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text("".join(line + "\n" for _, line in kept), encoding="utf-8")
@@ -153,17 +164,25 @@ def _records(files: list[Path]):
 
 def traffic_summary(s: TraceSummary, w: Window) -> dict:
     """status.traffic of a run: the numbers drift compares (traffic.SUMMARY_FIELDS), and the window."""
-    return {"requests": s.num_requests, "meanRate": _sig(s.mean_rate),
-            "promptP50": _sig(s.prompt_tokens.p50), "promptP95": _sig(s.prompt_tokens.p95),
-            "outputP50": _sig(s.output_tokens.p50), "outputP95": _sig(s.output_tokens.p95),
-            "cv": _sig(s.interarrival_cv), "cacheableShare": _sig(s.cacheable_share),
-            "peakConcurrency": s.peak_concurrency,
-            "window": {"seconds": w.seconds, "start": _stamp(w.start), "end": _stamp(w.end)},
-            "files": w.num_files, "invalidLines": w.num_invalid}
+    return {
+        "requests": s.num_requests,
+        "meanRate": _sig(s.mean_rate),
+        "promptP50": _sig(s.prompt_tokens.p50),
+        "promptP95": _sig(s.prompt_tokens.p95),
+        "outputP50": _sig(s.output_tokens.p50),
+        "outputP95": _sig(s.output_tokens.p95),
+        "cv": _sig(s.interarrival_cv),
+        "cacheableShare": _sig(s.cacheable_share),
+        "peakConcurrency": s.peak_concurrency,
+        "window": {"seconds": w.seconds, "start": _stamp(w.start), "end": _stamp(w.end)},
+        "files": w.num_files,
+        "invalidLines": w.num_invalid,
+    }
 
 
-def prepare_traffic(root: Path, window_s: float, snapshot: Path, threshold: float,
-                    tuned_traffic: dict | None) -> tuple[dict, str | None]:
+def prepare_traffic(
+    root: Path, window_s: float, snapshot: Path, threshold: float, tuned_traffic: dict | None
+) -> tuple[dict, str | None]:
     """Snapshot and summarize the window; returns (status.traffic summary with the drift verdict,
     "NoDrift: ..." when the run should not tune, else None). Raises NoTraffic, ValueError."""
     window = snapshot_traffic(root, window_s, snapshot)
@@ -209,17 +228,25 @@ def main(argv: list[str] | None = None) -> int:
     command: list[str] = []
     if "--" in argv:
         i = argv.index("--")
-        argv, command = argv[:i], argv[i + 1:]
+        argv, command = argv[:i], argv[i + 1 :]
     p = argparse.ArgumentParser(prog="python -m slotune.operator.publish", description=__doc__.split("\n\n")[0])
     p.add_argument("--configmap", required=True)
     p.add_argument("--namespace", default=None, help="default: the pod's namespace")
     p.add_argument("--result-dir", type=Path, required=True)
     p.add_argument("--traffic-dir", type=Path, default=None, help="the recordings to tune on (one folder per pod)")
     p.add_argument("--traffic-window-s", type=float, default=86400.0)
-    p.add_argument("--traffic-snapshot", type=Path, default=None, help="where the window is copied (the workload's trace)")
+    p.add_argument(
+        "--traffic-snapshot", type=Path, default=None, help="where the window is copied (the workload's trace)"
+    )
     p.add_argument("--drift-threshold", type=float, default=0.0)
-    p.add_argument("--tuned-traffic", "--baseline-traffic", dest="tuned_traffic", type=json.loads, default=None,
-                   help="JSON: the traffic summary the last result was tuned on")
+    p.add_argument(
+        "--tuned-traffic",
+        "--baseline-traffic",
+        dest="tuned_traffic",
+        type=json.loads,
+        default=None,
+        help="JSON: the traffic summary the last result was tuned on",
+    )
     args = p.parse_args(argv)
     namespace = args.namespace or _pod_namespace()
     rc = 0
@@ -229,8 +256,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.traffic_dir is not None:
             snapshot = args.traffic_snapshot or args.result_dir / "traffic.jsonl"
             try:
-                summary, skipped = prepare_traffic(args.traffic_dir, args.traffic_window_s, snapshot,
-                                                   args.drift_threshold, args.tuned_traffic)
+                summary, skipped = prepare_traffic(
+                    args.traffic_dir, args.traffic_window_s, snapshot, args.drift_threshold, args.tuned_traffic
+                )
             except NoTraffic as exc:
                 report_result(args.configmap, namespace, error=f"NoTraffic: {exc}")
                 return 1

@@ -18,8 +18,9 @@ from slotune.tuner.slo import SLOLimits
 from slotune.tuner.spec import TuningSpec
 
 
-def render_tuning(spec_path: Path, name: str | None = None, namespace: str = "default",
-                  serving: str | None = None) -> dict[str, Any]:
+def render_tuning(
+    spec_path: Path, name: str | None = None, namespace: str = "default", serving: str | None = None
+) -> dict[str, Any]:
     """The SLOTuning for the tuning spec at `spec_path`.
 
     Args:
@@ -42,8 +43,13 @@ def render_tuning(spec_path: Path, name: str | None = None, namespace: str = "de
         "spec": {
             "tuning": data,
             "target": {"servingName": serving or f"{name}-serving"},
-            "rollout": {"mode": "auto", "canaryFraction": 0.1, "canaryDurationSeconds": 300,
-                        "readyDeadlineSeconds": 600, "slo": slo},
+            "rollout": {
+                "mode": "auto",
+                "canaryFraction": 0.1,
+                "canaryDurationSeconds": 300,
+                "readyDeadlineSeconds": 600,
+                "slo": slo,
+            },
             "historyLimit": 10,
         },
     }

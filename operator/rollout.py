@@ -35,10 +35,14 @@ class Policy:
     def from_spec(cls, rollout: dict[str, Any] | None) -> "Policy":
         r = dict(rollout or {})
         slo = r.get("slo") or {}
-        return cls(mode=r.get("mode", "auto"), canary_fraction=float(r.get("canaryFraction", 0.1)),
-                   canary_duration_s=float(r.get("canaryDurationSeconds", 300)),
-                   ready_deadline_s=float(r.get("readyDeadlineSeconds", 600)),
-                   slo=SLOLimits.from_crd(slo), min_requests=int(slo.get("minRequests", 1)))
+        return cls(
+            mode=r.get("mode", "auto"),
+            canary_fraction=float(r.get("canaryFraction", 0.1)),
+            canary_duration_s=float(r.get("canaryDurationSeconds", 300)),
+            ready_deadline_s=float(r.get("readyDeadlineSeconds", 600)),
+            slo=SLOLimits.from_crd(slo),
+            min_requests=int(slo.get("minRequests", 1)),
+        )
 
     def canary_replicas(self, replicas: int) -> int:
         """Replicas that give the canary about `canary_fraction` of a Service's pods."""
@@ -54,8 +58,9 @@ class Verdict:
     measured: dict[str, float] | None = None
 
 
-def judge(policy: Policy, *, since_start_s: float, since_ready_s: float | None,
-          histograms: dict[str, Histogram] | None) -> Verdict:
+def judge(
+    policy: Policy, *, since_start_s: float, since_ready_s: float | None, histograms: dict[str, Histogram] | None
+) -> Verdict:
     """Decide what to do with the canary now.
 
     Args:
@@ -65,8 +70,7 @@ def judge(policy: Policy, *, since_start_s: float, since_ready_s: float | None,
     """
     if since_ready_s is None:
         if since_start_s > policy.ready_deadline_s:
-            return Verdict("rollback", "NeverReady",
-                           f"canary pods not ready within {policy.ready_deadline_s:g}s")
+            return Verdict("rollback", "NeverReady", f"canary pods not ready within {policy.ready_deadline_s:g}s")
         return Verdict("wait", "CanaryStarting", "waiting for the canary pods to become ready")
     if since_ready_s < policy.canary_duration_s or histograms is None:
         return Verdict("wait", "CanaryObserving", f"observing the canary for {policy.canary_duration_s:g}s")
@@ -74,11 +78,16 @@ def judge(policy: Policy, *, since_start_s: float, since_ready_s: float | None,
     num_requests = int(ttft.count) if ttft is not None else 0
     if num_requests < policy.min_requests:
         if since_ready_s > 2 * policy.canary_duration_s:
-            return Verdict("rollback", "InsufficientTraffic",
-                           f"canary served {num_requests} requests, fewer than minRequests={policy.min_requests}")
+            return Verdict(
+                "rollback",
+                "InsufficientTraffic",
+                f"canary served {num_requests} requests, fewer than minRequests={policy.min_requests}",
+            )
         return Verdict("wait", "CanaryObserving", f"canary has {num_requests}/{policy.min_requests} requests")
     p = policy.slo.percentile
-    quantiles = {metric_key(name, p): h.quantile(p / 100.0) for name, h in histograms.items() if name in ("ttft", "tpot")}
+    quantiles = {
+        metric_key(name, p): h.quantile(p / 100.0) for name, h in histograms.items() if name in ("ttft", "tpot")
+    }
     quantiles = {k: v for k, v in quantiles.items() if v is not None}
     measured = {"requests": float(num_requests), **{k: round(v, 6) for k, v in quantiles.items()}}
     slo = judge_slo(quantiles, policy.slo, require_measured=True)

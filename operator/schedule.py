@@ -89,8 +89,11 @@ def next_after(expr: str, after: datetime) -> datetime:
     limit = t + _MAX_SEARCH
     while t < limit:
         # cron: when both day fields are restricted, either may match
-        day_ok = (t.day in dom or (t.weekday() + 1) % 7 in dow) if (len(dom) < 31 and len(dow) < 7) \
+        day_ok = (
+            (t.day in dom or (t.weekday() + 1) % 7 in dow)
+            if (len(dom) < 31 and len(dow) < 7)
             else (t.day in dom and (t.weekday() + 1) % 7 in dow)
+        )
         if t.month not in month:  # to the first of the next month
             t = (t.replace(day=28, hour=0, minute=0) + timedelta(days=4)).replace(day=1)
         elif not day_ok:

@@ -39,8 +39,13 @@ def ensure(kind: str, namespace: str, desired: dict[str, Any]) -> str:
         return "created" if api.create(kind, namespace, desired) else "unchanged"
     if (current["metadata"].get("annotations") or {}).get(SPEC_HASH) == digest:
         return "unchanged"
-    body = {"metadata": {"labels": desired["metadata"]["labels"], "annotations": desired["metadata"]["annotations"],
-                         "ownerReferences": desired["metadata"]["ownerReferences"]}}
+    body = {
+        "metadata": {
+            "labels": desired["metadata"]["labels"],
+            "annotations": desired["metadata"]["annotations"],
+            "ownerReferences": desired["metadata"]["ownerReferences"],
+        }
+    }
     for key in ("spec", "data"):
         if key in desired:
             body[key] = desired[key]
@@ -48,8 +53,9 @@ def ensure(kind: str, namespace: str, desired: dict[str, Any]) -> str:
     return "updated"
 
 
-def reconcile(name: str, namespace: str, spec: dict[str, Any], body: Any,
-              allowed: admission.Admission) -> dict[str, Any]:
+def reconcile(
+    name: str, namespace: str, spec: dict[str, Any], body: Any, allowed: admission.Admission
+) -> dict[str, Any]:
     """Render and apply every child of one SLOServing; returns the status to report.
 
     Raises admission.Rejected (image, service account, Secret not allowed; a recordTraffic
@@ -72,8 +78,11 @@ def reconcile(name: str, namespace: str, spec: dict[str, Any], body: Any,
     if canary:
         cfg = children.serving_config(spec, canary.get("config") or {})
         ensure("ConfigMap", namespace, children.serving_config_map(name, "canary", owner, cfg))
-        ensure("Deployment", namespace, children.deployment(name, "canary", spec, owner, cfg,
-                                                            int(canary.get("replicas", 1))))
+        ensure(
+            "Deployment",
+            namespace,
+            children.deployment(name, "canary", spec, owner, cfg, int(canary.get("replicas", 1))),
+        )
     else:
         api.delete("Deployment", namespace, f"{name}-canary")
         api.delete("ConfigMap", namespace, f"{name}-canary-config")
@@ -84,11 +93,17 @@ def observe(name: str, namespace: str, stable: dict[str, Any], canary: dict[str,
     dep = api.read("Deployment", namespace, name) or {}
     ready = int((dep.get("status") or {}).get("readyReplicas") or 0)
     wanted = int((dep.get("spec") or {}).get("replicas") or 0)
-    status: dict[str, Any] = {"readyReplicas": ready, "configHash": children.config_hash(stable),
-                              "phase": "Ready" if ready >= wanted else "Progressing", "canary": None}
+    status: dict[str, Any] = {
+        "readyReplicas": ready,
+        "configHash": children.config_hash(stable),
+        "phase": "Ready" if ready >= wanted else "Progressing",
+        "canary": None,
+    }
     if canary:
         cdep = api.read("Deployment", namespace, f"{name}-canary") or {}
-        status["canary"] = {"run": canary.get("run"),
-                            "readyReplicas": int((cdep.get("status") or {}).get("readyReplicas") or 0)}
+        status["canary"] = {
+            "run": canary.get("run"),
+            "readyReplicas": int((cdep.get("status") or {}).get("readyReplicas") or 0),
+        }
         status["phase"] = "Canary"
     return status

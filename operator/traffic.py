@@ -56,10 +56,12 @@ def settings(spec: dict[str, Any]) -> dict[str, Any] | None:
     traffic = spec.get("traffic")
     if not traffic:
         return None
-    return {"fromServing": traffic.get("fromServing") or (spec.get("target") or {}).get("servingName"),
-            "window": str(traffic.get("window") or DEFAULT_WINDOW),
-            "driftThreshold": float(traffic.get("driftThreshold", DEFAULT_DRIFT_THRESHOLD)),
-            "timeScale": float(traffic.get("timeScale", 1.0))}
+    return {
+        "fromServing": traffic.get("fromServing") or (spec.get("target") or {}).get("servingName"),
+        "window": str(traffic.get("window") or DEFAULT_WINDOW),
+        "driftThreshold": float(traffic.get("driftThreshold", DEFAULT_DRIFT_THRESHOLD)),
+        "timeScale": float(traffic.get("timeScale", 1.0)),
+    }
 
 
 def problem(spec: dict[str, Any]) -> tuple[str, str] | None:
@@ -80,15 +82,22 @@ def problem(spec: dict[str, Any]) -> tuple[str, str] | None:
     if int(spec.get("workers", 1)) > 1:
         # each pod would snapshot its own window, at its own time: workers sharing one study
         # must replay the same requests
-        return "spec.traffic", "spec.traffic with workers > 1: each worker would snapshot its own window; use workers: 1"
+        return (
+            "spec.traffic",
+            "spec.traffic with workers > 1: each worker would snapshot its own window; use workers: 1",
+        )
     return None
 
 
 def source_hash(spec: dict[str, Any]) -> str:
     """What the tuned-on traffic must have been tuned with to be compared: the tuning spec and traffic source."""
     t = settings(spec) or {}
-    key = {"tuning": spec.get("tuning"), "fromServing": t.get("fromServing"), "window": t.get("window"),
-           "timeScale": t.get("timeScale")}
+    key = {
+        "tuning": spec.get("tuning"),
+        "fromServing": t.get("fromServing"),
+        "window": t.get("window"),
+        "timeScale": t.get("timeScale"),
+    }
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
 
 
@@ -98,10 +107,15 @@ def make_plan(spec: dict[str, Any], claim: str, tuned_traffic: dict[str, Any] | 
     assert t is not None and problem(spec) is None, "check spec.traffic (problem) first"
     digest = source_hash(spec)
     comparable = tuned_traffic if tuned_traffic and tuned_traffic.get("sourceHash") == digest else None
-    return Plan(serving=t["fromServing"], claim=claim,
-                window_s=int(schedule.parse_duration(t["window"]).total_seconds()),
-                drift_threshold=t["driftThreshold"], time_scale=t["timeScale"], source_hash=digest,
-                tuned_traffic={k: comparable.get(k) for k in ("run", *SUMMARY_FIELDS)} if comparable else None)
+    return Plan(
+        serving=t["fromServing"],
+        claim=claim,
+        window_s=int(schedule.parse_duration(t["window"]).total_seconds()),
+        drift_threshold=t["driftThreshold"],
+        time_scale=t["timeScale"],
+        source_hash=digest,
+        tuned_traffic={k: comparable.get(k) for k in ("run", *SUMMARY_FIELDS)} if comparable else None,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +144,7 @@ def drift(new: dict[str, Any], old: dict[str, Any]) -> Drift:
 
 
 def describe(d: Drift, threshold: float, tuned_run: Any = None) -> str:
-    """"traffic drift 4% < threshold 15% (largest: promptP95, vs run 3)"."""
+    """ "traffic drift 4% < threshold 15% (largest: promptP95, vs run 3)"."""
     op = "<" if is_skipped(d, threshold) else ">="
     vs = f", vs run {tuned_run}" if tuned_run is not None else ""
     return f"traffic drift {_percent(d.value)} {op} threshold {_percent(threshold)} (largest: {d.field}{vs})"

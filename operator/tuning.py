@@ -101,6 +101,7 @@ class Step:
 
 # --- the tick ------------------------------------------------------------------------------
 
+
 def advance(s: Step) -> None:
     """One step of the state machine (dispatch on phase)."""
     phase = s.status.get("phase") or "Pending"
@@ -122,15 +123,22 @@ def tuning(s: Step) -> None:
         return skip(s, data)
     if "best.yaml" in data:
         return take_result(s, data)
-    ended = {c.get("type") for c in ((job or {}).get("status") or {}).get("conditions") or []
-             if c.get("type") in ("Complete", "Failed") and c.get("status") == "True"}
+    ended = {
+        c.get("type")
+        for c in ((job or {}).get("status") or {}).get("conditions") or []
+        if c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
+    }
     if "error" in data:
         if job is None or ended:
             reason, _, message = data["error"].partition(": ")
             return finish(s, "Failed", reason or "TuningFailed", message or data["error"])
         # an attempt failed and the Job retries (backoffLimit): its final status decides
-        s.condition("Tuned", False, "Retrying", f"run {s.run}: an attempt failed ({data['error'][:200]}); "
-                    f"job {children.job_name(s.name, s.run)} retries")
+        s.condition(
+            "Tuned",
+            False,
+            "Retrying",
+            f"run {s.run}: an attempt failed ({data['error'][:200]}); job {children.job_name(s.name, s.run)} retries",
+        )
         return
     if job is None:  # deleted under us (or lost before a restart): recreate, same name
         rejection, plan = admit_run(s)
@@ -139,8 +147,13 @@ def tuning(s: Step) -> None:
         c = next(c for c in job["status"]["conditions"] if c.get("type") == "Failed")
         return finish(s, "Failed", "JobFailed", c.get("message") or c.get("reason") or "the tuning Job failed")
     if "Complete" in ended:
-        return finish(s, "Failed", "NoResult", f"job {children.job_name(s.name, s.run)} completed without "
-                      f"publishing to ConfigMap {children.result_name(s.name, s.run)}")
+        return finish(
+            s,
+            "Failed",
+            "NoResult",
+            f"job {children.job_name(s.name, s.run)} completed without "
+            f"publishing to ConfigMap {children.result_name(s.name, s.run)}",
+        )
 
 
 def awaiting_approval(s: Step) -> None:
@@ -180,12 +193,19 @@ def finished(s: Step) -> None:
 
 
 STEPS: dict[str, Callable[[Step], None]] = {
-    "Pending": pending, "Tuning": tuning, "AwaitingApproval": awaiting_approval, "Canary": canary,
-    "Promoted": finished, "RolledBack": finished, "Failed": finished, "Skipped": finished,
+    "Pending": pending,
+    "Tuning": tuning,
+    "AwaitingApproval": awaiting_approval,
+    "Canary": canary,
+    "Promoted": finished,
+    "RolledBack": finished,
+    "Failed": finished,
+    "Skipped": finished,
 }
 
 
 # --- actions -------------------------------------------------------------------------------
+
 
 def admit_run(s: Step) -> tuple[admission.Rejection | None, traffic.Plan | None]:
     """Why the run cannot start, or None and its traffic plan (None without spec.traffic)."""
@@ -195,13 +215,18 @@ def admit_run(s: Step) -> tuple[admission.Rejection | None, traffic.Plan | None]
     name = traffic.settings(s.spec)["fromServing"]
     serving = api.read_serving(s.namespace, name)
     if serving is None:
-        return admission.Rejection("spec.traffic.fromServing", "TrafficNotRecorded",
-                                   f"spec.traffic.fromServing: SLOServing '{name}' does not exist"), None
+        return admission.Rejection(
+            "spec.traffic.fromServing",
+            "TrafficNotRecorded",
+            f"spec.traffic.fromServing: SLOServing '{name}' does not exist",
+        ), None
     record = serving.get("spec", {}).get("recordTraffic")
     if record is None or admission.check_serving(serving["spec"]) is not None:
-        return admission.Rejection("spec.traffic.fromServing", "TrafficNotRecorded",
-                                   f"spec.traffic.fromServing: SLOServing '{name}' records no traffic: set its "
-                                   "spec.recordTraffic.claimName"), None
+        return admission.Rejection(
+            "spec.traffic.fromServing",
+            "TrafficNotRecorded",
+            f"spec.traffic.fromServing: SLOServing '{name}' records no traffic: set its spec.recordTraffic.claimName",
+        ), None
     return None, traffic.make_plan(s.spec, record["claimName"], tuned_traffic(s))
 
 
@@ -218,8 +243,12 @@ def start_run(s: Step, run: int) -> None:
         return reject(s, rejection)
     s.condition(conditions.VALID, True, "Valid", "the spec is valid")
     warning = admission.storage_warning(s.spec)
-    s.condition(conditions.PERSISTENT_STORAGE, warning is None, "EphemeralStorage" if warning else "Persistent",
-                warning or "the study and the MLflow runs outlive the Job's pods")
+    s.condition(
+        conditions.PERSISTENT_STORAGE,
+        warning is None,
+        "EphemeralStorage" if warning else "Persistent",
+        warning or "the study and the MLflow runs outlive the Job's pods",
+    )
     create_run_children(s, run, plan)
     # the summary comes with the Job's result; the source it is comparable with is known now
     s.replace("traffic", {"run": run, "sourceHash": plan.source_hash} if plan else None)
@@ -240,11 +269,18 @@ def create_run_children(s: Step, run: int, plan: traffic.Plan | None) -> None:
     spec = s.admission.admit("SLOTuning", s.namespace, s.spec)  # image, service account: checked, filled in
     owner = api.owner_reference(s.body)
     labels = {api.LABEL_TUNING: s.name}
-    spec_cm = children.config_map(f"{s.name}-spec", owner, labels,
-                                  {"spec.yaml": yaml.safe_dump(children.tuning_spec(s.spec, plan, run), sort_keys=False)})
+    spec_cm = children.config_map(
+        f"{s.name}-spec",
+        owner,
+        labels,
+        {"spec.yaml": yaml.safe_dump(children.tuning_spec(s.spec, plan, run), sort_keys=False)},
+    )
     ensure("ConfigMap", s.namespace, spec_cm)
-    api.create("ConfigMap", s.namespace, children.config_map(
-        children.result_name(s.name, run), owner, {**labels, api.LABEL_RUN: str(run)}, {}))
+    api.create(
+        "ConfigMap",
+        s.namespace,
+        children.config_map(children.result_name(s.name, run), owner, {**labels, api.LABEL_RUN: str(run)}, {}),
+    )
     for obj in children.publish_rbac(s.name, spec, owner, run, s.namespace):
         api.create(obj["kind"], s.namespace, obj)
     for job in children.tuning_jobs(s.name, spec, owner, run, s.namespace, plan):
@@ -265,20 +301,32 @@ def note_traffic(s: Step, data: dict[str, str]) -> None:
     if "skipped" in data:
         return  # skip() says why
     if new.get("drift") is None:
-        s.condition(conditions.RETUNED, True, "NoBaseline", f"run {s.run}: no earlier result was tuned on this "
-                    "traffic source and spec: tuning")
+        s.condition(
+            conditions.RETUNED,
+            True,
+            "NoBaseline",
+            f"run {s.run}: no earlier result was tuned on this traffic source and spec: tuning",
+        )
     else:
         d = traffic.Drift(float(new["drift"]), str(new.get("driftField")))
-        s.condition(conditions.RETUNED, True, "TrafficDrifted",
-                    f"run {s.run}: {traffic.describe(d, threshold, new.get('driftFrom'))}: tuning")
+        s.condition(
+            conditions.RETUNED,
+            True,
+            "TrafficDrifted",
+            f"run {s.run}: {traffic.describe(d, threshold, new.get('driftFrom'))}: tuning",
+        )
 
 
 def skip(s: Step, data: dict[str, str]) -> None:
     reason, _, message = data["skipped"].partition(": ")
     reason, message = (reason, message) if message else ("NoDrift", data["skipped"])
     s.condition(conditions.RETUNED, False, reason, f"run {s.run}: {message}")
-    s.condition("Tuned", True, reason, f"run {s.run} skipped: {message}; the result of run "
-                f"{(s.get('best') or {}).get('run', '-')} stands")
+    s.condition(
+        "Tuned",
+        True,
+        reason,
+        f"run {s.run} skipped: {message}; the result of run {(s.get('best') or {}).get('run', '-')} stands",
+    )
     s.event("Normal", "Skipped", f"run {s.run}: {message}")
     finish(s, "Skipped", reason, message)
 
@@ -286,10 +334,15 @@ def skip(s: Step, data: dict[str, str]) -> None:
 def take_result(s: Step, data: dict[str, str]) -> None:
     config = yaml.safe_load(data["best.yaml"]) or {}
     summary = json.loads(data.get("best_metrics.json") or "{}")
-    best = {"run": s.run, "config": config, "configHash": children.config_hash(config),
-            "objective": summary.get("objective"), "value": summary.get("value"),
-            "metrics": {k: v for k, v in (summary.get("metrics") or {}).items() if isinstance(v, (int, float))},
-            "summary": _summary(summary)}
+    best = {
+        "run": s.run,
+        "config": config,
+        "configHash": children.config_hash(config),
+        "objective": summary.get("objective"),
+        "value": summary.get("value"),
+        "metrics": {k: v for k, v in (summary.get("metrics") or {}).items() if isinstance(v, (int, float))},
+        "summary": _summary(summary),
+    }
     s.set(best=best, mlflowRunId=data.get("mlflow_run_id"))
     run_traffic = s.get("traffic") or {}
     if run_traffic.get("run") == s.run and run_traffic.get("requests"):
@@ -316,8 +369,11 @@ def start_canary(s: Step) -> None:
         s.condition("RolledOut", False, "TargetNotFound", f"SLOServing '{s.serving}' does not exist")
         return
     replicas = s.policy.canary_replicas(int(serving["spec"].get("replicas", 1)))
-    api.patch_serving(s.namespace, s.serving, {"spec": {"canary": {
-        "config": s.get("best")["config"], "replicas": replicas, "run": s.run}}})
+    api.patch_serving(
+        s.namespace,
+        s.serving,
+        {"spec": {"canary": {"config": s.get("best")["config"], "replicas": replicas, "run": s.run}}},
+    )
     s.set(phase="Canary", canary={"run": s.run, "startedAt": stamp(now()), "readySince": None})
     s.condition("RolledOut", False, "CanaryStarting", f"run {s.run}: canary {s.serving}-canary x{replicas}")
     s.event("Normal", "CanaryStarted", f"run {s.run}: canary {s.serving}-canary with {replicas} replica(s)")
@@ -353,8 +409,9 @@ def roll_back(s: Step, verdict: rollout.Verdict) -> None:
     finish(s, "RolledBack", verdict.reason, verdict.message, verdict.measured)
 
 
-def finish(s: Step, phase: str, reason: str, message: str, measured: dict | None = None,
-           config: dict | None = None) -> None:
+def finish(
+    s: Step, phase: str, reason: str, message: str, measured: dict | None = None, config: dict | None = None
+) -> None:
     entry = {"run": s.run, "outcome": phase, "reason": reason, "message": message[:500], "at": stamp(now())}
     best = s.get("best") or {}
     if best.get("run") == s.run:
@@ -396,9 +453,17 @@ def reschedule(s: Step) -> None:
     if now() < due:
         return
     if s.status.get("phase") == "AwaitingApproval":
-        record(s, {"run": s.run, "outcome": "Superseded", "reason": "Scheduled",
-                   "message": "a scheduled run started before approval", "at": stamp(now()),
-                   "configHash": (s.get("best") or {}).get("configHash")})
+        record(
+            s,
+            {
+                "run": s.run,
+                "outcome": "Superseded",
+                "reason": "Scheduled",
+                "message": "a scheduled run started before approval",
+                "at": stamp(now()),
+                "configHash": (s.get("best") or {}).get("configHash"),
+            },
+        )
         s.set(tunedTraffic=None, baselineTraffic=None)  # a result never rolled out: the next run re-tunes
     start_run(s, s.run + 1)
 
@@ -428,9 +493,10 @@ def prune(s: Step, run: int) -> None:
     for cm in api.core().list_namespaced_config_map(s.namespace, label_selector=selector).items:
         if int(cm.metadata.labels[api.LABEL_RUN]) <= run - keep:
             api.delete("ConfigMap", s.namespace, cm.metadata.name)
-    for kind, items in (("Role", api.rbac().list_namespaced_role(s.namespace, label_selector=selector).items),
-                        ("RoleBinding", api.rbac().list_namespaced_role_binding(s.namespace,
-                                                                                label_selector=selector).items)):
+    for kind, items in (
+        ("Role", api.rbac().list_namespaced_role(s.namespace, label_selector=selector).items),
+        ("RoleBinding", api.rbac().list_namespaced_role_binding(s.namespace, label_selector=selector).items),
+    ):
         for obj in items:
             if int(obj.metadata.labels[api.LABEL_RUN]) <= run - keep:
                 api.delete(kind, s.namespace, obj.metadata.name)

@@ -54,7 +54,9 @@ class Knob(BaseModel):
     high: float | None = None
     step: float | None = Field(None, gt=0)
     log: bool = False
-    when: dict[str, list[Scalar]] = Field(default_factory=dict, description="sample only if these fields take these values")
+    when: dict[str, list[Scalar]] = Field(
+        default_factory=dict, description="sample only if these fields take these values"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> "Knob":
@@ -64,7 +66,9 @@ class Knob(BaseModel):
                 raise ValueError(f"{where}: categorical needs a non-empty 'choices' list")
             extra = [f for f in ("low", "high", "step") if getattr(self, f) is not None] + ["log"] * self.log
             if extra:
-                raise ValueError(f"{where}: a categorical knob takes 'choices' only; remove {extra} (for int/float knobs)")
+                raise ValueError(
+                    f"{where}: a categorical knob takes 'choices' only; remove {extra} (for int/float knobs)"
+                )
             dup = sorted({repr(c) for i, c in enumerate(self.choices) if _index(self.choices, c) != i})
             if dup:
                 raise ValueError(f"{where}: choices listed twice: {', '.join(dup)}")
@@ -74,21 +78,27 @@ class Knob(BaseModel):
             if self.low is None or self.high is None or self.low > self.high:
                 raise ValueError(f"{where}: {self.type} needs low <= high")
             if self.type == "int":
-                bad = [f"{f}={getattr(self, f)}" for f in ("low", "high", "step")
-                       if getattr(self, f) is not None and not float(getattr(self, f)).is_integer()]
+                bad = [
+                    f"{f}={getattr(self, f)}"
+                    for f in ("low", "high", "step")
+                    if getattr(self, f) is not None and not float(getattr(self, f)).is_integer()
+                ]
                 if bad:
                     raise ValueError(f"{where}: an int knob needs whole numbers ({', '.join(bad)}); use type float")
             if self.step is not None:
                 n = (self.high - self.low) / self.step
                 if abs(n - round(n)) > 1e-9 * max(1.0, abs(n)):
-                    raise ValueError(f"{where}: high - low ({self.high - self.low:g}) is not a multiple of step "
-                                     f"({self.step:g}); Optuna would lower high to fit")
+                    raise ValueError(
+                        f"{where}: high - low ({self.high - self.low:g}) is not a multiple of step "
+                        f"({self.step:g}); Optuna would lower high to fit"
+                    )
             if self.log:
                 if self.low <= 0:
                     raise ValueError(f"{where}: log scale needs low > 0, got {self.low}")
                 if self.step is not None and not (self.type == "int" and self.step == 1):
-                    raise ValueError(f"{where}: log and step cannot be combined (Optuna samples a log scale "
-                                     "continuously); drop one")
+                    raise ValueError(
+                        f"{where}: log and step cannot be combined (Optuna samples a log scale continuously); drop one"
+                    )
         for field, vals in self.when.items():
             if not vals:
                 raise ValueError(f"{where}: when.{field} is an empty list, so the knob would never be sampled")
@@ -126,8 +136,10 @@ class Knob(BaseModel):
         if self.type == "float":
             raise ValueError(f"knob '{self.name}': a float knob has no grid; give it a step or make it categorical")
         if self.num_values > MAX_GRID_VALUES:
-            raise ValueError(f"knob '{self.name}': {self.num_values} values is too many for a grid "
-                             f"(at most {MAX_GRID_VALUES}); use a larger step, or another sampler")
+            raise ValueError(
+                f"knob '{self.name}': {self.num_values} values is too many for a grid "
+                f"(at most {MAX_GRID_VALUES}); use a larger step, or another sampler"
+            )
         if self.type == "categorical":
             return list(self.choices)
         return list(range(int(self.low), int(self.high) + 1, int(self.step or 1)))
@@ -171,15 +183,17 @@ def _field_type(name: str) -> Any:
 
 def _is_int_field(ann: Any) -> bool:
     """int, int | None, or a Literal of ints only."""
-    args = [a for a in typing.get_args(ann) if a is not type(None)] if typing.get_origin(ann) in (typing.Union,
-                                                                                                   _UnionType) else [ann]
+    args = (
+        [a for a in typing.get_args(ann) if a is not type(None)]
+        if typing.get_origin(ann) in (typing.Union, _UnionType)
+        else [ann]
+    )
     if len(args) != 1:
         return False
     a = args[0]
     if typing.get_origin(a) is Literal:
         return all(type(v) is int for v in typing.get_args(a))
     return a is int
-
 
 
 class Start(BaseModel):
@@ -190,8 +204,10 @@ class Start(BaseModel):
         allowed = [m for kind in self.objectives for m in METRICS_OF_KIND[kind]]
         wrong = [m for m in self.metrics if m not in allowed]
         if wrong:
-            raise ValueError(f"start '{self.name}': metrics {wrong} are not metrics of its objectives "
-                             f"{self.objectives}; use some of {allowed}")
+            raise ValueError(
+                f"start '{self.name}': metrics {wrong} are not metrics of its objectives "
+                f"{self.objectives}; use some of {allowed}"
+            )
         return self
 
     def suits(self, kind: str, metric: str) -> bool:
@@ -203,15 +219,22 @@ class Start(BaseModel):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64)
     why: str = Field(min_length=1, description="the reasoning: why an expert would try this corner first")
     objectives: list[Literal["latency", "throughput", "cost"]] = Field(
-        default_factory=lambda: ["latency", "throughput", "cost"], min_length=1,
-        description="the objective kinds this corner is a good start for")
-    metrics: list[str] = Field(default_factory=list, description="the objective metrics (ttft, tpot, goodput_rps, ...) "
-                               "it is a good start for, within those kinds; empty = every metric")
+        default_factory=lambda: ["latency", "throughput", "cost"],
+        min_length=1,
+        description="the objective kinds this corner is a good start for",
+    )
+    metrics: list[str] = Field(
+        default_factory=list,
+        description="the objective metrics (ttft, tpot, goodput_rps, ...) "
+        "it is a good start for, within those kinds; empty = every metric",
+    )
     params: dict[str, Scalar] = Field(min_length=1, description="knob values; knobs not named keep the base config's")
     then: list[dict[str, Scalar]] = Field(
-        default_factory=list, description="repairs, tried in turn while this start misses an SLO limit: each is "
+        default_factory=list,
+        description="repairs, tried in turn while this start misses an SLO limit: each is "
         "`params` with these knob values on top (`rung`), enqueued when the one before it missed (tuner/study.py "
-        "StartRepairs); say [{max_num_seqs: 2}] for a batch-1 start whose queue may push TTFT past its limit")
+        "StartRepairs); say [{max_num_seqs: 2}] for a batch-1 start whose queue may push TTFT past its limit",
+    )
 
     def rung(self, i: int) -> dict[str, Scalar]:
         """The params of the i-th try: 0 is the start itself, i >= 1 its (i-1)-th repair in `then`."""
@@ -240,31 +263,41 @@ class SearchSpace(BaseModel):
             if ann is None:
                 raise ValueError(f"knob '{k.name}': not a valid EngineConfig field/value (no field '{k.name}')")
             if k.type == "float" and _is_int_field(ann):
-                raise ValueError(f"knob '{k.name}': not a valid EngineConfig field/value: a float knob on a whole-number "
-                                 "field; use type int (or categorical)")
+                raise ValueError(
+                    f"knob '{k.name}': not a valid EngineConfig field/value: a float knob on a whole-number "
+                    "field; use type int (or categorical)"
+                )
             for value in k.probe_values():
                 try:
                     base.with_updates({k.name: value})
                 except ValueError as exc:
                     reason = _first_problem(exc)
-                    raise ValueError(f"knob '{k.name}': not a valid EngineConfig field/value: {value!r} ({reason})") from None
+                    raise ValueError(
+                        f"knob '{k.name}': not a valid EngineConfig field/value: {value!r} ({reason})"
+                    ) from None
             for cond, vals in k.when.items():
                 if cond not in by_name:
                     raise ValueError(f"knob '{k.name}': condition on '{cond}', which is not a knob of this space")
                 if cond == k.name:
                     raise ValueError(f"knob '{k.name}': a condition on itself")
                 if names.index(cond) > i:
-                    raise ValueError(f"knob '{k.name}': condition on '{cond}', which is declared after it (knobs are "
-                                     f"sampled in order): move '{cond}' above '{k.name}'")
+                    raise ValueError(
+                        f"knob '{k.name}': condition on '{cond}', which is declared after it (knobs are "
+                        f"sampled in order): move '{cond}' above '{k.name}'"
+                    )
                 self._check_values(f"knob '{k.name}': when.{cond}", by_name[cond], vals)
         for j, rule in enumerate(self.forbidden):
             if not rule:
                 raise ValueError(f"forbidden[{j}]: an empty rule would forbid every config")
             for field, vals in rule.items():
                 if field not in by_name:
-                    raise ValueError(f"forbidden[{j}]: '{field}' is not a knob of this space (knobs: {', '.join(names)})")
+                    raise ValueError(
+                        f"forbidden[{j}]: '{field}' is not a knob of this space (knobs: {', '.join(names)})"
+                    )
                 if not vals:
-                    raise ValueError(f"forbidden[{j}].{field}: an empty list never matches; remove the rule or list values")
+                    raise ValueError(
+                        f"forbidden[{j}].{field}: an empty list never matches; remove the rule or list values"
+                    )
                 self._check_values(f"forbidden[{j}].{field}", by_name[field], vals)
         for j, start in enumerate(self.starts):
             where = f"starts[{j}] '{start.name}'"
@@ -272,13 +305,16 @@ class SearchSpace(BaseModel):
                 raise ValueError(f"{where}: name used twice")
             for i in range(len(start.then) + 1):
                 if i and not start.then[i - 1]:
-                    raise ValueError(f"{where}.then[{i - 1}]: an empty repair changes nothing; name the knobs it changes")
+                    raise ValueError(
+                        f"{where}.then[{i - 1}]: an empty repair changes nothing; name the knobs it changes"
+                    )
                 at = where if i == 0 else f"{where}.then[{i - 1}]"
                 self._check_start(at, f"{where}.params" if i == 0 else at, start.rung(i), by_name, base)
         return self
 
-    def _check_start(self, where: str, values_at: str, params: dict[str, Any], by_name: dict[str, Knob],
-                     base: EngineConfig) -> None:
+    def _check_start(
+        self, where: str, values_at: str, params: dict[str, Any], by_name: dict[str, Knob], base: EngineConfig
+    ) -> None:
         """A start's params (or one of its repairs, over them): knobs of this space, values they can
         take (a bad one named as `values_at`.knob), conditions met, no forbidden combination, a valid
         EngineConfig."""
@@ -318,7 +354,9 @@ class SearchSpace(BaseModel):
         if not (path.suffix in (".yaml", ".yml") or path.exists()):
             names = builtin_spaces()
             if str(ref) not in names:
-                raise ValueError(f"unknown search space '{ref}': not a file, and not a built-in ({', '.join(sorted(names))})")
+                raise ValueError(
+                    f"unknown search space '{ref}': not a file, and not a built-in ({', '.join(sorted(names))})"
+                )
             path = names[str(ref)]
         data = load_yaml_mapping(path, "search space file")
         try:
@@ -345,7 +383,9 @@ class SearchSpace(BaseModel):
         grid = {k.name: k.grid_values() for k in self.knobs}
         size = math.prod(len(v) for v in grid.values())
         if size > MAX_GRID_SIZE:
-            raise ValueError(f"the grid has {size} configs (at most {MAX_GRID_SIZE}); use fewer values or another sampler")
+            raise ValueError(
+                f"the grid has {size} configs (at most {MAX_GRID_SIZE}); use fewer values or another sampler"
+            )
         return grid
 
 

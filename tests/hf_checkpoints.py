@@ -15,8 +15,16 @@ from pathlib import Path
 
 import torch
 
-TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.15)  # large enough for rope to matter
+TINY = dict(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    initializer_range=0.15,
+)  # large enough for rope to matter
 
 _CHILD = r"""
 import json, sys
@@ -47,8 +55,15 @@ def hf_checkpoint(path: Path, config: str, ids=None, prompts=(), max_new_tokens:
     """In a child process: a random transformers model of config class `config` (TINY + kw) saved as
     an HF directory in `path` (biases and norms randomised so that they matter). Returns its
     state_dict, config dict, float32 logits on `ids` and greedy tokens for each of `prompts`."""
-    spec = {"config": config, "kw": {**TINY, **kw}, "dir": str(path), "out": str(path / "ref.pt"), "ids": ids,
-            "prompts": [list(p) for p in prompts], "max_new_tokens": max_new_tokens}
+    spec = {
+        "config": config,
+        "kw": {**TINY, **kw},
+        "dir": str(path),
+        "out": str(path / "ref.pt"),
+        "ids": ids,
+        "prompts": [list(p) for p in prompts],
+        "max_new_tokens": max_new_tokens,
+    }
     r = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(spec)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
     return torch.load(path / "ref.pt")
@@ -59,16 +74,34 @@ def permute_qk(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-          "lm_head.weight": "output.weight"}
-_LAYER_NAMES = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
-                "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-                "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate",
-                "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+_NAMES = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+_LAYER_NAMES = {
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
 
 
-def write_gguf(path: Path, ref: dict, arch: str, rope_freqs: torch.Tensor | None = None,
-               extra: dict[str, torch.Tensor] | None = None, metadata: dict | None = None) -> None:
+def write_gguf(
+    path: Path,
+    ref: dict,
+    arch: str,
+    rope_freqs: torch.Tensor | None = None,
+    extra: dict[str, torch.Tensor] | None = None,
+    metadata: dict | None = None,
+) -> None:
     """`hf_checkpoint`'s weights as a float32 GGUF of llama.cpp architecture `arch`, as
     convert_hf_to_gguf.py writes it: q/k rows permuted for `llama` only (its LlamaModel permutes,
     Qwen2Model/Qwen3Model only rename), key_length/value_length when the config has head_dim,

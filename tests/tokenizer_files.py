@@ -26,19 +26,29 @@ BYTE_LEVEL_GPT2 = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets
 GPT2_PIPELINE = {"pre_tokenizer": BYTE_LEVEL_GPT2}
 
 
-def train_bpe(pipeline: dict, vocab_size: int, special_tokens: tuple[str, ...] = (),
-              user_tokens: tuple[str, ...] = ()) -> Tokenizer:
+def train_bpe(
+    pipeline: dict, vocab_size: int, special_tokens: tuple[str, ...] = (), user_tokens: tuple[str, ...] = ()
+) -> Tokenizer:
     """A byte-level BPE trained on the bundled corpus through `pipeline`: the normalizer,
     pre_tokenizer and decoder entries of a family's tokenizer.json, plus `model` options
     (e.g. ignore_merges) as that file writes them. Special tokens get the first ids, user tokens
     (added, not special) the last ones."""
-    spec = {"version": "1.0", "added_tokens": [], "normalizer": pipeline.get("normalizer"),
-            "pre_tokenizer": pipeline["pre_tokenizer"], "post_processor": None,
-            "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
-            "model": {"type": "BPE", "vocab": {}, "merges": []}}
+    spec = {
+        "version": "1.0",
+        "added_tokens": [],
+        "normalizer": pipeline.get("normalizer"),
+        "pre_tokenizer": pipeline["pre_tokenizer"],
+        "post_processor": None,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        "model": {"type": "BPE", "vocab": {}, "merges": []},
+    }
     tok = Tokenizer.from_str(json.dumps(spec))
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size - len(user_tokens), special_tokens=list(special_tokens),
-                                  initial_alphabet=ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size - len(user_tokens),
+        special_tokens=list(special_tokens),
+        initial_alphabet=ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator([corpus_text(), EXTRA_TEXT], trainer)
     data = json.loads(tok.to_str())
     data["model"].update(pipeline.get("model", {}))  # the trainer keeps vocab + merges, not the family's options
@@ -51,8 +61,9 @@ def write_hf_tokenizer(d: Path, tok: Tokenizer, **tokenizer_config) -> None:
     """tokenizer.json + tokenizer_config.json (bos_token, eos_token, chat_template, ...) in `d`."""
     d.mkdir(parents=True, exist_ok=True)
     tok.save(str(d / "tokenizer.json"))
-    (d / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "PreTrainedTokenizerFast", **tokenizer_config}))
+    (d / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", **tokenizer_config})
+    )
 
 
 def gguf_vocab_fields(tok: Tokenizer) -> tuple[list[str], list[int], list[str]]:

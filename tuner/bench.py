@@ -21,9 +21,19 @@ from rich.table import Table
 
 from slotune.engine.config import EngineConfig
 from slotune.tuner.errors import parse_yaml
-from slotune.tuner.metrics import (CI_PERCENTILES, LATENCY_SERIES, PERCENTILES, BenchResult, MemoryTracker,
-                                   RequestRecord, bootstrap_intervals, ci_keys, cost_metrics, engine_stats_delta,
-                                   summarize)
+from slotune.tuner.metrics import (
+    CI_PERCENTILES,
+    LATENCY_SERIES,
+    PERCENTILES,
+    BenchResult,
+    MemoryTracker,
+    RequestRecord,
+    bootstrap_intervals,
+    ci_keys,
+    cost_metrics,
+    engine_stats_delta,
+    summarize,
+)
 from slotune.tuner.slo import metric_key
 from slotune.tuner.workload import BenchRequest, WorkloadSpec, iter_requests
 
@@ -64,11 +74,18 @@ def _run_warmup(engine, warmup: list[BenchRequest], params_for) -> None:
         engine.step()
 
 
-def run_benchmark(cfg, workload: WorkloadSpec, *, llm=None, ttft_limit_s: float | None = None,
-                  tpot_limit_s: float | None = None, seed: int | None = None,
-                  percentiles: tuple[float, ...] = (),
-                  on_progress: Callable[[int, int | None], None] | None = None,
-                  should_stop: Callable[[list[RequestRecord]], bool] | None = None) -> BenchResult:
+def run_benchmark(
+    cfg,
+    workload: WorkloadSpec,
+    *,
+    llm=None,
+    ttft_limit_s: float | None = None,
+    tpot_limit_s: float | None = None,
+    seed: int | None = None,
+    percentiles: tuple[float, ...] = (),
+    on_progress: Callable[[int, int | None], None] | None = None,
+    should_stop: Callable[[list[RequestRecord]], bool] | None = None,
+) -> BenchResult:
     """Replay `workload` on an engine built from `cfg` (or the given `llm`) and measure it.
 
     Args:
@@ -164,12 +181,23 @@ def run_benchmark(cfg, workload: WorkloadSpec, *, llm=None, ttft_limit_s: float 
             break
     duration = time.perf_counter() - t0
 
-    metrics = summarize(records, duration, ttft_limit_s=ttft_limit_s, tpot_limit_s=tpot_limit_s,
-                        percentiles=tuple(dict.fromkeys((*PERCENTILES, *percentiles))))
+    metrics = summarize(
+        records,
+        duration,
+        ttft_limit_s=ttft_limit_s,
+        tpot_limit_s=tpot_limit_s,
+        percentiles=tuple(dict.fromkeys((*PERCENTILES, *percentiles))),
+    )
     metrics.update(window.metrics())
-    return BenchResult(config=llm.config.model_dump(mode="json"), workload=workload.model_dump(mode="json"),
-                       metrics=metrics, records=records, early_stopped=is_early, device=str(engine.runner.device),
-                       started_at=started_at)
+    return BenchResult(
+        config=llm.config.model_dump(mode="json"),
+        workload=workload.model_dump(mode="json"),
+        metrics=metrics,
+        records=records,
+        early_stopped=is_early,
+        device=str(engine.runner.device),
+        started_at=started_at,
+    )
 
 
 def _fmt(v: float | None, scale: float = 1.0) -> str:
@@ -204,17 +232,28 @@ def print_result(res: BenchResult, title: str = "benchmark", percentiles: tuple[
     console = Console()
     console.print(t)
     s = Table(show_header=False, box=None)
-    rows = [("output tokens/s", "output_tokens_per_s", 1), ("total tokens/s", "total_tokens_per_s", 1),
-            ("requests/s", "requests_per_s", 1), ("goodput (req/s)", "goodput_rps", 1),
-            ("$ per 1M output tokens", "usd_per_1m_output_tokens", 1), ("$ per 1M tokens", "usd_per_1m_total_tokens", 1),
-            ("SLO attainment", "slo_attainment", 1), ("duration (s)", "duration_s", 1),
-            ("peak KV blocks", "peak_kv_blocks", 1), ("KV blocks total", "num_kv_blocks", 1),
-            ("prefix-cache hit rate", "prefix_cache_hit_rate", 1),
-            ("spec acceptance rate", "spec_acceptance_rate", 1), ("spec mean accepted length", "spec_mean_accepted_length", 1),
-            ("preemptions", "num_preemptions", 1), ("rejected", "num_rejected", 1),
-            ("peak memory (MB)", "peak_memory_mb", 1), ("weights (MB)", "weight_bytes", 1e-6),
-            ("short outputs (ignore_eos not honoured?)", "num_short_outputs", 1),
-            ("client CPU (s)", "client_cpu_s", 1), ("failed", "num_failed", 1)]
+    rows = [
+        ("output tokens/s", "output_tokens_per_s", 1),
+        ("total tokens/s", "total_tokens_per_s", 1),
+        ("requests/s", "requests_per_s", 1),
+        ("goodput (req/s)", "goodput_rps", 1),
+        ("$ per 1M output tokens", "usd_per_1m_output_tokens", 1),
+        ("$ per 1M tokens", "usd_per_1m_total_tokens", 1),
+        ("SLO attainment", "slo_attainment", 1),
+        ("duration (s)", "duration_s", 1),
+        ("peak KV blocks", "peak_kv_blocks", 1),
+        ("KV blocks total", "num_kv_blocks", 1),
+        ("prefix-cache hit rate", "prefix_cache_hit_rate", 1),
+        ("spec acceptance rate", "spec_acceptance_rate", 1),
+        ("spec mean accepted length", "spec_mean_accepted_length", 1),
+        ("preemptions", "num_preemptions", 1),
+        ("rejected", "num_rejected", 1),
+        ("peak memory (MB)", "peak_memory_mb", 1),
+        ("weights (MB)", "weight_bytes", 1e-6),
+        ("short outputs (ignore_eos not honoured?)", "num_short_outputs", 1),
+        ("client CPU (s)", "client_cpu_s", 1),
+        ("failed", "num_failed", 1),
+    ]
     for label, key, scale in rows:
         if key in m:
             s.add_row(label, _fmt_ci(m, key, scale))
@@ -244,11 +283,22 @@ def load_tokenizer(model: str):
     return Tokenizer.from_model_path(resolve_model_path(model))
 
 
-def bench_command(config: Path | None, workload: Path | str | None, json_out: Path | None, overrides: list[str],
-                  seed: int | None, ttft_limit_s: float | None = None, tpot_limit_s: float | None = None, *,
-                  url: str | None = None, api_key: str | None = None, model: str | None = None,
-                  api: str | None = None, tokenizer: str | None = None,
-                  usd_per_hour: float | None = None) -> BenchResult:
+def bench_command(
+    config: Path | None,
+    workload: Path | str | None,
+    json_out: Path | None,
+    overrides: list[str],
+    seed: int | None,
+    ttft_limit_s: float | None = None,
+    tpot_limit_s: float | None = None,
+    *,
+    url: str | None = None,
+    api_key: str | None = None,
+    model: str | None = None,
+    api: str | None = None,
+    tokenizer: str | None = None,
+    usd_per_hour: float | None = None,
+) -> BenchResult:
     """`tune bench`: load config (+ overrides) and workload, replay, print tables, write JSON.
 
     With `url`, no engine is built: the workload is replayed against that OpenAI-compatible
@@ -264,8 +314,10 @@ def bench_command(config: Path | None, workload: Path | str | None, json_out: Pa
             if value is not None:
                 raise ValueError(f"{flag}: only applies with --url (measuring a running server)")
     elif overrides:
-        raise ValueError(f"--set: changes the engine config, but --url measures a running server; configure that "
-                         f"server instead (got {', '.join(overrides)})")
+        raise ValueError(
+            f"--set: changes the engine config, but --url measures a running server; configure that "
+            f"server instead (got {', '.join(overrides)})"
+        )
     cfg = EngineConfig.from_yaml(config) if config else EngineConfig()
     if overrides:
         cfg = cfg.with_updates(parse_overrides(overrides))
@@ -273,23 +325,41 @@ def bench_command(config: Path | None, workload: Path | str | None, json_out: Pa
     total = wl.num_requests
     where = f" @ {url}" if url else ""
     with Console(stderr=True).status(f"replaying {wl.name}{where}") as status:
+
         def progress(done: int, n: int | None) -> None:
             status.update(f"replaying {wl.name}{where}: {done}/{n if n else '?'} requests")
 
         if url is None:
-            res = run_benchmark(cfg, wl, seed=seed, ttft_limit_s=ttft_limit_s, tpot_limit_s=tpot_limit_s,
-                                on_progress=progress)
+            res = run_benchmark(
+                cfg, wl, seed=seed, ttft_limit_s=ttft_limit_s, tpot_limit_s=tpot_limit_s, on_progress=progress
+            )
         else:
             # Imported here: aiohttp is only needed with --url.
             from slotune.tuner.http_bench import run_http_benchmark
 
             status.update(f"loading the tokenizer of {tokenizer or cfg.model}")
             tok = load_tokenizer(tokenizer or cfg.model)
-            res = run_http_benchmark(url, wl, tokenizer=tok, api_key=api_key, model=model, api=api or "completions",
-                                     seed=seed, ttft_limit_s=ttft_limit_s, tpot_limit_s=tpot_limit_s,
-                                     on_progress=progress)
-    res.metrics.update(bootstrap_intervals(res.records, res.metrics["duration_s"], ttft_limit_s=ttft_limit_s,
-                                           tpot_limit_s=tpot_limit_s, percentiles=CI_PERCENTILES))
+            res = run_http_benchmark(
+                url,
+                wl,
+                tokenizer=tok,
+                api_key=api_key,
+                model=model,
+                api=api or "completions",
+                seed=seed,
+                ttft_limit_s=ttft_limit_s,
+                tpot_limit_s=tpot_limit_s,
+                on_progress=progress,
+            )
+    res.metrics.update(
+        bootstrap_intervals(
+            res.records,
+            res.metrics["duration_s"],
+            ttft_limit_s=ttft_limit_s,
+            tpot_limit_s=tpot_limit_s,
+            percentiles=CI_PERCENTILES,
+        )
+    )
     if usd_per_hour is not None:
         res.metrics.update(cost_metrics(res.metrics, usd_per_hour))
     print_result(res, title=f"tune bench: {wl.name}" + (f" ({total} requests)" if total else "") + where)

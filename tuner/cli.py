@@ -37,14 +37,23 @@ app.add_typer(workload_app, name="workload")
 
 # Problems with what the user gave (files, values, the environment): exit 2. ValueError covers
 # pydantic's ValidationError and SpecError; OSError unreadable or unwritable paths.
-_USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, KeyError, yaml.YAMLError, RecursionError,
-                                                 ImportError)
+_USER_ERRORS: tuple[type[BaseException], ...] = (
+    ValueError,
+    OSError,
+    KeyError,
+    yaml.YAMLError,
+    RecursionError,
+    ImportError,
+)
 _options = {"debug": False}
 
 
 @app.callback()
-def _main(debug: Annotated[bool, typer.Option("--debug", envvar="SLOTUNE_DEBUG",
-                                              help="print the traceback of an error")] = False) -> None:
+def _main(
+    debug: Annotated[
+        bool, typer.Option("--debug", envvar="SLOTUNE_DEBUG", help="print the traceback of an error")
+    ] = False,
+) -> None:
     _options["debug"] = debug
 
 
@@ -74,34 +83,74 @@ def _reading(source: Path | str | None) -> Iterator[None]:
 
 @app.command()
 def bench(
-    config: Annotated[Optional[Path], typer.Argument(help="EngineConfig YAML (or a tuner best.yaml); default config if omitted")] = None,
-    workload: Annotated[Optional[Path], typer.Option("--workload", "-w", help="workload YAML; default: built-in 'chat-small'")] = None,
+    config: Annotated[
+        Optional[Path], typer.Argument(help="EngineConfig YAML (or a tuner best.yaml); default config if omitted")
+    ] = None,
+    workload: Annotated[
+        Optional[Path], typer.Option("--workload", "-w", help="workload YAML; default: built-in 'chat-small'")
+    ] = None,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write the full result as JSON here")] = None,
-    set_: Annotated[Optional[list[str]], typer.Option("--set", help="override a config field: --set max_num_seqs=8")] = None,
+    set_: Annotated[
+        Optional[list[str]], typer.Option("--set", help="override a config field: --set max_num_seqs=8")
+    ] = None,
     seed: Annotated[Optional[int], typer.Option(help="override the workload seed")] = None,
-    url: Annotated[Optional[str], typer.Option("--url", help="measure this OpenAI-compatible server (http://host:port) "
-                                                             "instead of building an engine")] = None,
-    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="SLOTUNE_API_KEY",
-                                                   help="with --url: send 'Authorization: Bearer KEY'")] = None,
-    model: Annotated[Optional[str], typer.Option("--model", help="with --url: model id to request; "
-                                                                  "default: the first of GET /v1/models")] = None,
-    api: Annotated[Optional[Literal["completions", "chat"]], typer.Option(
-        "--api", help="with --url: completions (token-id prompts, exact lengths) or chat (text as a user message); "
-                      "default: completions")] = None,
-    tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", help="with --url: model whose tokenizer makes the "
-                                                                          "prompts ('smollm2-135m', a .gguf, an HF dir); "
-                                                                          "default: CONFIG's model")] = None,
-    usd_per_hour: Annotated[Optional[float], typer.Option(
-        "--usd-per-hour", help="price of the measured replica per hour (USD): also report $ per 1M output and "
-                               "total tokens")] = None,
+    url: Annotated[
+        Optional[str],
+        typer.Option(
+            "--url", help="measure this OpenAI-compatible server (http://host:port) instead of building an engine"
+        ),
+    ] = None,
+    api_key: Annotated[
+        Optional[str],
+        typer.Option("--api-key", envvar="SLOTUNE_API_KEY", help="with --url: send 'Authorization: Bearer KEY'"),
+    ] = None,
+    model: Annotated[
+        Optional[str],
+        typer.Option("--model", help="with --url: model id to request; default: the first of GET /v1/models"),
+    ] = None,
+    api: Annotated[
+        Optional[Literal["completions", "chat"]],
+        typer.Option(
+            "--api",
+            help="with --url: completions (token-id prompts, exact lengths) or chat (text as a user message); "
+            "default: completions",
+        ),
+    ] = None,
+    tokenizer: Annotated[
+        Optional[str],
+        typer.Option(
+            "--tokenizer",
+            help="with --url: model whose tokenizer makes the "
+            "prompts ('smollm2-135m', a .gguf, an HF dir); "
+            "default: CONFIG's model",
+        ),
+    ] = None,
+    usd_per_hour: Annotated[
+        Optional[float],
+        typer.Option(
+            "--usd-per-hour",
+            help="price of the measured replica per hour (USD): also report $ per 1M output and total tokens",
+        ),
+    ] = None,
 ) -> None:
     """Replay a workload against the engine (or a server, --url) and report TTFT/TPOT/ITL/e2e, tokens/s, goodput."""
     with _reading(config):
         _check_yaml(config)  # a workload file is read by WorkloadSpec.load, which uses the same reader
         from slotune.tuner.bench import bench_command  # per command
 
-        bench_command(config=config, workload=workload, json_out=json_out, overrides=set_ or [], seed=seed, url=url,
-                      api_key=api_key, model=model, api=api, tokenizer=tokenizer, usd_per_hour=usd_per_hour)
+        bench_command(
+            config=config,
+            workload=workload,
+            json_out=json_out,
+            overrides=set_ or [],
+            seed=seed,
+            url=url,
+            api_key=api_key,
+            model=model,
+            api=api,
+            tokenizer=tokenizer,
+            usd_per_hour=usd_per_hour,
+        )
 
 
 @app.command()
@@ -115,19 +164,38 @@ def validate(spec: Annotated[Path, typer.Argument(help="tuning spec YAML")]) -> 
 
 @app.command()
 def run(
-    spec: Annotated[Optional[Path], typer.Argument(help="tuning spec YAML; default: the built-in quickstart spec")] = None,
+    spec: Annotated[
+        Optional[Path], typer.Argument(help="tuning spec YAML; default: the built-in quickstart spec")
+    ] = None,
     n_trials: Annotated[Optional[int], typer.Option("--n-trials", help="override budget.n_trials")] = None,
-    storage: Annotated[Optional[str], typer.Option(envvar="SLOTUNE_STORAGE", help="Optuna storage URL override")] = None,
+    storage: Annotated[
+        Optional[str], typer.Option(envvar="SLOTUNE_STORAGE", help="Optuna storage URL override")
+    ] = None,
     output_dir: Annotated[Optional[Path], typer.Option("--output-dir", "-o", help="override output_dir")] = None,
-    worker: Annotated[bool, typer.Option("--worker", help="join an existing study as an extra worker (no report)")] = False,
-    no_progress: Annotated[bool, typer.Option("--no-progress", help="plain log lines instead of a live display")] = False,
-    force_new: Annotated[bool, typer.Option("--force-new", help="start a fresh study under the spec's name (an existing "
-                                                                  "one is kept under another name)")] = False,
-    resume_anyway: Annotated[bool, typer.Option("--resume-anyway", help="continue a stored study although its spec "
-                                                                          "changed")] = False,
-    trial_runner: Annotated[Optional[str], typer.Option(
-        "--trial-runner", hidden=True, help="the trial process (a .py file or a module) instead of slotune's: "
-                                            "tests of study mechanics pass a stand-in measurement")] = None,
+    worker: Annotated[
+        bool, typer.Option("--worker", help="join an existing study as an extra worker (no report)")
+    ] = False,
+    no_progress: Annotated[
+        bool, typer.Option("--no-progress", help="plain log lines instead of a live display")
+    ] = False,
+    force_new: Annotated[
+        bool,
+        typer.Option(
+            "--force-new", help="start a fresh study under the spec's name (an existing one is kept under another name)"
+        ),
+    ] = False,
+    resume_anyway: Annotated[
+        bool, typer.Option("--resume-anyway", help="continue a stored study although its spec changed")
+    ] = False,
+    trial_runner: Annotated[
+        Optional[str],
+        typer.Option(
+            "--trial-runner",
+            hidden=True,
+            help="the trial process (a .py file or a module) instead of slotune's: "
+            "tests of study mechanics pass a stand-in measurement",
+        ),
+    ] = None,
 ) -> None:
     """Run (or resume) the tuning study of SPEC and write best.yaml and the report."""
     with _reading(spec):
@@ -143,14 +211,25 @@ def run(
         from slotune.tuner.objective import trial_runner_command  # per command
         from slotune.tuner.study import run_command  # per command
 
-        run_command(spec, n_trials=n_trials, storage=storage, output_dir=output_dir, worker=worker, progress=not no_progress,
-                    force_new=force_new, resume_anyway=resume_anyway, trial_runner=trial_runner_command(trial_runner))
+        run_command(
+            spec,
+            n_trials=n_trials,
+            storage=storage,
+            output_dir=output_dir,
+            worker=worker,
+            progress=not no_progress,
+            force_new=force_new,
+            resume_anyway=resume_anyway,
+            trial_runner=trial_runner_command(trial_runner),
+        )
 
 
 @app.command("eval")
 def eval_(
     config: Annotated[Optional[Path], typer.Argument(help="EngineConfig YAML; default config if omitted")] = None,
-    gates: Annotated[Optional[Path], typer.Option("--gates", help="gates YAML (list of gates); default: built-in gates")] = None,
+    gates: Annotated[
+        Optional[Path], typer.Option("--gates", help="gates YAML (list of gates); default: built-in gates")
+    ] = None,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write results as JSON here")] = None,
 ) -> None:
     """Run the quality gates for CONFIG against the unquantized baseline."""
@@ -163,14 +242,22 @@ def eval_(
 
 @app.command()
 def serve(
-    config: Annotated[Optional[Path], typer.Argument(help="EngineConfig YAML (or best.yaml); default config if omitted")] = None,
+    config: Annotated[
+        Optional[Path], typer.Argument(help="EngineConfig YAML (or best.yaml); default config if omitted")
+    ] = None,
     host: Annotated[str, typer.Option(envvar="SLOTUNE_HOST")] = "127.0.0.1",
     port: Annotated[int, typer.Option(envvar="SLOTUNE_PORT")] = 8000,
-    api_key: Annotated[Optional[str], typer.Option(envvar="SLOTUNE_API_KEY", help="require 'Authorization: Bearer KEY'")] = None,
+    api_key: Annotated[
+        Optional[str], typer.Option(envvar="SLOTUNE_API_KEY", help="require 'Authorization: Bearer KEY'")
+    ] = None,
     served_model_name: Annotated[Optional[str], typer.Option(help="model id reported by /v1/models")] = None,
-    record_traffic: Annotated[Optional[Path], typer.Option(
-        help="record every finished request into this folder (lengths, timing, keyed prefix hashes; no text) "
-             "for `tune workload fit` and trace workloads")] = None,
+    record_traffic: Annotated[
+        Optional[Path],
+        typer.Option(
+            help="record every finished request into this folder (lengths, timing, keyed prefix hashes; no text) "
+            "for `tune workload fit` and trace workloads"
+        ),
+    ] = None,
     record_traffic_max_mib: Annotated[float, typer.Option(min=1, help="bound of the recording folder")] = 256,
 ) -> None:
     """Serve CONFIG over an OpenAI-compatible HTTP API."""
@@ -178,23 +265,35 @@ def serve(
         _check_yaml(config)
         from slotune.engine.serving.server import serve_command  # per command; imports torch, FastAPI
 
-        serve_command(config=config, host=host, port=port, api_key=api_key, served_model_name=served_model_name,
-                      record_traffic=record_traffic, record_traffic_max_mib=record_traffic_max_mib)
+        serve_command(
+            config=config,
+            host=host,
+            port=port,
+            api_key=api_key,
+            served_model_name=served_model_name,
+            record_traffic=record_traffic,
+            record_traffic_max_mib=record_traffic_max_mib,
+        )
 
 
 @app.command()
 def sweep(
     config: Annotated[Path, typer.Argument(help="EngineConfig YAML (or a tuner best.yaml)")],
-    workload: Annotated[str, typer.Option("--workload", "-w", help="workload YAML or built-in name: its shapes are "
-                                                                     "kept, its load swept")],
+    workload: Annotated[
+        str,
+        typer.Option("--workload", "-w", help="workload YAML or built-in name: its shapes are kept, its load swept"),
+    ],
     steps: Annotated[int, typer.Option("--steps", min=2, max=16, help="load points, at most")] = 6,
     ttft_limit: Annotated[Optional[float], typer.Option("--ttft-limit", help="p95 TTFT limit in seconds")] = None,
     tpot_limit: Annotated[Optional[float], typer.Option("--tpot-limit", help="p95 TPOT limit in seconds")] = None,
-    peak_rps: Annotated[Optional[float], typer.Option("--peak-rps", help="requests/s at peak: how many replicas "
-                                                                          "serve it within the limits")] = None,
+    peak_rps: Annotated[
+        Optional[float],
+        typer.Option("--peak-rps", help="requests/s at peak: how many replicas serve it within the limits"),
+    ] = None,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write the sweep as JSON here")] = None,
-    html_out: Annotated[Optional[Path], typer.Option("--html", help="write a page with the latency-throughput "
-                                                                     "curve here")] = None,
+    html_out: Annotated[
+        Optional[Path], typer.Option("--html", help="write a page with the latency-throughput curve here")
+    ] = None,
 ) -> None:
     """Measure CONFIG at rising load (concurrency or arrival rate) up to saturation: latency against throughput,
     and the capacity within the limits."""
@@ -202,36 +301,73 @@ def sweep(
         _check_yaml(config)  # a workload file is read by WorkloadSpec.load, which uses the same reader
         from slotune.tuner.sweep import sweep_command  # per command
 
-        sweep_command(config, workload, steps=steps, ttft_limit_s=ttft_limit, tpot_limit_s=tpot_limit,
-                      peak_rps=peak_rps, json_out=json_out, html_out=html_out)
+        sweep_command(
+            config,
+            workload,
+            steps=steps,
+            ttft_limit_s=ttft_limit,
+            tpot_limit_s=tpot_limit,
+            peak_rps=peak_rps,
+            json_out=json_out,
+            html_out=html_out,
+        )
 
 
 @workload_app.command("fit")
 def workload_fit(
-    trace: Annotated[Path, typer.Argument(help="a trace file (recorded JSONL, Mooncake JSONL, Azure or BurstGPT CSV) "
-                                               "or a directory of recorded *.jsonl files")],
+    trace: Annotated[
+        Path,
+        typer.Argument(
+            help="a trace file (recorded JSONL, Mooncake JSONL, Azure or BurstGPT CSV) "
+            "or a directory of recorded *.jsonl files"
+        ),
+    ],
     output: Annotated[Path, typer.Option("--output", "-o", help="the WorkloadSpec YAML to write")],
-    format_: Annotated[Optional[Literal["recorded", "mooncake", "azure", "burstgpt"]], typer.Option(
-        "--format", help="the trace's format; default: detected from the file")] = None,
-    block_size: Annotated[Optional[int], typer.Option("--block-size", help="tokens per hash id (mooncake; "
-                                                                            "default 512)")] = None,
-    time_scale: Annotated[Optional[float], typer.Option("--time-scale", help="multiply every gap: 2.0 = half "
-                                                                              "the rate")] = None,
-    window: Annotated[Optional[tuple[float, float]], typer.Option(
-        "--window", metavar="START END", help="keep requests arriving in [START, END) seconds since the trace's "
-                                              "first request")] = None,
-    max_requests: Annotated[Optional[int], typer.Option("--max-requests", help="keep the first this many "
-                                                                                "(after --window)")] = None,
-    empirical: Annotated[bool, typer.Option("--empirical", help="replay the traced lengths (written beside the "
-                                                                 "YAML as NAME.lengths.jsonl) instead of "
-                                                                 "fitted lognormals")] = False,
+    format_: Annotated[
+        Optional[Literal["recorded", "mooncake", "azure", "burstgpt"]],
+        typer.Option("--format", help="the trace's format; default: detected from the file"),
+    ] = None,
+    block_size: Annotated[
+        Optional[int], typer.Option("--block-size", help="tokens per hash id (mooncake; default 512)")
+    ] = None,
+    time_scale: Annotated[
+        Optional[float], typer.Option("--time-scale", help="multiply every gap: 2.0 = half the rate")
+    ] = None,
+    window: Annotated[
+        Optional[tuple[float, float]],
+        typer.Option(
+            "--window",
+            metavar="START END",
+            help="keep requests arriving in [START, END) seconds since the trace's first request",
+        ),
+    ] = None,
+    max_requests: Annotated[
+        Optional[int], typer.Option("--max-requests", help="keep the first this many (after --window)")
+    ] = None,
+    empirical: Annotated[
+        bool,
+        typer.Option(
+            "--empirical",
+            help="replay the traced lengths (written beside the "
+            "YAML as NAME.lengths.jsonl) instead of "
+            "fitted lognormals",
+        ),
+    ] = False,
 ) -> None:
     """Summarize TRACE (lengths, rates, burstiness, concurrency, prefix sharing) and write a WorkloadSpec like it."""
     with _reading(trace):
         from slotune.tuner.workload_fit import fit_command  # per command
 
-        fit_command(trace, output, empirical=empirical, format=format_, block_size=block_size,
-                    time_scale=time_scale, window=window, max_requests=max_requests)
+        fit_command(
+            trace,
+            output,
+            empirical=empirical,
+            format=format_,
+            block_size=block_size,
+            time_scale=time_scale,
+            window=window,
+            max_requests=max_requests,
+        )
 
 
 @k8s_app.command("render")

@@ -114,9 +114,13 @@ def candidates(study, spec) -> list:
     if not picked or not spec.budget.confirm_top_k:
         return picked
     limits, rank = SLOLimits.from_objective(spec.objective), by_first_objective(spec)
-    near = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if not t.user_attrs.get("feasible") and _missed_only_within_noise(t.user_attrs, limits)
-            and rank(t) < rank(picked[-1])]
+    near = [
+        t
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        if not t.user_attrs.get("feasible")
+        and _missed_only_within_noise(t.user_attrs, limits)
+        and rank(t) < rank(picked[-1])
+    ]
     return sorted(picked + distinct(sorted(near, key=rank)), key=rank)
 
 
@@ -137,16 +141,23 @@ def _missed_only_within_noise(user_attrs: dict[str, Any], limits: SLOLimits) -> 
     """A measured trial (no failure, not stopped early, its gates not failed) whose only fault is SLO
     limits missed within noise (`near_misses`)."""
     v = user_attrs.get("violations") or {}
-    return (not user_attrs.get("fail_reason") and not v.get("early_stop") and not v.get("quality_gates")
-            and bool(near_misses(user_attrs.get("metrics"), limits)))
+    return (
+        not user_attrs.get("fail_reason")
+        and not v.get("early_stop")
+        and not v.get("quality_gates")
+        and bool(near_misses(user_attrs.get("metrics"), limits))
+    )
 
 
 def near_words(user_attrs: dict[str, Any], limits: SLOLimits) -> list[str]:
     """A near miss's missed limits in words, each with the interval that holds the limit:
     'p95 TTFT 1.6 s > limit 1.5 s (+7%); its interval 1.35 s-1.71 s'."""
     m = user_attrs.get("metrics") or {}
-    return [f"{c.text}; its interval {format_value(c.key, interval(m, c.key)[0])}-"
-            f"{format_value(c.key, interval(m, c.key)[1])}" for c in near_misses(m, limits)]
+    return [
+        f"{c.text}; its interval {format_value(c.key, interval(m, c.key)[0])}-"
+        f"{format_value(c.key, interval(m, c.key)[1])}"
+        for c in near_misses(m, limits)
+    ]
 
 
 def plan(spec, trials: list) -> list[int | None]:
@@ -155,8 +166,9 @@ def plan(spec, trials: list) -> list[int | None]:
     return [None, *numbers, None] if spec.budget.confirm_top_k else numbers
 
 
-def run_round(spec, study, trials: list, *, runner: tuple[str, ...] = DEFAULT_TRIAL_RUNNER,
-              say: Callable[[str], None] = print) -> dict[str, Any]:
+def run_round(
+    spec, study, trials: list, *, runner: tuple[str, ...] = DEFAULT_TRIAL_RUNNER, say: Callable[[str], None] = print
+) -> dict[str, Any]:
     """Measure the round (or reuse the stored one for the same order and seed), then its further passes
     while the winner has rivals (module docstring); store it in the study after each pass.
 
@@ -180,21 +192,32 @@ def run_round(spec, study, trials: list, *, runner: tuple[str, ...] = DEFAULT_TR
 
     def measured(label: str, number: int | None, gates: bool) -> dict[str, Any]:
         try:
-            r = measure(spec, spec.base_config() if number is None else configs[number], seed=spec.robustness_seed,
-                        early_stop=False, runner=runner, gates=gates)
+            r = measure(
+                spec,
+                spec.base_config() if number is None else configs[number],
+                seed=spec.robustness_seed,
+                early_stop=False,
+                runner=runner,
+                gates=gates,
+            )
         except TrialFailure as exc:
             say(f"{label}: {DEFAULT_TAG if number is None else f'trial {number}'} failed: {exc.reason}")
             return {"trial": number, "error": exc.reason}
-        say(f"{label}: {DEFAULT_TAG if number is None else f'trial {number}'} on workload seed {spec.robustness_seed}: "
+        say(
+            f"{label}: {DEFAULT_TAG if number is None else f'trial {number}'} on workload seed {spec.robustness_seed}: "
             f"{key} = {format_value(key, r['metrics'].get(key))}"
-            + (f"; quality gates {'passed' if r['gates']['passed'] else 'failed'}" if r.get("gates") else ""))
+            + (f"; quality gates {'passed' if r['gates']['passed'] else 'failed'}" if r.get("gates") else "")
+        )
         return {"trial": number, "metrics": r["metrics"], **({"gates": r.get("gates")} if gates else {})}
 
     if stored and stored.get("seed") == spec.robustness_seed and stored.get("order") == order:
         record = stored
     else:
-        record = {"seed": spec.robustness_seed, "order": order,
-                  "measurements": [measured(f"confirm {i + 1}/{len(order)}", n, n in near) for i, n in enumerate(order)]}
+        record = {
+            "seed": spec.robustness_seed,
+            "order": order,
+            "measurements": [measured(f"confirm {i + 1}/{len(order)}", n, n in near) for i, n in enumerate(order)],
+        }
         study.set_user_attr(CONFIRM_ATTR, record)
     while True:  # further passes (module docstring); a resumed round carries on from its last stored pass
         c = confirm_round(spec, record, trials)
@@ -204,11 +227,19 @@ def run_round(spec, study, trials: list, *, runner: tuple[str, ...] = DEFAULT_TR
         last = [m.trial for m in c.measured if m.pass_no == c.passes and m.trial in again]
         order = [*reversed(last), *(t for t in again if t not in last)]  # a new rival (the winner changed) last
         n = c.passes + 1
-        why = (f"within noise of trial {c.winner}" if len(again) == 2 else
-               f"{len(again) - 1} candidates within noise of trial {c.winner}")
-        record = {**record, "measurements": record["measurements"] + [
-            {**measured(f"confirm pass {n}/{spec.budget.confirm_passes} ({why})", t, False), "pass": n}
-            for t in order]}
+        why = (
+            f"within noise of trial {c.winner}"
+            if len(again) == 2
+            else f"{len(again) - 1} candidates within noise of trial {c.winner}"
+        )
+        record = {
+            **record,
+            "measurements": record["measurements"]
+            + [
+                {**measured(f"confirm pass {n}/{spec.budget.confirm_passes} ({why})", t, False), "pass": n}
+                for t in order
+            ],
+        }
         study.set_user_attr(CONFIRM_ATTR, record)
 
 
@@ -228,8 +259,11 @@ def declaration_seeds(spec) -> list[int]:
 
 def objective_values(measurements, trial: int | None, key: str) -> list[float]:
     """The objective `key` of `trial`'s (None: the default's) successful declaration measurements."""
-    return [m["metrics"][key] for m in measurements if m.get("trial") == trial
-            and isinstance((m.get("metrics") or {}).get(key), (int, float))]
+    return [
+        m["metrics"][key]
+        for m in measurements
+        if m.get("trial") == trial and isinstance((m.get("metrics") or {}).get(key), (int, float))
+    ]
 
 
 def half_width(values: list[float]) -> float | None:
@@ -263,8 +297,9 @@ def is_declared(budget, values: list[float], seeds_measured: int) -> bool:
     return width is None or width <= budget.declare_precision  # None: a zero mean, no relative precision to reach
 
 
-def run_declaration(spec, study, trial, *, runner: tuple[str, ...] = DEFAULT_TRIAL_RUNNER,
-                    say: Callable[[str], None] = print) -> dict[str, Any]:
+def run_declaration(
+    spec, study, trial, *, runner: tuple[str, ...] = DEFAULT_TRIAL_RUNNER, say: Callable[[str], None] = print
+) -> dict[str, Any]:
     """Measure the declared winner `trial` and the default config on `declaration_seeds`, winner
     first on each, until `is_declared`; store the record in the study after every seed.
 
@@ -279,8 +314,11 @@ def run_declaration(spec, study, trial, *, runner: tuple[str, ...] = DEFAULT_TRI
     key = spec.objective.metric_key()
     stored = study.user_attrs.get(DECLARE_ATTR) or {}
     seeds, measurements = [], []
-    if (stored.get("trial") == trial.number and stored.get("seeds") == planned[:len(stored.get("seeds", []))]
-            and any(m.get("metrics") for m in stored["measurements"] if m.get("trial") is not None)):
+    if (
+        stored.get("trial") == trial.number
+        and stored.get("seeds") == planned[: len(stored.get("seeds", []))]
+        and any(m.get("metrics") for m in stored["measurements"] if m.get("trial") is not None)
+    ):
         seeds, measurements = list(stored["seeds"]), list(stored["measurements"])
     configs = {trial.number: EngineConfig.model_validate(trial.user_attrs["config"]), None: spec.base_config()}
     record = {"trial": trial.number, "seeds": seeds, "measurements": measurements}
@@ -304,9 +342,12 @@ def _step_words(budget, n: int, values: list[float]) -> str:
     """The progress line's head for the n-th declaration seed, saying why it is measured."""
     if n <= budget.declare_repeats:
         return f"declare {n}/{budget.declare_repeats}"
-    why = ("the interval decides from 3 measurements on" if len(values) < 3 else
-           f"the 95% interval of the winner's mean is ±{half_width(values):.1%} of it, wider than the "
-           f"±{budget.declare_precision:.0%} asked")
+    why = (
+        "the interval decides from 3 measurements on"
+        if len(values) < 3
+        else f"the 95% interval of the winner's mean is ±{half_width(values):.1%} of it, wider than the "
+        f"±{budget.declare_precision:.0%} asked"
+    )
     return f"declare {n} (at most {budget.declare_cap}: {why})"
 
 
@@ -324,8 +365,10 @@ def median_metrics(got: list[dict[str, Any]]) -> dict[str, Any] | None:
     if not got:
         return None
     values = _common_numbers(got)
-    out: dict[str, Any] = {k: min(v) if k.endswith("_ci_low") else max(v) if k.endswith("_ci_high") else statistics.median(v)
-                           for k, v in values.items()}
+    out: dict[str, Any] = {
+        k: min(v) if k.endswith("_ci_low") else max(v) if k.endswith("_ci_high") else statistics.median(v)
+        for k, v in values.items()
+    }
     for k, vals in values.items():
         lo, hi = ci_keys(k)
         if len(vals) > 1 and (k in CI_RATES or k in COST_RATES or any(lo in m for m in got)):
@@ -462,18 +505,30 @@ class Confirmation:
         words) and `gates` (its gate report from the round)."""
         mine = self.standing(self.winner)
         wins, defaults = self.declared_of(self.winner), self.declared_of(None)
-        out: dict[str, Any] = {"seed": self.seed, "default": self.default_metrics, "default_seeds": [self.seed],
-                               "round": mine.metrics}
+        out: dict[str, Any] = {
+            "seed": self.seed,
+            "default": self.default_metrics,
+            "default_seeds": [self.seed],
+            "round": mine.metrics,
+        }
         if self.winner in self.near:  # it qualified in the round: its own trial missed the SLO, within noise
             out.update(near=self.near[self.winner], gates=mine.gates)
         if wins:
-            out.update(metrics=median_metrics([d["metrics"] for d in wins]), seeds=[d["seed"] for d in wins],
-                       half_width=half_width(objective_values(wins, self.winner, self.key)),
-                       missed=[{"seed": d["seed"], "reasons": why} for d in wins
-                               if (why := judge(d["metrics"], self.limits).reasons)])
+            out.update(
+                metrics=median_metrics([d["metrics"] for d in wins]),
+                seeds=[d["seed"] for d in wins],
+                half_width=half_width(objective_values(wins, self.winner, self.key)),
+                missed=[
+                    {"seed": d["seed"], "reasons": why}
+                    for d in wins
+                    if (why := judge(d["metrics"], self.limits).reasons)
+                ],
+            )
             same = [d for d in defaults if d["seed"] in out["seeds"]]
             if same:
-                out.update(default=median_metrics([d["metrics"] for d in same]), default_seeds=[d["seed"] for d in same])
+                out.update(
+                    default=median_metrics([d["metrics"] for d in same]), default_seeds=[d["seed"] for d in same]
+                )
         else:
             out.update({"metrics": mine.metrics} if mine.metrics is not None else {"error": mine.error})
             errors = [d["error"] for d in self.declared if d.get("trial") == self.winner and d.get("error")]
@@ -488,20 +543,33 @@ class Confirmation:
         on its own; `within_noise_of_winner` marks the `rivals`' measurements, `near_miss` those of the
         candidates whose own trial missed the SLO within noise."""
         rivals = {m.trial for m in self.rivals()}
-        return [{"position": m.position, "pass": m.pass_no, "trial": m.trial, "tag": DEFAULT_TAG if m.trial is None else None,
-                 "seed": self.seed, "value": (m.metrics or {}).get(self.key), "feasible": m.feasible,
-                 "reasons": m.reasons, "winner": m.trial == self.winner and m.trial is not None,
-                 "within_noise_of_winner": m.trial in rivals, "near_miss": m.trial in self.near,
-                 **({"metrics": m.metrics} if m.metrics is not None else {"error": m.error})}
-                for m in self.measured]
+        return [
+            {
+                "position": m.position,
+                "pass": m.pass_no,
+                "trial": m.trial,
+                "tag": DEFAULT_TAG if m.trial is None else None,
+                "seed": self.seed,
+                "value": (m.metrics or {}).get(self.key),
+                "feasible": m.feasible,
+                "reasons": m.reasons,
+                "winner": m.trial == self.winner and m.trial is not None,
+                "within_noise_of_winner": m.trial in rivals,
+                "near_miss": m.trial in self.near,
+                **({"metrics": m.metrics} if m.metrics is not None else {"error": m.error}),
+            }
+            for m in self.measured
+        ]
 
     def drift(self) -> str | None:
         """The default's two measurements in words, when both exist: how much the round drifted."""
         ends = [m.metrics.get(self.key) for m in self.of(None) if m.metrics]
         if len(ends) != 2 or not all(isinstance(v, (int, float)) for v in ends) or not ends[0]:
             return None
-        return (f"the default measured {format_value(self.key, ends[0])} first and {format_value(self.key, ends[1])} "
-                f"last ({ends[1] / ends[0] - 1:+.0%} over the round)")
+        return (
+            f"the default measured {format_value(self.key, ends[0])} first and {format_value(self.key, ends[1])} "
+            f"last ({ends[1] / ends[0] - 1:+.0%} over the round)"
+        )
 
     def section(self, trial_values: dict[int, float]) -> ReportSection:
         """The report's section: every measurement of the round with its interval, the winner marked."""
@@ -509,11 +577,17 @@ class Confirmation:
         rank = {n: i for i, n in enumerate(self.by_trial)}
         if self.is_round:
             feasible = len(self.by_trial) - len(self.near)
-            text = (f"The best {feasible} feasible trial{'s' if feasible > 1 else ''}"
-                    + (f", and {len(self.near)} that missed the SLO by less than {'its' if len(self.near) == 1 else 'their'} "
-                       f"own measurement's noise," if self.near else "")
-                    + f" were measured again on workload seed {self.seed}, one after the other, between two "
-                    f"measurements of the default config, and the winner picked on these numbers (the SLO judged again).")
+            text = (
+                f"The best {feasible} feasible trial{'s' if feasible > 1 else ''}"
+                + (
+                    f", and {len(self.near)} that missed the SLO by less than {'its' if len(self.near) == 1 else 'their'} "
+                    f"own measurement's noise,"
+                    if self.near
+                    else ""
+                )
+                + f" were measured again on workload seed {self.seed}, one after the other, between two "
+                f"measurements of the default config, and the winner picked on these numbers (the SLO judged again)."
+            )
             text += self._near_words()
             drift = self.drift()
             if drift:
@@ -521,16 +595,20 @@ class Confirmation:
             if self.passes > 1:
                 text += self._passes_words()
         else:
-            text = (f"No confirmation round (budget.confirm_top_k: 0): the best trial won on its own measurement "
-                    f"and was measured once more, alone, on workload seed {self.seed}.")
+            text = (
+                f"No confirmation round (budget.confirm_top_k: 0): the best trial won on its own measurement "
+                f"and was measured once more, alone, on workload seed {self.seed}."
+            )
         wins, declared = self.declared_of(self.winner), self.remeasure()
         if wins:
             vals = ", ".join(format_value(self.key, d["metrics"].get(self.key)) for d in wins)
-            text += (f"\nThe winner was then measured {len(wins)} more time{'s' if len(wins) > 1 else ''} on fresh "
-                     f"workload seeds ({vals}), each time beside the default; the numbers declared for it are their "
-                     f"{declared_as(len(wins))} ({format_value(self.key, declared['metrics'].get(self.key))}), "
-                     f"compared with the default's on the same seeds: the round picked it on its own numbers there, "
-                     f"which favour it.")
+            text += (
+                f"\nThe winner was then measured {len(wins)} more time{'s' if len(wins) > 1 else ''} on fresh "
+                f"workload seeds ({vals}), each time beside the default; the numbers declared for it are their "
+                f"{declared_as(len(wins))} ({format_value(self.key, declared['metrics'].get(self.key))}), "
+                f"compared with the default's on the same seeds: the round picked it on its own numbers there, "
+                f"which favour it."
+            )
             width = declared.get("half_width")
             if width is not None:
                 text += f" The 95% interval of their mean (Student's t) is ±{width:.1%} of it"
@@ -539,36 +617,57 @@ class Confirmation:
                 elif width <= self.declare_precision:
                     text += f", within the ±{self.declare_precision:.0%} asked (budget.declare_precision)."
                 else:
-                    text += (f", wider than the ±{self.declare_precision:.0%} asked (budget.declare_precision): the "
-                             f"measurements stopped at budget.declare_max_repeats; the value is less certain than asked.")
+                    text += (
+                        f", wider than the ±{self.declare_precision:.0%} asked (budget.declare_precision): the "
+                        f"measurements stopped at budget.declare_max_repeats; the value is less certain than asked."
+                    )
             missed = declared.get("missed") or []
             if missed:
-                text += (f" It missed the SLO on {len(missed)} of those {len(wins)} seeds ("
-                         + "; ".join(f"seed {m['seed']}: {', '.join(m['reasons'])}" for m in missed) + ").")
+                text += (
+                    f" It missed the SLO on {len(missed)} of those {len(wins)} seeds ("
+                    + "; ".join(f"seed {m['seed']}: {', '.join(m['reasons'])}" for m in missed)
+                    + ")."
+                )
             if declared["reasons"]:
                 text += f" Its declared numbers miss the SLO: {'; '.join(declared['reasons'])}."
         elif self.declared:
-            text += (f"\nThe declaration measurements of the winner failed ({declared.get('declare_error')}); "
-                     f"its declared numbers are the round's.")
+            text += (
+                f"\nThe declaration measurements of the winner failed ({declared.get('declare_error')}); "
+                f"its declared numbers are the round's."
+            )
         rivals = self.rivals()
         rival_trials = {m.trial for m in rivals}
         if not self.is_confirmed:
-            text += (f"\n{'No candidate' if self.is_round else 'The winner'} met the SLO when measured again: the "
-                     f"winner is trial {self.winner}, the best on its own measurement, unconfirmed.")
+            text += (
+                f"\n{'No candidate' if self.is_round else 'The winner'} met the SLO when measured again: the "
+                f"winner is trial {self.winner}, the best on its own measurement, unconfirmed."
+            )
         elif self.is_round and self.winner != self.by_trial[0]:
             first = self.standing(self.by_trial[0])
-            how = ("did worse when measured again" + (", but within noise (below)" if first.trial in rival_trials else "")
-                   if first.feasible else "did not qualify when measured again: " + "; ".join(first.reasons)
-                   if first.metrics is not None else f"failed when measured again: {first.error}")
-            text += (f"\nThe winner, trial {self.winner}, ranked {_ordinal(rank[self.winner] + 1)} on its own trial; "
-                     f"trial {self.by_trial[0]}, first there, {how}.")
+            how = (
+                "did worse when measured again" + (", but within noise (below)" if first.trial in rival_trials else "")
+                if first.feasible
+                else "did not qualify when measured again: " + "; ".join(first.reasons)
+                if first.metrics is not None
+                else f"failed when measured again: {first.error}"
+            )
+            text += (
+                f"\nThe winner, trial {self.winner}, ranked {_ordinal(rank[self.winner] + 1)} on its own trial; "
+                f"trial {self.by_trial[0]}, first there, {how}."
+            )
         text += self._rivals_words(rivals)
         rows = [["#", "measured", f"own trial {label}", f"re-measured {label}", "meets the SLO", "winner"]]
-        after = [(judged(len(self.measured) + i + 1, d, self.limits, self.key), f" (declaration, seed {d['seed']})")
-                 for i, d in enumerate(self.declared)]
+        after = [
+            (judged(len(self.measured) + i + 1, d, self.limits, self.key), f" (declaration, seed {d['seed']})")
+            for i, d in enumerate(self.declared)
+        ]
         for m, where in [(m, f" (pass {m.pass_no})" if m.pass_no > 1 else "") for m in self.measured] + after:
-            own = "–" if m.trial is None else format_value(self.key, trial_values.get(m.trial)) + (
-                " (missed the SLO within noise)" if m.trial in self.near else "")
+            own = (
+                "–"
+                if m.trial is None
+                else format_value(self.key, trial_values.get(m.trial))
+                + (" (missed the SLO within noise)" if m.trial in self.near else "")
+            )
             again = value_with_ci(m.metrics, self.key) if m.metrics is not None else f"failed: {m.error}"
             ok = "–" if m.metrics is None else ("yes" if m.feasible else "no: " + "; ".join(m.reasons))
             mark = "yes" if m.trial == self.winner else "within noise" if m.trial in rival_trials else ""
@@ -581,20 +680,26 @@ class Confirmation:
         if not self.near:
             return ""
         parts = [f"trial {n} ({'; '.join(words)})" for n, words in self.near.items()]
-        return (f" Near misses: {', '.join(parts)}: the interval holds the limit, so the config may meet it. "
-                + ("Such a candidate's quality gates were not run on its trial (only SLO-meeting trials run them); "
-                   "the round ran them, and it can win only if its re-measurement meets the SLO and its gates pass."
-                   if self.gated else "It can win only if its re-measurement meets the SLO."))
+        return f" Near misses: {', '.join(parts)}: the interval holds the limit, so the config may meet it. " + (
+            "Such a candidate's quality gates were not run on its trial (only SLO-meeting trials run them); "
+            "the round ran them, and it can win only if its re-measurement meets the SLO and its gates pass."
+            if self.gated
+            else "It can win only if its re-measurement meets the SLO."
+        )
 
     def _passes_words(self) -> str:
         """What the further passes measured, and each contender's standing over them."""
         again = [n for n in self.by_trial if len(self.of(n)) > 1]
-        parts = [f"trial {n} {value_with_ci(self.standing(n).metrics, self.key)} over {len(self.of(n))} passes "
-                 f"({', '.join(format_value(self.key, (m.metrics or {}).get(self.key)) for m in self.of(n))})"
-                 for n in again]
-        return (f"\nThe winner's interval overlapped another candidate's, so the winner and the candidates within "
-                f"noise of it were measured again on the same seed, in reverse order each pass, {self.passes} passes "
-                f"in all (at most budget.confirm_passes), and judged on their mean: {'; '.join(parts)}.")
+        parts = [
+            f"trial {n} {value_with_ci(self.standing(n).metrics, self.key)} over {len(self.of(n))} passes "
+            f"({', '.join(format_value(self.key, (m.metrics or {}).get(self.key)) for m in self.of(n))})"
+            for n in again
+        ]
+        return (
+            f"\nThe winner's interval overlapped another candidate's, so the winner and the candidates within "
+            f"noise of it were measured again on the same seed, in reverse order each pass, {self.passes} passes "
+            f"in all (at most budget.confirm_passes), and judged on their mean: {'; '.join(parts)}."
+        )
 
     def _rivals_words(self, rivals: list[Measured]) -> str:
         """Say plainly which candidates (`rivals`) the round could not tell from the winner, and how they differ."""
@@ -604,17 +709,27 @@ class Confirmation:
         parts = []
         for m in rivals:
             diff = self.differences(m.trial)
-            parts.append(f"trial {m.trial}, {metric_label(self.key)} {value_with_ci(m.metrics, self.key)} against the "
-                         f"winner's {mine}" + (f", with {', '.join(diff)}" if diff else ""))
+            parts.append(
+                f"trial {m.trial}, {metric_label(self.key)} {value_with_ci(m.metrics, self.key)} against the "
+                f"winner's {mine}" + (f", with {', '.join(diff)}" if diff else "")
+            )
         over = f" after {self.passes} passes" if self.passes > 1 else ""
-        return (f"\nWithin noise of the winner in this round{over} (the intervals overlap, and the SLO held): "
-                f"{'; '.join(parts)}. The round cannot tell {'it' if len(rivals) == 1 else 'them'} from the winner "
-                f"on this machine: the winner's lead is within noise, and the differences listed are not "
-                f"shown to matter.")
+        return (
+            f"\nWithin noise of the winner in this round{over} (the intervals overlap, and the SLO held): "
+            f"{'; '.join(parts)}. The round cannot tell {'it' if len(rivals) == 1 else 'them'} from the winner "
+            f"on this machine: the winner's lead is within noise, and the differences listed are not "
+            f"shown to matter."
+        )
 
 
-def judged(position: int, m: dict[str, Any], limits: SLOLimits, key: str, gate_specs: Sequence[GateSpec] = (),
-           needs_gates: bool = False) -> Measured:
+def judged(
+    position: int,
+    m: dict[str, Any],
+    limits: SLOLimits,
+    key: str,
+    gate_specs: Sequence[GateSpec] = (),
+    needs_gates: bool = False,
+) -> Measured:
     """One stored measurement ({trial, metrics or error, gates}) judged against the SLO; `key` must be
     measured. With `needs_gates` (a near miss, whose gates only the round ran) its `gate_specs` must
     have passed too: they are run only when the SLO held, so a report is missing only then."""
@@ -626,8 +741,11 @@ def judged(position: int, m: dict[str, Any], limits: SLOLimits, key: str, gate_s
             reasons.append(f"{metric_label(key)} not measured")
         if needs_gates and gate_specs and not reasons:
             gates = m.get("gates")
-            reasons += ["quality gates not run"] if gates is None else (
-                failed_gates(gates, gate_specs) or ([] if gates.get("passed") else ["quality gates failed"]))
+            reasons += (
+                ["quality gates not run"]
+                if gates is None
+                else (failed_gates(gates, gate_specs) or ([] if gates.get("passed") else ["quality gates failed"]))
+            )
     return Measured(position, m.get("trial"), metrics, m.get("error"), reasons, m.get("gates"), m.get("pass", 1))
 
 
@@ -639,9 +757,15 @@ def standing(measured: list[Measured], trial: int) -> Measured:
     if len(ms) == 1:
         return ms[0]
     whole = all(m.metrics is not None for m in ms)
-    return Measured(ms[0].position, trial, pooled_metrics([m.metrics for m in ms]) if whole else None,
-                    next((m.error for m in ms if m.error), None), list(dict.fromkeys(r for m in ms for r in m.reasons)),
-                    ms[0].gates, ms[-1].pass_no)
+    return Measured(
+        ms[0].position,
+        trial,
+        pooled_metrics([m.metrics for m in ms]) if whole else None,
+        next((m.error for m in ms if m.error), None),
+        list(dict.fromkeys(r for m in ms for r in m.reasons)),
+        ms[0].gates,
+        ms[-1].pass_no,
+    )
 
 
 def pooled_metrics(got: list[dict[str, Any]]) -> dict[str, Any]:
@@ -651,8 +775,9 @@ def pooled_metrics(got: list[dict[str, Any]]) -> dict[str, Any]:
     measurements (sqrt(sum h^2) / n, narrowing as passes add requests), and 1.96 standard errors of
     the passes' values (drift between passes, when they disagree by more than their intervals say)."""
     n = len(got)
-    out: dict[str, Any] = {k: sum(vals) / n for k, vals in _common_numbers(got).items()
-                           if not k.endswith(("_ci_low", "_ci_high"))}
+    out: dict[str, Any] = {
+        k: sum(vals) / n for k, vals in _common_numbers(got).items() if not k.endswith(("_ci_low", "_ci_high"))
+    }
     for k in list(out):
         lo, hi = ci_keys(k)
         if not all(isinstance(m.get(lo), (int, float)) and isinstance(m.get(hi), (int, float)) for m in got):
@@ -675,18 +800,30 @@ def confirm_round(spec, record: dict[str, Any], trials: list) -> Confirmation:
     key, direction = obj.metric_key(), obj.direction()
     limits = SLOLimits.from_objective(obj)
     near = {t.number: near_words(t.user_attrs, limits) for t in trials if not t.user_attrs.get("feasible")}
-    measured = [judged(i + 1, m, limits, key, spec.quality_gates, needs_gates=m.get("trial") in near and "pass" not in m)
-                for i, m in enumerate(record["measurements"])]
+    measured = [
+        judged(i + 1, m, limits, key, spec.quality_gates, needs_gates=m.get("trial") in near and "pass" not in m)
+        for i, m in enumerate(record["measurements"])
+    ]
     by_trial = [t.number for t in trials]
     sign = 1 if direction == "minimize" else -1
     held = [m for m in (standing(measured, n) for n in by_trial) if m.feasible]
     best = min(held, key=lambda m: (sign * m.metrics[key], by_trial.index(m.trial))) if held else None
     fallback = next(n for n in by_trial if n not in near)
-    return Confirmation(seed=record["seed"], key=key, direction=direction, measured=measured, by_trial=by_trial,
-                        winner=best.trial if best is not None else fallback, is_confirmed=best is not None,
-                        is_round=bool(spec.budget.confirm_top_k), limits=limits,
-                        params={t.number: dict(t.params) for t in trials}, near=near, gated=bool(spec.quality_gates),
-                        declare_precision=spec.budget.declare_precision)
+    return Confirmation(
+        seed=record["seed"],
+        key=key,
+        direction=direction,
+        measured=measured,
+        by_trial=by_trial,
+        winner=best.trial if best is not None else fallback,
+        is_confirmed=best is not None,
+        is_round=bool(spec.budget.confirm_top_k),
+        limits=limits,
+        params={t.number: dict(t.params) for t in trials},
+        near=near,
+        gated=bool(spec.quality_gates),
+        declare_precision=spec.budget.declare_precision,
+    )
 
 
 def _ordinal(n: int) -> str:

@@ -41,24 +41,44 @@ class SpecError(ValueError):
     A ValueError, so a pydantic validator that raises it reports it under the field being validated.
     """
 
-    def __init__(self, message: str = "", *, source: str | Path | None = None, line: int | None = None,
-                 column: int | None = None, field: str | None = None, problems: list[Problem] | None = None):
-        self.problems = list(problems) if problems else [
-            Problem(message, str(source) if source is not None else None, line, column, field)]
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        source: str | Path | None = None,
+        line: int | None = None,
+        column: int | None = None,
+        field: str | None = None,
+        problems: list[Problem] | None = None,
+    ):
+        self.problems = (
+            list(problems)
+            if problems
+            else [Problem(message, str(source) if source is not None else None, line, column, field)]
+        )
         super().__init__("\n".join(str(p) for p in self.problems))
 
     def with_source(self, source: str | Path) -> "SpecError":
         """The same problems, attributed to `source` where they name no file."""
-        return type(self)(problems=[p if p.source else Problem(p.message, str(source), p.line, p.column, p.field)
-                                    for p in self.problems])
-
+        return type(self)(
+            problems=[
+                p if p.source else Problem(p.message, str(source), p.line, p.column, p.field) for p in self.problems
+            ]
+        )
 
     @classmethod
     def from_validation(cls, exc: Any, source: str | Path | None = None, prefix: str = "") -> "SpecError":
         """A pydantic ValidationError's problems, attributed to `source`, fields under `prefix`."""
-        return cls(problems=[Problem(_pydantic_message(err), str(source) if source is not None else None,
-                                     field=".".join([prefix] * bool(prefix) + [str(p) for p in err["loc"]]) or None)
-                             for err in exc.errors()])
+        return cls(
+            problems=[
+                Problem(
+                    _pydantic_message(err),
+                    str(source) if source is not None else None,
+                    field=".".join([prefix] * bool(prefix) + [str(p) for p in err["loc"]]) or None,
+                )
+                for err in exc.errors()
+            ]
+        )
 
 
 class MissingFileError(SpecError, FileNotFoundError):
@@ -84,13 +104,17 @@ class _PlainLoader(yaml.SafeLoader):
             event = self.peek_event()
             if self._depth > MAX_YAML_DEPTH:
                 raise yaml.composer.ComposerError(
-                    None, None, f"nested more than {MAX_YAML_DEPTH} levels deep", event.start_mark)
+                    None, None, f"nested more than {MAX_YAML_DEPTH} levels deep", event.start_mark
+                )
             tag = getattr(event, "tag", None)
             if tag not in (None, "!") and tag not in _PLAIN_TAGS:
                 shown = tag.replace("tag:yaml.org,2002:", "!!")
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"tag '{shown}' is not allowed: specs are plain YAML (no tags, no Python objects)",
-                    event.start_mark)
+                    None,
+                    None,
+                    f"tag '{shown}' is not allowed: specs are plain YAML (no tags, no Python objects)",
+                    event.start_mark,
+                )
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
@@ -106,20 +130,29 @@ class _PlainLoader(yaml.SafeLoader):
                     hash(key)
                 except TypeError:
                     raise yaml.constructor.ConstructorError(
-                        None, None, "a mapping key must be a plain value (text or number), not a list or mapping",
-                        key_node.start_mark) from None
+                        None,
+                        None,
+                        "a mapping key must be a plain value (text or number), not a list or mapping",
+                        key_node.start_mark,
+                    ) from None
                 if key in first_line:
                     raise yaml.constructor.ConstructorError(
-                        None, None, f"duplicate key '{key}' (first on line {first_line[key]}); keep one",
-                        key_node.start_mark)
+                        None,
+                        None,
+                        f"duplicate key '{key}' (first on line {first_line[key]}); keep one",
+                        key_node.start_mark,
+                    )
                 first_line[key] = key_node.start_mark.line + 1
         return super().construct_mapping(node, deep)
 
     def _refuse_tag(self, node):
         tag = node.tag.replace("tag:yaml.org,2002:", "!!")
         raise yaml.constructor.ConstructorError(
-            None, None, f"tag '{tag}' is not allowed: specs are plain YAML (no tags, no Python objects)",
-            node.start_mark)
+            None,
+            None,
+            f"tag '{tag}' is not allowed: specs are plain YAML (no tags, no Python objects)",
+            node.start_mark,
+        )
 
 
 _PlainLoader.add_constructor(None, _PlainLoader._refuse_tag)
@@ -131,8 +164,9 @@ def _expanded_size(node, memo: dict[int, int], active: set[int]) -> int:
     if key in memo:
         return memo[key]
     if key in active:
-        raise yaml.composer.ComposerError(None, None, "recursive alias: a node contains an alias to itself",
-                                          node.start_mark)
+        raise yaml.composer.ComposerError(
+            None, None, "recursive alias: a node contains an alias to itself", node.start_mark
+        )
     active.add(key)
     n = 1
     if isinstance(node, yaml.SequenceNode):
@@ -144,8 +178,12 @@ def _expanded_size(node, memo: dict[int, int], active: set[int]) -> int:
     active.discard(key)
     if n > MAX_YAML_NODES:
         raise yaml.composer.ComposerError(
-            None, None, f"aliases expand to more than {MAX_YAML_NODES} values (a 'billion laughs' document?); "
-            "write the values out or use fewer aliases", node.start_mark)
+            None,
+            None,
+            f"aliases expand to more than {MAX_YAML_NODES} values (a 'billion laughs' document?); "
+            "write the values out or use fewer aliases",
+            node.start_mark,
+        )
     memo[key] = n
     return n
 
@@ -175,9 +213,10 @@ def parse_yaml(text: str | bytes, source: str = "<string>") -> Any:
         try:
             text = text.decode("utf-8")
         except UnicodeDecodeError as exc:
-            line = text[:exc.start].count(b"\n") + 1
-            raise SpecError(f"not UTF-8 text (byte 0x{text[exc.start]:02x}); is this a binary file?",
-                            source=source, line=line) from None
+            line = text[: exc.start].count(b"\n") + 1
+            raise SpecError(
+                f"not UTF-8 text (byte 0x{text[exc.start]:02x}); is this a binary file?", source=source, line=line
+            ) from None
     text = text.removeprefix("\ufeff")
     if len(text) > MAX_YAML_BYTES:
         raise SpecError(f"larger than {MAX_YAML_BYTES // 1024} KiB; is this the right file?", source=source)
@@ -245,11 +284,15 @@ def error_lines(exc: BaseException, source: str | Path | None = None) -> list[st
     if isinstance(exc, SpecError):
         return [str(p) for p in (exc.with_source(src).problems if src else exc.problems)]
     if isinstance(exc, ValidationError):
-        return [str(Problem(_pydantic_message(err), src, field=".".join(str(p) for p in err["loc"]) or None))
-                for err in exc.errors()]
+        return [
+            str(Problem(_pydantic_message(err), src, field=".".join(str(p) for p in err["loc"]) or None))
+            for err in exc.errors()
+        ]
     if isinstance(exc, yaml.YAMLError):
         name = getattr(getattr(exc, "problem_mark", None), "name", None)  # "<unicode string>" for text
-        return [str(p) for p in _yaml_problem(exc, name if name and not name.startswith("<") else src or "<input>").problems]
+        return [
+            str(p) for p in _yaml_problem(exc, name if name and not name.startswith("<") else src or "<input>").problems
+        ]
     if isinstance(exc, OSError) and exc.filename is not None:
         return [f"{exc.filename}: {exc.strerror or exc}"]
     if isinstance(exc, RecursionError):
@@ -272,6 +315,8 @@ def format_error(exc: BaseException) -> str:
     from pydantic import ValidationError
 
     if isinstance(exc, ValidationError):
-        lines = [f"{'.'.join(str(p) for p in err['loc']) or '(root)'}: {_pydantic_message(err)}" for err in exc.errors()]
+        lines = [
+            f"{'.'.join(str(p) for p in err['loc']) or '(root)'}: {_pydantic_message(err)}" for err in exc.errors()
+        ]
         return f"{exc.title}: {len(lines)} problem(s)\n  " + "\n  ".join(lines)
     return str(exc)

@@ -126,9 +126,19 @@ class _Replay:
     watches for disconnects (ours does) aborts them and frees their KV cache.
     """
 
-    def __init__(self, client: aiohttp.ClientSession, base_url: str, *, model: str, api: str, tokenizer,
-                 timeout_s: float, total: int | None, on_progress: Callable[[int, int | None], None] | None,
-                 should_stop: Callable[[list[RequestRecord]], bool] | None) -> None:
+    def __init__(
+        self,
+        client: aiohttp.ClientSession,
+        base_url: str,
+        *,
+        model: str,
+        api: str,
+        tokenizer,
+        timeout_s: float,
+        total: int | None,
+        on_progress: Callable[[int, int | None], None] | None,
+        should_stop: Callable[[list[RequestRecord]], bool] | None,
+    ) -> None:
         self.client, self.base_url, self.model = client, base_url, model
         self.tokenizer, self.timeout_s = tokenizer, timeout_s
         self.is_chat = api == "chat"
@@ -144,16 +154,23 @@ class _Replay:
 
     # --- one request ----------------------------------------------------------------------
     def body(self, r: BenchRequest) -> dict[str, Any]:
-        b: dict[str, Any] = {"model": self.model, "max_tokens": r.output_len, "temperature": 0, "stream": True,
-                             "ignore_eos": True, "stream_options": {"include_usage": True}}
+        b: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": r.output_len,
+            "temperature": 0,
+            "stream": True,
+            "ignore_eos": True,
+            "stream_options": {"include_usage": True},
+        }
         if self.is_chat:
             b["messages"] = [{"role": "user", "content": self.tokenizer.decode(r.prompt_token_ids)}]
         else:
             b["prompt"] = r.prompt_token_ids
         return b
 
-    async def send(self, r: BenchRequest, body: dict[str, Any],
-                   arrival: float | None) -> tuple[RequestRecord, str | None]:
+    async def send(
+        self, r: BenchRequest, body: dict[str, Any], arrival: float | None
+    ) -> tuple[RequestRecord, str | None]:
         """Stream one request; returns its record and the failure cause (None if it completed).
 
         `arrival` None means now (closed loop: the send time).
@@ -211,20 +228,40 @@ class _Replay:
 
         prompt_tokens = usage.get("prompt_tokens") or len(r.prompt_token_ids)
         if cause is not None:
-            rec = RequestRecord(r.request_id, prompt_tokens, len(times), None, None, None, None, [],
-                                "rejected" if cause.isdigit() else "error", arrival_s=arrival - self.t0)
+            rec = RequestRecord(
+                r.request_id,
+                prompt_tokens,
+                len(times),
+                None,
+                None,
+                None,
+                None,
+                [],
+                "rejected" if cause.isdigit() else "error",
+                arrival_s=arrival - self.t0,
+            )
             return rec, cause
         n = usage.get("completion_tokens")
         n = len(times) if n is None else int(n)
-        finish = reason if reason in ("stop", "length") else (
-            "stop" if reason is not None else "length" if n >= r.output_len else "stop")
+        finish = (
+            reason
+            if reason in ("stop", "length")
+            else ("stop" if reason is not None else "length" if n >= r.output_len else "stop")
+        )
         cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
         rec = RequestRecord(
-            r.request_id, prompt_tokens, n,
+            r.request_id,
+            prompt_tokens,
+            n,
             ttft=times[0] - arrival if times else None,
             tpot=(times[-1] - times[0]) / (n - 1) if times and n > 1 else None,
-            e2e=end - arrival, queue_time=None, itls=split_itls(times, n), finish_reason=finish,
-            cached_prompt_tokens=int(cached), arrival_s=arrival - self.t0)
+            e2e=end - arrival,
+            queue_time=None,
+            itls=split_itls(times, n),
+            finish_reason=finish,
+            cached_prompt_tokens=int(cached),
+            arrival_s=arrival - self.t0,
+        )
         return rec, None
 
     async def _post(self, body: dict[str, Any]) -> aiohttp.ClientResponse:
@@ -336,9 +373,21 @@ async def _served_models(client: aiohttp.ClientSession, base: str, *, is_require
     return ids
 
 
-async def _run(base: str, workload: WorkloadSpec, *, tokenizer, api_key: str | None, model: str | None, api: str,
-               seed: int | None, timeout_s: float, metric_kw: dict[str, Any], on_progress, should_stop,
-               after_warm_up) -> BenchResult:
+async def _run(
+    base: str,
+    workload: WorkloadSpec,
+    *,
+    tokenizer,
+    api_key: str | None,
+    model: str | None,
+    api: str,
+    seed: int | None,
+    timeout_s: float,
+    metric_kw: dict[str, Any],
+    on_progress,
+    should_stop,
+    after_warm_up,
+) -> BenchResult:
     # Closed loop: one pooled keep-alive connection per worker. Open loop: no cap, or the
     # client's own queue for a connection would be measured as server TTFT.
     conc = workload.concurrency if workload.is_closed_loop else 0  # aiohttp: 0 = no limit
@@ -349,8 +398,17 @@ async def _run(base: str, workload: WorkloadSpec, *, tokenizer, api_key: str | N
     async with aiohttp.ClientSession(headers=headers, timeout=timeout, connector=connector) as client:
         served = await _served_models(client, base, is_required=model is None)
         model = model or served[0]
-        replay = _Replay(client, base, model=model, api=api, tokenizer=tokenizer, timeout_s=timeout_s,
-                         total=workload.num_requests, on_progress=on_progress, should_stop=should_stop)
+        replay = _Replay(
+            client,
+            base,
+            model=model,
+            api=api,
+            tokenizer=tokenizer,
+            timeout_s=timeout_s,
+            total=workload.num_requests,
+            on_progress=on_progress,
+            should_stop=should_stop,
+        )
         stream = iter_requests(workload, tokenizer, seed=seed)
         await replay.warm_up([next(stream) for _ in range(workload.warmup_requests)])
         if after_warm_up is not None:
@@ -374,9 +432,15 @@ async def _run(base: str, workload: WorkloadSpec, *, tokenizer, api_key: str | N
     metrics["num_short_outputs"] = float(replay.num_short_outputs)
     metrics["num_resent"] = float(replay.num_resent)
     metrics["client_cpu_s"] = cpu_s
-    return BenchResult(config={"url": base, "api": api, "model": model, "served_models": served},
-                       workload=workload.model_dump(mode="json"), metrics=metrics, records=replay.records,
-                       early_stopped=replay.is_early, device="http", started_at=started_at)
+    return BenchResult(
+        config={"url": base, "api": api, "model": model, "served_models": served},
+        workload=workload.model_dump(mode="json"),
+        metrics=metrics,
+        records=replay.records,
+        early_stopped=replay.is_early,
+        device="http",
+        started_at=started_at,
+    )
 
 
 def wait_ready(base_url: str, *, timeout_s: float = 120.0, proc=None, path: str = "/ready") -> None:
@@ -403,14 +467,23 @@ def wait_ready(base_url: str, *, timeout_s: float = 120.0, proc=None, path: str 
     raise RuntimeError(f"{base_url}{path} not ready after {timeout_s:g} s")
 
 
-def run_http_benchmark(url: str, workload: WorkloadSpec, *, tokenizer, api_key: str | None = None,
-                       model: str | None = None, api: str = "completions", ttft_limit_s: float | None = None,
-                       tpot_limit_s: float | None = None, seed: int | None = None,
-                       percentiles: tuple[float, ...] = (),
-                       on_progress: Callable[[int, int | None], None] | None = None,
-                       should_stop: Callable[[list[RequestRecord]], bool] | None = None,
-                       timeout_s: float = DEFAULT_TIMEOUT_S,
-                       after_warm_up: Callable[[], None] | None = None) -> BenchResult:
+def run_http_benchmark(
+    url: str,
+    workload: WorkloadSpec,
+    *,
+    tokenizer,
+    api_key: str | None = None,
+    model: str | None = None,
+    api: str = "completions",
+    ttft_limit_s: float | None = None,
+    tpot_limit_s: float | None = None,
+    seed: int | None = None,
+    percentiles: tuple[float, ...] = (),
+    on_progress: Callable[[int, int | None], None] | None = None,
+    should_stop: Callable[[list[RequestRecord]], bool] | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    after_warm_up: Callable[[], None] | None = None,
+) -> BenchResult:
     """Replay `workload` against the OpenAI-compatible server at `url` and measure it.
 
     Args:
@@ -446,17 +519,35 @@ def run_http_benchmark(url: str, workload: WorkloadSpec, *, tokenizer, api_key: 
     if api not in APIS:
         raise ValueError(f"api: must be one of {', '.join(APIS)}, got '{api}'")
     if api == "chat" and workload.mode == "chat":
-        raise ValueError("api: 'chat' sends the prompt as a user message for the server's chat template, but "
-                         f"workload '{workload.name}' has mode 'chat' (its prompts are templated already); "
-                         "use api 'completions' to send them as token ids")
+        raise ValueError(
+            "api: 'chat' sends the prompt as a user message for the server's chat template, but "
+            f"workload '{workload.name}' has mode 'chat' (its prompts are templated already); "
+            "use api 'completions' to send them as token ids"
+        )
     if timeout_s <= 0:
         raise ValueError(f"timeout_s: must be > 0, got {timeout_s}")
     base = _base_url(url)
-    metric_kw = {"ttft_limit_s": ttft_limit_s, "tpot_limit_s": tpot_limit_s,
-                 "percentiles": tuple(dict.fromkeys((*PERCENTILES, *percentiles)))}
-    return event_loop.run(_run(base, workload, tokenizer=tokenizer, api_key=api_key, model=model, api=api,
-                               seed=seed, timeout_s=timeout_s, metric_kw=metric_kw, on_progress=on_progress,
-                               should_stop=should_stop, after_warm_up=after_warm_up))
+    metric_kw = {
+        "ttft_limit_s": ttft_limit_s,
+        "tpot_limit_s": tpot_limit_s,
+        "percentiles": tuple(dict.fromkeys((*PERCENTILES, *percentiles))),
+    }
+    return event_loop.run(
+        _run(
+            base,
+            workload,
+            tokenizer=tokenizer,
+            api_key=api_key,
+            model=model,
+            api=api,
+            seed=seed,
+            timeout_s=timeout_s,
+            metric_kw=metric_kw,
+            on_progress=on_progress,
+            should_stop=should_stop,
+            after_warm_up=after_warm_up,
+        )
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -509,11 +600,18 @@ def main(argv: list[str]) -> int:
     try:
         tokenizer = pickle.loads(Path(req["tokenizer_file"]).read_bytes())
         phase("client: warm-up")
-        res = run_http_benchmark(req["url"], WorkloadSpec.model_validate(req["workload"]), tokenizer=tokenizer,
-                                 ttft_limit_s=objective.get("ttft_limit_s"), tpot_limit_s=objective.get("tpot_limit_s"),
-                                 seed=req.get("seed"), percentiles=(objective["percentile"],),
-                                 on_progress=lambda done, total: phase(f"replay {done}/{total}"),
-                                 should_stop=should_stop, after_warm_up=wait_for_go if warm_file else None)
+        res = run_http_benchmark(
+            req["url"],
+            WorkloadSpec.model_validate(req["workload"]),
+            tokenizer=tokenizer,
+            ttft_limit_s=objective.get("ttft_limit_s"),
+            tpot_limit_s=objective.get("tpot_limit_s"),
+            seed=req.get("seed"),
+            percentiles=(objective["percentile"],),
+            on_progress=lambda done, total: phase(f"replay {done}/{total}"),
+            should_stop=should_stop,
+            after_warm_up=wait_for_go if warm_file else None,
+        )
         out = {"status": "ok", "result": res.to_dict()}
     except Exception as exc:  # reported by the trial as its failure reason
         out = {"status": "error", "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(limit=8)}

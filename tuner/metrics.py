@@ -73,11 +73,19 @@ class RequestRecord:
         """From an engine `RequestOutput` (duck-typed: `.metrics` is a `RequestMetrics`)."""
         m = out.metrics
         return cls(
-            request_id=out.request_id, prompt_tokens=len(out.prompt_token_ids),
-            output_tokens=len(out.output_token_ids), ttft=m.ttft, tpot=m.tpot, e2e=m.e2e,
-            queue_time=m.queue_time, itls=list(m.itls), finish_reason=out.finish_reason,
-            cached_prompt_tokens=m.num_cached_prompt_tokens, num_preemptions=m.num_preemptions,
-            num_draft_tokens=m.num_draft_tokens, num_accepted_tokens=m.num_accepted_tokens,
+            request_id=out.request_id,
+            prompt_tokens=len(out.prompt_token_ids),
+            output_tokens=len(out.output_token_ids),
+            ttft=m.ttft,
+            tpot=m.tpot,
+            e2e=m.e2e,
+            queue_time=m.queue_time,
+            itls=list(m.itls),
+            finish_reason=out.finish_reason,
+            cached_prompt_tokens=m.num_cached_prompt_tokens,
+            num_preemptions=m.num_preemptions,
+            num_draft_tokens=m.num_draft_tokens,
+            num_accepted_tokens=m.num_accepted_tokens,
             arrival_s=None if t0 is None else m.arrival_time - t0,
         )
 
@@ -103,8 +111,14 @@ def series(records: list[RequestRecord]) -> dict[str, list[float]]:
     }
 
 
-def summarize(records: list[RequestRecord], duration_s: float, *, ttft_limit_s: float | None = None,
-              tpot_limit_s: float | None = None, percentiles: tuple[float, ...] = PERCENTILES) -> dict[str, float]:
+def summarize(
+    records: list[RequestRecord],
+    duration_s: float,
+    *,
+    ttft_limit_s: float | None = None,
+    tpot_limit_s: float | None = None,
+    percentiles: tuple[float, ...] = PERCENTILES,
+) -> dict[str, float]:
     """Flat metric dict over one run.
 
     Args:
@@ -154,10 +168,17 @@ def ci_keys(key: str) -> tuple[str, str]:
     return f"{key}_ci_low", f"{key}_ci_high"
 
 
-def bootstrap_intervals(records: list[RequestRecord], duration_s: float, *, ttft_limit_s: float | None = None,
-                        tpot_limit_s: float | None = None, percentiles: tuple[float, ...] = CI_PERCENTILES,
-                        num_resamples: int = NUM_RESAMPLES, level: float = CI_LEVEL,
-                        seed: int = CI_SEED) -> dict[str, float]:
+def bootstrap_intervals(
+    records: list[RequestRecord],
+    duration_s: float,
+    *,
+    ttft_limit_s: float | None = None,
+    tpot_limit_s: float | None = None,
+    percentiles: tuple[float, ...] = CI_PERCENTILES,
+    num_resamples: int = NUM_RESAMPLES,
+    level: float = CI_LEVEL,
+    seed: int = CI_SEED,
+) -> dict[str, float]:
     """Bootstrap confidence intervals of a run's metrics, over its requests.
 
     The requests are resampled with replacement `num_resamples` times (a fixed `seed`: the same
@@ -213,9 +234,18 @@ def bootstrap_intervals(records: list[RequestRecord], duration_s: float, *, ttft
             put(metric_key("itl", p), st)
     if len(records) >= 2:
         limits = SLOLimits(ttft_s=ttft_limit_s, tpot_s=tpot_limit_s)
-        per = np.array([[r.output_tokens if r.is_completed else 0,  # [n, 4]: what each request adds to the rates
-                         (r.output_tokens + r.prompt_tokens) if r.is_completed else 0,
-                         r.is_completed, meets_slo(r, limits)] for r in records], dtype=float)
+        per = np.array(
+            [
+                [
+                    r.output_tokens if r.is_completed else 0,  # [n, 4]: what each request adds to the rates
+                    (r.output_tokens + r.prompt_tokens) if r.is_completed else 0,
+                    r.is_completed,
+                    meets_slo(r, limits),
+                ]
+                for r in records
+            ],
+            dtype=float,
+        )
         rates = _draw_counts(len(records), num_resamples, rng) @ per / max(duration_s, 1e-9)  # [B, 4]
         for key, st in zip(CI_RATES, rates.T):
             put(key, st)
@@ -247,8 +277,9 @@ def _draw_counts(n: int, num_resamples: int, rng: np.random.Generator) -> np.nda
     return np.bincount(idx.ravel(), minlength=num_resamples * n).reshape(num_resamples, n).astype(float)
 
 
-def _pooled_percentiles(groups: list[list[float]], ps: list[float], num_resamples: int,
-                        rng: np.random.Generator) -> np.ndarray:
+def _pooled_percentiles(
+    groups: list[list[float]], ps: list[float], num_resamples: int, rng: np.random.Generator
+) -> np.ndarray:
     """[P, B]: pXX of the values of resampled groups, pooled (a group drawn twice counts twice).
 
     Per resample, the weighted inverted-CDF percentile: the first of the sorted values whose
@@ -264,7 +295,9 @@ def _pooled_percentiles(groups: list[list[float]], ps: list[float], num_resample
     block = -(-size // 512)  # values per block: at most 512 blocks
     num_blocks = -(-size // block)
     per_block = np.bincount(np.arange(size) // block * n + owner, minlength=num_blocks * n).reshape(num_blocks, n)
-    before = np.vstack([np.zeros((1, n)), np.cumsum(per_block, axis=0)])  # [blocks + 1, n]: values of each group before a block
+    before = np.vstack(
+        [np.zeros((1, n)), np.cumsum(per_block, axis=0)]
+    )  # [blocks + 1, n]: values of each group before a block
     counts = _draw_counts(n, num_resamples, rng)  # [B, n]
     weight_before = counts @ before.T  # [B, blocks + 1]; the last column is each resample's total
     rows = np.arange(num_resamples)[:, None]
@@ -324,7 +357,8 @@ def breaks_slo_so_far(records: list[RequestRecord], objective: dict[str, Any], e
     """
     done = [r for r in records if r.finish_reason not in ("abort", "error")]
     return len(done) >= es["min_requests"] and breaks_slo_early(
-        summarize(done, 1.0, percentiles=(objective["percentile"],)), objective, es["factor"])
+        summarize(done, 1.0, percentiles=(objective["percentile"],)), objective, es["factor"]
+    )
 
 
 @dataclass
@@ -340,21 +374,39 @@ class BenchResult:
     started_at: str = ""  # UTC ISO time
 
     def to_dict(self) -> dict[str, Any]:
-        return {"config": self.config, "workload": self.workload, "metrics": self.metrics,
-                "records": [r.to_dict() for r in self.records], "early_stopped": self.early_stopped,
-                "device": self.device, "started_at": self.started_at}
+        return {
+            "config": self.config,
+            "workload": self.workload,
+            "metrics": self.metrics,
+            "records": [r.to_dict() for r in self.records],
+            "early_stopped": self.early_stopped,
+            "device": self.device,
+            "started_at": self.started_at,
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "BenchResult":
-        return cls(d["config"], d["workload"], d["metrics"], [RequestRecord.from_dict(r) for r in d.get("records", [])],
-                   d.get("early_stopped", False), d.get("device", ""), d.get("started_at", ""))
+        return cls(
+            d["config"],
+            d["workload"],
+            d["metrics"],
+            [RequestRecord.from_dict(r) for r in d.get("records", [])],
+            d.get("early_stopped", False),
+            d.get("device", ""),
+            d.get("started_at", ""),
+        )
 
     def latency(self, name: str, p: float) -> float | None:
         """Any percentile of ttft/tpot/itl/e2e/queue_time, from the records if not precomputed."""
         key = metric_key(name, p)
         if key not in self.metrics:
-            self.metrics.update({k: v for k, v in summarize(self.records, self.metrics.get("duration_s", 1.0),
-                                                              percentiles=(p,)).items() if k == key})
+            self.metrics.update(
+                {
+                    k: v
+                    for k, v in summarize(self.records, self.metrics.get("duration_s", 1.0), percentiles=(p,)).items()
+                    if k == key
+                }
+            )
         return self.metrics.get(key)
 
 
@@ -366,6 +418,7 @@ def engine_stats_delta(before: Any, after: Any) -> dict[str, float]:
     prefix_cache_hit_rate, spec_acceptance_rate, spec_mean_accepted_length (tokens emitted per
     verification, bonus token included), num_preemptions and rejected counts by reason.
     """
+
     def d(name: str) -> int:
         return getattr(after, name, 0) - getattr(before, name, 0)
 
@@ -425,8 +478,10 @@ class MemoryTracker:
 
     def metrics(self) -> dict[str, float]:
         self.sample()
-        m = {"peak_rss_mb": self.peak_rss_mb,
-             "process_max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}  # Linux: KiB
+        m = {
+            "peak_rss_mb": self.peak_rss_mb,
+            "process_max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        }  # Linux: KiB
         if self.is_cuda:
             import torch
 

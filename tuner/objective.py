@@ -97,8 +97,12 @@ def earlier_measurement(study, params: dict[str, Any], before: int | None = None
     from optuna.trial import TrialState  # optuna: the [tune] extra, imported where a study exists
 
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
-        if ((before is None or t.number < before) and is_measured(t) and t.params == params
-                and (t.state == TrialState.COMPLETE or (screened_out and is_screened_out(t)))):
+        if (
+            (before is None or t.number < before)
+            and is_measured(t)
+            and t.params == params
+            and (t.state == TrialState.COMPLETE or (screened_out and is_screened_out(t)))
+        ):
             return t
     return None
 
@@ -136,8 +140,10 @@ def ranked_feasible(study, spec) -> list:
     """The feasible completed trials, best first on the first objective (`by_first_objective`)."""
     from optuna.trial import TrialState  # optuna: the [tune] extra, imported where a study exists
 
-    return sorted((t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                   if t.user_attrs.get("feasible")), key=by_first_objective(spec))
+    return sorted(
+        (t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if t.user_attrs.get("feasible")),
+        key=by_first_objective(spec),
+    )
 
 
 def best_trial(study, spec):
@@ -256,9 +262,16 @@ def trial_runner_command(runner: str | None) -> tuple[str, ...]:
     return (sys.executable, str(Path(runner).resolve())) if runner.endswith(".py") else (sys.executable, "-m", runner)
 
 
-def run_trial_process(request: dict[str, Any], *, timeout_s: float, memory_gb: float,
-                      on_phase: Callable[[str], None] | None = None, threads: int | None = None,
-                      wait_policy: str = "auto", runner: tuple[str, ...] = DEFAULT_TRIAL_RUNNER) -> dict[str, Any]:
+def run_trial_process(
+    request: dict[str, Any],
+    *,
+    timeout_s: float,
+    memory_gb: float,
+    on_phase: Callable[[str], None] | None = None,
+    threads: int | None = None,
+    wait_policy: str = "auto",
+    runner: tuple[str, ...] = DEFAULT_TRIAL_RUNNER,
+) -> dict[str, Any]:
     """Run the trial process (`runner IN.json OUT.json`) on `request`; raise TrialFailure on any fault.
 
     Args:
@@ -275,7 +288,9 @@ def run_trial_process(request: dict[str, Any], *, timeout_s: float, memory_gb: f
     try:
         tmp = tempfile.TemporaryDirectory(prefix="slotune-trial-")
     except OSError as exc:  # a full disk fails the trial with a reason, not the study with a traceback
-        raise TrialFailure(f"could not create a trial directory in {tempfile.gettempdir()}: {exc.strerror or exc}") from None
+        raise TrialFailure(
+            f"could not create a trial directory in {tempfile.gettempdir()}: {exc.strerror or exc}"
+        ) from None
     with tmp as d:
         src, dst, phase_file = Path(d) / "in.json", Path(d) / "out.json", Path(d) / "phase.txt"
         try:
@@ -285,9 +300,13 @@ def run_trial_process(request: dict[str, Any], *, timeout_s: float, memory_gb: f
         with open(Path(d) / "log.txt", "w+") as log:
             # Its own process group (session): killed as a whole, and out of reach of a
             # terminal's Ctrl-C, which `trials_die_with_this_process` handles for it.
-            proc = subprocess.Popen([*runner, str(src), str(dst)],
-                                    stdout=log, stderr=subprocess.STDOUT, env=trial_env(threads, wait_policy),
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                [*runner, str(src), str(dst)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=trial_env(threads, wait_policy),
+                start_new_session=True,
+            )
             _live_groups.add(proc.pid)
             try:
                 reason, last_phase = _watch(proc, phase_file, timeout_s, memory_gb, on_phase)
@@ -300,7 +319,11 @@ def run_trial_process(request: dict[str, Any], *, timeout_s: float, memory_gb: f
             if proc.returncode != 0 or not dst.exists():
                 log.seek(0)
                 tail = log.read()[-800:].strip()
-                how = f"killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exited with code {proc.returncode}"
+                how = (
+                    f"killed by signal {-proc.returncode}"
+                    if proc.returncode < 0
+                    else f"exited with code {proc.returncode}"
+                )
                 raise TrialFailure(f"trial process {how}" + (f": {tail}" if tail else ""))
         result = json.loads(dst.read_text())
         if result.get("status") != "ok":
@@ -308,8 +331,9 @@ def run_trial_process(request: dict[str, Any], *, timeout_s: float, memory_gb: f
         return result
 
 
-def _watch(proc: subprocess.Popen, phase_file: Path, timeout_s: float, memory_gb: float,
-           on_phase: Callable[[str], None] | None) -> tuple[str | None, str]:
+def _watch(
+    proc: subprocess.Popen, phase_file: Path, timeout_s: float, memory_gb: float, on_phase: Callable[[str], None] | None
+) -> tuple[str | None, str]:
     """Poll the trial process until it exits or breaks a limit. Returns (limit broken or None, last phase)."""
     deadline = time.monotonic() + timeout_s
     limit = memory_gb * 2**30
@@ -328,8 +352,9 @@ def _watch(proc: subprocess.Popen, phase_file: Path, timeout_s: float, memory_gb
     return None, last_phase
 
 
-def trial_request(spec, config, seed: int | None = None, early_stop: bool = True, gates: bool = True,
-                  workload=None) -> dict[str, Any]:
+def trial_request(
+    spec, config, seed: int | None = None, early_stop: bool = True, gates: bool = True, workload=None
+) -> dict[str, Any]:
     """Everything the child needs, as JSON: config, workload (the spec's unless given: a screening
     replay's), objective, gates (none with `gates=False`), early stop, and how to measure
     (`budget.measure`: served over HTTP or in process)."""
@@ -347,8 +372,16 @@ def trial_request(spec, config, seed: int | None = None, early_stop: bool = True
     }
 
 
-def measure(spec, config, seed: int | None = None, on_phase=None, early_stop: bool = True,
-            runner: tuple[str, ...] = DEFAULT_TRIAL_RUNNER, gates: bool = True, workload=None) -> dict[str, Any]:
+def measure(
+    spec,
+    config,
+    seed: int | None = None,
+    on_phase=None,
+    early_stop: bool = True,
+    runner: tuple[str, ...] = DEFAULT_TRIAL_RUNNER,
+    gates: bool = True,
+    workload=None,
+) -> dict[str, Any]:
     """Measure `config` on the spec's workload in a child process; raises TrialFailure.
 
     Args:
@@ -367,9 +400,15 @@ def measure(spec, config, seed: int | None = None, on_phase=None, early_stop: bo
         carry the cost per 1M tokens (`metrics.cost_metrics`, intervals included).
     """
     b = spec.budget
-    result = run_trial_process(trial_request(spec, config, seed, early_stop, gates, workload), timeout_s=b.trial_timeout_s,
-                               memory_gb=b.trial_memory_gb, on_phase=on_phase, threads=b.trial_threads,
-                               wait_policy=b.trial_omp_wait_policy, runner=runner)
+    result = run_trial_process(
+        trial_request(spec, config, seed, early_stop, gates, workload),
+        timeout_s=b.trial_timeout_s,
+        memory_gb=b.trial_memory_gb,
+        on_phase=on_phase,
+        threads=b.trial_threads,
+        wait_policy=b.trial_omp_wait_policy,
+        runner=runner,
+    )
     if spec.cost is not None:  # priced here, after any trial process: the same price for every measurement
         result["metrics"].update(cost_metrics(result["metrics"], spec.cost.usd_per_hour))
     return result
@@ -441,8 +480,9 @@ class Objective:
         except ValueError as exc:  # rejected before any measurement: not counted either
             trial.set_user_attr("unmeasured", UNMEASURED_INVALID)
             raise self._fail(trial, f"invalid config: {_config_problems(exc)}") from None
-        earlier = earlier_measurement(trial.study, trial.params, before=trial.number,
-                                      screened_out=self.spec.screening.enabled)
+        earlier = earlier_measurement(
+            trial.study, trial.params, before=trial.number, screened_out=self.spec.screening.enabled
+        )
         if earlier is not None:
             return self._repeat(trial, earlier)
         trial.set_user_attr("config", config.model_dump(mode="json"))
@@ -451,8 +491,13 @@ class Objective:
         self._phase(trial.number, "starting trial process")
         try:
             # The default and naive trials are the yardsticks: measured in full, never cut short.
-            result = measure(self.spec, config, on_phase=lambda p: self._phase(trial.number, p),
-                             early_stop=not trial.user_attrs.get("tag"), runner=self.runner)
+            result = measure(
+                self.spec,
+                config,
+                on_phase=lambda p: self._phase(trial.number, p),
+                early_stop=not trial.user_attrs.get("tag"),
+                runner=self.runner,
+            )
         except TrialFailure as exc:
             raise self._fail(trial, exc.reason) from None
         return self._record(trial, result)
@@ -467,15 +512,30 @@ class Objective:
         screen, wl = self.spec.screening, self.spec.workload
         short = screen.short_workload(wl)
         try:
-            result = measure(self.spec, config, on_phase=lambda p: self._phase(trial.number, f"screening: {p}"),
-                             early_stop=True, runner=self.runner, gates=False, workload=short)
+            result = measure(
+                self.spec,
+                config,
+                on_phase=lambda p: self._phase(trial.number, f"screening: {p}"),
+                early_stop=True,
+                runner=self.runner,
+                gates=False,
+                workload=short,
+            )
         except TrialFailure as exc:  # a config that cannot run fails before the full replay is spent
             raise self._fail(trial, f"{exc.reason} (screening replay)") from None
         key = self.spec.objective.metric_key()
         value = result["metrics"].get(key)
         share = screen.share(wl)
-        trial.set_user_attr("screen", {"num_requests": short.num_requests, "of": wl.num_requests, "share": share,
-                                       "value": value, "early_stopped": result["early_stopped"]})
+        trial.set_user_attr(
+            "screen",
+            {
+                "num_requests": short.num_requests,
+                "of": wl.num_requests,
+                "share": share,
+                "value": value,
+                "early_stopped": result["early_stopped"],
+            },
+        )
         if value is None and not result["early_stopped"]:
             raise self._fail(trial, f"metric {key} was not measured in the screening replay (no request finished)")
         if value is not None:
@@ -499,8 +559,10 @@ class Objective:
             return f"screened out after {n}: the short replay stopped early (the SLO out of reach)"
         b, num_peers = trial.study.pruner.bar(trial.study, trial.number)
         which = "median" if screen.percentile == 50 else f"best {screen.percentile:g}% bar"
-        return (f"screened out after {n}: {metric_label(key)} {format_value(key, value)}, worse than the {which} "
-                f"({format_value(key, b)}) of the {num_peers} trials measured in full that met the SLO")
+        return (
+            f"screened out after {n}: {metric_label(key)} {format_value(key, value)}, worse than the {which} "
+            f"({format_value(key, b)}) of the {num_peers} trials measured in full that met the SLO"
+        )
 
     def _repeat(self, trial, earlier) -> float | list[float]:
         """Trial `earlier` measured these params: copy its outcome (TPE learns the same as from a
@@ -517,7 +579,9 @@ class Objective:
         trial.set_user_attr("unmeasured", UNMEASURED_REPEAT)
         trial.set_user_attr("repeat_of", earlier.number)
         trial.set_user_attr("fail_reason", None)
-        enqueue_unexplored(self.space, trial.study, seed=None if self.spec.seed is None else self.spec.seed + trial.number)
+        enqueue_unexplored(
+            self.space, trial.study, seed=None if self.spec.seed is None else self.spec.seed + trial.number
+        )
         if is_screened_out(earlier):
             if 0 in earlier.intermediate_values:
                 trial.report(earlier.intermediate_values[0], 0)
@@ -556,7 +620,7 @@ class Objective:
             key = obj.metric_key(metric)
             if key not in m:
                 if result["early_stopped"]:  # stopped before any request finished: the SLO was
-                    import optuna        # hopeless; constraints above still inform the sampler
+                    import optuna  # hopeless; constraints above still inform the sampler
 
                     trial.set_user_attr("fail_reason", f"early stop before {key} could be measured")
                     raise optuna.TrialPruned(f"early stop before {key} could be measured")

@@ -53,7 +53,9 @@ class Progress:
             if t.state.is_finished():
                 self._add(study, t, log=False)
         if self.rows:
-            self.say(f"resuming study '{self.spec.name}': {_slots(self.num_finished)}/{self.total} trials already finished")
+            self.say(
+                f"resuming study '{self.spec.name}': {_slots(self.num_finished)}/{self.total} trials already finished"
+            )
 
     def phase(self, number: int | None, text: str) -> None:
         self.current = f"trial {number}: {text}" if number is not None else text
@@ -76,13 +78,23 @@ class Progress:
         self.finish()
         obj = self.spec.objective
         p = obj.percentile
-        keys = [obj.metric_key(), metric_key("ttft", p), metric_key("tpot", p), "output_tokens_per_s", "goodput_rps",
-                "slo_attainment"]
+        keys = [
+            obj.metric_key(),
+            metric_key("ttft", p),
+            metric_key("tpot", p),
+            "output_tokens_per_s",
+            "goodput_rps",
+            "slo_attainment",
+        ]
         t = Table(title=f"study {self.spec.name}: winner = trial {best.number}")
         for c in ("metric", "winner", "re-measured", "default", "naive"):
             t.add_column(c, justify="right" if c != "metric" else "left")
-        cols = [best.user_attrs.get("metrics") or {}, (remeasure or {}).get("metrics") or {},
-                references.get("default") or {}, references.get("naive") or {}]
+        cols = [
+            best.user_attrs.get("metrics") or {},
+            (remeasure or {}).get("metrics") or {},
+            references.get("default") or {},
+            references.get("naive") or {},
+        ]
         for k in dict.fromkeys(keys):
             t.add_row(k, *[_fmt(c.get(k)) for c in cols])
         self.console.print(t)
@@ -97,13 +109,17 @@ class Progress:
             feasible = "no (early stop)"
         detail = ua.get("fail_reason") or ", ".join(f"{k}={v}" for k, v in trial.params.items())
         tag = trial_label(ua)
-        self.rows.append((f"{trial.number}" + (f" ({tag})" if tag else ""), trial.state.name, value, feasible, detail[:100]))
+        self.rows.append(
+            (f"{trial.number}" + (f" ({tag})" if tag else ""), trial.state.name, value, feasible, detail[:100])
+        )
         self.num_finished += budget_share(trial)  # a screened-out trial: its short replay's share
         b = best_trial(study, self.spec)
         self.best = f"{b.values[0]:.4g} (trial {b.number})" if b else "-"
         if log and self._live is None:
-            self.say(f"[{_slots(self.num_finished)}/{self.total}] trial {trial.number} {trial.state.name} "
-                     f"{self.spec.objective.metric_key()}={value} feasible={feasible} best={self.best} | {detail[:160]}")
+            self.say(
+                f"[{_slots(self.num_finished)}/{self.total}] trial {trial.number} {trial.state.name} "
+                f"{self.spec.objective.metric_key()}={value} feasible={feasible} best={self.best} | {detail[:160]}"
+            )
 
     def _table(self, last: int = 12) -> Table:
         obj = self.spec.objective
@@ -115,7 +131,10 @@ class Progress:
         return t
 
     def _render(self) -> Group:
-        return Group(self._table(), f"[bold]{_slots(self.num_finished)}/{self.total}[/bold] trials · best {self.best} · {self.current}")
+        return Group(
+            self._table(),
+            f"[bold]{_slots(self.num_finished)}/{self.total}[/bold] trials · best {self.best} · {self.current}",
+        )
 
 
 def _slots(x: float) -> str:

@@ -15,9 +15,14 @@ from typing import Any
 from slotune.evals.gate_spec import GateSpec
 from slotune.tuner.slo import SLO_KEYS, SLOLimits, judge
 
-GATE_METRIC_WORDS = {"top1": "top-1 agreement", "acc": "accuracy", "acc_norm": "normalized accuracy",
-                     "exact_match": "exact match", "word_perplexity": "word perplexity",
-                     "byte_perplexity": "byte perplexity"}
+GATE_METRIC_WORDS = {
+    "top1": "top-1 agreement",
+    "acc": "accuracy",
+    "acc_norm": "normalized accuracy",
+    "exact_match": "exact match",
+    "word_perplexity": "word perplexity",
+    "byte_perplexity": "byte perplexity",
+}
 
 
 def _num(v: float) -> str:
@@ -42,7 +47,9 @@ def gate_words(result: Mapping[str, Any], spec: GateSpec | None = None) -> str:
     what = GATE_METRIC_WORDS.get(metric, metric or "metric")
     if cand is None or reason.startswith("error"):
         return reason or "not evaluated"
-    if spec is not None and spec.mode == "non_inferiority":  # passed or failed on a confidence bound: its own words say how
+    if (
+        spec is not None and spec.mode == "non_inferiority"
+    ):  # passed or failed on a confidence bound: its own words say how
         return f"{what} {_num(cand)} ({reason.removeprefix('ok: ').removeprefix('failed: ')})"
     parts = []
     if result.get("kind") == "agreement":
@@ -57,19 +64,25 @@ def gate_words(result: Mapping[str, Any], spec: GateSpec | None = None) -> str:
     if base is None or drop is None or margin is None:
         return reason
     change = "increase" if result.get("kind") == "perplexity" else "drop"
-    return (f"{what} {_num(cand)} vs {_num(base)} unquantized: {change} {_num(drop)} "
-            f"{'<=' if drop <= margin else '>'} allowed {_num(margin)}")
+    return (
+        f"{what} {_num(cand)} vs {_num(base)} unquantized: {change} {_num(drop)} "
+        f"{'<=' if drop <= margin else '>'} allowed {_num(margin)}"
+    )
 
 
 def failed_gates(gates: Mapping[str, Any] | None, gate_specs: Iterable[GateSpec] = ()) -> list[str]:
     """'gate NAME: words' for each failed gate of a trial's stored gate report."""
     specs = {g.name: g for g in gate_specs}
-    return [f"gate {g['name']}: {gate_words(g, specs.get(g['name']))}"
-            for g in (gates or {}).get("gates", []) if not g.get("passed")]
+    return [
+        f"gate {g['name']}: {gate_words(g, specs.get(g['name']))}"
+        for g in (gates or {}).get("gates", [])
+        if not g.get("passed")
+    ]
 
 
-def infeasible_reasons(user_attrs: Mapping[str, Any], limits: SLOLimits,
-                       gate_specs: Iterable[GateSpec] = ()) -> list[str]:
+def infeasible_reasons(
+    user_attrs: Mapping[str, Any], limits: SLOLimits, gate_specs: Iterable[GateSpec] = ()
+) -> list[str]:
     """Why a trial cannot win, in words; [] for a feasible trial.
 
     Args:
@@ -89,8 +102,9 @@ def infeasible_reasons(user_attrs: Mapping[str, Any], limits: SLOLimits,
         words.append("stopped early: the first requests already missed a limit by far")
     if any(v.get(k, 0) > 0 for k in SLO_KEYS):
         # Judged again from the stored metrics for the words; the stored numbers if those are gone.
-        words += (judge(user_attrs.get("metrics") or {}, limits).reasons
-                  or [f"{k} {v[k]:+.0%} beyond its limit" for k in SLO_KEYS if v.get(k, 0) > 0])
+        words += judge(user_attrs.get("metrics") or {}, limits).reasons or [
+            f"{k} {v[k]:+.0%} beyond its limit" for k in SLO_KEYS if v.get(k, 0) > 0
+        ]
     if v.get("quality_gates", 0) > 0:
         words += failed_gates(user_attrs.get("gates"), gate_specs) or ["quality gates failed"]
     return words

@@ -15,8 +15,13 @@ from typing import Any
 
 DEFAULT_TAG, NAIVE_TAG = "default", "naive"
 LEGACY_TAGS = {"baseline": NAIVE_TAG}  # studies made before the rename tagged the naive config "baseline"
-NAIVE_UPDATES = {"scheduling": "static", "enable_prefix_caching": False, "quantization": "none",
-                 "speculative.method": "none", "kv_dtype": "auto"}
+NAIVE_UPDATES = {
+    "scheduling": "static",
+    "enable_prefix_caching": False,
+    "quantization": "none",
+    "speculative.method": "none",
+    "kv_dtype": "auto",
+}
 
 
 def reference_configs(base) -> list[tuple[str, Any]]:

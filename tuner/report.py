@@ -49,7 +49,7 @@ def write_atomic(path: Path, data: str | bytes) -> None:
         try:
             view = memoryview(raw)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -62,6 +62,7 @@ def write_atomic(path: Path, data: str | bytes) -> None:
 
 
 # --- the facts -------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class TrialFacts:
@@ -116,8 +117,16 @@ class WinnerFacts:
         """gate | kind | result in words | unquantized | winner | pass (header first)."""
         rows = [["gate", "kind", "result", "unquantized", "winner", "pass"]]
         for g in self.gates:
-            rows.append([g.name, g.kind, g.words, "–" if g.baseline is None else number(g.baseline),
-                         "–" if g.candidate is None else number(g.candidate), "yes" if g.passed else "no"])
+            rows.append(
+                [
+                    g.name,
+                    g.kind,
+                    g.words,
+                    "–" if g.baseline is None else number(g.baseline),
+                    "–" if g.candidate is None else number(g.candidate),
+                    "yes" if g.passed else "no",
+                ]
+            )
         return rows
 
     @property
@@ -148,23 +157,53 @@ class ReportData:
     def trials_table(self) -> list[list[str]]:
         """# | tag | state | objective value(s) | feasible | context metrics | parameters | why not feasible."""
         extra = [k for k in self.context_keys if k not in self.objective_keys]
-        rows = [["#", "tag", "state", *(metric_label(k) for k in self.objective_keys), "feasible",
-                 *(metric_label(k) for k in extra), "parameters", "why not feasible"]]
+        rows = [
+            [
+                "#",
+                "tag",
+                "state",
+                *(metric_label(k) for k in self.objective_keys),
+                "feasible",
+                *(metric_label(k) for k in extra),
+                "parameters",
+                "why not feasible",
+            ]
+        ]
         for t in self.trials:
-            vals = [format_value(k, t.values[i]) if t.values and i < len(t.values) else "–"
-                    for i, k in enumerate(self.objective_keys)]
+            vals = [
+                format_value(k, t.values[i]) if t.values and i < len(t.values) else "–"
+                for i, k in enumerate(self.objective_keys)
+            ]
             feasible = "–" if t.feasible is None else ("yes" if t.feasible else "no")
-            rows.append([str(t.number), t.tag, t.state.lower(), *vals, feasible,
-                         *(format_value(k, t.metrics.get(k)) for k in extra),
-                         ", ".join(f"{k}={v}" for k, v in t.params.items()), t.note])
+            rows.append(
+                [
+                    str(t.number),
+                    t.tag,
+                    t.state.lower(),
+                    *vals,
+                    feasible,
+                    *(format_value(k, t.metrics.get(k)) for k in extra),
+                    ", ".join(f"{k}={v}" for k, v in t.params.items()),
+                    t.note,
+                ]
+            )
         return rows
 
 
 def _gate_facts(gates: Mapping[str, Any] | None, gate_specs: Sequence[GateSpec]) -> list[GateFacts]:
     specs = {g.name: g for g in gate_specs}
-    return [GateFacts(g["name"], g.get("kind", ""), g.get("metric", ""), g.get("baseline"), g.get("candidate"),
-                      bool(g.get("passed")), gate_words(g, specs.get(g["name"])))
-            for g in (gates or {}).get("gates", [])]
+    return [
+        GateFacts(
+            g["name"],
+            g.get("kind", ""),
+            g.get("metric", ""),
+            g.get("baseline"),
+            g.get("candidate"),
+            bool(g.get("passed")),
+            gate_words(g, specs.get(g["name"])),
+        )
+        for g in (gates or {}).get("gates", [])
+    ]
 
 
 _KNOB_WORDS = {
@@ -212,8 +251,15 @@ def _times(r: float) -> str:
     return f"{number(r, 3 if 0.9 < r < 1.1 else 2)}x"
 
 
-def _claims(key: str, direction: str, bm: dict, default: dict | None, limits: SLOLimits,
-            gates: list[GateFacts], is_default: bool = False) -> list[str]:
+def _claims(
+    key: str,
+    direction: str,
+    bm: dict,
+    default: dict | None,
+    limits: SLOLimits,
+    gates: list[GateFacts],
+    is_default: bool = False,
+) -> list[str]:
     first = f"{metric_label(key)} {value_with_ci(bm, key)}"
     r = _ratio(bm.get(key), (default or {}).get(key), direction)
     if is_default:  # compared with itself, a ratio would only measure the machine's drift
@@ -227,7 +273,9 @@ def _claims(key: str, direction: str, bm: dict, default: dict | None, limits: SL
             continue
         limit = format_value(c.key, c.limit)
         if c.name == "throughput":
-            out.append(f"{c.label} {format_value(c.key, c.value)} {'above' if c.passed else 'below'} the {limit} minimum")
+            out.append(
+                f"{c.label} {format_value(c.key, c.value)} {'above' if c.passed else 'below'} the {limit} minimum"
+            )
         else:
             out.append(f"{c.label} {format_value(c.key, c.value)} {'within' if c.passed else 'over'} the {limit} limit")
     out += [g.words for g in gates]
@@ -242,13 +290,17 @@ def _noise_note(key: str, direction: str, bm: dict, default: dict | None) -> str
     a, b = interval(bm, key), interval(default, key)
     if a is not None and b is not None:
         if overlaps(a, b):
-            return (f"The improvement over the default on {metric_label(key)} is within noise: the intervals "
-                    f"overlap ({value_with_ci(bm, key)} vs {value_with_ci(default, key)}).")
+            return (
+                f"The improvement over the default on {metric_label(key)} is within noise: the intervals "
+                f"overlap ({value_with_ci(bm, key)} vs {value_with_ci(default, key)})."
+            )
         return None
     r = _ratio(bm[key], default[key], direction)
     if r is not None and 1 <= r < 1.05:
-        return (f"The improvement over the default on {metric_label(key)} is small ({r - 1:.0%}); the measurements "
-                f"carry no uncertainty intervals, so whether it is more than noise is unknown.")
+        return (
+            f"The improvement over the default on {metric_label(key)} is small ({r - 1:.0%}); the measurements "
+            f"carry no uncertainty intervals, so whether it is more than noise is unknown."
+        )
     return None
 
 
@@ -256,11 +308,12 @@ def _attainment(m: Mapping[str, Any]) -> str:
     share, n = m.get("slo_attainment"), m.get("num_requests")
     if share is None:
         return "not measured"
-    return format_value("slo_attainment", share) + (f" of requests ({share * n:.0f} of {n:.0f})" if n else " of requests")
+    return format_value("slo_attainment", share) + (
+        f" of requests ({share * n:.0f} of {n:.0f})" if n else " of requests"
+    )
 
 
-def _winner(spec, best, remeasure, refs: dict[str, dict | None], default_latencies,
-            limits: SLOLimits) -> WinnerFacts:
+def _winner(spec, best, remeasure, refs: dict[str, dict | None], default_latencies, limits: SLOLimits) -> WinnerFacts:
     obj = spec.objective
     key, direction = obj.metric_key(), obj.direction()
     bm = best.user_attrs["metrics"]
@@ -288,46 +341,76 @@ def _winner(spec, best, remeasure, refs: dict[str, dict | None], default_latenci
             continue
         r = _ratio(bm.get(key), (m or {}).get(key), direction)
         if r is not None:
-            notes.append(f"{_times(r)} improvement over {name} on {metric_label(key)} "
-                         f"({format_value(key, m[key])} -> {format_value(key, bm[key])})")
+            notes.append(
+                f"{_times(r)} improvement over {name} on {metric_label(key)} "
+                f"({format_value(key, m[key])} -> {format_value(key, bm[key])})"
+            )
     if (remeasure or {}).get("near"):
-        notes.append(f"Its own trial missed the SLO, by less than that measurement's noise "
-                     f"({'; '.join(remeasure['near'])}); so it was measured again in the confirmation round and "
-                     f"met the SLO there" + (", and passed the quality gates run there" if spec.quality_gates else "")
-                     + " (the confirmation section).")
+        notes.append(
+            f"Its own trial missed the SLO, by less than that measurement's noise "
+            f"({'; '.join(remeasure['near'])}); so it was measured again in the confirmation round and "
+            f"met the SLO there"
+            + (", and passed the quality gates run there" if spec.quality_gates else "")
+            + " (the confirmation section)."
+        )
     noise = None if is_default else _noise_note(key, direction, card, card_default)
     if noise:
         notes.append(noise)
     if rm and card is rm and (remeasure or {}).get("seeds"):
-        notes.append(f"Declared on {len(seeds)} measurement{'s' if len(seeds) > 1 else ''} after the confirmation "
-                     f"round, each beside the default config, on {on_seeds}: {metric_label(key)} "
-                     f"{value_with_ci(rm, key)} (their {declared_as(len(seeds))}; default {value_with_ci(rdefault, key)}"
-                     + ("" if (remeasure or {}).get("default_seeds") == seeds else f", measured in the round on "
-                        f"workload seed {seed}: its declaration measurements failed") + "); the comparison above "
-                     "is on these numbers.")
+        notes.append(
+            f"Declared on {len(seeds)} measurement{'s' if len(seeds) > 1 else ''} after the confirmation "
+            f"round, each beside the default config, on {on_seeds}: {metric_label(key)} "
+            f"{value_with_ci(rm, key)} (their {declared_as(len(seeds))}; default {value_with_ci(rdefault, key)}"
+            + (
+                ""
+                if (remeasure or {}).get("default_seeds") == seeds
+                else f", measured in the round on workload seed {seed}: its declaration measurements failed"
+            )
+            + "); the comparison above "
+            "is on these numbers."
+        )
     elif rm and card is rm:
-        notes.append(f"Measured again on workload seed {seed} in one round with the default config: "
-                     f"{metric_label(key)} {value_with_ci(rm, key)} (default {value_with_ci(rdefault, key)}); "
-                     f"the comparison above is on these numbers.")
+        notes.append(
+            f"Measured again on workload seed {seed} in one round with the default config: "
+            f"{metric_label(key)} {value_with_ci(rm, key)} (default {value_with_ci(rdefault, key)}); "
+            f"the comparison above is on these numbers."
+        )
     elif rm:
         notes.append(f"Re-measured on {on_seeds}: {metric_label(key)} {value_with_ci(rm, key)}.")
     elif remeasure and "error" in remeasure:
         notes.append(f"The re-measurement on workload seed {seed} failed: {remeasure['error']}")
     if (remeasure or {}).get("declare_error"):
-        notes.append(f"The declaration measurements after the round failed ({remeasure['declare_error']}): the "
-                     f"numbers above are the round's, which picked this config and so favour it.")
+        notes.append(
+            f"The declaration measurements after the round failed ({remeasure['declare_error']}): the "
+            f"numbers above are the round's, which picked this config and so favour it."
+        )
     if (remeasure or {}).get("reasons"):
         notes.append(f"Its declared numbers miss the SLO: {'; '.join(remeasure['reasons'])}.")
     for k in COST_METRICS:
         if card.get(k) is not None:
             d = (card_default or {}).get(k)
-            notes.append(f"{metric_label(k)}: {value_with_ci(card, k)}"
-                         + (f" (default {value_with_ci(card_default, k)})" if d is not None else ""))
+            notes.append(
+                f"{metric_label(k)}: {value_with_ci(card, k)}"
+                + (f" (default {value_with_ci(card_default, k)})" if d is not None else "")
+            )
 
-    keys = dict.fromkeys((key, *(obj.metric_key(m) for m in obj.pareto_with), metric_key("ttft", 50),
-                          metric_key("ttft", obj.percentile), metric_key("tpot", 50), metric_key("tpot", obj.percentile),
-                          "output_tokens_per_s", "goodput_rps", "slo_attainment", *COST_METRICS, "weight_bytes",
-                          "peak_kv_blocks", "peak_memory_mb"))
+    keys = dict.fromkeys(
+        (
+            key,
+            *(obj.metric_key(m) for m in obj.pareto_with),
+            metric_key("ttft", 50),
+            metric_key("ttft", obj.percentile),
+            metric_key("tpot", 50),
+            metric_key("tpot", obj.percentile),
+            "output_tokens_per_s",
+            "goodput_rps",
+            "slo_attainment",
+            *COST_METRICS,
+            "weight_bytes",
+            "peak_kv_blocks",
+            "peak_memory_mb",
+        )
+    )
     columns = {"winner": bm, f"re-measured ({seeds_words(seeds)})": rm, **refs}
     if rdefault:
         columns[f"default re-measured ({seeds_words((remeasure or {}).get('default_seeds') or [seed])})"] = rdefault
@@ -341,26 +424,45 @@ def _winner(spec, best, remeasure, refs: dict[str, dict | None], default_latenci
     again = {c.key: c for c in judge(rm, limits).checks} if rm else {}
     for c in judge(bm, limits).checks:
         r = again.get(c.key)
-        slo.append([c.label, f"{'>=' if c.name == 'throughput' else '<='} {format_value(c.key, c.limit)}",
-                    format_value(c.key, c.value), "yes" if c.passed else "no",
-                    format_value(c.key, r.value) if r else "–", ("yes" if r.passed else "no") if r else "–"])
+        slo.append(
+            [
+                c.label,
+                f"{'>=' if c.name == 'throughput' else '<='} {format_value(c.key, c.limit)}",
+                format_value(c.key, c.value),
+                "yes" if c.passed else "no",
+                format_value(c.key, r.value) if r else "–",
+                ("yes" if r.passed else "no") if r else "–",
+            ]
+        )
     attainment = f"{_attainment(bm)} met the per-request limits"
     if rm:
         attainment += f"; re-measured: {_attainment(rm)}"
 
     params = [["parameter", "winner", "default"]] + [[k, str(v), str(defaults.get(k))] for k, v in best.params.items()]
-    return WinnerFacts(number=best.number, config_words=config_words(best.params, defaults),
-                       claims=_claims(key, direction, card, card_default, limits, gates, is_default), notes=notes,
-                       comparison=comparison,
-                       attainment=attainment + ".", slo=slo, gates=gates, params=params, metrics=bm, references=refs,
-                       default=default, default_latencies=default_latencies)
+    return WinnerFacts(
+        number=best.number,
+        config_words=config_words(best.params, defaults),
+        claims=_claims(key, direction, card, card_default, limits, gates, is_default),
+        notes=notes,
+        comparison=comparison,
+        attainment=attainment + ".",
+        slo=slo,
+        gates=gates,
+        params=params,
+        metrics=bm,
+        references=refs,
+        default=default,
+        default_latencies=default_latencies,
+    )
 
 
 def _importances(study, trials: list[TrialFacts]) -> tuple[dict[str, float] | None, str]:
     done = [t for t in trials if t.state == "COMPLETE" and t.values]
     if len(done) < MIN_TRIALS_FOR_IMPORTANCE:
-        return None, (f"Parameter importances need at least {MIN_TRIALS_FOR_IMPORTANCE} complete trials; "
-                      f"this study has {len(done)}.")
+        return None, (
+            f"Parameter importances need at least {MIN_TRIALS_FOR_IMPORTANCE} complete trials; "
+            f"this study has {len(done)}."
+        )
     import optuna  # heavy: the tuner's own dependency, imported only where a report is written
 
     try:
@@ -371,8 +473,10 @@ def _importances(study, trials: list[TrialFacts]) -> tuple[dict[str, float] | No
         return None, f"Parameter importances could not be computed: {type(exc).__name__}: {exc}"
     if not imp:
         return None, "Parameter importances: no parameter varied across the complete trials."
-    return dict(imp), ("How much of the variation of the first objective each parameter explains "
-                       "(Optuna's fANOVA over the complete trials).")
+    return dict(imp), (
+        "How much of the variation of the first objective each parameter explains "
+        "(Optuna's fANOVA over the complete trials)."
+    )
 
 
 def gather(spec, study, best, remeasure) -> ReportData:
@@ -391,61 +495,93 @@ def gather(spec, study, best, remeasure) -> ReportData:
     trials = []
     for t in study.trials:
         ua = t.user_attrs
-        trials.append(TrialFacts(
-            number=t.number, tag=trial_label(ua), state=t.state.name,
-            values=tuple(t.values) if t.values else None, feasible=ua.get("feasible"), params=dict(t.params),
-            reasons=[] if ua.get("feasible") else infeasible_reasons(ua, limits, spec.quality_gates),
-            early_stopped=bool(ua.get("early_stopped")), metrics=dict(ua.get("metrics") or {}),
-            latencies=ua.get("latencies") or None))
+        trials.append(
+            TrialFacts(
+                number=t.number,
+                tag=trial_label(ua),
+                state=t.state.name,
+                values=tuple(t.values) if t.values else None,
+                feasible=ua.get("feasible"),
+                params=dict(t.params),
+                reasons=[] if ua.get("feasible") else infeasible_reasons(ua, limits, spec.quality_gates),
+                early_stopped=bool(ua.get("early_stopped")),
+                metrics=dict(ua.get("metrics") or {}),
+                latencies=ua.get("latencies") or None,
+            )
+        )
     states = [t.state for t in trials]
     gates = ", ".join(g.name for g in spec.quality_gates) or "none"
-    summary = [f"Objective: {obj.direction()} {metric_label(keys[0])}"
-               + (f", Pareto with {', '.join(metric_label(k) for k in keys[1:])}" if keys[1:] else "") + ".",
-               f"SLO: {limits.describe()}; quality gates: {gates}.",
-               f"Sampler {spec.sampler}; {len(states)} trials ({states.count('COMPLETE')} complete, "
-               f"{states.count('FAIL')} failed, {states.count('PRUNED')} pruned)."]
+    summary = [
+        f"Objective: {obj.direction()} {metric_label(keys[0])}"
+        + (f", Pareto with {', '.join(metric_label(k) for k in keys[1:])}" if keys[1:] else "")
+        + ".",
+        f"SLO: {limits.describe()}; quality gates: {gates}.",
+        f"Sampler {spec.sampler}; {len(states)} trials ({states.count('COMPLETE')} complete, "
+        f"{states.count('FAIL')} failed, {states.count('PRUNED')} pruned).",
+    ]
     if spec.screening.enabled:
         from slotune.tuner.screening import screened_in  # optuna: only where a study exists
 
         out = [t for t in study.trials if is_screened_out(t) and t.user_attrs.get("repeat_of") is None]
-        summary.append(f"Screening: each searched trial replayed {spec.screening.describe(spec.workload)} first; "
-                       f"{len(out)} were screened out there (each holding {number(spec.screening.share(spec.workload))} "
-                       f"of a budget slot), {len(screened_in(study))} passed and were measured in full.")
+        summary.append(
+            f"Screening: each searched trial replayed {spec.screening.describe(spec.workload)} first; "
+            f"{len(out)} were screened out there (each holding {number(spec.screening.share(spec.workload))} "
+            f"of a budget slot), {len(screened_in(study))} passed and were measured in full."
+        )
     machines = sorted({t.user_attrs["machine"] for t in study.trials if t.user_attrs.get("machine")})
     if machines:  # a latency is a fact about the machine that measured it
-        summary.append(f"Measured on {machines[0]}." if len(machines) == 1 else
-                       f"Measured on {len(machines)} machines: {'; '.join(machines)}.")
+        summary.append(
+            f"Measured on {machines[0]}."
+            if len(machines) == 1
+            else f"Measured on {len(machines)} machines: {'; '.join(machines)}."
+        )
     replay = describe_replay(spec.workload)
     if replay is not None:  # a trace workload: which traffic window the numbers are about
         summary.append(f"Traffic: tuned on {replay}.")
     refs = reference_metrics(study)
-    winner = (_winner(spec, best, remeasure, refs, reference_results(study, "latencies")[DEFAULT_TAG], limits)
-              if best is not None else None)
+    winner = (
+        _winner(spec, best, remeasure, refs, reference_results(study, "latencies")[DEFAULT_TAG], limits)
+        if best is not None
+        else None
+    )
     front: set[int] = set()
     if len(keys) > 1:
         front = {t.number for t in study.best_trials if t.user_attrs.get("feasible")}
     importances, note = _importances(study, trials)
     closest = _closest(study, trials) if winner is None else ""
-    return ReportData(name=spec.name, objective_keys=keys, directions=[obj.direction(m) for m in obj.metrics],
-                      summary=summary, winner=winner, trials=trials, pareto_front=front, importances=importances,
-                      importance_note=note, closest=closest,
-                      context_keys=[metric_key("ttft", obj.percentile), "output_tokens_per_s"])
+    return ReportData(
+        name=spec.name,
+        objective_keys=keys,
+        directions=[obj.direction(m) for m in obj.metrics],
+        summary=summary,
+        winner=winner,
+        trials=trials,
+        pareto_front=front,
+        importances=importances,
+        importance_note=note,
+        closest=closest,
+        context_keys=[metric_key("ttft", obj.percentile), "output_tokens_per_s"],
+    )
 
 
 def _closest(study, trials: list[TrialFacts]) -> str:
     """The measured trial that missed least (the sum of its relative misses: 0.15 = 15% beyond a limit;
     a failed gate or an early stop counts 1), with its misses in words; "" when nothing was measured."""
-    missed = {t.number: sum(max(float(v), 0.0) for v in (t.user_attrs.get("violations") or {}).values())
-              for t in study.trials if t.state.name == "COMPLETE" and t.user_attrs.get("violations")}
+    missed = {
+        t.number: sum(max(float(v), 0.0) for v in (t.user_attrs.get("violations") or {}).values())
+        for t in study.trials
+        if t.state.name == "COMPLETE" and t.user_attrs.get("violations")
+    }
     if not missed:
         return ""
     number = min(missed, key=lambda n: (missed[n], n))
     facts = next(t for t in trials if t.number == number)
     params = ", ".join(f"{k}={v}" for k, v in facts.params.items()) or "the base config"
-    return (f"Closest to feasible: trial {number} ({params}): " + "; ".join(facts.reasons or ["no reason stored"]) + ".")
+    return f"Closest to feasible: trial {number} ({params}): " + "; ".join(facts.reasons or ["no reason stored"]) + "."
 
 
 # --- markdown --------------------------------------------------------------------------------
+
 
 def _md_cell(text: str) -> str:
     return str(text).replace("|", "/").replace("\n", " ")
@@ -455,15 +591,25 @@ def _md_table(rows: Sequence[Sequence[str]]) -> list[str]:
     if not rows:
         return []
     head, *body = rows
-    return (["| " + " | ".join(map(_md_cell, head)) + " |", "|" + "---|" * len(head)]
-            + ["| " + " | ".join(map(_md_cell, r)) + " |" for r in body] + [""])
+    return (
+        ["| " + " | ".join(map(_md_cell, head)) + " |", "|" + "---|" * len(head)]
+        + ["| " + " | ".join(map(_md_cell, r)) + " |" for r in body]
+        + [""]
+    )
 
 
 def render_markdown(data: ReportData, sections: Sequence[ReportSection] = ()) -> str:
     """report.md: the same facts as report.html, as plain markdown (the plots are named, not drawn)."""
-    lines = [f"# slotune study report: {data.name}", "", *data.summary, "",
-             "Plots (optimization history, distributions, importances"
-             + (", Pareto front" if data.is_multi_objective else "") + "): report.html beside this file.", ""]
+    lines = [
+        f"# slotune study report: {data.name}",
+        "",
+        *data.summary,
+        "",
+        "Plots (optimization history, distributions, importances"
+        + (", Pareto front" if data.is_multi_objective else "")
+        + "): report.html beside this file.",
+        "",
+    ]
     w = data.winner
     if w is not None:
         lines += ["## Winner", "", f"Trial {w.number}: {w.headline}.", ""]
@@ -474,8 +620,12 @@ def render_markdown(data: ReportData, sections: Sequence[ReportSection] = ()) ->
             lines += ["## Quality gates of the winner", ""] + _md_table(w.gates_table())
         lines += ["## Parameters of the winner", ""] + _md_table(w.params)
     else:
-        lines += ["## No feasible trial", "",
-                  "No trial met the SLO and the quality gates; the trials table says why.", ""]
+        lines += [
+            "## No feasible trial",
+            "",
+            "No trial met the SLO and the quality gates; the trials table says why.",
+            "",
+        ]
         if data.closest:
             lines += [data.closest, ""]
     lines += ["## Parameter importances", ""]

@@ -21,8 +21,11 @@ from slotune.tuner.objective import is_measured
 def screened_in(study, before: int | None = None) -> list:
     """Complete, measured trials (numbered below `before`) that passed screening: a short-replay
     value (step 0) and the full measurement."""
-    return [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if (before is None or t.number < before) and is_measured(t) and 0 in t.intermediate_values]
+    return [
+        t
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        if (before is None or t.number < before) and is_measured(t) and 0 in t.intermediate_values
+    ]
 
 
 def peers(study, number: int) -> list:

@@ -33,8 +33,12 @@ METRICS_OF_KIND = {"latency": LATENCY_METRICS, "throughput": THROUGHPUT_METRICS,
 
 # SLOLimits field -> the spec's Objective field, and -> the CRD's `rollout.slo` field. The CRD
 # has no throughput floor: a canary serves whatever traffic comes, so its tokens/s says nothing.
-OBJECTIVE_FIELDS = {"percentile": "percentile", "ttft_s": "ttft_limit_s", "tpot_s": "tpot_limit_s",
-                    "min_output_tokens_per_s": "min_output_tokens_per_s"}
+OBJECTIVE_FIELDS = {
+    "percentile": "percentile",
+    "ttft_s": "ttft_limit_s",
+    "tpot_s": "tpot_limit_s",
+    "min_output_tokens_per_s": "min_output_tokens_per_s",
+}
 CRD_FIELDS = {"percentile": "percentile", "ttft_s": "ttftSeconds", "tpot_s": "tpotSeconds"}
 DEFAULT_PERCENTILE = 95  # the spec's and the CRD's default
 
@@ -88,8 +92,9 @@ class SLOLimits:
         kw = {ours: d.get(theirs) for ours, theirs in names.items()}
         p = kw.pop("percentile")
         # 0 means "not set" in both sources, as it always has (a zero limit can't be met anyway).
-        return cls(percentile=DEFAULT_PERCENTILE if p is None else p,
-                   **{k: (float(v) if v else None) for k, v in kw.items()})
+        return cls(
+            percentile=DEFAULT_PERCENTILE if p is None else p, **{k: (float(v) if v else None) for k, v in kw.items()}
+        )
 
     def to_objective(self) -> dict[str, Any]:
         return {theirs: getattr(self, ours) for ours, theirs in OBJECTIVE_FIELDS.items()}
@@ -105,9 +110,11 @@ class SLOLimits:
     def describe(self) -> str:
         """'p95 TTFT <= 2 s, p95 TPOT <= 100 ms, output tokens/s >= 50', or 'none'."""
         pl = percentile_label(self.percentile)
-        parts = [f"{pl} TTFT <= {seconds(self.ttft_s)}" if self.ttft_s else "",
-                 f"{pl} TPOT <= {seconds(self.tpot_s)}" if self.tpot_s else "",
-                 f"output tokens/s >= {self.min_output_tokens_per_s:g}" if self.min_output_tokens_per_s else ""]
+        parts = [
+            f"{pl} TTFT <= {seconds(self.ttft_s)}" if self.ttft_s else "",
+            f"{pl} TPOT <= {seconds(self.tpot_s)}" if self.tpot_s else "",
+            f"output tokens/s >= {self.min_output_tokens_per_s:g}" if self.min_output_tokens_per_s else "",
+        ]
         return ", ".join(x for x in parts if x) or "none"
 
 
@@ -149,7 +156,9 @@ class Check:
             op = "<" if self.value < self.limit else ">="
             return f"{self.label} {self.value:.3g} {op} minimum {self.limit:g} ({self.value / self.limit - 1:+.0%})"
         op = ">" if self.value > self.limit else "<="
-        return f"{self.label} {seconds(self.value)} {op} limit {seconds(self.limit)} ({self.value / self.limit - 1:+.0%})"
+        return (
+            f"{self.label} {seconds(self.value)} {op} limit {seconds(self.limit)} ({self.value / self.limit - 1:+.0%})"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,8 +212,15 @@ def judge(metrics: Mapping[str, float], limits: SLOLimits, *, require_measured: 
         checks.append(Check(name, key, v, limit, missed))
     if limits.min_output_tokens_per_s:
         v = metrics.get(THROUGHPUT_KEY)
-        checks.append(Check("throughput", THROUGHPUT_KEY, v, limits.min_output_tokens_per_s,
-                            1 - (v or 0.0) / limits.min_output_tokens_per_s))
+        checks.append(
+            Check(
+                "throughput",
+                THROUGHPUT_KEY,
+                v,
+                limits.min_output_tokens_per_s,
+                1 - (v or 0.0) / limits.min_output_tokens_per_s,
+            )
+        )
     return Verdict(tuple(checks))
 
 

@@ -35,9 +35,14 @@ from slotune.search_spaces.schema import SearchSpace, builtin_spaces
 from slotune.tuner.errors import Problem, SpecError, load_yaml_mapping, parse_yaml
 from slotune.tuner.slo import COST_METRICS, LATENCY_METRICS, METRICS_OF_KIND, THROUGHPUT_METRICS, metric_key
 from slotune.tuner.traces import load_trace
-from slotune.tuner.workload import (MAX_SEED, WorkloadSpec, builtin_workloads, describe_replay, read_trace,
-                                    resolve_trace_path)
-
+from slotune.tuner.workload import (
+    MAX_SEED,
+    WorkloadSpec,
+    builtin_workloads,
+    describe_replay,
+    read_trace,
+    resolve_trace_path,
+)
 
 
 class _Strict(BaseModel):
@@ -50,13 +55,17 @@ class Objective(_Strict):
     kind subject to whichever limits are set (pXX TTFT/TPOT, `min_output_tokens_per_s`) and the gates."""
 
     kind: Literal["latency", "throughput", "cost"]
-    metric: str = Field(description="latency: ttft|tpot|itl|e2e; throughput: output_tokens_per_s|goodput_rps|"
-                        "requests_per_s; cost: usd_per_1m_output_tokens|usd_per_1m_total_tokens")
+    metric: str = Field(
+        description="latency: ttft|tpot|itl|e2e; throughput: output_tokens_per_s|goodput_rps|"
+        "requests_per_s; cost: usd_per_1m_output_tokens|usd_per_1m_total_tokens"
+    )
     percentile: int = Field(95, ge=50, le=99)
     ttft_limit_s: float | None = Field(None, gt=0)
     tpot_limit_s: float | None = Field(None, gt=0)
     min_output_tokens_per_s: float | None = Field(None, gt=0)
-    pareto_with: list[str] = Field(default_factory=list, description="extra metrics for a multi-objective (Pareto) run, e.g. [output_tokens_per_s]")
+    pareto_with: list[str] = Field(
+        default_factory=list, description="extra metrics for a multi-objective (Pareto) run, e.g. [output_tokens_per_s]"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> "Objective":
@@ -89,56 +98,86 @@ class Objective(_Strict):
 class Cost(_Strict):
     """The price the cost metrics are computed at (tuner/metrics.py: cost_metrics)."""
 
-    usd_per_hour: float = Field(gt=0, description="price of one replica (one accelerator, or the machine a trial "
-                                "runs on) for an hour, in US dollars")
+    usd_per_hour: float = Field(
+        gt=0,
+        description="price of one replica (one accelerator, or the machine a trial runs on) for an hour, in US dollars",
+    )
 
 
 class Budget(_Strict):
     n_trials: int = Field(12, ge=1)
     confirm_top_k: int = Field(
-        3, ge=0, description="before declaring the winner, re-measure the best k feasible trials on a fresh "
+        3,
+        ge=0,
+        description="before declaring the winner, re-measure the best k feasible trials on a fresh "
         "workload seed (robustness_seed) in one round, beside the default config measured first and last, and pick "
         "the winner on those numbers (SLO judged again); 0 = off: the best trial wins on its own measurement and "
-        "is re-measured once, alone")
+        "is re-measured once, alone",
+    )
     confirm_passes: int = Field(
-        3, ge=1, le=8, description="the most passes of the confirmation round: after the first, while another "
+        3,
+        ge=1,
+        le=8,
+        description="the most passes of the confirmation round: after the first, while another "
         "candidate that met the SLO has a re-measured interval overlapping the winner's, the winner and those "
         "candidates are measured again on the same seed, in reverse order each pass, and compared on their mean "
-        "over the passes; 1 = one pass, whatever the overlap")
+        "over the passes; 1 = one pass, whatever the overlap",
+    )
     declare_repeats: int = Field(
-        2, ge=0, le=8, description="after the confirmation round, the winner and the default config measured on at "
+        2,
+        ge=0,
+        le=8,
+        description="after the confirmation round, the winner and the default config measured on at "
         "least this many fresh workload seeds (robustness_seed + 1, + 2, ...; more while declare_precision asks), one "
         "after the other on each; the winner's declared numbers are its median there (of two, their mean), "
         "compared with the default's on the same seeds. The round's own numbers picked the winner, so they favour "
-        "it (the best of several noisy measurements is partly the luckiest); 0 = declare the round's numbers")
+        "it (the best of several noisy measurements is partly the luckiest); 0 = declare the round's numbers",
+    )
     declare_precision: float | None = Field(
-        0.10, gt=0, lt=1, description="after declare_repeats, keep measuring the winner and the default on further "
+        0.10,
+        gt=0,
+        lt=1,
+        description="after declare_repeats, keep measuring the winner and the default on further "
         "fresh seeds until the 95% interval of the winner's mean (Student's t over its measurements) is within +- "
         "this fraction of it (a quiet machine stops at declare_repeats, a noisy one measures more), up to "
-        "declare_max_repeats; null = exactly declare_repeats")
+        "declare_max_repeats; null = exactly declare_repeats",
+    )
     declare_max_repeats: int | None = Field(
-        None, ge=1, le=24, description="the most declaration measurements declare_precision may take; "
-        "null = 3 x declare_repeats")
+        None,
+        ge=1,
+        le=24,
+        description="the most declaration measurements declare_precision may take; null = 3 x declare_repeats",
+    )
     timeout_s: float | None = Field(None, gt=0, description="wall-clock cap for the whole study")
     trial_timeout_s: float = Field(600, gt=0)
     trial_memory_gb: float = Field(8.0, gt=0)
-    trial_threads: int | None = Field(None, ge=1, le=1024, description="CPU threads per trial process (OMP_NUM_THREADS); "
-                                      "None = torch's default, one per core")
+    trial_threads: int | None = Field(
+        None,
+        ge=1,
+        le=1024,
+        description="CPU threads per trial process (OMP_NUM_THREADS); None = torch's default, one per core",
+    )
     trial_omp_wait_policy: Literal["auto", "active", "passive"] = Field(
-        "auto", description="OpenMP idle threads of a trial: active (spin, as `tune serve` runs; fastest on a "
+        "auto",
+        description="OpenMP idle threads of a trial: active (spin, as `tune serve` runs; fastest on a "
         "dedicated machine) or passive (sleep; robust when the CPU is shared); auto = passive when more than "
-        "half the CPU is busy before the first trial")
+        "half the CPU is busy before the first trial",
+    )
     measure: Literal["served", "in_process"] = Field(
-        "served", description="how a trial measures its config: served = as a client of `tune serve` sees it (the "
+        "served",
+        description="how a trial measures its config: served = as a client of `tune serve` sees it (the "
         "engine behind the OpenAI-compatible HTTP server, the workload replayed over loopback by a client in its own "
         "process: the numbers `tune serve` delivers); in_process = the workload replayed on the engine directly "
-        "(faster trials, no HTTP or client cost: its numbers can be better than what serving delivers)")
+        "(faster trials, no HTTP or client cost: its numbers can be better than what serving delivers)",
+    )
 
     @model_validator(mode="after")
     def _declare_cap(self) -> "Budget":
         if self.declare_max_repeats is not None and self.declare_max_repeats < self.declare_repeats:
-            raise ValueError(f"budget.declare_max_repeats ({self.declare_max_repeats}) is below budget.declare_repeats "
-                             f"({self.declare_repeats}): raise it, or leave it out (3 x declare_repeats)")
+            raise ValueError(
+                f"budget.declare_max_repeats ({self.declare_max_repeats}) is below budget.declare_repeats "
+                f"({self.declare_repeats}): raise it, or leave it out (3 x declare_repeats)"
+            )
         return self
 
     @property
@@ -182,10 +221,18 @@ class Screening(_Strict):
     enabled: bool = Field(False, description="screen each searched trial on a short replay first")
     fraction: float = Field(0.34, gt=0, lt=1, description="the short replay's share of the workload's requests")
     min_requests: int = Field(8, ge=1, description="the short replay's measured requests, at least")
-    percentile: float = Field(50.0, gt=0, lt=100, description="go on to the full replay when the short-replay value is "
-                              "within the best `percentile` % of the peers' (50 = the median)")
-    n_startup_trials: int = Field(3, ge=1, description="peers (passed screening, measured in full, met the SLO) "
-                                  "needed before any trial is screened out")
+    percentile: float = Field(
+        50.0,
+        gt=0,
+        lt=100,
+        description="go on to the full replay when the short-replay value is "
+        "within the best `percentile` % of the peers' (50 = the median)",
+    )
+    n_startup_trials: int = Field(
+        3,
+        ge=1,
+        description="peers (passed screening, measured in full, met the SLO) needed before any trial is screened out",
+    )
 
     def short_workload(self, wl: WorkloadSpec) -> WorkloadSpec:
         """`wl` cut to the short replay: its first `num_requests(wl)` requests, same seed and shapes."""
@@ -207,16 +254,29 @@ class Screening(_Strict):
 
 class TuningSpec(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=128)
-    model: str = Field(DEFAULT_MODEL, min_length=1, description="a bundled name, a .gguf file or an HF checkpoint dir "
-                       "(a relative path is relative to the spec file's folder)")
-    engine: dict[str, Any] = Field(default_factory=dict, description="fixed EngineConfig fields for every trial "
-                                   "(not `model`: that is the top-level field)")
-    workload: WorkloadSpec = Field("chat-small", validate_default=True, description="a built-in workload name, a "
-                                   "YAML file (relative to the spec's folder) or the workload itself; resolved at load")
+    model: str = Field(
+        DEFAULT_MODEL,
+        min_length=1,
+        description="a bundled name, a .gguf file or an HF checkpoint dir "
+        "(a relative path is relative to the spec file's folder)",
+    )
+    engine: dict[str, Any] = Field(
+        default_factory=dict,
+        description="fixed EngineConfig fields for every trial (not `model`: that is the top-level field)",
+    )
+    workload: WorkloadSpec = Field(
+        "chat-small",
+        validate_default=True,
+        description="a built-in workload name, a "
+        "YAML file (relative to the spec's folder) or the workload itself; resolved at load",
+    )
     objective: Objective
     quality_gates: list[GateSpec] = Field(default_factory=list)
-    search_space: SearchSpace = Field("latency", validate_default=True, description="a built-in search space name, "
-                                      "a YAML file or the space itself; resolved at load")
+    search_space: SearchSpace = Field(
+        "latency",
+        validate_default=True,
+        description="a built-in search space name, a YAML file or the space itself; resolved at load",
+    )
     budget: Budget = Budget()
     sampler: Literal["tpe", "random", "nsga2", "gp", "grid"] = "tpe"
     seed: int = Field(0, ge=0, le=MAX_SEED)
@@ -224,15 +284,30 @@ class TuningSpec(_Strict):
     mlflow_tracking_uri: str | None = Field(None, description="default sqlite:///<output_dir>/mlflow.db")
     output_dir: str | None = Field(None, description="default runs/<name> (in the working directory)")
     early_stop: EarlyStop = EarlyStop()
-    robustness_seed: int = Field(1000, ge=0, le=MAX_SEED, description="workload seed of the confirmation round "
-                                 "(re-measuring the best trials and the default before the winner is declared)")
-    cost: Cost | None = Field(None, description="price per replica-hour: every trial then reports $ per 1M output "
-                              "and total tokens; needed by a cost objective")
-    peak_rps: float | None = Field(None, gt=0, description="requests/s at peak traffic: with `sweep`, the report says "
-                                   "how many replicas of each config serve it within the SLO")
+    robustness_seed: int = Field(
+        1000,
+        ge=0,
+        le=MAX_SEED,
+        description="workload seed of the confirmation round "
+        "(re-measuring the best trials and the default before the winner is declared)",
+    )
+    cost: Cost | None = Field(
+        None,
+        description="price per replica-hour: every trial then reports $ per 1M output "
+        "and total tokens; needed by a cost objective",
+    )
+    peak_rps: float | None = Field(
+        None,
+        gt=0,
+        description="requests/s at peak traffic: with `sweep`, the report says "
+        "how many replicas of each config serve it within the SLO",
+    )
     sweep: Sweep = Sweep()
-    screening: Screening = Field(Screening(), description="multi-fidelity screening: a short replay first, the full "
-                                 "one only for promising configs (off by default)")
+    screening: Screening = Field(
+        Screening(),
+        description="multi-fidelity screening: a short replay first, the full "
+        "one only for promising configs (off by default)",
+    )
 
     @field_validator("model")
     @classmethod
@@ -243,8 +318,10 @@ class TuningSpec(_Strict):
     @classmethod
     def _engine_ok(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
         if "model" in v:
-            raise ValueError("engine.model: the model is the top-level `model:` field of the spec (engine.model would "
-                             "be replaced by it); move it there")
+            raise ValueError(
+                "engine.model: the model is the top-level `model:` field of the spec (engine.model would "
+                "be replaced by it); move it there"
+            )
         _refuse_non_finite(v, "engine")
         spec = v.get("speculative")
         if isinstance(spec, dict) and isinstance(spec.get("draft_model"), str):
@@ -285,8 +362,10 @@ class TuningSpec(_Strict):
             if gate.kind != "agreement":
                 metrics = _task_metrics(gate.task)
                 if gate.metric_name not in metrics:
-                    raise ValueError(f"[{i}] gate '{gate.name}': metric '{gate.metric_name}' is not reported by task "
-                                     f"'{gate.task}' (its metrics: {', '.join(metrics)})")
+                    raise ValueError(
+                        f"[{i}] gate '{gate.name}': metric '{gate.metric_name}' is not reported by task "
+                        f"'{gate.task}' (its metrics: {', '.join(metrics)})"
+                    )
             gates.append(gate)
         return gates
 
@@ -312,31 +391,40 @@ class TuningSpec(_Strict):
             raise ValueError(f"sampler '{self.sampler}' cannot run a multi-objective study")
         priced = [m for m in self.objective.metrics if m in COST_METRICS]
         if priced and self.cost is None:
-            what = ("objective.kind 'cost'" if self.objective.kind == "cost"
-                    else f"objective.pareto_with '{priced[0]}'")
-            raise ValueError(f"{what} needs cost.usd_per_hour (the price of one replica for an hour), which is not "
-                             "set; add `cost: {usd_per_hour: 2.5}` to the spec")
+            what = "objective.kind 'cost'" if self.objective.kind == "cost" else f"objective.pareto_with '{priced[0]}'"
+            raise ValueError(
+                f"{what} needs cost.usd_per_hour (the price of one replica for an hour), which is not "
+                "set; add `cost: {usd_per_hour: 2.5}` to the spec"
+            )
         if self.screening.enabled:
             self._check_screening()
         return self
 
     def _check_screening(self) -> None:
         if len(self.objective.metrics) > 1:
-            raise ValueError("screening.enabled: Optuna prunes single-objective studies only, and objective.pareto_with "
-                             "makes this one multi-objective; drop one of them")
+            raise ValueError(
+                "screening.enabled: Optuna prunes single-objective studies only, and objective.pareto_with "
+                "makes this one multi-objective; drop one of them"
+            )
         if self.sampler not in ("tpe", "random"):
-            raise ValueError(f"screening.enabled: sampler '{self.sampler}' learns nothing from screened-out (pruned) "
-                             "trials and would propose them again; use sampler tpe or random with it")
+            raise ValueError(
+                f"screening.enabled: sampler '{self.sampler}' learns nothing from screened-out (pruned) "
+                "trials and would propose them again; use sampler tpe or random with it"
+            )
         wl = self.workload
         is_trace_replay = wl.trace is not None and not isinstance(wl.trace, str)
         if is_trace_replay or wl.num_requests is None or wl.duration_s is not None:
-            raise ValueError("screening.enabled: the short replay is the workload's first requests, so the workload "
-                             "needs num_requests and no duration_s or trace replay; set workload.num_requests")
+            raise ValueError(
+                "screening.enabled: the short replay is the workload's first requests, so the workload "
+                "needs num_requests and no duration_s or trace replay; set workload.num_requests"
+            )
         if self.screening.share(wl) >= 1:
-            raise ValueError(f"screening.enabled: the short replay would be the whole workload "
-                             f"({wl.num_requests} requests; at least screening.min_requests = "
-                             f"{self.screening.min_requests}{' and concurrency' if wl.is_closed_loop else ''}); "
-                             "lower screening.min_requests or raise workload.num_requests")
+            raise ValueError(
+                f"screening.enabled: the short replay would be the whole workload "
+                f"({wl.num_requests} requests; at least screening.min_requests = "
+                f"{self.screening.min_requests}{' and concurrency' if wl.is_closed_loop else ''}); "
+                "lower screening.min_requests or raise workload.num_requests"
+            )
 
     # --- resolution ------------------------------------------------------------------------
     @classmethod
@@ -399,16 +487,21 @@ def validate_command(spec: Path) -> TuningSpec:
     space, wl = s.search_space, s.workload
     obj = s.objective
     c = Console()
-    c.print(f"[green]ok[/green] {spec}: study '{s.name}', {obj.kind} objective {obj.direction()} {obj.metric_key()}"
-            + (f" (Pareto with {', '.join(obj.metric_key(m) for m in obj.pareto_with)})" if obj.pareto_with else ""),
-            highlight=False)
+    c.print(
+        f"[green]ok[/green] {spec}: study '{s.name}', {obj.kind} objective {obj.direction()} {obj.metric_key()}"
+        + (f" (Pareto with {', '.join(obj.metric_key(m) for m in obj.pareto_with)})" if obj.pareto_with else ""),
+        highlight=False,
+    )
     replay = describe_replay(wl)
     requests = f"{wl.num_requests} requests" if replay is None else "the trace's requests"
-    c.print(f"  workload: {wl.name} ({wl.arrivals}, {requests}); search space: {space.name} "
-            f"({len(space.knobs)} knobs); gates: {len(s.quality_gates)}; sampler: {s.sampler}; "
-            f"budget: {s.budget.n_trials} trials, measured {s.budget.measure.replace('_', ' ')}, "
-            + (f"the best {s.budget.confirm_top_k} confirmed" if s.budget.confirm_top_k else "no confirmation round")
-            + (f"; price ${s.cost.usd_per_hour:g}/hour" if s.cost else ""), highlight=False)
+    c.print(
+        f"  workload: {wl.name} ({wl.arrivals}, {requests}); search space: {space.name} "
+        f"({len(space.knobs)} knobs); gates: {len(s.quality_gates)}; sampler: {s.sampler}; "
+        f"budget: {s.budget.n_trials} trials, measured {s.budget.measure.replace('_', ' ')}, "
+        + (f"the best {s.budget.confirm_top_k} confirmed" if s.budget.confirm_top_k else "no confirmation round")
+        + (f"; price ${s.cost.usd_per_hour:g}/hour" if s.cost else ""),
+        highlight=False,
+    )
     if replay is not None:
         c.print(f"  traffic: {replay}", highlight=False)
     text = yaml.safe_dump(resolved_dict(s), sort_keys=False)
@@ -433,8 +526,14 @@ def _resolve_path(ref: str, base: Path | None, name_ok: bool = False) -> str:
     p = Path(ref).expanduser()
     if p.is_absolute() or base is None:
         return str(p) if not name_ok or p.is_absolute() else ref
-    if name_ok and "/" not in ref and os.sep not in ref and not ref.startswith((".", "~")) \
-            and p.suffix != ".gguf" and not (base / p).exists():
+    if (
+        name_ok
+        and "/" not in ref
+        and os.sep not in ref
+        and not ref.startswith((".", "~"))
+        and p.suffix != ".gguf"
+        and not (base / p).exists()
+    ):
         return ref
     return os.path.normpath(base / p)
 
@@ -493,12 +592,19 @@ def _check_storage_url(url: str, base: Path | None) -> str:
         parsed = make_url(url)
         parsed.get_dialect()
     except NoSuchModuleError:  # an ArgumentError too: first
-        raise ValueError(f"'{url}': unknown database kind '{url.split(':', 1)[0]}' (e.g. sqlite, postgresql, mysql)") from None
+        raise ValueError(
+            f"'{url}': unknown database kind '{url.split(':', 1)[0]}' (e.g. sqlite, postgresql, mysql)"
+        ) from None
     except ArgumentError:
-        raise ValueError(f"'{url}' is not a database URL (e.g. sqlite:///study.db, "
-                         "postgresql://user@host/db)") from None
-    if parsed.get_backend_name() == "sqlite" and parsed.database and parsed.database != ":memory:" \
-            and not parsed.database.startswith("file:"):
+        raise ValueError(
+            f"'{url}' is not a database URL (e.g. sqlite:///study.db, postgresql://user@host/db)"
+        ) from None
+    if (
+        parsed.get_backend_name() == "sqlite"
+        and parsed.database
+        and parsed.database != ":memory:"
+        and not parsed.database.startswith("file:")
+    ):
         db = _resolve_path(parsed.database, base)
         if db != parsed.database:
             return f"{url.split(':', 1)[0]}:///{db}"
@@ -533,7 +639,7 @@ def preflight(spec: TuningSpec) -> None:
     run("output_dir", _check_writable_dir, spec.resolved_output_dir())
     for field, url in (("storage", spec.resolved_storage()), ("mlflow_tracking_uri", spec.resolved_tracking_uri())):
         if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
-            run(field, _check_writable_file, Path(url[len("sqlite:///"):]))
+            run(field, _check_writable_file, Path(url[len("sqlite:///") :]))
     wl = spec.workload
     if wl.trace_source is not None:
         run("workload.trace", load_trace, wl.trace_source)
@@ -596,8 +702,12 @@ def _check_context(spec: TuningSpec, base: EngineConfig) -> list[Problem]:
         over = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool) and v > limit]
         if over:
             what = "max_model_len" if field.startswith("engine") else "knob 'max_model_len' can sample"
-            problems.append(Problem(f"{what} {max(over)}, beyond the model's context of {limit} tokens ({source}); "
-                                    f"use at most {limit}", field=field))
+            problems.append(
+                Problem(
+                    f"{what} {max(over)}, beyond the model's context of {limit} tokens ({source}); use at most {limit}",
+                    field=field,
+                )
+            )
     return problems
 
 
@@ -635,6 +745,7 @@ def _gguf_header(path: Path, keys: tuple[str, ...]) -> dict[str, Any]:
 
     want, out = set(keys), {}
     with path.open("rb") as f:
+
         def read(fmt: str) -> Any:
             size = struct.calcsize("<" + fmt)
             data = f.read(size)
@@ -667,7 +778,9 @@ def _gguf_header(path: Path, keys: tuple[str, ...]) -> dict[str, Any]:
         for _ in range(read("Q")):
             key, vtype = read_str(), read("I")
             if key in want:
-                out[key] = read(_GGUF_SCALARS[vtype]) if vtype in _GGUF_SCALARS else read_str() if vtype == 8 else skip(vtype)
+                out[key] = (
+                    read(_GGUF_SCALARS[vtype]) if vtype in _GGUF_SCALARS else read_str() if vtype == 8 else skip(vtype)
+                )
                 if want <= out.keys():
                     break
             else:

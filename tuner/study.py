@@ -27,12 +27,21 @@ from typing import Any
 
 from slotune.engine.config import EngineConfig
 from slotune.tuner.confirm import candidates, confirm_round, run_declaration, run_round
-from slotune.tuner.objective import (DEFAULT_TRIAL_RUNNER, UNMEASURED_OVER_BUDGET, Objective, TrialFailure,
-                                     best_trial, budget_share, is_measured, measure, omp_wait_policy, trial_constraints,
-                                     trials_die_with_this_process)
+from slotune.tuner.objective import (
+    DEFAULT_TRIAL_RUNNER,
+    UNMEASURED_OVER_BUDGET,
+    Objective,
+    TrialFailure,
+    best_trial,
+    budget_share,
+    is_measured,
+    measure,
+    omp_wait_policy,
+    trial_constraints,
+    trials_die_with_this_process,
+)
 from slotune.tuner.progress import Progress
-from slotune.tuner.references import (DEFAULT_TAG, reference_configs, reference_metrics,
-                                      side_measurement, trial_tag)
+from slotune.tuner.references import DEFAULT_TAG, reference_configs, reference_metrics, side_measurement, trial_tag
 from slotune.tuner.report import write_atomic, write_report
 from slotune.tuner.slo import SLO_KEYS
 from slotune.tuner.spec import TuningSpec, default_spec_path
@@ -69,7 +78,9 @@ def make_sampler(spec: TuningSpec):
         if s == "random":
             return optuna.samplers.RandomSampler(seed=seed)
         if s == "nsga2":
-            return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(4, min(50, spec.budget.n_trials // 2)), **con)
+            return optuna.samplers.NSGAIISampler(
+                seed=seed, population_size=max(4, min(50, spec.budget.n_trials // 2)), **con
+            )
         if s == "gp":
             return optuna.samplers.GPSampler(seed=seed, **con)
         if s == "grid":
@@ -113,8 +124,10 @@ def spec_fingerprint(spec: TuningSpec) -> dict[str, Any]:
         parts["cost"] = spec.cost.model_dump(mode="json")
     canon = {k: json.dumps(v, sort_keys=True, separators=(",", ":")) for k, v in parts.items()}
     whole = json.dumps(canon, sort_keys=True, separators=(",", ":"))
-    return {"sha256": hashlib.sha256(whole.encode()).hexdigest(),
-            "parts": {k: hashlib.sha256(v.encode()).hexdigest()[:16] for k, v in canon.items()}}
+    return {
+        "sha256": hashlib.sha256(whole.encode()).hexdigest(),
+        "parts": {k: hashlib.sha256(v.encode()).hexdigest()[:16] for k, v in canon.items()},
+    }
 
 
 def _rdb_storage(url: str, failed_trial_callback: FailedTrialCallback | None):
@@ -129,8 +142,11 @@ def _rdb_storage(url: str, failed_trial_callback: FailedTrialCallback | None):
 
     kwargs: dict[str, Any] = {"heartbeat_interval": HEARTBEAT_INTERVAL_S, "grace_period": HEARTBEAT_GRACE_S}
     if failed_trial_callback is not None:  # renamed in Optuna 4.9
-        name = ("heartbeat_stale_trial_callback" if "heartbeat_stale_trial_callback"
-                in inspect.signature(optuna.storages.RDBStorage).parameters else "failed_trial_callback")
+        name = (
+            "heartbeat_stale_trial_callback"
+            if "heartbeat_stale_trial_callback" in inspect.signature(optuna.storages.RDBStorage).parameters
+            else "failed_trial_callback"
+        )
         kwargs[name] = failed_trial_callback
     # SQLite: wait up to 30 s for another process's write lock instead of failing after 5 s.
     engine = {"connect_args": {"timeout": 30}} if url.startswith("sqlite") else {"pool_pre_ping": True}
@@ -143,8 +159,15 @@ def _rdb_storage(url: str, failed_trial_callback: FailedTrialCallback | None):
             time.sleep(0.2 * (attempt + 1))
 
 
-def open_study(spec: TuningSpec, storage: str | None = None, *, force_new: bool = False, resume_anyway: bool = False,
-               failed_trial_callback: FailedTrialCallback | None = None, say: Callable[[str], None] = print):
+def open_study(
+    spec: TuningSpec,
+    storage: str | None = None,
+    *,
+    force_new: bool = False,
+    resume_anyway: bool = False,
+    failed_trial_callback: FailedTrialCallback | None = None,
+    say: Callable[[str], None] = print,
+):
     """Create or load the spec's study (same name + storage = same study, for resume and workers).
 
     Args:
@@ -172,7 +195,7 @@ def open_study(spec: TuningSpec, storage: str | None = None, *, force_new: bool 
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     url = storage or spec.resolved_storage()
     if url.startswith("sqlite:///"):
-        Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+        Path(url[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
     rdb = _rdb_storage(url, failed_trial_callback)
     if force_new and spec.name in optuna.get_all_study_names(rdb):
         archive = f"{spec.name}.replaced-{datetime.now():%Y%m%dT%H%M%S}"
@@ -181,19 +204,27 @@ def open_study(spec: TuningSpec, storage: str | None = None, *, force_new: bool 
         say(f"--force-new: the previous study '{spec.name}' was kept as '{archive}' in {url}; starting afresh")
     directions = [spec.objective.direction(m) for m in spec.objective.metrics]
     try:
-        study = optuna.create_study(study_name=spec.name, storage=rdb, sampler=make_sampler(spec),
-                                    pruner=make_pruner(spec), directions=directions, load_if_exists=False)
+        study = optuna.create_study(
+            study_name=spec.name,
+            storage=rdb,
+            sampler=make_sampler(spec),
+            pruner=make_pruner(spec),
+            directions=directions,
+            load_if_exists=False,
+        )
         is_new = True
     except optuna.exceptions.DuplicatedStudyError:
-        study = optuna.load_study(study_name=spec.name, storage=rdb, sampler=make_sampler(spec),
-                                  pruner=make_pruner(spec))
+        study = optuna.load_study(
+            study_name=spec.name, storage=rdb, sampler=make_sampler(spec), pruner=make_pruner(spec)
+        )
         is_new = False
     _check_fingerprint(study, spec, url, directions, resume_anyway, say)
     return study, is_new
 
 
-def _check_fingerprint(study, spec: TuningSpec, url: str, directions: list[str], resume_anyway: bool,
-                       say: Callable[[str], None]) -> None:
+def _check_fingerprint(
+    study, spec: TuningSpec, url: str, directions: list[str], resume_anyway: bool, say: Callable[[str], None]
+) -> None:
     """Record the spec's fingerprint on a study that has none; refuse a study made for another spec."""
     mine = spec_fingerprint(spec)
     stored = study.user_attrs.get(FINGERPRINT_ATTR)
@@ -206,14 +237,19 @@ def _check_fingerprint(study, spec: TuningSpec, url: str, directions: list[str],
     stored_directions = [d.name.lower() for d in study.directions]
     if resume_anyway and stored_directions == directions:
         study.set_user_attr(FINGERPRINT_ATTR, mine)
-        study.set_user_attr("spec_fingerprints_replaced", [*study.user_attrs.get("spec_fingerprints_replaced", []),
-                                                           stored["sha256"]])
-        say(f"--resume-anyway: study '{spec.name}' continues under a changed spec ({', '.join(changed)}); "
-            f"its {len(study.trials)} earlier trials were measured against the old one")
+        study.set_user_attr(
+            "spec_fingerprints_replaced", [*study.user_attrs.get("spec_fingerprints_replaced", []), stored["sha256"]]
+        )
+        say(
+            f"--resume-anyway: study '{spec.name}' continues under a changed spec ({', '.join(changed)}); "
+            f"its {len(study.trials)} earlier trials were measured against the old one"
+        )
         return
-    why = (f"study '{spec.name}' in {url} was made for a different spec: {', '.join(changed)} changed, so its "
-           f"trials do not measure the new objective. Use a new study name, or rerun with --force-new (keeps "
-           f"the old study as '{spec.name}.replaced-<time>' and starts afresh)")
+    why = (
+        f"study '{spec.name}' in {url} was made for a different spec: {', '.join(changed)} changed, so its "
+        f"trials do not measure the new objective. Use a new study name, or rerun with --force-new (keeps "
+        f"the old study as '{spec.name}.replaced-<time>' and starts afresh)"
+    )
     if stored_directions != directions:
         why += f"; --resume-anyway cannot continue it: its directions {stored_directions} differ from {directions}"
     else:
@@ -317,8 +353,11 @@ class StartRepairs:
 def _missed_slo(user_attrs: dict[str, Any]) -> bool:
     """A measured trial that missed an SLO limit (or stopped early on one), its gates not failed."""
     v = user_attrs.get("violations") or {}
-    return (not user_attrs.get("feasible") and not v.get("quality_gates")
-            and any(v.get(k, 0) > 0 for k in (*SLO_KEYS, "early_stop")))
+    return (
+        not user_attrs.get("feasible")
+        and not v.get("quality_gates")
+        and any(v.get(k, 0) > 0 for k in (*SLO_KEYS, "early_stop"))
+    )
 
 
 def warm_starts(spec: TuningSpec, own_name: str) -> list[tuple[str, dict[str, Any]]]:
@@ -333,21 +372,28 @@ def warm_starts(spec: TuningSpec, own_name: str) -> list[tuple[str, dict[str, An
     space, base = spec.search_space, spec.base_config()
     url = spec.resolved_storage()
     found = []
-    for s in sorted(optuna.get_all_study_summaries(url, include_best_trial=False),
-                    key=lambda s: s.datetime_start or datetime.min, reverse=True):
+    for s in sorted(
+        optuna.get_all_study_summaries(url, include_best_trial=False),
+        key=lambda s: s.datetime_start or datetime.min,
+        reverse=True,
+    ):
         parts = (s.user_attrs.get(FINGERPRINT_ATTR) or {}).get("parts", {})
         if s.study_name == own_name or any(parts.get(k) != mine[k] for k in ("engine", "objective")):
             continue
         earlier = optuna.load_study(study_name=s.study_name, storage=url)
         number = s.user_attrs.get(WINNER_ATTR)  # declared after its confirmation round; else its best trial
-        best = earlier.trials[number] if isinstance(number, int) and number < len(earlier.trials) \
+        best = (
+            earlier.trials[number]
+            if isinstance(number, int) and number < len(earlier.trials)
             else best_trial(earlier, spec)
+        )
         if best is None or not best.user_attrs.get("config"):
             continue
         cfg = EngineConfig.model_validate(best.user_attrs["config"])
         knobs = {k.name: k for k in space.knobs}
-        params = _params_of(space, cfg, base) or {k: v for k, v in best.params.items()
-                                                  if k in knobs and knobs[k].can_take(v)}
+        params = _params_of(space, cfg, base) or {
+            k: v for k, v in best.params.items() if k in knobs and knobs[k].can_take(v)
+        }
         if params:
             found.append((f"warm: {s.study_name} trial {best.number}", params))
         if len(found) == MAX_WARM_STARTS:
@@ -380,10 +426,17 @@ def _representable(knob, value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and knob.low <= value <= knob.high
 
 
-def run_command(spec_path: Path | None, n_trials: int | None = None, storage: str | None = None,
-                output_dir: Path | None = None, worker: bool = False, progress: bool = True,
-                force_new: bool = False, resume_anyway: bool = False,
-                trial_runner: tuple[str, ...] = DEFAULT_TRIAL_RUNNER) -> dict[str, Any] | None:
+def run_command(
+    spec_path: Path | None,
+    n_trials: int | None = None,
+    storage: str | None = None,
+    output_dir: Path | None = None,
+    worker: bool = False,
+    progress: bool = True,
+    force_new: bool = False,
+    resume_anyway: bool = False,
+    trial_runner: tuple[str, ...] = DEFAULT_TRIAL_RUNNER,
+) -> dict[str, Any] | None:
     """`tune run`: run (or resume) the study, then confirm the best trials and write best.yaml + report.
 
     Args:
@@ -434,8 +487,10 @@ def run_command(spec_path: Path | None, n_trials: int | None = None, storage: st
         fail_orphaned_trials(study, on_failed)
     with Progress(spec, total, enabled=progress) as prog, trials_die_with_this_process():
         prog.seed_rows(study)
-        prog.say(f"trials run with OMP_WAIT_POLICY={spec.budget.trial_omp_wait_policy}"
-                 f" (budget.trial_omp_wait_policy; {os.cpu_count()} cores)")
+        prog.say(
+            f"trials run with OMP_WAIT_POLICY={spec.budget.trial_omp_wait_policy}"
+            f" (budget.trial_omp_wait_policy; {os.cpu_count()} cores)"
+        )
         # The budget counts every measured trial of the study (resumed runs and all processes
         # together), not forbidden combinations or invalid configs, rejected before any measurement.
         budget = TrialBudget(total)
@@ -443,8 +498,14 @@ def run_command(spec_path: Path | None, n_trials: int | None = None, storage: st
         callbacks = [c for c in (tracker, prog.callback) if c is not None] + [budget, StartRepairs(spec)]
         if not budget.exhausted(study):
             try:
-                study.optimize(objective, n_trials=None, timeout=spec.budget.timeout_s,
-                               callbacks=callbacks, catch=(TrialFailure,), gc_after_trial=True)
+                study.optimize(
+                    objective,
+                    n_trials=None,
+                    timeout=spec.budget.timeout_s,
+                    callbacks=callbacks,
+                    catch=(TrialFailure,),
+                    gc_after_trial=True,
+                )
             except KeyboardInterrupt:  # Optuna failed the trial and skipped the callbacks
                 _log_interrupted_trial(study, objective.current, tracker)
                 raise
@@ -474,8 +535,13 @@ def _log_interrupted_trial(study, number: int | None, tracker) -> None:
             tracker(study, t)
 
 
-def wait_for_running_trials(study, spec: TuningSpec, say: Callable[[str], None],
-                            on_failed: FailedTrialCallback | None = None, poll_s: float = 1.0) -> list[int]:
+def wait_for_running_trials(
+    study,
+    spec: TuningSpec,
+    say: Callable[[str], None],
+    on_failed: FailedTrialCallback | None = None,
+    poll_s: float = 1.0,
+) -> list[int]:
     """Block until no trial of the study is running, so the winner is declared over all of them.
 
     Other processes' trials end within budget.trial_timeout_s while their process lives (it kills
@@ -500,7 +566,9 @@ def wait_for_running_trials(study, spec: TuningSpec, say: Callable[[str], None],
             say(f"trials {running} are still running past budget.trial_timeout_s: the winner is declared without them")
             return running
         if not is_announced:
-            say(f"waiting for {len(running)} running trial(s) of other processes ({running}) before declaring the winner")
+            say(
+                f"waiting for {len(running)} running trial(s) of other processes ({running}) before declaring the winner"
+            )
             is_announced = True
         time.sleep(poll_s)
 
@@ -547,8 +615,9 @@ class TrialBudget:
             study.stop()
 
 
-def finalize(spec: TuningSpec, study, tracker=None, prog=None,
-             runner: tuple[str, ...] = DEFAULT_TRIAL_RUNNER) -> dict[str, Any] | None:
+def finalize(
+    spec: TuningSpec, study, tracker=None, prog=None, runner: tuple[str, ...] = DEFAULT_TRIAL_RUNNER
+) -> dict[str, Any] | None:
     """Confirm the best trials on a fresh workload seed (tuner/confirm.py), declare the winner on
     those numbers, write best.yaml, best_metrics.json and the report."""
     out = spec.resolved_output_dir()
@@ -574,24 +643,46 @@ def finalize(spec: TuningSpec, study, tracker=None, prog=None,
     config = EngineConfig.model_validate(best.user_attrs["config"])
     obj = spec.objective
     how = ("confirmed" if confirmation.is_confirmed else "unconfirmed") + (
-        f" among the best {len(trials)} re-measured" if confirmation.is_round else "")
+        f" among the best {len(trials)} re-measured" if confirmation.is_round else ""
+    )
     if remeasure["reasons"]:
         how += "; its declared numbers miss the SLO"
-    header = (f"# slotune best config for study '{spec.name}' (trial {best.number}, {how}); "
-              f"{obj.metric_key()} = {best.values[0]:.6g}, re-measured on "
-              f"{seeds_words(remeasure.get('seeds') or [spec.robustness_seed])}: "
-              f"{_fmt_metric(remeasure, obj.metric_key())}; metrics in best_metrics.json\n")
+    header = (
+        f"# slotune best config for study '{spec.name}' (trial {best.number}, {how}); "
+        f"{obj.metric_key()} = {best.values[0]:.6g}, re-measured on "
+        f"{seeds_words(remeasure.get('seeds') or [spec.robustness_seed])}: "
+        f"{_fmt_metric(remeasure, obj.metric_key())}; metrics in best_metrics.json\n"
+    )
     write_atomic(out / "best.yaml", header + config.to_yaml())
-    summary = {"study": spec.name, "trial": best.number, "objective": obj.metric_key(),
-               "direction": obj.direction(), "value": best.values[0], "metrics": best.user_attrs["metrics"],
-               "remeasured": remeasure, "confirmed": confirmation.is_confirmed, "best_by_trial": confirmation.best_by_trial,
-               "confirm": confirmation.to_json(), "declared": list(confirmation.declared), "params": best.params,
-               "machine": best.user_attrs.get("machine"), "references": reference_metrics(study),
-               "mlflow_run_id": tracker.parent_run_id if tracker is not None else None}
+    summary = {
+        "study": spec.name,
+        "trial": best.number,
+        "objective": obj.metric_key(),
+        "direction": obj.direction(),
+        "value": best.values[0],
+        "metrics": best.user_attrs["metrics"],
+        "remeasured": remeasure,
+        "confirmed": confirmation.is_confirmed,
+        "best_by_trial": confirmation.best_by_trial,
+        "confirm": confirmation.to_json(),
+        "declared": list(confirmation.declared),
+        "params": best.params,
+        "machine": best.user_attrs.get("machine"),
+        "references": reference_metrics(study),
+        "mlflow_run_id": tracker.parent_run_id if tracker is not None else None,
+    }
     write_atomic(out / "best_metrics.json", json.dumps(summary, indent=1))
-    report = write_report(spec, study, best, remeasure, out,
-                          sections=[confirmation.section({t.number: t.values[0] for t in trials}),
-                                    *sweep_after_study(spec, study, best, runner=runner, say=say)])
+    report = write_report(
+        spec,
+        study,
+        best,
+        remeasure,
+        out,
+        sections=[
+            confirmation.section({t.number: t.values[0] for t in trials}),
+            *sweep_after_study(spec, study, best, runner=runner, say=say),
+        ],
+    )
     if tracker is not None:
         tracker.log_study_end(best, config, report, out, confirmation=confirmation)
     if prog is not None:
@@ -615,9 +706,8 @@ def _measure_references_if_missing(spec: TuningSpec, study, runner: tuple[str, .
             continue
         try:
             r = measure(spec, cfg, early_stop=False, runner=runner)
-            study.set_user_attr(tag, {"metrics": r["metrics"], "latencies": r.get("latencies"),
-                                      "config": cfg.model_dump(mode="json")})
+            study.set_user_attr(
+                tag, {"metrics": r["metrics"], "latencies": r.get("latencies"), "config": cfg.model_dump(mode="json")}
+            )
         except TrialFailure as exc:
             study.set_user_attr(tag, {"error": exc.reason})
-
-

@@ -114,20 +114,39 @@ class SweepResult:
         curves = []
         for c in self.curves:
             cap = c.capacity
-            curves.append({**asdict(c), "capacity": None if cap is None else {
-                "offered": cap.offered, "requests_per_s": cap.achieved_rps, "output_tokens_per_s": cap.tokens_per_s},
-                "replicas": c.replicas(self.peak_rps)})
+            curves.append(
+                {
+                    **asdict(c),
+                    "capacity": None
+                    if cap is None
+                    else {
+                        "offered": cap.offered,
+                        "requests_per_s": cap.achieved_rps,
+                        "output_tokens_per_s": cap.tokens_per_s,
+                    },
+                    "replicas": c.replicas(self.peak_rps),
+                }
+            )
         return {"workload": self.workload, "limits": asdict(self.limits), "peak_rps": self.peak_rps, "curves": curves}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "SweepResult":
-        curves = tuple(LoadCurve(c["name"], c["load"], c["config"],
-                                 tuple(LoadPoint(**{**p, "reasons": tuple(p["reasons"])}) for p in c["points"]),
-                                 c["stopped"], c.get("saturation_rps")) for c in d["curves"])
+        curves = tuple(
+            LoadCurve(
+                c["name"],
+                c["load"],
+                c["config"],
+                tuple(LoadPoint(**{**p, "reasons": tuple(p["reasons"])}) for p in c["points"]),
+                c["stopped"],
+                c.get("saturation_rps"),
+            )
+            for c in d["curves"]
+        )
         return cls(d["workload"], SLOLimits(**d["limits"]), curves, d.get("peak_rps"))
 
 
 # --- the loads ------------------------------------------------------------------------------------
+
 
 def load_kind(workload: WorkloadSpec) -> Load:
     return "concurrency" if workload.is_closed_loop else "rate"
@@ -167,8 +186,14 @@ def probe_workload(workload: WorkloadSpec, concurrency: int, num_requests: int) 
     if workload.trace_source is not None:
         data["trace"] = {**data["trace"], "time_scale": PROBE_SCALE, "max_requests": num_requests}
     else:
-        data.update(arrivals="closed_loop", rate=None, burstiness=None, concurrency=concurrency,
-                    num_requests=num_requests, duration_s=None)
+        data.update(
+            arrivals="closed_loop",
+            rate=None,
+            burstiness=None,
+            concurrency=concurrency,
+            num_requests=num_requests,
+            duration_s=None,
+        )
     return WorkloadSpec.model_validate(data)
 
 
@@ -177,8 +202,10 @@ def _trace_rate(src, num_requests: int) -> float:
     trace = load_trace(src.model_copy(update={"time_scale": 1.0, "max_requests": num_requests}))
     span = trace.requests[-1].arrival_s
     if len(trace) < 2 or span <= 0:
-        raise ValueError(f"trace {src.path}: its first {len(trace)} requests arrive at once; a sweep scales its "
-                         "arrival times, so it needs requests spread in time")
+        raise ValueError(
+            f"trace {src.path}: its first {len(trace)} requests arrive at once; a sweep scales its "
+            "arrival times, so it needs requests spread in time"
+        )
     return (len(trace) - 1) / span
 
 
@@ -194,9 +221,17 @@ def num_requests(workload: WorkloadSpec, offered: float, min_requests: int, max_
 
 # --- measuring ------------------------------------------------------------------------------------
 
+
 def _kept(metrics: dict[str, float], percentile: float) -> dict[str, float]:
-    keys = ("requests_per_s", "output_tokens_per_s", "num_requests", "num_completed", "duration_s", "slo_attainment",
-            *(metric_key(n, p) for n in ("ttft", "tpot") for p in dict.fromkeys((50, percentile))))
+    keys = (
+        "requests_per_s",
+        "output_tokens_per_s",
+        "num_requests",
+        "num_completed",
+        "duration_s",
+        "slo_attainment",
+        *(metric_key(n, p) for n in ("ttft", "tpot") for p in dict.fromkeys((50, percentile))),
+    )
     return {k: float(metrics[k]) for k in keys if metrics.get(k) is not None}
 
 
@@ -216,14 +251,22 @@ def _stop_reason(points: list[LoadPoint], limits: SLOLimits) -> str | None:
     for c in judge(last.metrics, limits.latency_only).checks:
         if c.violation > BY_FAR - 1:
             return f"{c.label} over {BY_FAR:g}x its limit"
-    tps = [p.tokens_per_s or 0.0 for p in points[-PLATEAU_STEPS - 1:]]
+    tps = [p.tokens_per_s or 0.0 for p in points[-PLATEAU_STEPS - 1 :]]
     if len(tps) > PLATEAU_STEPS and all(b < a * (1 + PLATEAU_GAIN) for a, b in zip(tps, tps[1:])):
         return f"throughput stopped rising (under {PLATEAU_GAIN:.0%} more on {PLATEAU_STEPS} steps)"
     return None
 
 
-def measure_point(spec, config: EngineConfig, workload: WorkloadSpec, offered: float, limits: SLOLimits, *,
-                  runner: tuple[str, ...] = DEFAULT_TRIAL_RUNNER, on_phase=None) -> LoadPoint:
+def measure_point(
+    spec,
+    config: EngineConfig,
+    workload: WorkloadSpec,
+    offered: float,
+    limits: SLOLimits,
+    *,
+    runner: tuple[str, ...] = DEFAULT_TRIAL_RUNNER,
+    on_phase=None,
+) -> LoadPoint:
     """Measure `config` on `workload` (already at the load `offered`) as a trial: early stop off, no gates."""
     point_spec = spec.model_copy(update={"workload": workload, "quality_gates": []})
     n = workload.num_requests or (workload.trace_source.max_requests if workload.trace_source else 0) or 0
@@ -235,9 +278,17 @@ def measure_point(spec, config: EngineConfig, workload: WorkloadSpec, offered: f
     return LoadPoint(offered, int(m.get("num_requests", n)), m, *verdict(m, limits))
 
 
-def run_sweep(spec, config: EngineConfig, *, name: str, steps: int | None = None, min_requests: int | None = None,
-              max_requests: int = MAX_REQUESTS, runner: tuple[str, ...] = DEFAULT_TRIAL_RUNNER,
-              on_point: Callable[[str, Load, LoadPoint], None] | None = None) -> LoadCurve:
+def run_sweep(
+    spec,
+    config: EngineConfig,
+    *,
+    name: str,
+    steps: int | None = None,
+    min_requests: int | None = None,
+    max_requests: int = MAX_REQUESTS,
+    runner: tuple[str, ...] = DEFAULT_TRIAL_RUNNER,
+    on_point: Callable[[str, Load, LoadPoint], None] | None = None,
+) -> LoadCurve:
     """Sweep the offered load of `config` on the spec's workload (see the module docstring).
 
     Args:
@@ -268,19 +319,28 @@ def run_sweep(spec, config: EngineConfig, *, name: str, steps: int | None = None
     if load == "concurrency":
         loads: list[float] = list(concurrency_steps(config.max_num_seqs, steps))
     else:
-        n = (num_requests(wl, 0, min_requests, max_requests) if wl.trace_source is not None  # the swept requests
-             else min(max_requests, max(min_requests, 2 * config.max_num_seqs)))
+        n = (
+            num_requests(wl, 0, min_requests, max_requests)
+            if wl.trace_source is not None  # the swept requests
+            else min(max_requests, max(min_requests, 2 * config.max_num_seqs))
+        )
         probe = measured(probe_workload(wl, config.max_num_seqs, n), math.inf)
         saturation = probe.achieved_rps
         if not saturation:
-            return LoadCurve(name, load, config.model_dump(mode="json"), (),
-                             f"the saturation probe measured nothing: {probe.error or 'no request completed'}")
+            return LoadCurve(
+                name,
+                load,
+                config.model_dump(mode="json"),
+                (),
+                f"the saturation probe measured nothing: {probe.error or 'no request completed'}",
+            )
         loads = rate_steps(saturation, steps)
     points: list[LoadPoint] = []
     stopped = "the highest load was measured"
     for offered in loads:
-        points.append(measured(point_workload(wl, offered, num_requests(wl, offered, min_requests, max_requests)),
-                               offered))
+        points.append(
+            measured(point_workload(wl, offered, num_requests(wl, offered, min_requests, max_requests)), offered)
+        )
         reason = _stop_reason(points, limits)
         if reason is not None:
             stopped = reason
@@ -288,8 +348,9 @@ def run_sweep(spec, config: EngineConfig, *, name: str, steps: int | None = None
     return LoadCurve(name, load, config.model_dump(mode="json"), tuple(points), stopped, saturation)
 
 
-def sweep_after_study(spec, study, best, *, runner: tuple[str, ...] = DEFAULT_TRIAL_RUNNER,
-                      say: Callable[[str], None] = print) -> list[ReportSection]:
+def sweep_after_study(
+    spec, study, best, *, runner: tuple[str, ...] = DEFAULT_TRIAL_RUNNER, say: Callable[[str], None] = print
+) -> list[ReportSection]:
     """`study.finalize`'s sweep: with `spec.sweep.enabled`, the winner, the default and the naive
     config swept; sweep.json written to the output directory; the report's sections returned.
 
@@ -310,11 +371,22 @@ def sweep_after_study(spec, study, best, *, runner: tuple[str, ...] = DEFAULT_TR
         curves = []
         for tag, cfg in configs:
             try:
-                curves.append(run_sweep(spec, cfg, name=tag, runner=runner,
-                                        on_point=lambda n, load, p: say(point_line(n, load, p, limits))))
-            except (ValueError, OSError) as exc:  # the workload cannot be swept (a trace with no span): the report stays
-                curves.append(LoadCurve(tag, load_kind(spec.workload), cfg.model_dump(mode="json"), (),
-                                        f"could not sweep: {exc}"))
+                curves.append(
+                    run_sweep(
+                        spec,
+                        cfg,
+                        name=tag,
+                        runner=runner,
+                        on_point=lambda n, load, p: say(point_line(n, load, p, limits)),
+                    )
+                )
+            except (
+                ValueError,
+                OSError,
+            ) as exc:  # the workload cannot be swept (a trace with no span): the report stays
+                curves.append(
+                    LoadCurve(tag, load_kind(spec.workload), cfg.model_dump(mode="json"), (), f"could not sweep: {exc}")
+                )
         doc = SweepResult(spec.workload.name, limits, tuple(curves), spec.peak_rps).to_dict()
         study.set_user_attr(key, doc)
     result = SweepResult.from_dict(doc)
@@ -328,9 +400,18 @@ def write_json(result: SweepResult, path: Path) -> None:
 
 # --- tune sweep -----------------------------------------------------------------------------------
 
-def sweep_command(config: Path, workload: str, *, steps: int = 6, ttft_limit_s: float | None = None,
-                  tpot_limit_s: float | None = None, peak_rps: float | None = None, json_out: Path | None = None,
-                  html_out: Path | None = None) -> SweepResult:
+
+def sweep_command(
+    config: Path,
+    workload: str,
+    *,
+    steps: int = 6,
+    ttft_limit_s: float | None = None,
+    tpot_limit_s: float | None = None,
+    peak_rps: float | None = None,
+    json_out: Path | None = None,
+    html_out: Path | None = None,
+) -> SweepResult:
     """`tune sweep`: sweep CONFIG's offered load on WORKLOAD, print the points and the capacity, write
     the JSON (and a page with the curve).
 
@@ -339,13 +420,23 @@ def sweep_command(config: Path, workload: str, *, steps: int = 6, ttft_limit_s: 
     cfg = EngineConfig.from_yaml(config)
     wl = WorkloadSpec.load(workload)
     objective = Objective(kind="latency", metric="ttft", ttft_limit_s=ttft_limit_s, tpot_limit_s=tpot_limit_s)
-    spec = TuningSpec(name="sweep", model=cfg.model, workload=wl, objective=objective, peak_rps=peak_rps,
-                      sweep={"enabled": True, "steps": steps})
+    spec = TuningSpec(
+        name="sweep",
+        model=cfg.model,
+        workload=wl,
+        objective=objective,
+        peak_rps=peak_rps,
+        sweep={"enabled": True, "steps": steps},
+    )
     limits = SLOLimits.from_objective(objective)
     err = Console(stderr=True)
     with trials_die_with_this_process(), err.status(f"sweeping {config.name} on {wl.name}"):
-        curve = run_sweep(spec, cfg, name=config.stem,
-                          on_point=lambda n, load, p: err.print(point_line(n, load, p, limits), highlight=False))
+        curve = run_sweep(
+            spec,
+            cfg,
+            name=config.stem,
+            on_point=lambda n, load, p: err.print(point_line(n, load, p, limits), highlight=False),
+        )
     result = SweepResult(wl.name, limits, (curve,), peak_rps)
     out = Console()
     # One config: no config column; the verdict's reasons are in the lines above (stderr).

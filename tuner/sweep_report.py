@@ -30,26 +30,45 @@ def point_line(name: str, load: Load, p: LoadPoint, limits: SLOLimits) -> str:
     head = f"sweep {name}: {offered_words(load, p.offered)}"
     if p.error:
         return f"{head}: failed ({p.error})"
-    lat = ", ".join(f"{metric_label(k)} {format_value(k, p.metrics.get(k))}"
-                    for k in (metric_key("ttft", limits.percentile), metric_key("tpot", limits.percentile)))
+    lat = ", ".join(
+        f"{metric_label(k)} {format_value(k, p.metrics.get(k))}"
+        for k in (metric_key("ttft", limits.percentile), metric_key("tpot", limits.percentile))
+    )
     verdict_words = "meets the SLO" if p.passed else "misses the SLO: " + "; ".join(p.reasons)
-    return (f"{head} -> {format_value('requests_per_s', p.achieved_rps)}, "
-            f"{format_value('output_tokens_per_s', p.tokens_per_s)}, {lat}: {verdict_words}")
+    return (
+        f"{head} -> {format_value('requests_per_s', p.achieved_rps)}, "
+        f"{format_value('output_tokens_per_s', p.tokens_per_s)}, {lat}: {verdict_words}"
+    )
 
 
 def capacity_table(result: SweepResult) -> list[list[str]]:
     """config | capacity | requests/s there | output tokens/s there | [replicas for the peak] | points within the SLO | sweep ended."""
     peak = result.peak_rps
-    rows = [["config", "capacity (offered load)", "requests/s at capacity", "output tokens/s at capacity",
-             *([f"replicas for {number(peak)} req/s peak"] if peak else []), "points within the SLO", "sweep ended"]]
+    rows = [
+        [
+            "config",
+            "capacity (offered load)",
+            "requests/s at capacity",
+            "output tokens/s at capacity",
+            *([f"replicas for {number(peak)} req/s peak"] if peak else []),
+            "points within the SLO",
+            "sweep ended",
+        ]
+    ]
     for c in result.curves:
         cap = c.capacity
         replicas = c.replicas(peak)
-        rows.append([c.name, offered_words(c.load, cap.offered) if cap else "none: no load met the SLO",
-                     format_value("requests_per_s", cap.achieved_rps if cap else None),
-                     format_value("output_tokens_per_s", cap.tokens_per_s if cap else None),
-                     *([str(replicas) if replicas is not None else "–"] if peak else []),
-                     f"{sum(p.passed for p in c.points)} of {len(c.points)}", c.stopped])
+        rows.append(
+            [
+                c.name,
+                offered_words(c.load, cap.offered) if cap else "none: no load met the SLO",
+                format_value("requests_per_s", cap.achieved_rps if cap else None),
+                format_value("output_tokens_per_s", cap.tokens_per_s if cap else None),
+                *([str(replicas) if replicas is not None else "–"] if peak else []),
+                f"{sum(p.passed for p in c.points)} of {len(c.points)}",
+                c.stopped,
+            ]
+        )
     return rows
 
 
@@ -60,15 +79,20 @@ def capacity_line(result: SweepResult, curve: LoadCurve) -> str:
     if cap is None:
         text = f"capacity of {curve.name}: none, no load met the SLO ({slo})"
     else:
-        text = (f"capacity of {curve.name}: {offered_words(curve.load, cap.offered)}, "
-                f"{format_value('requests_per_s', cap.achieved_rps)} and "
-                f"{format_value('output_tokens_per_s', cap.tokens_per_s)} within the SLO ({slo})")
+        text = (
+            f"capacity of {curve.name}: {offered_words(curve.load, cap.offered)}, "
+            f"{format_value('requests_per_s', cap.achieved_rps)} and "
+            f"{format_value('output_tokens_per_s', cap.tokens_per_s)} within the SLO ({slo})"
+        )
         if slo == "none":
             text += ": no latency limit given, so every completed point meets it"
     replicas = curve.replicas(result.peak_rps)
     if result.peak_rps:
-        text += (f"; a peak of {number(result.peak_rps)} req/s takes {replicas} replica{'s' if replicas != 1 else ''}"
-                 if replicas is not None else f"; no replica count for the {number(result.peak_rps)} req/s peak")
+        text += (
+            f"; a peak of {number(result.peak_rps)} req/s takes {replicas} replica{'s' if replicas != 1 else ''}"
+            if replicas is not None
+            else f"; no replica count for the {number(result.peak_rps)} req/s peak"
+        )
     return f"{text}. The sweep ended: {curve.stopped}."
 
 
@@ -76,13 +100,21 @@ def points_table(result: SweepResult) -> list[list[str]]:
     """One row per point: config | offered | requests/s | output tokens/s | TTFT p50, pXX | TPOT p50, pXX | SLO."""
     pct = result.limits.percentile
     keys = [metric_key(n, p) for n in ("ttft", "tpot") for p in dict.fromkeys((50, pct))]
-    rows = [["config", "offered load", "requests/s", "output tokens/s", *(metric_label(k) for k in keys), "meets the SLO"]]
+    rows = [
+        ["config", "offered load", "requests/s", "output tokens/s", *(metric_label(k) for k in keys), "meets the SLO"]
+    ]
     for c in result.curves:
         for p in c.points:
-            rows.append([c.name, offered_words(c.load, p.offered), format_value("requests_per_s", p.achieved_rps),
-                         format_value("output_tokens_per_s", p.tokens_per_s),
-                         *(format_value(k, p.metrics.get(k)) for k in keys),
-                         "yes" if p.passed else "no: " + "; ".join(p.reasons)])
+            rows.append(
+                [
+                    c.name,
+                    offered_words(c.load, p.offered),
+                    format_value("requests_per_s", p.achieved_rps),
+                    format_value("output_tokens_per_s", p.tokens_per_s),
+                    *(format_value(k, p.metrics.get(k)) for k in keys),
+                    "yes" if p.passed else "no: " + "; ".join(p.reasons),
+                ]
+            )
     return rows
 
 
@@ -101,21 +133,35 @@ def curve_figure(result: SweepResult):
         for col, (xkey, xtitle) in enumerate(xs, start=1):
             for i, c in enumerate(result.curves):
                 pts = [p for p in c.points if p.metrics.get(key) is not None and p.metrics.get(xkey) is not None]
-                fig.add_trace(go.Scatter(
-                    x=[p.metrics[xkey] for p in pts], y=[p.metrics[key] * factor for p in pts], name=c.name,
-                    mode="lines+markers", legendgroup=c.name, showlegend=r == 1 and col == 1,
-                    line={"color": COLORS[i % len(COLORS)]},
-                    marker={"size": 9, "symbol": ["circle" if p.passed else "x" for p in pts]},
-                    text=[point_line(c.name, c.load, p, limits) for p in pts], hovertemplate="%{text}<extra></extra>"),
-                    row=r, col=col)
+                fig.add_trace(
+                    go.Scatter(
+                        x=[p.metrics[xkey] for p in pts],
+                        y=[p.metrics[key] * factor for p in pts],
+                        name=c.name,
+                        mode="lines+markers",
+                        legendgroup=c.name,
+                        showlegend=r == 1 and col == 1,
+                        line={"color": COLORS[i % len(COLORS)]},
+                        marker={"size": 9, "symbol": ["circle" if p.passed else "x" for p in pts]},
+                        text=[point_line(c.name, c.load, p, limits) for p in pts],
+                        hovertemplate="%{text}<extra></extra>",
+                    ),
+                    row=r,
+                    col=col,
+                )
             if limit:
                 label = {"annotation_text": f"limit {format_value(key, limit)}"} if col == 2 else {}
                 fig.add_hline(y=limit * factor, line_dash="dash", line_color="#d62728", row=r, col=col, **label)
             fig.update_xaxes(title_text=xtitle if r == 2 else None, rangemode="tozero", row=r, col=col)
-        fig.update_yaxes(title_text=f"{metric_label(key)} ({unit})" if unit else metric_label(key), rangemode="tozero",
-                         row=r, col=1)
-    fig.update_layout(height=640, margin={"l": 70, "r": 20, "t": 30, "b": 50}, template="plotly_white",
-                      legend={"orientation": "h", "y": -0.12})
+        fig.update_yaxes(
+            title_text=f"{metric_label(key)} ({unit})" if unit else metric_label(key), rangemode="tozero", row=r, col=1
+        )
+    fig.update_layout(
+        height=640,
+        margin={"l": 70, "r": 20, "t": 30, "b": 50},
+        template="plotly_white",
+        legend={"orientation": "h", "y": -0.12},
+    )
     return fig
 
 
@@ -123,19 +169,34 @@ def report_sections(result: SweepResult) -> list[ReportSection]:
     """The report's sections: the curves with the capacity table, then every point."""
     load = result.curves[0].load if result.curves else "concurrency"
     what = "concurrency (requests kept in flight)" if load == "concurrency" else "arrival rate"
-    text = [f"Each config measured at rising {what} on the workload '{result.workload}' (its prompt and output "
-            "lengths, prefixes and seed), each point as a trial is measured: the numbers `tune serve` delivers. "
-            "Throughput rises to a plateau while latency climbs past the knee; dashed lines are the SLO limits "
-            f"({result.limits.latency_only.describe()}), crosses the points that miss them.",
-            "Capacity: the highest offered load whose point meets the latency limits with every request completed "
-            "(the throughput floor is not judged here: the offered load sets the throughput)."]
+    text = [
+        f"Each config measured at rising {what} on the workload '{result.workload}' (its prompt and output "
+        "lengths, prefixes and seed), each point as a trial is measured: the numbers `tune serve` delivers. "
+        "Throughput rises to a plateau while latency climbs past the knee; dashed lines are the SLO limits "
+        f"({result.limits.latency_only.describe()}), crosses the points that miss them.",
+        "Capacity: the highest offered load whose point meets the latency limits with every request completed "
+        "(the throughput floor is not judged here: the offered load sets the throughput).",
+    ]
     if result.peak_rps:
-        text.append(f"Replicas for a peak of {number(result.peak_rps)} requests/s: the peak divided by the "
-                    "requests/s at capacity, rounded up.")
-    return [ReportSection("Latency against load", "\n".join(text), capacity_table(result),
-                          [curve_figure(result)] if result.curves else [], anchor="sweep"),
-            ReportSection("Load sweep points", "Every point measured, in rising offered load.", points_table(result),
-                          anchor="sweep-points")]
+        text.append(
+            f"Replicas for a peak of {number(result.peak_rps)} requests/s: the peak divided by the "
+            "requests/s at capacity, rounded up."
+        )
+    return [
+        ReportSection(
+            "Latency against load",
+            "\n".join(text),
+            capacity_table(result),
+            [curve_figure(result)] if result.curves else [],
+            anchor="sweep",
+        ),
+        ReportSection(
+            "Load sweep points",
+            "Every point measured, in rising offered load.",
+            points_table(result),
+            anchor="sweep-points",
+        ),
+    ]
 
 
 def render_page(title: str, sections: Sequence[ReportSection]) -> str:
@@ -154,13 +215,19 @@ def render_page(title: str, sections: Sequence[ReportSection]) -> str:
 
     parts = []
     for s in sections:
-        figs = "".join(f'<div class="figure">{f.to_html(full_html=False, include_plotlyjs=False, div_id=f"fig-{s.id}-{i}", config={"displaylogo": False, "responsive": True})}</div>'  # noqa: E501
-                       for i, f in enumerate(s.figures))
+        figs = "".join(
+            f'<div class="figure">{f.to_html(full_html=False, include_plotlyjs=False, div_id=f"fig-{s.id}-{i}", config={"displaylogo": False, "responsive": True})}</div>'  # noqa: E501
+            for i, f in enumerate(s.figures)
+        )
         paras = "".join(f"<p>{escape(line)}</p>" for line in s.text.splitlines() if line)
         parts.append(f'<section id="{escape(s.id)}"><h2>{escape(s.title)}</h2>{paras}{table(s.table)}{figs}</section>')
-    style = ("body{font-family:system-ui,sans-serif;margin:24px;color:#222}table{border-collapse:collapse;"
-             "font-size:.9em;margin:8px 0}th,td{border:1px solid #dde1e6;padding:4px 8px;text-align:left}"
-             "th{background:#f0f2f5}")
-    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
-            f'<style>{style}</style><script type="text/javascript">{get_plotlyjs()}</script></head>'
-            f'<body><h1>{escape(title)}</h1>{"".join(parts)}</body></html>')
+    style = (
+        "body{font-family:system-ui,sans-serif;margin:24px;color:#222}table{border-collapse:collapse;"
+        "font-size:.9em;margin:8px 0}th,td{border:1px solid #dde1e6;padding:4px 8px;text-align:left}"
+        "th{background:#f0f2f5}"
+    )
+    return (
+        f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
+        f'<style>{style}</style><script type="text/javascript">{get_plotlyjs()}</script></head>'
+        f"<body><h1>{escape(title)}</h1>{''.join(parts)}</body></html>"
+    )

@@ -91,7 +91,9 @@ class RecordedRequest(BaseModel):
     chat: bool = Field(description="came in through /v1/chat/completions")
     cached_tokens: int = Field(0, ge=0, description="prompt tokens served from the prefix cache")
     block_size: int | None = Field(None, ge=1, description="tokens per hash id")
-    hash_ids: list[Annotated[StrictInt, Field(ge=0)]] | None = Field(None, description="one per full prompt block: prompt_tokens // block_size")
+    hash_ids: list[Annotated[StrictInt, Field(ge=0)]] | None = Field(
+        None, description="one per full prompt block: prompt_tokens // block_size"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> "RecordedRequest":
@@ -104,8 +106,10 @@ class RecordedRequest(BaseModel):
                 raise ValueError("hash_ids needs block_size (tokens per id)")
             num_full = self.prompt_tokens // self.block_size
             if len(self.hash_ids) != num_full:
-                raise ValueError(f"hash_ids has {len(self.hash_ids)} ids, but {self.prompt_tokens} prompt tokens "
-                                 f"fill {num_full} full blocks of {self.block_size}")
+                raise ValueError(
+                    f"hash_ids has {len(self.hash_ids)} ids, but {self.prompt_tokens} prompt tokens "
+                    f"fill {num_full} full blocks of {self.block_size}"
+                )
         return self
 
 
@@ -124,7 +128,7 @@ def block_hash_ids(token_ids: Sequence[int], block_size: int, *, key: bytes = b"
     out, parent = [], b""
     for start in range(0, len(token_ids) - block_size + 1, block_size):
         h = hashlib.blake2b(parent, digest_size=_HASH_BYTES, key=key)
-        h.update(array("Q", token_ids[start:start + block_size]).tobytes())
+        h.update(array("Q", token_ids[start : start + block_size]).tobytes())
         parent = h.digest()
         out.append(int.from_bytes(parent, "little") >> 1)
     return out
@@ -138,12 +142,17 @@ class TraceSource(BaseModel):
 
     path: str = Field(min_length=1, description="a trace file, or a directory of recorded *.jsonl files")
     format: TraceFormat | None = Field(None, description="default: detected from the file")
-    block_size: int | None = Field(None, ge=1, description=f"tokens per hash id for mooncake "
-                                                           f"(default {MOONCAKE_BLOCK_SIZE}); recordings say their own")
+    block_size: int | None = Field(
+        None,
+        ge=1,
+        description=f"tokens per hash id for mooncake (default {MOONCAKE_BLOCK_SIZE}); recordings say their own",
+    )
     time_scale: float = Field(1.0, gt=0, description="multiplies every gap: 2.0 replays at half speed")
     window: tuple[float, float] | None = Field(
-        None, description="[start_s, end_s): keep requests arriving in this span, seconds since the trace's "
-                          "first request (before time_scale)")
+        None,
+        description="[start_s, end_s): keep requests arriving in this span, seconds since the trace's "
+        "first request (before time_scale)",
+    )
     max_requests: int | None = Field(None, ge=1, description="keep the first this many (after window)")
 
     @model_validator(mode="after")
@@ -177,8 +186,12 @@ def load_trace(source: TraceSource | str | Path, **options) -> Trace:
     if path.is_dir() and fmt != "recorded":
         raise SpecError(f"a directory loads as a recording (*.jsonl files), not as {fmt}", source=path)
     if source.block_size is not None and fmt != "mooncake":
-        raise SpecError(f"block_size applies to mooncake traces only; this trace is {fmt}, which "
-                        f"{'says its own' if fmt == 'recorded' else 'has no hash ids'}", source=path, field="block_size")
+        raise SpecError(
+            f"block_size applies to mooncake traces only; this trace is {fmt}, which "
+            f"{'says its own' if fmt == 'recorded' else 'has no hash ids'}",
+            source=path,
+            field="block_size",
+        )
     block_size = (source.block_size or MOONCAKE_BLOCK_SIZE) if fmt == "mooncake" else None
     files = sorted(path.glob("*.jsonl")) if path.is_dir() else [path]
     if not files:
@@ -225,18 +238,28 @@ def detect_format(path: str | Path) -> TraceFormat:
             return "mooncake"
         if {"arrival", "prompt_tokens"} <= keys:
             return "recorded"
-        hint = " (prompt_len/output_len lines without times are a workload's `trace:` lengths file)" \
-            if "output_len" in keys else ""
-        raise SpecError(f"JSON lines with keys {sorted(keys)} match no trace format: recordings have arrival, "
-                        f"prompt_tokens, ...; Mooncake traces timestamp, input_length, ...{hint}", source=path, line=num)
+        hint = (
+            " (prompt_len/output_len lines without times are a workload's `trace:` lengths file)"
+            if "output_len" in keys
+            else ""
+        )
+        raise SpecError(
+            f"JSON lines with keys {sorted(keys)} match no trace format: recordings have arrival, "
+            f"prompt_tokens, ...; Mooncake traces timestamp, input_length, ...{hint}",
+            source=path,
+            line=num,
+        )
     header = {c.strip() for c in next(csv.reader([first]))}
     if "ContextTokens" in header:
         return "azure"
     if "Request tokens" in header:
         return "burstgpt"
-    raise SpecError(f"CSV header {sorted(header)} matches no trace format: Azure traces have TIMESTAMP, "
-                    "ContextTokens, GeneratedTokens; BurstGPT traces Timestamp, Request tokens, Response tokens, ...",
-                    source=path, line=num)
+    raise SpecError(
+        f"CSV header {sorted(header)} matches no trace format: Azure traces have TIMESTAMP, "
+        "ContextTokens, GeneratedTokens; BurstGPT traces Timestamp, Request tokens, Response tokens, ...",
+        source=path,
+        line=num,
+    )
 
 
 # --- rebuilding prompts ------------------------------------------------------------------------
@@ -274,7 +297,7 @@ def iter_prompts(trace: Trace, corpus_ids: Sequence[int], *, seed: int = 0, stre
         for j, h in enumerate(r.hash_ids or ()):
             if h not in blocks:
                 blocks[h] = _window(doubled, len(corpus), _pick(seed, "block", h), bs)
-            ids.extend(blocks[h][:min(bs, r.prompt_tokens - j * bs)])
+            ids.extend(blocks[h][: min(bs, r.prompt_tokens - j * bs)])
         num_rest = r.prompt_tokens - len(ids)
         if num_rest > 0:
             ids.extend(_window(doubled, len(corpus), _pick(seed, f"fresh{stream}", i), num_rest))
@@ -288,7 +311,7 @@ def _pick(seed: int, kind: str, n: int) -> int:
 def _window(doubled: list[int], n_corpus: int, start: int, length: int) -> list[int]:
     start %= n_corpus
     if length <= n_corpus:
-        return doubled[start:start + length]
+        return doubled[start : start + length]
     return [doubled[(start + k) % n_corpus] for k in range(length)]
 
 
@@ -341,10 +364,19 @@ def _read_recorded(path: Path, block_size: int | None) -> Iterator[_Row]:
         except ValidationError as exc:
             err = SpecError.from_validation(exc, path)
             raise SpecError(problems=[replace(p, line=i) for p in err.problems]) from None
-        yield _Row(rec.arrival, rec.prompt_tokens, rec.output_tokens, path, i,
-                   tuple(rec.hash_ids) if rec.hash_ids is not None else None, rec.chat, rec.finish_reason,
-                   rec.cached_tokens, None if rec.finish is None else rec.finish - rec.arrival,
-                   rec.block_size if rec.hash_ids is not None else None)
+        yield _Row(
+            rec.arrival,
+            rec.prompt_tokens,
+            rec.output_tokens,
+            path,
+            i,
+            tuple(rec.hash_ids) if rec.hash_ids is not None else None,
+            rec.chat,
+            rec.finish_reason,
+            rec.cached_tokens,
+            None if rec.finish is None else rec.finish - rec.arrival,
+            rec.block_size if rec.hash_ids is not None else None,
+        )
 
 
 def _read_mooncake(path: Path, block_size: int | None) -> Iterator[_Row]:
@@ -352,22 +384,34 @@ def _read_mooncake(path: Path, block_size: int | None) -> Iterator[_Row]:
     for i, raw in _json_lines(path):
         missing = sorted({"timestamp", "input_length", "output_length"} - set(raw))
         if missing:
-            raise SpecError(f"missing {', '.join(missing)} (a Mooncake line has timestamp, input_length, "
-                            "output_length, hash_ids)", source=path, line=i)
+            raise SpecError(
+                f"missing {', '.join(missing)} (a Mooncake line has timestamp, input_length, output_length, hash_ids)",
+                source=path,
+                line=i,
+            )
         ts = _number(raw["timestamp"], path, i, "timestamp", minimum=0.0)
         prompt = _count(raw["input_length"], path, i, "input_length", minimum=1)
         output = _count(raw["output_length"], path, i, "output_length", minimum=0)
         ids = raw.get("hash_ids")
         if ids is not None:
-            bad = next((h for h in ids if isinstance(h, bool) or not isinstance(h, int) or h < 0), None) \
-                if isinstance(ids, list) else ids
+            bad = (
+                next((h for h in ids if isinstance(h, bool) or not isinstance(h, int) or h < 0), None)
+                if isinstance(ids, list)
+                else ids
+            )
             if bad is not None:
-                raise SpecError(f"must be a list of non-negative whole numbers, got {bad!r}", source=path, line=i,
-                                field="hash_ids")
+                raise SpecError(
+                    f"must be a list of non-negative whole numbers, got {bad!r}", source=path, line=i, field="hash_ids"
+                )
             num_blocks = math.ceil(prompt / block_size)  # Mooncake gives the last, partial block an id too
             if len(ids) > num_blocks:
-                raise SpecError(f"{len(ids)} ids, but input_length {prompt} fills at most {num_blocks} blocks "
-                                f"of {block_size} tokens; is block_size right?", source=path, line=i, field="hash_ids")
+                raise SpecError(
+                    f"{len(ids)} ids, but input_length {prompt} fills at most {num_blocks} blocks "
+                    f"of {block_size} tokens; is block_size right?",
+                    source=path,
+                    line=i,
+                    field="hash_ids",
+                )
         yield _Row(ts / 1000.0, prompt, output, path, i, None if ids is None else tuple(ids))
 
 
@@ -401,15 +445,22 @@ def _csv_rows(path: Path, required: tuple[str, ...], what: str) -> Iterator[_Csv
             header = [h.strip() for h in next(reader, [])]
             missing = [c for c in required if c not in header]
             if missing:
-                raise SpecError(f"missing column(s) {', '.join(missing)}; a {what} CSV has {', '.join(required)} "
-                                f"(found: {', '.join(header) or 'nothing'})", source=path, line=1)
+                raise SpecError(
+                    f"missing column(s) {', '.join(missing)}; a {what} CSV has {', '.join(required)} "
+                    f"(found: {', '.join(header) or 'nothing'})",
+                    source=path,
+                    line=1,
+                )
             index = {h: k for k, h in enumerate(header)}
             for row in reader:
                 if len(row) != len(header):
                     if not any(cell.strip() for cell in row):
                         continue
-                    raise SpecError(f"{len(row)} values, but the header names {len(header)} columns",
-                                    source=path, line=reader.line_num)
+                    raise SpecError(
+                        f"{len(row)} values, but the header names {len(header)} columns",
+                        source=path,
+                        line=reader.line_num,
+                    )
                 yield _CsvRow(path, reader.line_num, row, index)
         except csv.Error as exc:
             raise SpecError(f"malformed CSV: {exc}", source=path, line=reader.line_num) from None
@@ -429,13 +480,20 @@ def _read_azure(path: Path, block_size: int | None) -> Iterator[_Row]:
 def _read_burstgpt(path: Path, block_size: int | None) -> Iterator[_Row]:
     cols = ("Timestamp", "Model", "Request tokens", "Response tokens", "Total tokens", "Log Type")
     for row in _csv_rows(path, cols, "BurstGPT"):
-        t = _number(_float(row.text("Timestamp")), path, row.line, "Timestamp", minimum=0.0,
-                    column=row.index["Timestamp"] + 1)
+        t = _number(
+            _float(row.text("Timestamp")), path, row.line, "Timestamp", minimum=0.0, column=row.index["Timestamp"] + 1
+        )
         log_type = row.text("Log Type")
         if log_type not in ("Conversation log", "API log"):
             raise row.error("Log Type", f"must be 'Conversation log' or 'API log', got {log_type!r}")
-        yield _Row(t, row.count("Request tokens", minimum=1), row.count("Response tokens", minimum=0), path, row.line,
-                   is_chat=log_type == "Conversation log")
+        yield _Row(
+            t,
+            row.count("Request tokens", minimum=1),
+            row.count("Response tokens", minimum=0),
+            path,
+            row.line,
+            is_chat=log_type == "Conversation log",
+        )
 
 
 _READERS = {"recorded": _read_recorded, "mooncake": _read_mooncake, "azure": _read_azure, "burstgpt": _read_burstgpt}
@@ -451,8 +509,9 @@ def _float(text: str) -> float | str:
 
 def _number(v, path: Path, line: int, field: str, *, minimum: float, column: int | None = None) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < minimum:
-        raise SpecError(f"must be a number >= {minimum:g}, got {v!r}", source=path, line=line, column=column,
-                        field=field)
+        raise SpecError(
+            f"must be a number >= {minimum:g}, got {v!r}", source=path, line=line, column=column, field=field
+        )
     return float(v)
 
 
@@ -462,8 +521,13 @@ def _count(v, path: Path, line: int, field: str, *, minimum: int, column: int | 
     if isinstance(v, float) and v.is_integer():
         v = int(v)
     if isinstance(v, bool) or not isinstance(v, int) or not minimum <= v <= MAX_TOKENS_PER_REQUEST:
-        raise SpecError(f"must be a whole number of tokens in {minimum}..{MAX_TOKENS_PER_REQUEST}, got {v!r}",
-                        source=path, line=line, column=column, field=field)
+        raise SpecError(
+            f"must be a whole number of tokens in {minimum}..{MAX_TOKENS_PER_REQUEST}, got {v!r}",
+            source=path,
+            line=line,
+            column=column,
+            field=field,
+        )
     return v
 
 
@@ -493,9 +557,13 @@ def _one_block_size(rows: list[_Row], path: Path) -> int | None:
     if len(sizes) > 1:
         first = next(r for r in rows if r.block_size is not None)
         other = next(r for r in rows if r.block_size not in (None, first.block_size))
-        raise SpecError(f"block_size {other.block_size} differs from {first.block_size} ({first.path}, line "
-                        f"{first.line}): one recording, one block size", source=other.path, line=other.line,
-                        field="block_size")
+        raise SpecError(
+            f"block_size {other.block_size} differs from {first.block_size} ({first.path}, line "
+            f"{first.line}): one recording, one block size",
+            source=other.path,
+            line=other.line,
+            field="block_size",
+        )
     return sizes.pop() if sizes else None
 
 
@@ -506,9 +574,20 @@ def _select(rows: list[_Row], source: TraceSource) -> list[TraceRequest]:
         start, end = source.window
         rows = [r for r in rows if start <= r.arrival - t0 < end]
     if source.max_requests is not None:
-        rows = rows[:source.max_requests]
+        rows = rows[: source.max_requests]
     if not rows:
         return []
     first, scale = rows[0].arrival, source.time_scale
-    return [TraceRequest((r.arrival - first) * scale, r.prompt_tokens, r.output_tokens, r.hash_ids, r.is_chat,
-                         r.finish_reason, r.cached_tokens, r.e2e_s) for r in rows]
+    return [
+        TraceRequest(
+            (r.arrival - first) * scale,
+            r.prompt_tokens,
+            r.output_tokens,
+            r.hash_ids,
+            r.is_chat,
+            r.finish_reason,
+            r.cached_tokens,
+            r.e2e_s,
+        )
+        for r in rows
+    ]

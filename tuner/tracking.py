@@ -60,8 +60,11 @@ class MLflowTracker:
             self.experiment_id = _retry(self._experiment)
             parent = study.user_attrs.get(PARENT_ATTR)
             if parent is None:
-                run = self.client.create_run(self.experiment_id, run_name=f"study-{spec.name}",
-                                             tags={"slotune.study": spec.name, "slotune.role": "study"})
+                run = self.client.create_run(
+                    self.experiment_id,
+                    run_name=f"study-{spec.name}",
+                    tags={"slotune.study": spec.name, "slotune.role": "study"},
+                )
                 parent = self._own_parent = run.info.run_id
                 study.set_user_attr(PARENT_ATTR, parent)
                 self.client.log_param(parent, "objective", spec.objective.metric_key())
@@ -81,10 +84,15 @@ class MLflowTracker:
             eid = exp.experiment_id
         else:
             eid = self.client.create_experiment(
-                self.spec.name, artifact_location=str((self.spec.resolved_output_dir() / "mlartifacts").resolve().as_uri()))
+                self.spec.name,
+                artifact_location=str((self.spec.resolved_output_dir() / "mlartifacts").resolve().as_uri()),
+            )
         obj = self.spec.objective
-        tags = {EXPERIMENT_KIND_TAG: EXPERIMENT_KIND, PRIMARY_METRIC_TAG: obj.metric_key(),
-                PRIMARY_METRIC_GREATER_IS_BETTER_TAG: str(obj.direction() == "maximize")}
+        tags = {
+            EXPERIMENT_KIND_TAG: EXPERIMENT_KIND,
+            PRIMARY_METRIC_TAG: obj.metric_key(),
+            PRIMARY_METRIC_GREATER_IS_BETTER_TAG: str(obj.direction() == "maximize"),
+        }
         have = exp.tags if exp is not None else {}
         for k, v in tags.items():
             if have.get(k) != v:
@@ -101,7 +109,8 @@ class MLflowTracker:
             lost, self._parent = self._own_parent, stored
             self._own_parent = None
             if lost is not None and not self.client.search_runs(
-                    [self.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{lost}'", max_results=1):
+                [self.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{lost}'", max_results=1
+            ):
                 self.client.delete_run(lost)
         return self._parent
 
@@ -117,8 +126,12 @@ class MLflowTracker:
         """One child run: params, metrics (with their intervals, `<key>_ci_low`/`_ci_high`, and with
         a price the cost per 1M tokens), SLO/gate tags, failure reason, config + histogram."""
         c = self.client
-        tags = {"mlflow.parentRunId": self.parent_run_id, "slotune.trial": str(trial.number),
-                "slotune.state": trial.state.name, "slotune.study": self.spec.name}
+        tags = {
+            "mlflow.parentRunId": self.parent_run_id,
+            "slotune.trial": str(trial.number),
+            "slotune.state": trial.state.name,
+            "slotune.study": self.spec.name,
+        }
         run = c.create_run(self.experiment_id, run_name=f"trial-{trial.number}", tags=tags)
         rid = run.info.run_id
         for k, v in trial.params.items():
@@ -180,11 +193,12 @@ class MLflowTracker:
         switch, kept in the browser); the `mlflow.experimentKind` tag alone no longer decides."""
         uri = self.spec.resolved_tracking_uri()
         serve = f"mlflow ui --backend-store-uri {uri}" if not uri.startswith("http") else uri
-        return (f"MLflow: {serve}, then open #/experiments/{self.experiment_id}?workflowType=machine_learning "
-                f"(the runs table)")
+        return (
+            f"MLflow: {serve}, then open #/experiments/{self.experiment_id}?workflowType=machine_learning "
+            f"(the runs table)"
+        )
 
-    def log_study_end(self, best, config, report_paths: dict[str, Path], out: Path, *,
-                      confirmation=None) -> None:
+    def log_study_end(self, best, config, report_paths: dict[str, Path], out: Path, *, confirmation=None) -> None:
         """Parent run: the winner's metrics and config (best.yaml, best_metrics.json), the report
         (report.md, report.html: self-contained, so it opens in MLflow's artifact view), and with a
         `confirmation` (tuner/confirm.py) whether the winner held on re-measurement, which trial
@@ -205,7 +219,9 @@ class MLflowTracker:
             if _loggable(declared.get("half_width")):
                 c.log_metric(rid, "declared_half_width", float(declared["half_width"]))
             c.set_tag(rid, "slotune.declared_seeds", str(len(declared.get("seeds") or [])))
-            c.set_tag(rid, "slotune.declared_slo_missed_on", ",".join(str(m["seed"]) for m in declared.get("missed") or []))
+            c.set_tag(
+                rid, "slotune.declared_slo_missed_on", ",".join(str(m["seed"]) for m in declared.get("missed") or [])
+            )
             c.set_tag(rid, "slotune.within_noise_of_winner", ",".join(str(m.trial) for m in confirmation.rivals()))
         if best is not None:
             c.set_tag(rid, "slotune.best_trial", str(best.number))
@@ -233,7 +249,7 @@ def _local_store_lock(uri: str) -> Iterator[None]:
         return
     import fcntl
 
-    path = Path(uri[len("sqlite:///"):] + ".lock")
+    path = Path(uri[len("sqlite:///") :] + ".lock")
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
@@ -284,5 +300,13 @@ def tracking_summary(tracking_uri: str, experiment: str) -> list[dict[str, Any]]
     if exp is None:
         return []
     runs = mlflow.tracking.MlflowClient().search_runs([exp.experiment_id], max_results=1000)
-    return [{"run_id": r.info.run_id, "name": r.info.run_name, "tags": r.data.tags, "metrics": r.data.metrics,
-             "params": r.data.params} for r in runs]
+    return [
+        {
+            "run_id": r.info.run_id,
+            "name": r.info.run_name,
+            "tags": r.data.tags,
+            "metrics": r.data.metrics,
+            "params": r.data.params,
+        }
+        for r in runs
+    ]

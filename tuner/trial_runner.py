@@ -104,23 +104,35 @@ def run_trial(req: dict[str, Any]) -> dict[str, Any]:
         load_s = time.perf_counter() - t0
         res = _replay_in_process(llm, req, phase)
     # How sure each number is: intervals over the requests, at the objective's percentile too.
-    intervals = bootstrap_intervals(res.records, res.metrics["duration_s"], ttft_limit_s=objective.get("ttft_limit_s"),
-                                    tpot_limit_s=objective.get("tpot_limit_s"),
-                                    percentiles=(*CI_PERCENTILES, objective["percentile"]))
+    intervals = bootstrap_intervals(
+        res.records,
+        res.metrics["duration_s"],
+        ttft_limit_s=objective.get("ttft_limit_s"),
+        tpot_limit_s=objective.get("tpot_limit_s"),
+        percentiles=(*CI_PERCENTILES, objective["percentile"]),
+    )
     metrics = {**res.metrics, **intervals, "load_time_s": load_s}
     violations = slo_violations(metrics, objective)
     violations["early_stop"] = 1.0 if res.early_stopped else 0.0
     gates = None
     if req.get("gates") and is_feasible(violations):  # cheap first: gates only for SLO-meeting trials
         phase("quality gates")  # served: the server has stopped; the same engine, idle
-        report = evaluate_gates(cfg, [GateSpec.model_validate(g) for g in req["gates"]], llm=llm,
-                                cache_dir=req.get("cache_dir"))
+        report = evaluate_gates(
+            cfg, [GateSpec.model_validate(g) for g in req["gates"]], llm=llm, cache_dir=req.get("cache_dir")
+        )
         gates = report.to_dict()
         violations["quality_gates"] = 0.0 if report.passed else 1.0
-    return {"metrics": metrics, "violations": violations, "early_stopped": res.early_stopped, "gates": gates,
-            "measure": measure,
-            "latencies": {"ttft": [r.ttft for r in res.records if r.ttft is not None],
-                          "tpot": [r.tpot for r in res.records if r.tpot is not None]}}
+    return {
+        "metrics": metrics,
+        "violations": violations,
+        "early_stopped": res.early_stopped,
+        "gates": gates,
+        "measure": measure,
+        "latencies": {
+            "ttft": [r.ttft for r in res.records if r.ttft is not None],
+            "tpot": [r.tpot for r in res.records if r.tpot is not None],
+        },
+    }
 
 
 def _replay_in_process(llm, req: dict[str, Any], phase: Callable[[str], None]):
@@ -137,10 +149,17 @@ def _replay_in_process(llm, req: dict[str, Any], phase: Callable[[str], None]):
     if watchdog is not None:
         watchdog.install()
     try:
-        return run_benchmark(llm.config, WorkloadSpec.model_validate(req["workload"]), llm=llm,
-                             ttft_limit_s=objective.get("ttft_limit_s"), tpot_limit_s=objective.get("tpot_limit_s"),
-                             seed=req.get("seed"), percentiles=(objective["percentile"],), should_stop=should_stop,
-                             on_progress=lambda done, total: phase(f"replay {done}/{total}"))
+        return run_benchmark(
+            llm.config,
+            WorkloadSpec.model_validate(req["workload"]),
+            llm=llm,
+            ttft_limit_s=objective.get("ttft_limit_s"),
+            tpot_limit_s=objective.get("tpot_limit_s"),
+            seed=req.get("seed"),
+            percentiles=(objective["percentile"],),
+            should_stop=should_stop,
+            on_progress=lambda done, total: phase(f"replay {done}/{total}"),
+        )
     finally:
         if watchdog is not None:
             watchdog.uninstall()
@@ -192,13 +211,24 @@ def _replay_served(cfg, req: dict[str, Any], phase: Callable[[str], None]):
         causes = {k: v for k, v in client.metrics.items() if k.startswith("num_failed_") and not k[11:].isdigit()}
         raise RuntimeError(f"{num_broken:g} requests broke over HTTP without an early stop: {causes}")
     metrics = {**client.metrics, **window.metrics()}  # _run_client raised unless the measured run started
-    return llm, BenchResult(config=llm.config.model_dump(mode="json"), workload=client.workload, metrics=metrics,
-                            records=client.records, early_stopped=client.early_stopped or is_hopeless,
-                            device=client.device, started_at=client.started_at), load_s
+    return (
+        llm,
+        BenchResult(
+            config=llm.config.model_dump(mode="json"),
+            workload=client.workload,
+            metrics=metrics,
+            records=client.records,
+            early_stopped=client.early_stopped or is_hopeless,
+            device=client.device,
+            started_at=client.started_at,
+        ),
+        load_s,
+    )
 
 
-def _run_client(url: str, req: dict[str, Any], tokenizer, on_measured_start: Callable[[], None],
-                on_poll: Callable[[], None]):
+def _run_client(
+    url: str, req: dict[str, Any], tokenizer, on_measured_start: Callable[[], None], on_poll: Callable[[], None]
+):
     """Run `python -m slotune.tuner.http_bench` against `url` with the server's `tokenizer`;
     returns its BenchResult.
 
@@ -209,13 +239,27 @@ def _run_client(url: str, req: dict[str, Any], tokenizer, on_measured_start: Cal
     with tempfile.TemporaryDirectory(prefix="slotune-client-") as d:
         src, dst, warm, tok = (Path(d) / name for name in ("in.json", "out.json", "warm", "tokenizer.pkl"))
         tok.write_bytes(pickle.dumps(tokenizer))
-        src.write_text(json.dumps({
-            "url": url, "workload": req["workload"], "tokenizer_file": str(tok), "seed": req.get("seed"),
-            "objective": req["objective"], "early_stop": req.get("early_stop") or {},
-            "phase_file": req.get("phase_file"), "warm_file": str(warm)}))
+        src.write_text(
+            json.dumps(
+                {
+                    "url": url,
+                    "workload": req["workload"],
+                    "tokenizer_file": str(tok),
+                    "seed": req.get("seed"),
+                    "objective": req["objective"],
+                    "early_stop": req.get("early_stop") or {},
+                    "phase_file": req.get("phase_file"),
+                    "warm_file": str(warm),
+                }
+            )
+        )
         with open(Path(d) / "log.txt", "w+") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "slotune.tuner.http_bench", str(src), str(dst)],
-                                    stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "slotune.tuner.http_bench", str(src), str(dst)],
+                stdin=subprocess.PIPE,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
             try:
                 is_started = False
                 while proc.poll() is None:
@@ -236,7 +280,9 @@ def _run_client(url: str, req: dict[str, Any], tokenizer, on_measured_start: Cal
             if proc.returncode != 0 or not dst.exists():
                 log.seek(0)
                 tail = log.read()[-800:].strip()
-                raise RuntimeError(f"HTTP client process exited with code {proc.returncode}" + (f": {tail}" if tail else ""))
+                raise RuntimeError(
+                    f"HTTP client process exited with code {proc.returncode}" + (f": {tail}" if tail else "")
+                )
         out = json.loads(dst.read_text())
     if out["status"] != "ok":
         raise RuntimeError(f"HTTP client: {out['error']}")
@@ -272,7 +318,11 @@ def main(argv: list[str], run: Callable[[dict[str, Any]], dict[str, Any]] = run_
         result = run(req)
         result["status"] = "ok"
     except Exception as exc:  # recorded by the parent as the trial's failure reason
-        result = {"status": "error", "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(limit=8)}
+        result = {
+            "status": "error",
+            "error": f"{type(exc).__name__}: {exc}",
+            "traceback": traceback.format_exc(limit=8),
+        }
     try:
         dst.write_text(json.dumps(result))
     except OSError as exc:  # the parent shows this line (the tail of our log) as the failure reason

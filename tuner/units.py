@@ -14,12 +14,23 @@ from typing import Any
 from slotune.tuner.metrics import LATENCY_SERIES, ci_keys
 from slotune.tuner.slo import parse_metric_key, percentile_label
 
-_LABELS = {"output_tokens_per_s": "output tokens/s", "total_tokens_per_s": "total tokens/s",
-           "goodput_rps": "goodput", "requests_per_s": "requests/s", "slo_attainment": "requests within the SLO",
-           "weight_bytes": "weights", "peak_kv_blocks": "peak KV blocks", "num_kv_blocks": "KV blocks",
-           "peak_memory_mb": "peak memory", "load_time_s": "load time", "kv_block_usage": "KV block usage",
-           "prefix_cache_hit_rate": "prefix cache hits", "spec_acceptance_rate": "draft acceptance",
-           "usd_per_1m_output_tokens": "cost per 1M output tokens", "usd_per_1m_total_tokens": "cost per 1M tokens"}
+_LABELS = {
+    "output_tokens_per_s": "output tokens/s",
+    "total_tokens_per_s": "total tokens/s",
+    "goodput_rps": "goodput",
+    "requests_per_s": "requests/s",
+    "slo_attainment": "requests within the SLO",
+    "weight_bytes": "weights",
+    "peak_kv_blocks": "peak KV blocks",
+    "num_kv_blocks": "KV blocks",
+    "peak_memory_mb": "peak memory",
+    "load_time_s": "load time",
+    "kv_block_usage": "KV block usage",
+    "prefix_cache_hit_rate": "prefix cache hits",
+    "spec_acceptance_rate": "draft acceptance",
+    "usd_per_1m_output_tokens": "cost per 1M output tokens",
+    "usd_per_1m_total_tokens": "cost per 1M tokens",
+}
 _SERIES_LABELS = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2e": "end-to-end latency", "queue_time": "queue time"}
 
 

@@ -40,8 +40,17 @@ from statistics import NormalDist
 from typing import Any, Literal, Union
 
 import numpy as np
-from pydantic import (BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, ValidationError,
-                      ValidatorFunctionWrapHandler, field_validator, model_serializer, model_validator)
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from slotune.tuner.errors import MissingFileError, SpecError, load_yaml_mapping
 from slotune.tuner.traces import Trace, TraceSource, iter_prompts, load_trace
@@ -108,11 +117,16 @@ class SharedPrefix(_Strict):
 
 
 # Fields a trace replay takes from the trace: given beside `trace: {path: ...}`, they would be ignored.
-_TRACE_DECIDES = {"prompt_len": "its prompt lengths", "output_len": "its output lengths",
-                  "shared_prefix": "its block hash ids (the prefixes its requests shared)",
-                  "rate": "its arrival times", "duration_s": "its arrival times (pick a span with trace.window)",
-                  "num_requests": "its requests (cap them with trace.max_requests)",
-                  "length_sampling": "its lengths", "arrival_sampling": "its arrival times"}
+_TRACE_DECIDES = {
+    "prompt_len": "its prompt lengths",
+    "output_len": "its output lengths",
+    "shared_prefix": "its block hash ids (the prefixes its requests shared)",
+    "rate": "its arrival times",
+    "duration_s": "its arrival times (pick a span with trace.window)",
+    "num_requests": "its requests (cap them with trace.max_requests)",
+    "length_sampling": "its lengths",
+    "arrival_sampling": "its arrival times",
+}
 
 
 class WorkloadSpec(_Strict):
@@ -139,34 +153,50 @@ class WorkloadSpec(_Strict):
     name: str = "custom"
     description: str = ""
     mode: Literal["completion", "chat"] = Field(
-        "completion", description="chat: prompt text goes through the model's chat template (shared prefix as system)")
+        "completion", description="chat: prompt text goes through the model's chat template (shared prefix as system)"
+    )
     arrivals: Literal["poisson", "fixed_rate", "gamma", "closed_loop", "trace"] = Field(
-        "closed_loop", description="default: trace when `trace` is a mapping, else closed_loop")
+        "closed_loop", description="default: trace when `trace` is a mapping, else closed_loop"
+    )
     rate: float | None = Field(None, gt=0, description="requests/s for poisson, fixed_rate and gamma")
-    burstiness: float | None = Field(None, gt=0, description="gamma arrivals: the gaps' shape; 1 = Poisson, "
-                                                             "< 1 burstier, > 1 more even (CV = 1/sqrt(burstiness))")
+    burstiness: float | None = Field(
+        None,
+        gt=0,
+        description="gamma arrivals: the gaps' shape; 1 = Poisson, "
+        "< 1 burstier, > 1 more even (CV = 1/sqrt(burstiness))",
+    )
     concurrency: int = Field(4, ge=1, description="requests kept in flight for closed_loop")
-    num_requests: int | None = Field(None, ge=1, description=f"measured requests (default {_DEFAULT_NUM_REQUESTS} "
-                                                             "unless duration_s is given; a trace: all of it)")
+    num_requests: int | None = Field(
+        None,
+        ge=1,
+        description=f"measured requests (default {_DEFAULT_NUM_REQUESTS} "
+        "unless duration_s is given; a trace: all of it)",
+    )
     duration_s: float | None = Field(None, gt=0, description="stop issuing requests after this long")
     warmup_requests: int = Field(1, ge=0, description="run first, excluded from metrics")
     prompt_len: Length = Field(default_factory=lambda: Fixed(value=64), discriminator="kind")
     output_len: Length = Field(default_factory=lambda: Fixed(value=32), discriminator="kind")
     length_sampling: Literal["stratified", "independent"] = Field(
-        "stratified", description=f"stratified: each block of {STRATUM_BLOCK} requests draws one prompt and one "
-                                  f"output length from each 1/{STRATUM_BLOCK} of its distribution (in a random "
-                                  "order), so seeds differ in which requests are long, hardly in total tokens; "
-                                  "independent: every length drawn on its own")
+        "stratified",
+        description=f"stratified: each block of {STRATUM_BLOCK} requests draws one prompt and one "
+        f"output length from each 1/{STRATUM_BLOCK} of its distribution (in a random "
+        "order), so seeds differ in which requests are long, hardly in total tokens; "
+        "independent: every length drawn on its own",
+    )
     arrival_sampling: Literal["stratified", "independent"] = Field(
-        "stratified", description=f"poisson and gamma arrivals; stratified: each block of {STRATUM_BLOCK} gaps draws "
-                                  f"one from each 1/{STRATUM_BLOCK} of the gaps' distribution (in a random order), "
-                                  "so every gap keeps that distribution while seeds differ less in the replay's "
-                                  "mean rate (24 Poisson arrivals span +-8% from seed to seed, independent +-21%); "
-                                  "independent: every gap drawn on its own")
+        "stratified",
+        description=f"poisson and gamma arrivals; stratified: each block of {STRATUM_BLOCK} gaps draws "
+        f"one from each 1/{STRATUM_BLOCK} of the gaps' distribution (in a random order), "
+        "so every gap keeps that distribution while seeds differ less in the replay's "
+        "mean rate (24 Poisson arrivals span +-8% from seed to seed, independent +-21%); "
+        "independent: every gap drawn on its own",
+    )
     trace: str | TraceSource | None = Field(
-        None, description="a lengths file (JSONL: one {prompt | prompt_len, output_len} per line; replaces "
-                          "prompt_len/output_len, cycled if shorter), or a mapping {path, format, block_size, "
-                          "time_scale, window, max_requests}: a recorded/Mooncake/Azure/BurstGPT trace to replay")
+        None,
+        description="a lengths file (JSONL: one {prompt | prompt_len, output_len} per line; replaces "
+        "prompt_len/output_len, cycled if shorter), or a mapping {path, format, block_size, "
+        "time_scale, window, max_requests}: a recorded/Mooncake/Azure/BurstGPT trace to replay",
+    )
     shared_prefix: SharedPrefix | None = None
     seed: int = Field(0, ge=0, le=MAX_SEED)
 
@@ -194,32 +224,42 @@ class WorkloadSpec(_Strict):
             return self
         if self.arrivals == "trace":
             got = "a lengths file (a string)" if self.trace else "no trace"
-            raise ValueError(f"arrivals 'trace' replays a trace's own arrival times: give `trace` as a mapping "
-                             f"{{path: FILE}} (got {got})")
+            raise ValueError(
+                f"arrivals 'trace' replays a trace's own arrival times: give `trace` as a mapping "
+                f"{{path: FILE}} (got {got})"
+            )
         if self.arrivals in ("poisson", "fixed_rate", "gamma") and self.rate is None:
             raise ValueError(f"rate is required when arrivals is '{self.arrivals}' (requests per second)")
         if self.arrivals == "gamma" and self.burstiness is None:
-            raise ValueError("burstiness is required when arrivals is 'gamma' (the gaps' shape: 1 = Poisson, "
-                             "< 1 burstier, > 1 more even)")
+            raise ValueError(
+                "burstiness is required when arrivals is 'gamma' (the gaps' shape: 1 = Poisson, "
+                "< 1 burstier, > 1 more even)"
+            )
         if self.burstiness is not None and self.arrivals != "gamma":
             raise ValueError(f"burstiness applies to arrivals 'gamma' only, not '{self.arrivals}'")
         return self
 
     def _check_trace_replay(self) -> None:
         if self.arrivals != "trace":
-            raise ValueError(f"arrivals '{self.arrivals}': a trace mapping replays the trace's own arrival times "
-                             "(arrivals 'trace', the default); for generated arrivals with traced lengths, give "
-                             "`trace` a lengths file (tune workload fit --empirical writes one)")
+            raise ValueError(
+                f"arrivals '{self.arrivals}': a trace mapping replays the trace's own arrival times "
+                "(arrivals 'trace', the default); for generated arrivals with traced lengths, give "
+                "`trace` a lengths file (tune workload fit --empirical writes one)"
+            )
         given = [k for k in _TRACE_DECIDES if k in self.model_fields_set and getattr(self, k) is not None]
         if self.burstiness is not None:
             given.append("burstiness")
         if given:
             why = "; ".join(f"{k}: the trace gives {_TRACE_DECIDES.get(k, 'its arrival times')}" for k in given)
-            raise ValueError(f"{', '.join(given)} cannot be set beside a trace mapping ({why}); remove "
-                             f"{'it' if len(given) == 1 else 'them'}")
+            raise ValueError(
+                f"{', '.join(given)} cannot be set beside a trace mapping ({why}); remove "
+                f"{'it' if len(given) == 1 else 'them'}"
+            )
         if self.mode == "chat":
-            raise ValueError("mode 'chat' with a trace mapping: traced prompt lengths already include the chat "
-                             "template, and prompts are rebuilt as token ids; use mode 'completion'")
+            raise ValueError(
+                "mode 'chat' with a trace mapping: traced prompt lengths already include the chat "
+                "template, and prompts are rebuilt as token ids; use mode 'completion'"
+            )
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -257,7 +297,9 @@ class WorkloadSpec(_Strict):
         else:
             names = builtin_workloads()
             if str(ref) not in names:
-                raise ValueError(f"unknown workload '{ref}': not a file, and not a built-in ({', '.join(sorted(names))})")
+                raise ValueError(
+                    f"unknown workload '{ref}': not a file, and not a built-in ({', '.join(sorted(names))})"
+                )
             path, base = names[str(ref)], None
         data = load_yaml_mapping(path, "workload file", empty_ok=True)
         try:
@@ -282,6 +324,7 @@ class WorkloadSpec(_Strict):
 def resolve_trace_path(data: dict[str, Any], base: Path) -> dict[str, Any]:
     """A workload mapping with its relative trace path (`trace: FILE` or `trace: {path: FILE}`) joined to
     `base`, the folder of the YAML file that holds it; values of the wrong type are left for validation."""
+
     def join(ref: str, field: str) -> str:
         if "\x00" in ref:
             raise SpecError("contains a NUL character", field=field)
@@ -352,8 +395,10 @@ def length_streams(spec: WorkloadSpec, seed: int, stream: int = 0) -> tuple[Iter
     """The prompt and output lengths, one per request, of `spec` on `seed`: the measured requests'
     (stream 0) or the warm-up's (stream 1), each from a generator of its own."""
     stratified = spec.length_sampling == "stratified"
-    return (_lengths(spec.prompt_len, np.random.default_rng([seed, stream, 1]), stratified),
-            _lengths(spec.output_len, np.random.default_rng([seed, stream, 2]), stratified))
+    return (
+        _lengths(spec.prompt_len, np.random.default_rng([seed, stream, 1]), stratified),
+        _lengths(spec.output_len, np.random.default_rng([seed, stream, 2]), stratified),
+    )
 
 
 def read_trace(path: str | Path) -> list[dict[str, Any]]:
@@ -380,10 +425,14 @@ def read_trace(path: str | Path) -> list[dict[str, Any]]:
         if not isinstance(row, dict):
             raise SpecError(f"each line must be a JSON object, got {type(row).__name__}", source=p, line=i)
         if "output_len" not in row or ("prompt" not in row and "prompt_len" not in row):
-            hint = (" (this looks like a recorded or Mooncake trace: replay it with `trace: {path: FILE}`)"
-                    if {"arrival", "timestamp"} & row.keys() else "")
-            raise SpecError(f"each line needs output_len and one of prompt / prompt_len, got {sorted(row)}{hint}",
-                            source=p, line=i)
+            hint = (
+                " (this looks like a recorded or Mooncake trace: replay it with `trace: {path: FILE}`)"
+                if {"arrival", "timestamp"} & row.keys()
+                else ""
+            )
+            raise SpecError(
+                f"each line needs output_len and one of prompt / prompt_len, got {sorted(row)}{hint}", source=p, line=i
+            )
         for key in ("output_len", "prompt_len"):
             v = row.get(key, 1)
             if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_LEN:
@@ -417,7 +466,8 @@ class _Prompter:
         if self.spec.mode == "chat":
             text = body if isinstance(body, str) else self.tok.decode(body)
             messages = ([{"role": "system", "content": self.prefix_text}] if with_prefix else []) + [
-                {"role": "user", "content": text}]
+                {"role": "user", "content": text}
+            ]
             return self.tok.encode(self.tok.apply_chat_template(messages, add_generation_prompt=True))
         ids = self.tok.encode(body) if isinstance(body, str) else body
         return (self.prefix_ids + ids) if with_prefix else ids
@@ -523,12 +573,15 @@ def describe_replay(spec: WorkloadSpec) -> str | None:
     rate = f" ({(len(trace) - 1) / span:.3g} requests/s)" if span > 0 else ""
     silent = sum(r.output_tokens == 0 for r in trace.requests)
     note = f"; {silent} traced requests with no output replayed as 1-token answers" if silent else ""
-    return (f"{head(trace.format)}: {len(trace)} requests over {span:.1f} s{rate}, replayed open loop at the traced "
-            f"times (+ {spec.warmup_requests} warm-up){note}")
+    return (
+        f"{head(trace.format)}: {len(trace)} requests over {span:.1f} s{rate}, replayed open loop at the traced "
+        f"times (+ {spec.warmup_requests} warm-up){note}"
+    )
 
 
-def generate_requests(spec: WorkloadSpec, tokenizer, *, seed: int | None = None,
-                      max_requests: int | None = None) -> list[BenchRequest]:
+def generate_requests(
+    spec: WorkloadSpec, tokenizer, *, seed: int | None = None, max_requests: int | None = None
+) -> list[BenchRequest]:
     """Expand a spec into concrete requests: warm-up requests first, then measured ones.
 
     Args:
@@ -541,8 +594,10 @@ def generate_requests(spec: WorkloadSpec, tokenizer, *, seed: int | None = None,
         BenchRequests; the same spec + seed always give the same list.
     """
     if spec.num_requests is None and spec.is_closed_loop and max_requests is None:
-        raise ValueError("closed-loop workload with only duration_s is unbounded: pass max_requests "
-                         "(or replay it with run_benchmark, which stops at duration_s)")
+        raise ValueError(
+            "closed-loop workload with only duration_s is unbounded: pass max_requests "
+            "(or replay it with run_benchmark, which stops at duration_s)"
+        )
     out, num_measured = [], 0
     for r in iter_requests(spec, tokenizer, seed=seed):
         if not r.is_warmup:

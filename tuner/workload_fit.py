@@ -73,8 +73,9 @@ class TraceSummary(BaseModel):
     num_zero_output: int  # requests that produced no tokens (failed or aborted)
 
 
-def summarize(trace: Trace, *, prefill_tokens_per_s: float = DEFAULT_PREFILL_TOKENS_PER_S,
-              tpot_s: float = DEFAULT_TPOT_S) -> TraceSummary:
+def summarize(
+    trace: Trace, *, prefill_tokens_per_s: float = DEFAULT_PREFILL_TOKENS_PER_S, tpot_s: float = DEFAULT_TPOT_S
+) -> TraceSummary:
     """Lengths, rates, burstiness, concurrency and prefix sharing of a trace.
 
     Args:
@@ -98,18 +99,26 @@ def summarize(trace: Trace, *, prefill_tokens_per_s: float = DEFAULT_PREFILL_TOK
         source = "estimated"
     chat = [r.is_chat for r in reqs if r.is_chat is not None]
     return TraceSummary(
-        num_requests=len(reqs), duration_s=duration,
+        num_requests=len(reqs),
+        duration_s=duration,
         prompt_tokens=_length_stats([r.prompt_tokens for r in reqs]),
         output_tokens=_length_stats([r.output_tokens for r in reqs]),
         mean_rate=1.0 / mean_gap if mean_gap > 0 else None,
-        peak_rate_1s=_peak_rate(arrivals, PEAK_WINDOWS_S[0]), peak_rate_10s=_peak_rate(arrivals, PEAK_WINDOWS_S[1]),
+        peak_rate_1s=_peak_rate(arrivals, PEAK_WINDOWS_S[0]),
+        peak_rate_10s=_peak_rate(arrivals, PEAK_WINDOWS_S[1]),
         interarrival_cv=float(gaps.std() / mean_gap) if mean_gap > 0 else None,
-        peak_concurrency=_peak_concurrency(arrivals, arrivals + service), concurrency_source=source,
-        cacheable_share=_cacheable_share(trace), block_size=trace.block_size,
-        cached_share=(sum(r.cached_tokens for r in reqs) / sum(r.prompt_tokens for r in reqs)
-                      if all(r.cached_tokens is not None for r in reqs) else None),
+        peak_concurrency=_peak_concurrency(arrivals, arrivals + service),
+        concurrency_source=source,
+        cacheable_share=_cacheable_share(trace),
+        block_size=trace.block_size,
+        cached_share=(
+            sum(r.cached_tokens for r in reqs) / sum(r.prompt_tokens for r in reqs)
+            if all(r.cached_tokens is not None for r in reqs)
+            else None
+        ),
         chat_share=sum(chat) / len(chat) if chat else None,
-        num_zero_output=sum(r.output_tokens == 0 for r in reqs))
+        num_zero_output=sum(r.output_tokens == 0 for r in reqs),
+    )
 
 
 def requests_to_trace(requests: Sequence[BenchRequest], *, block_size: int, source: str = "generated") -> Trace:
@@ -119,14 +128,27 @@ def requests_to_trace(requests: Sequence[BenchRequest], *, block_size: int, sour
         requests: from workload.generate_requests (warm-up requests are left out).
         block_size: tokens per hash id; use the source trace's, to compare cacheable shares.
     """
-    reqs = [TraceRequest(r.arrival_offset_s, len(r.prompt_token_ids), r.output_len,
-                         tuple(block_hash_ids(r.prompt_token_ids, block_size)))
-            for r in requests if not r.is_warmup]
+    reqs = [
+        TraceRequest(
+            r.arrival_offset_s,
+            len(r.prompt_token_ids),
+            r.output_len,
+            tuple(block_hash_ids(r.prompt_token_ids, block_size)),
+        )
+        for r in requests
+        if not r.is_warmup
+    ]
     return Trace(reqs, source, "recorded", block_size)
 
 
-def fit(trace: Trace, *, name: str | None = None, num_requests: int | None = None, seed: int = 0,
-        lengths_path: str | Path | None = None) -> dict[str, Any]:
+def fit(
+    trace: Trace,
+    *,
+    name: str | None = None,
+    num_requests: int | None = None,
+    seed: int = 0,
+    lengths_path: str | Path | None = None,
+) -> dict[str, Any]:
     """A WorkloadSpec document whose generated traffic resembles `trace`.
 
     - lengths: lognormal (median and sigma from the mean and std of the logs, clipped to the traced
@@ -153,8 +175,10 @@ def fit(trace: Trace, *, name: str | None = None, num_requests: int | None = Non
     """
     s = summarize(trace)
     if s.mean_rate is None:
-        raise SpecError("fitting arrivals needs two or more distinct arrival times (widen the window or "
-                        "the request cap?)", source=trace.source)
+        raise SpecError(
+            "fitting arrivals needs two or more distinct arrival times (widen the window or the request cap?)",
+            source=trace.source,
+        )
     cacheable = _cacheable_per_request(trace)
     bs = trace.block_size or 1
     has_prefix = cacheable > 0
@@ -165,34 +189,47 @@ def fit(trace: Trace, *, name: str | None = None, num_requests: int | None = Non
     prompts = np.array([r.prompt_tokens for r in trace.requests])
     bodies = np.maximum(1, prompts - cacheable)  # what each request adds past its cacheable part
     outputs = np.maximum(1, np.array([r.output_tokens for r in trace.requests]))
-    notes = [f"Fitted to {s.num_requests} requests of {Path(trace.source).name} ({trace.format} trace, "
-             f"{s.duration_s:.0f} s): mean rate {s.mean_rate:.3g}/s, peak {s.peak_rate_1s:.3g}/s over 1 s and "
-             f"{s.peak_rate_10s:.3g}/s over 10 s; prompt p50 {s.prompt_tokens.p50:.0f}, output p50 "
-             f"{s.output_tokens.p50:.0f} tokens."]
+    notes = [
+        f"Fitted to {s.num_requests} requests of {Path(trace.source).name} ({trace.format} trace, "
+        f"{s.duration_s:.0f} s): mean rate {s.mean_rate:.3g}/s, peak {s.peak_rate_1s:.3g}/s over 1 s and "
+        f"{s.peak_rate_10s:.3g}/s over 10 s; prompt p50 {s.prompt_tokens.p50:.0f}, output p50 "
+        f"{s.output_tokens.p50:.0f} tokens."
+    ]
     doc: dict[str, Any] = {
-        "name": name or f"{Path(trace.source).stem}-fit", "description": "", "mode": "completion",
-        "arrivals": "poisson", "rate": _round(s.mean_rate), "num_requests": num_requests or s.num_requests,
-        "warmup_requests": 1, "seed": seed}
+        "name": name or f"{Path(trace.source).stem}-fit",
+        "description": "",
+        "mode": "completion",
+        "arrivals": "poisson",
+        "rate": _round(s.mean_rate),
+        "num_requests": num_requests or s.num_requests,
+        "warmup_requests": 1,
+        "seed": seed,
+    }
     cv = s.interarrival_cv
     if cv is not None and cv < EVEN_CV:
         doc.update(arrivals="fixed_rate")
         notes.append(f"Inter-arrival CV {cv:.2g}: evenly spaced, fixed rate.")
     elif cv is not None and abs(cv - 1) > POISSON_CV_TOLERANCE:
         doc.update(arrivals="gamma", burstiness=_round(1 / cv**2))
-        notes.append(f"Inter-arrival CV {cv:.2f} (Poisson has 1; {'burstier' if cv > 1 else 'more even'}): "
-                     f"gamma gaps, burstiness 1/CV^2.")
+        notes.append(
+            f"Inter-arrival CV {cv:.2f} (Poisson has 1; {'burstier' if cv > 1 else 'more even'}): "
+            f"gamma gaps, burstiness 1/CV^2."
+        )
     if lengths_path is not None:
         path = Path(lengths_path)
-        path.write_text("".join(json.dumps({"prompt_len": int(p), "output_len": int(o)}) + "\n"
-                                for p, o in zip(bodies, outputs)))
+        path.write_text(
+            "".join(json.dumps({"prompt_len": int(p), "output_len": int(o)}) + "\n" for p, o in zip(bodies, outputs))
+        )
         doc["trace"] = str(path)
     else:
         doc["prompt_len"] = _lognormal(bodies)
         doc["output_len"] = _lognormal(outputs)
     if prefix_len > 0:
         doc["shared_prefix"] = {"num_tokens": prefix_len, "fraction": _round(prefix_fraction)}
-        notes.append(f"Cacheable share {s.cacheable_share:.2f} (blocks of {trace.block_size} tokens seen before; "
-                     f"{has_prefix.mean():.0%} of requests have some), as one shared prefix.")
+        notes.append(
+            f"Cacheable share {s.cacheable_share:.2f} (blocks of {trace.block_size} tokens seen before; "
+            f"{has_prefix.mean():.0%} of requests have some), as one shared prefix."
+        )
     if s.num_zero_output:
         notes.append(f"{s.num_zero_output} requests produced no tokens; fitted as 1-token answers.")
     if s.chat_share:
@@ -225,8 +262,13 @@ def fit_command(trace_path: Path, out: Path, *, empirical: bool = False, **optio
     out.write_text(yaml.safe_dump(doc, sort_keys=False, width=100))
     console = Console()
     console.print(summary_table(summary, title=f"{trace.source} ({trace.format} trace)"))
-    console.print(f"wrote {out}" + (f" and {lengths}" if lengths is not None else "")
-                  + f": {doc['arrivals']} arrivals at {doc['rate']:g}/s", highlight=False, soft_wrap=True)
+    console.print(
+        f"wrote {out}"
+        + (f" and {lengths}" if lengths is not None else "")
+        + f": {doc['arrivals']} arrivals at {doc['rate']:g}/s",
+        highlight=False,
+        soft_wrap=True,
+    )
     return summary
 
 
@@ -247,16 +289,20 @@ def summary_table(s: TraceSummary, title: str = "trace"):
         lengths.add_row(label, *(num(v, ".0f") for v in (st.p50, st.p95, st.p99, st.mean, st.min, st.max)))
     traffic = Table(show_header=False, box=None)
     for label, value in (
-            ("requests", f"{s.num_requests} over {s.duration_s:.1f} s"),
-            ("mean rate", f"{num(s.mean_rate)} req/s"),
-            ("peak rate", f"{s.peak_rate_1s:.3g} req/s over 1 s, {s.peak_rate_10s:.3g} req/s over 10 s"),
-            ("burstiness (inter-arrival CV)", f"{num(s.interarrival_cv, '.2f')} (Poisson: 1)"),
-            ("peak concurrency", f"{s.peak_concurrency} ({s.concurrency_source})"),
-            ("cacheable-prefix share", num(s.cacheable_share, ".1%")
-             + (f" (blocks of {s.block_size} tokens)" if s.block_size else " (no hash ids)")),
-            ("cached share (served)", num(s.cached_share, ".1%")),
-            ("chat share", num(s.chat_share, ".0%")),
-            ("no-output requests", str(s.num_zero_output))):
+        ("requests", f"{s.num_requests} over {s.duration_s:.1f} s"),
+        ("mean rate", f"{num(s.mean_rate)} req/s"),
+        ("peak rate", f"{s.peak_rate_1s:.3g} req/s over 1 s, {s.peak_rate_10s:.3g} req/s over 10 s"),
+        ("burstiness (inter-arrival CV)", f"{num(s.interarrival_cv, '.2f')} (Poisson: 1)"),
+        ("peak concurrency", f"{s.peak_concurrency} ({s.concurrency_source})"),
+        (
+            "cacheable-prefix share",
+            num(s.cacheable_share, ".1%")
+            + (f" (blocks of {s.block_size} tokens)" if s.block_size else " (no hash ids)"),
+        ),
+        ("cached share (served)", num(s.cached_share, ".1%")),
+        ("chat share", num(s.chat_share, ".0%")),
+        ("no-output requests", str(s.num_zero_output)),
+    ):
         traffic.add_row(label, value)
     return Group(lengths, traffic)
 
@@ -303,8 +349,12 @@ def _cacheable_share(trace: Trace) -> float | None:
 
 def _lognormal(values: np.ndarray) -> dict[str, Any]:
     logs = np.log(values.astype(float))
-    return LogNormal(mean=_round(float(np.exp(logs.mean()))), sigma=_round(min(float(logs.std()), 10.0)),
-                     min=int(values.min()), max=int(values.max())).model_dump()
+    return LogNormal(
+        mean=_round(float(np.exp(logs.mean()))),
+        sigma=_round(min(float(logs.std()), 10.0)),
+        min=int(values.min()),
+        max=int(values.max()),
+    ).model_dump()
 
 
 def _round(x: float) -> float:

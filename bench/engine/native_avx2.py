@@ -28,7 +28,12 @@ from slotune.engine.llm_engine import LLMEngine  # noqa: E402
 
 CONFIGS = {
     "int8-act": {"dtype": "bfloat16", "quantization": "int8", "kernels": {"int8_activations": True}},
-    "int4-act": {"dtype": "bfloat16", "quantization": "int4", "quant_group_size": 32, "kernels": {"int8_activations": True}},
+    "int4-act": {
+        "dtype": "bfloat16",
+        "quantization": "int4",
+        "quant_group_size": 32,
+        "kernels": {"int8_activations": True},
+    },
     "bf16": {"dtype": "bfloat16"},
     "int8": {"dtype": "bfloat16", "quantization": "int8"},
     "int4": {"dtype": "bfloat16", "quantization": "int4", "quant_group_size": 32},
@@ -39,10 +44,16 @@ PROMPT_LEN = 32
 
 def _engine(overrides: dict, backend: str, rows: int, steps: int) -> LLMEngine:
     kernels = {**overrides.get("kernels", {}), "backend": backend}
-    cfg = EngineConfig(model="smollm2-135m").with_updates({
-        **overrides, "kernels": kernels, "max_num_seqs": rows, "max_model_len": 512, "block_size": 16,
-        "num_kv_blocks": rows * (-(-(PROMPT_LEN + steps + 8) // 16)) + 8,
-    })
+    cfg = EngineConfig(model="smollm2-135m").with_updates(
+        {
+            **overrides,
+            "kernels": kernels,
+            "max_num_seqs": rows,
+            "max_model_len": 512,
+            "block_size": 16,
+            "num_kv_blocks": rows * (-(-(PROMPT_LEN + steps + 8) // 16)) + 8,
+        }
+    )
     engine = LLMEngine(cfg)
     if engine.runner.native is not None:
         engine.runner.native.max_native_rows = None  # measure past the limit: every row native
@@ -70,13 +81,23 @@ def bench(name: str, rows: int, repeats: int) -> dict:
         pair = (native, plain) if r % 2 == 0 else (plain, native)
         for e in pair:
             (tn if e is native else tt).append(_timed_step(e))
-    res = {"config": name, "rows": rows, "native_ms": 1e3 * statistics.median(tn), "torch_ms": 1e3 * statistics.median(tt),
-           "runs_native_ms": [1e3 * t for t in tn], "runs_torch_ms": [1e3 * t for t in tt],
-           "weight_bytes": native.weight_bytes, "loadavg": os.getloadavg()[0]}
+    res = {
+        "config": name,
+        "rows": rows,
+        "native_ms": 1e3 * statistics.median(tn),
+        "torch_ms": 1e3 * statistics.median(tt),
+        "runs_native_ms": [1e3 * t for t in tn],
+        "runs_torch_ms": [1e3 * t for t in tt],
+        "weight_bytes": native.weight_bytes,
+        "loadavg": os.getloadavg()[0],
+    }
     res["speedup"] = res["torch_ms"] / res["native_ms"]
     if rows == 1:
         bw = copy_bandwidth_gbs()
-        res |= {"copy_bandwidth_gbs": bw, "roofline_fraction": native.weight_bytes / (res["native_ms"] / 1e3) / (bw * 1e9)}
+        res |= {
+            "copy_bandwidth_gbs": bw,
+            "roofline_fraction": native.weight_bytes / (res["native_ms"] / 1e3) / (bw * 1e9),
+        }
     return res
 
 
@@ -90,8 +111,10 @@ def main() -> None:
     for name in args.configs.split(","):
         for rows in map(int, args.rows.split(",")):
             res = bench(name, rows, args.repeats)
-            line = (f"{name:9s} rows {rows:3d}: native {res['native_ms']:7.1f} ms  torch {res['torch_ms']:7.1f} ms  "
-                    f"x{res['speedup']:.2f}  load {res['loadavg']:.1f}")
+            line = (
+                f"{name:9s} rows {rows:3d}: native {res['native_ms']:7.1f} ms  torch {res['torch_ms']:7.1f} ms  "
+                f"x{res['speedup']:.2f}  load {res['loadavg']:.1f}"
+            )
             if rows == 1:
                 line += f"  roofline {res['roofline_fraction']:.0%} of {res['copy_bandwidth_gbs']:.1f} GB/s"
             print(line, flush=True)

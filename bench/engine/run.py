@@ -84,8 +84,9 @@ def theirs(model, prompts: list[list[int]], n: int, pad_id: int) -> float:
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     t = time.perf_counter()
     with torch.inference_mode():
-        out = model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                             pad_token_id=pad_id)
+        out = model.generate(
+            ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=pad_id
+        )
     wall = time.perf_counter() - t
     assert out.shape[1] == width + n
     return len(prompts) * n / wall
@@ -108,14 +109,20 @@ def bench_batching(llm: LLM, repeats: int) -> dict:
             m = run_benchmark(target.config, wl, llm=target).metrics
             runs[name].append(m)
             print(f"  (a) {name}: {m['output_tokens_per_s']:.1f} tok/s, ttft p50 {m['ttft_p50']:.2f} s", flush=True)
-    out = {"workload": f"batch-mixed ({wl.num_requests} requests, closed loop, concurrency {wl.concurrency}, "
-                       f"lognormal prompt ~{wl.prompt_len.mean:g} / output ~{wl.output_len.mean:g} tokens)",
-           "max_num_seqs": llm.config.max_num_seqs}
+    out = {
+        "workload": f"batch-mixed ({wl.num_requests} requests, closed loop, concurrency {wl.concurrency}, "
+        f"lognormal prompt ~{wl.prompt_len.mean:g} / output ~{wl.output_len.mean:g} tokens)",
+        "max_num_seqs": llm.config.max_num_seqs,
+    }
     for name, ms in runs.items():
-        out[name] = {"output_tokens_per_s": med([m["output_tokens_per_s"] for m in ms]),
-                     "runs_output_tokens_per_s": [m["output_tokens_per_s"] for m in ms],
-                     "ttft_p50_s": med([m["ttft_p50"] for m in ms]), "ttft_p99_s": med([m["ttft_p99"] for m in ms]),
-                     "tpot_p50_s": med([m["tpot_p50"] for m in ms]), "e2e_p50_s": med([m["e2e_p50"] for m in ms])}
+        out[name] = {
+            "output_tokens_per_s": med([m["output_tokens_per_s"] for m in ms]),
+            "runs_output_tokens_per_s": [m["output_tokens_per_s"] for m in ms],
+            "ttft_p50_s": med([m["ttft_p50"] for m in ms]),
+            "ttft_p99_s": med([m["ttft_p99"] for m in ms]),
+            "tpot_p50_s": med([m["tpot_p50"] for m in ms]),
+            "e2e_p50_s": med([m["e2e_p50"] for m in ms]),
+        }
     out["ratio"] = out["continuous"]["output_tokens_per_s"] / out["static"]["output_tokens_per_s"]
     return out
 
@@ -125,11 +132,14 @@ def bench_vs_transformers(llm: LLM, repeats: int, n: int, prompt_len: int) -> di
 
     path = resolve_model_path(llm.config.model)
     t = time.perf_counter()
-    hf = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                           dtype=torch.float32).eval()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    ).eval()
     load_s = time.perf_counter() - t
-    reqs = generate_requests(WorkloadSpec(num_requests=16, warmup_requests=0,
-                                          prompt_len={"kind": "fixed", "value": prompt_len}), llm.tokenizer)
+    reqs = generate_requests(
+        WorkloadSpec(num_requests=16, warmup_requests=0, prompt_len={"kind": "fixed", "value": prompt_len}),
+        llm.tokenizer,
+    )
     prompts = [r.prompt_token_ids for r in reqs]
     pad = llm.tokenizer.eos_token_id or 0
     ours(llm, prompts[:1], 4), theirs(hf, prompts[:1], 4, pad)  # warm-up both
@@ -144,12 +154,23 @@ def bench_vs_transformers(llm: LLM, repeats: int, n: int, prompt_len: int) -> di
     # Batched decode is compute-bound: ~2 FLOPs per weight per token (attention is small at these lengths).
     gflops = matmul_gflops()
     flops_per_token = 2 * llm.engine.weight_bytes / 4
-    out = {"gemm_gflops": gflops, "compute_ceiling_tps": gflops * 1e9 / flops_per_token, "dtype": "float32", "prompt_len": prompt_len, "new_tokens": n, "transformers": transformers.__version__,
-           "transformers_load_s": load_s}
+    out = {
+        "gemm_gflops": gflops,
+        "compute_ceiling_tps": gflops * 1e9 / flops_per_token,
+        "dtype": "float32",
+        "prompt_len": prompt_len,
+        "new_tokens": n,
+        "transformers": transformers.__version__,
+        "transformers_load_s": load_s,
+    }
     for b, r in res.items():
-        out[b] = {"ours_tps": med(r["ours"]), "transformers_tps": med(r["transformers"]),
-                  "runs_ours": r["ours"], "runs_transformers": r["transformers"],
-                  "ratio": med(r["ours"]) / med(r["transformers"])}
+        out[b] = {
+            "ours_tps": med(r["ours"]),
+            "transformers_tps": med(r["transformers"]),
+            "runs_ours": r["ours"],
+            "runs_transformers": r["transformers"],
+            "ratio": med(r["ours"]) / med(r["transformers"]),
+        }
     return out
 
 
@@ -161,23 +182,42 @@ def bench_roofline(llm: LLM, repeats: int, n: int, prompt: list[int]) -> dict:
         bws.append(copy_bandwidth_gbs())
         decode.append(ours(llm, [prompt], n)[1])
     bw, tps = med(bws), med(decode)
-    return {"copy_bandwidth_gbs": bw, "runs_copy_bandwidth_gbs": bws, "weight_bytes": wb, "batch1_decode_tps": tps,
-            "runs_decode_tps": decode, "batch1_tpot_ms": 1e3 / tps, "achieved_gbs": wb * tps / 1e9,
-            "fraction": med([wb * t / 1e9 / b for t, b in zip(decode, bws)]), "roofline_tps": bw * 1e9 / wb}
+    return {
+        "copy_bandwidth_gbs": bw,
+        "runs_copy_bandwidth_gbs": bws,
+        "weight_bytes": wb,
+        "batch1_decode_tps": tps,
+        "runs_decode_tps": decode,
+        "batch1_tpot_ms": 1e3 / tps,
+        "achieved_gbs": wb * tps / 1e9,
+        "fraction": med([wb * t / 1e9 / b for t, b in zip(decode, bws)]),
+        "roofline_tps": bw * 1e9 / wb,
+    }
 
 
 def bench_levers(base: LLM, repeats: int, n: int, prompts: list[list[int]], bw: float) -> dict:
     levers = {}
-    for name, over in (("fp32", {}), ("bf16", {"dtype": "bfloat16"}), ("int8", {"quantization": "int8"}),
-                       ("int4", {"quantization": "int4", "quant_group_size": 64}), ("kv_int8", {"kv_dtype": "int8"})):
+    for name, over in (
+        ("fp32", {}),
+        ("bf16", {"dtype": "bfloat16"}),
+        ("int8", {"quantization": "int8"}),
+        ("int4", {"quantization": "int4", "quant_group_size": 64}),
+        ("kv_int8", {"kv_dtype": "int8"}),
+    ):
         e = base if not over else LLM(base.config.with_updates(over))
         ours(e, prompts[:1], 4)
         b1 = med([ours(e, prompts[:1], n)[1] for _ in range(repeats)])
         b16 = med([ours(e, prompts, n)[0] for _ in range(repeats)])
         wb = e.engine.weight_bytes
-        levers[name] = {"weight_bytes": wb, "kv_bytes_per_token": e.engine.kv_bytes_per_token,
-                        "batch1_decode_tps": b1, "batch1_tpot_ms": 1e3 / b1, "batch16_tps": b16,
-                        "achieved_gbs": wb * b1 / 1e9, "roofline_fraction": wb * b1 / 1e9 / bw}  # bw: from (c)
+        levers[name] = {
+            "weight_bytes": wb,
+            "kv_bytes_per_token": e.engine.kv_bytes_per_token,
+            "batch1_decode_tps": b1,
+            "batch1_tpot_ms": 1e3 / b1,
+            "batch16_tps": b16,
+            "achieved_gbs": wb * b1 / 1e9,
+            "roofline_fraction": wb * b1 / 1e9 / bw,
+        }  # bw: from (c)
         print(f"  (d) {name}: batch-1 decode {b1:.1f} tok/s, 16 concurrent {b16:.1f} tok/s", flush=True)
         if e is not base:
             del e
@@ -187,39 +227,55 @@ def bench_levers(base: LLM, repeats: int, n: int, prompts: list[list[int]], bw: 
 def write_markdown(res: dict, path: Path) -> None:
     a, b, c = res["batching"], res["vs_transformers"], res["roofline"]
     lines = [
-        f"# Engine benchmark: {res['date']}, {res['machine']}", "",
+        f"# Engine benchmark: {res['date']}, {res['machine']}",
+        "",
         f"torch {res['torch']}, {res['threads']} threads, transformers {b['transformers']}, model {res['model']} "
-        f"(float32). Load average {res['load_before']} before, {res['load_after']} after (shared machine).", "",
-        f"Command: `{COMMAND}` ({res['repeats']} interleaved repeats, medians; {res['wall_s']:.0f} s wall).", "",
-        "| comparison | ours | baseline | ratio | goal |", "|---|---|---|---|---|",
+        f"(float32). Load average {res['load_before']} before, {res['load_after']} after (shared machine).",
+        "",
+        f"Command: `{COMMAND}` ({res['repeats']} interleaved repeats, medians; {res['wall_s']:.0f} s wall).",
+        "",
+        "| comparison | ours | baseline | ratio | goal |",
+        "|---|---|---|---|---|",
         f"| (a) continuous vs static batching, output tok/s, {a['workload']} | {a['continuous']['output_tokens_per_s']:.1f} "
         f"| {a['static']['output_tokens_per_s']:.1f} | **{a['ratio']:.2f}x** | >= 2x |",
         f"| (b) vs transformers `generate`, batch 1, output tok/s | {b['batch1']['ours_tps']:.1f} | "
         f"{b['batch1']['transformers_tps']:.1f} | **{b['batch1']['ratio']:.2f}x** | >= 1.5x |",
         f"| (b) vs transformers `generate`, 16 concurrent (one padded batch for transformers), output tok/s | "
         f"{b['batch16']['ours_tps']:.1f} | {b['batch16']['transformers_tps']:.1f} | **{b['batch16']['ratio']:.2f}x** | >= 5x |",
-        "", f"(b): prompts of {b['prompt_len']} tokens from the bundled corpus, {b['new_tokens']} new tokens each, greedy, "
+        "",
+        f"(b): prompts of {b['prompt_len']} tokens from the bundled corpus, {b['new_tokens']} new tokens each, greedy, "
         "prefill included in the wall time. Compute ceiling for batched decode: fp32 GEMM "
         f"{b['gemm_gflops']:.0f} GFLOP/s / (2 FLOPs x {res['roofline']['weight_bytes'] / 4e6:.0f} M weights) = "
         f"{b['compute_ceiling_tps']:.0f} tok/s, i.e. at most {b['compute_ceiling_tps'] / b['batch16']['transformers_tps']:.1f}x "
-        "transformers' 16-batch rate for any engine on this CPU.", "",
+        "transformers' 16-batch rate for any engine on this CPU.",
+        "",
         f"(a) latency medians: continuous TTFT p50 {a['continuous']['ttft_p50_s']:.2f} s / p99 {a['continuous']['ttft_p99_s']:.2f} s, "
         f"TPOT p50 {a['continuous']['tpot_p50_s'] * 1e3:.0f} ms; static TTFT p50 {a['static']['ttft_p50_s']:.2f} s / "
-        f"p99 {a['static']['ttft_p99_s']:.2f} s, TPOT p50 {a['static']['tpot_p50_s'] * 1e3:.0f} ms.", "",
-        "## (c) Batch-1 decode vs the memory-bandwidth roofline", "",
+        f"p99 {a['static']['ttft_p99_s']:.2f} s, TPOT p50 {a['static']['tpot_p50_s'] * 1e3:.0f} ms.",
+        "",
+        "## (c) Batch-1 decode vs the memory-bandwidth roofline",
+        "",
         f"Copy bandwidth (256 MiB tensor copy, read + write, best of 5, median over repeats): **{c['copy_bandwidth_gbs']:.1f} GB/s**. "
-        f"Weights {c['weight_bytes'] / 1e6:.0f} MB float32, so the roofline is {c['roofline_tps']:.1f} tok/s.", "",
+        f"Weights {c['weight_bytes'] / 1e6:.0f} MB float32, so the roofline is {c['roofline_tps']:.1f} tok/s.",
+        "",
         f"Batch-1 decode: {c['batch1_decode_tps']:.1f} tok/s (TPOT {c['batch1_tpot_ms']:.1f} ms) = "
-        f"{c['achieved_gbs']:.1f} GB/s of weights = **{c['fraction']:.0%} of the roofline** (median of per-repeat fractions, each against the bandwidth measured just before it).", "",
+        f"{c['achieved_gbs']:.1f} GB/s of weights = **{c['fraction']:.0%} of the roofline** (median of per-repeat fractions, each against the bandwidth measured just before it).",
+        "",
     ]
     if res.get("levers"):
-        lines += ["## (d) Levers", "",
-                  "| config | weight MB | KV bytes/token | batch-1 TPOT ms | batch-1 decode tok/s | weight GB/s | roofline | "
-                  "16 concurrent tok/s |", "|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "## (d) Levers",
+            "",
+            "| config | weight MB | KV bytes/token | batch-1 TPOT ms | batch-1 decode tok/s | weight GB/s | roofline | "
+            "16 concurrent tok/s |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for name, v in res["levers"].items():
-            lines.append(f"| {name} | {v['weight_bytes'] / 1e6:.0f} | {v['kv_bytes_per_token']} | {v['batch1_tpot_ms']:.1f} | "
-                         f"{v['batch1_decode_tps']:.1f} | {v['achieved_gbs']:.1f} | {v['roofline_fraction']:.0%} | "
-                         f"{v['batch16_tps']:.1f} |")
+            lines.append(
+                f"| {name} | {v['weight_bytes'] / 1e6:.0f} | {v['kv_bytes_per_token']} | {v['batch1_tpot_ms']:.1f} | "
+                f"{v['batch1_decode_tps']:.1f} | {v['achieved_gbs']:.1f} | {v['roofline_fraction']:.0%} | "
+                f"{v['batch16_tps']:.1f} |"
+            )
         lines.append("")
     lines += ["Where the time goes, and what the numbers mean: see README.md in this folder.", ""]
     path.write_text("\n".join(lines))
@@ -234,16 +290,22 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path(__file__).parent)
     args = ap.parse_args()
     t_start = time.perf_counter()
-    res: dict = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "machine": MACHINE,
-                 "cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
-                 "threads": torch.get_num_threads(), "repeats": args.repeats,
-                 "load_before": round(os.getloadavg()[0], 1)}
+    res: dict = {
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+        "machine": MACHINE,
+        "cpu": platform.processor() or platform.machine(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "repeats": args.repeats,
+        "load_before": round(os.getloadavg()[0], 1),
+    }
     cfg = EngineConfig(dtype="float32", max_num_seqs=32, num_kv_blocks=1024)
     llm = LLM(cfg)
     res["model"] = cfg.model
     res["config"] = cfg.model_dump(mode="json")
-    prompt = generate_requests(WorkloadSpec(num_requests=1, warmup_requests=0,
-                                            prompt_len={"kind": "fixed", "value": 64}), llm.tokenizer)[0].prompt_token_ids
+    prompt = generate_requests(
+        WorkloadSpec(num_requests=1, warmup_requests=0, prompt_len={"kind": "fixed", "value": 64}), llm.tokenizer
+    )[0].prompt_token_ids
     if args.only in (None, "a"):
         print("(a) continuous vs static batching", flush=True)
         res["batching"] = bench_batching(llm, args.repeats)
@@ -251,8 +313,10 @@ def main() -> None:
     if args.only in (None, "b"):
         print("(b) vs transformers", flush=True)
         res["vs_transformers"] = bench_vs_transformers(llm, args.repeats, args.new_tokens, 64)
-        print(f"  ratios {res['vs_transformers']['batch1']['ratio']:.2f}x / {res['vs_transformers']['batch16']['ratio']:.2f}x",
-              flush=True)
+        print(
+            f"  ratios {res['vs_transformers']['batch1']['ratio']:.2f}x / {res['vs_transformers']['batch16']['ratio']:.2f}x",
+            flush=True,
+        )
     if args.only in (None, "c"):
         print("(c) roofline", flush=True)
         res["roofline"] = bench_roofline(llm, args.repeats, args.new_tokens, prompt)
@@ -262,8 +326,13 @@ def main() -> None:
         return
     if not args.no_levers:
         print("(d) levers", flush=True)
-        prompts = [r.prompt_token_ids for r in generate_requests(
-            WorkloadSpec(num_requests=16, warmup_requests=0, prompt_len={"kind": "fixed", "value": 64}), llm.tokenizer)]
+        prompts = [
+            r.prompt_token_ids
+            for r in generate_requests(
+                WorkloadSpec(num_requests=16, warmup_requests=0, prompt_len={"kind": "fixed", "value": 64}),
+                llm.tokenizer,
+            )
+        ]
         res["levers"] = bench_levers(llm, args.repeats, args.new_tokens, prompts, res["roofline"]["copy_bandwidth_gbs"])
     res["load_after"] = round(os.getloadavg()[0], 1)
     res["wall_s"] = time.perf_counter() - t_start

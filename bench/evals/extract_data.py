@@ -33,12 +33,65 @@ BIGBENCH = {
 
 # Perplexity: the first 8 verses of chapter 1 of every other book (diverse authors and genres).
 KJV_BOOKS = [
-    "Genesis", "Exodus", "Leviticus", "Numbers", "Deuteronomy", "Joshua", "Judges", "Ruth", "1Samuel", "2Samuel",
-    "1Kings", "2Kings", "1Chronicles", "2Chronicles", "Ezra", "Nehemiah", "Esther", "Job", "Psalms", "Proverbs",
-    "Ecclesiastes", "Isaiah", "Jeremiah", "Lamentations", "Ezekiel", "Daniel", "Hosea", "Joel", "Amos", "Jonah",
-    "Micah", "Nahum", "Habakkuk", "Zephaniah", "Haggai", "Zechariah", "Malachi", "Matthew", "Mark", "Luke", "John",
-    "Acts", "Romans", "1Corinthians", "2Corinthians", "Galatians", "Ephesians", "Philippians", "Colossians",
-    "1Thessalonians", "1Timothy", "2Timothy", "Titus", "Hebrews", "James", "1Peter", "2Peter", "1John", "Jude",
+    "Genesis",
+    "Exodus",
+    "Leviticus",
+    "Numbers",
+    "Deuteronomy",
+    "Joshua",
+    "Judges",
+    "Ruth",
+    "1Samuel",
+    "2Samuel",
+    "1Kings",
+    "2Kings",
+    "1Chronicles",
+    "2Chronicles",
+    "Ezra",
+    "Nehemiah",
+    "Esther",
+    "Job",
+    "Psalms",
+    "Proverbs",
+    "Ecclesiastes",
+    "Isaiah",
+    "Jeremiah",
+    "Lamentations",
+    "Ezekiel",
+    "Daniel",
+    "Hosea",
+    "Joel",
+    "Amos",
+    "Jonah",
+    "Micah",
+    "Nahum",
+    "Habakkuk",
+    "Zephaniah",
+    "Haggai",
+    "Zechariah",
+    "Malachi",
+    "Matthew",
+    "Mark",
+    "Luke",
+    "John",
+    "Acts",
+    "Romans",
+    "1Corinthians",
+    "2Corinthians",
+    "Galatians",
+    "Ephesians",
+    "Philippians",
+    "Colossians",
+    "1Thessalonians",
+    "1Timothy",
+    "2Timothy",
+    "Titus",
+    "Hebrews",
+    "James",
+    "1Peter",
+    "2Peter",
+    "1John",
+    "Jude",
     "Revelation",
 ]
 KJV_PERPLEXITY = KJV_BOOKS[0::2]  # 30 passages
@@ -62,8 +115,9 @@ def bigbench(sdist: Path) -> None:
                 choices = list(ex["target_scores"])
                 scores = list(ex["target_scores"].values())
                 label = scores.index(max(scores))
-                rows.append({"id": i, "input": ex["input"], "choices": choices, "label": label,
-                             "target": choices[label]})
+                rows.append(
+                    {"id": i, "input": ex["input"], "choices": choices, "label": label, "target": choices[label]}
+                )
             write_jsonl(TASKS / folder / "test.jsonl", rows)
 
 
@@ -83,12 +137,16 @@ def main(argv: list[str]) -> int:
         print(__doc__)
         return 2
     bigbench(Path(argv[0]))
-    write_jsonl(TASKS / "kjv_perplexity" / "test.jsonl",
-                [{"id": i, "ref": f"{b} 1:1-8", "text": kjv(b)} for i, b in enumerate(KJV_PERPLEXITY)])
+    write_jsonl(
+        TASKS / "kjv_perplexity" / "test.jsonl",
+        [{"id": i, "ref": f"{b} 1:1-8", "text": kjv(b)} for i, b in enumerate(KJV_PERPLEXITY)],
+    )
     prompts = [{"source": "KJV", "ref": f"{b} 1:1-8", "text": kjv(b)} for b in KJV_AGREEMENT]
     paras = gpl3_paragraphs()
     step = len(paras) / 16
-    prompts += [{"source": "GPL-3", "ref": f"paragraph {int(i * step)}", "text": paras[int(i * step)]} for i in range(16)]
+    prompts += [
+        {"source": "GPL-3", "ref": f"paragraph {int(i * step)}", "text": paras[int(i * step)]} for i in range(16)
+    ]
     write_jsonl(DATA / "agreement_prompts.jsonl", prompts)
     return 0
 

@@ -40,8 +40,12 @@ def main(tok_dir: Path, out: Path) -> None:
     res = {"device": torch.cuda.get_device_name(0)}
     base_cfg = EngineConfig(model=str(model), num_kv_blocks=512, max_model_len=2048)
     base = None
-    for name, over in [("bf16", {}), ("kv-int8", {"kv_dtype": "int8"}), ("kv-fp8", {"kv_dtype": "fp8"}),
-                       ("int8", {"quantization": "int8"})]:
+    for name, over in [
+        ("bf16", {}),
+        ("kv-int8", {"kv_dtype": "int8"}),
+        ("kv-fp8", {"kv_dtype": "fp8"}),
+        ("int8", {"quantization": "int8"}),
+    ]:
         cfg = base_cfg.with_updates(over)
         llm = LLM(cfg)
         sc = PagedScorer(llm)
@@ -54,7 +58,11 @@ def main(tok_dir: Path, out: Path) -> None:
             sc.score(reqs)
         torch.cuda.synchronize()
         tps = 3 * sum(len(s) for s in seqs) / (time.perf_counter() - t0)
-        row = {"backend": llm.engine.runner.backend, "max_abs_logprob_diff_vs_contiguous": err, "score_tokens_per_s": tps}
+        row = {
+            "backend": llm.engine.runner.backend,
+            "max_abs_logprob_diff_vs_contiguous": err,
+            "score_tokens_per_s": tps,
+        }
         if base is None:
             base = llm
         else:

@@ -47,8 +47,11 @@ def chance(task: str) -> float | None:
 
 def machine() -> str:
     try:
-        model = next(ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                     if ln.startswith("model name"))
+        model = next(
+            ln.split(":", 1)[1].strip()
+            for ln in Path("/proc/cpuinfo").read_text().splitlines()
+            if ln.startswith("model name")
+        )
     except (OSError, StopIteration):
         model = platform.processor()
     import torch
@@ -71,8 +74,16 @@ def main() -> None:
     gates = [GateSpec(name="agreement", kind="agreement", min_top1=0.0, max_mean_kl=100.0, limit=args.prompts)]
     for task, metric in TASK_METRIC.items():
         kind = "perplexity" if metric.endswith("perplexity") else "lm_eval"
-        gates.append(GateSpec(name=task.removeprefix("slotune_"), kind=kind, task=task, metric=metric,
-                              limit=args.limit, max_rel_drop=10.0))
+        gates.append(
+            GateSpec(
+                name=task.removeprefix("slotune_"),
+                kind=kind,
+                task=task,
+                metric=metric,
+                limit=args.limit,
+                max_rel_drop=10.0,
+            )
+        )
     cache = Path(tempfile.mkdtemp(prefix="slotune-evals-bench-"))
     base = EngineConfig(device="cpu", num_kv_blocks=256, max_model_len=1024)
     rows = []
@@ -85,14 +96,27 @@ def main() -> None:
         t0 = time.perf_counter()
         report = evaluate_gates(cfg, gates, llm=llm, cache_dir=cache)
         total_s = time.perf_counter() - t0
-        rows.append({"config": name, "overrides": CONFIGS[name], "load_s": load_s, "total_s": total_s,
-                     "gates": report.to_dict()["gates"], "loadavg": os.getloadavg()})
+        rows.append(
+            {
+                "config": name,
+                "overrides": CONFIGS[name],
+                "load_s": load_s,
+                "total_s": total_s,
+                "gates": report.to_dict()["gates"],
+                "loadavg": os.getloadavg(),
+            }
+        )
         print(json.dumps(rows[-1]["gates"], default=str)[:2000], flush=True)
         del llm
     date = dt.date.today().isoformat()
-    meta = {"date": date, "machine": machine(), "limit": args.limit, "prompts": args.prompts,
-            "loadavg_start": load0, "git": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                                          text=True).stdout.strip()}
+    meta = {
+        "date": date,
+        "machine": machine(),
+        "limit": args.limit,
+        "prompts": args.prompts,
+        "loadavg_start": load0,
+        "git": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip(),
+    }
     (args.out / f"results-{date}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
     (args.out / f"results-{date}.md").write_text(render(meta, rows))
     print((args.out / f"results-{date}.md").read_text())
@@ -100,14 +124,22 @@ def main() -> None:
 
 def render(meta: dict, rows: list[dict]) -> str:
     f = lambda v, d=3: "-" if v is None else f"{v:.{d}f}"  # noqa: E731
-    out = [f"# Quality gates: bundled tasks on SmolLM2-135M ({meta['date']})", "",
-           f"Machine: {meta['machine']}. Commit {meta['git']}. Documents per task: {meta['limit'] or 'all'}; "
-           f"agreement prompts: {meta['prompts']} x 64 tokens. Reproduce: `python bench/evals/run.py`.",
-           f"Load average at start {tuple(round(x, 1) for x in meta['loadavg_start'])}: runtimes are "
-           "wall-clock on a shared machine and only comparable within this file.", ""]
+    out = [
+        f"# Quality gates: bundled tasks on SmolLM2-135M ({meta['date']})",
+        "",
+        f"Machine: {meta['machine']}. Commit {meta['git']}. Documents per task: {meta['limit'] or 'all'}; "
+        f"agreement prompts: {meta['prompts']} x 64 tokens. Reproduce: `python bench/evals/run.py`.",
+        f"Load average at start {tuple(round(x, 1) for x in meta['loadavg_start'])}: runtimes are "
+        "wall-clock on a shared machine and only comparable within this file.",
+        "",
+    ]
     base = rows[0]
-    out += ["## Baseline score vs chance, and CPU runtime", "",
-            "| task | metric | items | baseline | chance | stderr | runtime (s) |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    out += [
+        "## Baseline score vs chance, and CPU runtime",
+        "",
+        "| task | metric | items | baseline | chance | stderr | runtime (s) |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for g in base["gates"]:
         task = g["details"].get("task")
         ch = chance(task) if task else None
@@ -115,14 +147,23 @@ def render(meta: dict, rows: list[dict]) -> str:
         if g["kind"] == "lm_eval" and g["baseline"] is not None:
             p = g["baseline"]
             se = (p * (1 - p) / max(g["num_items"], 1)) ** 0.5  # binomial SE of the baseline score
-        out.append(f"| {g['name']} | {g['metric']} | {g['num_items']} | {f(g['baseline'])} | {f(ch)} | {f(se)} | "
-                   f"{g['seconds']:.1f} |")
+        out.append(
+            f"| {g['name']} | {g['metric']} | {g['num_items']} | {f(g['baseline'])} | {f(ch)} | {f(se)} | "
+            f"{g['seconds']:.1f} |"
+        )
     out += ["", "Agreement of the baseline with itself is 1 by construction; its runtime is the candidate pass.", ""]
-    out += ["## Quantized configs vs baseline", "",
-            "drop = baseline - candidate (accuracy) or candidate - baseline (perplexity, KL); stderr is paired "
-            "(same items under both configs).", ""]
+    out += [
+        "## Quantized configs vs baseline",
+        "",
+        "drop = baseline - candidate (accuracy) or candidate - baseline (perplexity, KL); stderr is paired "
+        "(same items under both configs).",
+        "",
+    ]
     names = [g["name"] for g in base["gates"]]
-    out += ["| config | load (s) | " + " | ".join(names) + " |", "| --- | --- | " + " | ".join("---" for _ in names) + " |"]
+    out += [
+        "| config | load (s) | " + " | ".join(names) + " |",
+        "| --- | --- | " + " | ".join("---" for _ in names) + " |",
+    ]
     for r in rows:
         cells = []
         for g in r["gates"]:
@@ -133,12 +174,17 @@ def render(meta: dict, rows: list[dict]) -> str:
             else:
                 cells.append(f"{f(g['candidate'])} (drop {f(g['drop'])} +- {f(g['stderr'])})")
         out.append(f"| {r['config']} | {r['load_s']:.1f} | " + " | ".join(cells) + " |")
-    out += ["", "## Runtime per gate (s, candidate pass)", "",
-            "| config | " + " | ".join(names) + " | total incl. baseline |",
-            "| --- | " + " | ".join("---" for _ in names) + " | --- |"]
+    out += [
+        "",
+        "## Runtime per gate (s, candidate pass)",
+        "",
+        "| config | " + " | ".join(names) + " | total incl. baseline |",
+        "| --- | " + " | ".join("---" for _ in names) + " | --- |",
+    ]
     for r in rows:
-        out.append(f"| {r['config']} | " + " | ".join(f"{g['seconds']:.1f}" for g in r["gates"]) +
-                   f" | {r['total_s']:.0f} |")
+        out.append(
+            f"| {r['config']} | " + " | ".join(f"{g['seconds']:.1f}" for g in r["gates"]) + f" | {r['total_s']:.0f} |"
+        )
     return "\n".join(out) + "\n"
 
 

@@ -21,9 +21,21 @@ from pathlib import Path
 
 import torch
 
-SMOL = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-            num_key_value_heads=3, head_dim=64, rope_theta=100000.0, rms_norm_eps=1e-5, max_position_embeddings=8192,
-            tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
+SMOL = dict(
+    vocab_size=49152,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    head_dim=64,
+    rope_theta=100000.0,
+    rms_norm_eps=1e-5,
+    max_position_embeddings=8192,
+    tie_word_embeddings=True,
+    bos_token_id=1,
+    eos_token_id=2,
+)
 
 
 def prepare(d: Path) -> None:
@@ -33,8 +45,9 @@ def prepare(d: Path) -> None:
     d.mkdir(parents=True, exist_ok=True)
     tok = Tokenizer.from_gguf(resolve_model_path("smollm2-135m"))
     tok._tok.save(str(d / "tokenizer.json"))
-    (d / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>", "bos_token": "<|im_start|>",
-                                                         "chat_template": tok.chat_template}))
+    (d / "tokenizer_config.json").write_text(
+        json.dumps({"eos_token": "<|im_end|>", "bos_token": "<|im_start|>", "chat_template": tok.chat_template})
+    )
 
 
 def make_checkpoint(d: Path) -> None:
@@ -118,13 +131,15 @@ def decode_attention_section(out: dict, dev: str) -> None:
     shapes = [(1, 9, 3, 64, 1024), (64, 9, 3, 64, 1024), (64, 32, 8, 128, 2048), (8, 32, 8, 128, 8192)]
     if SMOKE:
         shapes = [(2, 4, 2, 32, 40)]
-    for (B, H, Hkv, D, ctx_len) in shapes:
+    for B, H, Hkv, D, ctx_len in shapes:
         kc, vc, bt = _paged(B, ctx_len, Hkv, D, 16, dev)
         q = torch.randn(B, H, D, device=dev, dtype=torch.bfloat16)
         ctx = torch.full((B,), ctx_len, dtype=torch.int32, device=dev)
-        scale = D ** -0.5
-        err = rel_err(paged_decode_attention(q, kc, vc, bt, ctx, scale, config=default),
-                      ref.paged_decode_attention(q, kc, vc, bt, ctx, scale))
+        scale = D**-0.5
+        err = rel_err(
+            paged_decode_attention(q, kc, vc, bt, ctx, scale, config=default),
+            ref.paged_decode_attention(q, kc, vc, bt, ctx, scale),
+        )
 
         def torch_path():  # the engine's torch backend: gather the blocks, then SDPA
             k = kc.index_select(0, bt.flatten().long()).view(B, -1, Hkv, D).transpose(1, 2)
@@ -134,20 +149,32 @@ def decode_attention_section(out: dict, dev: str) -> None:
         t_ref = bench_ms(torch_path)
         cands = [c for c in configs(ctx_len, B) if c.num_stages == 2]
         best, t_best, t_default = search(
-            lambda c: paged_decode_attention(q, kc, vc, bt, ctx, scale, config=c), default, cands, 4 if SMOKE else 32)
-        row = {"rel_err": err, "torch_ms": t_ref, "triton_default_ms": t_default, "triton_best_ms": t_best,
-               "best_config": str(best), "speedup_vs_torch": t_ref / t_best, "tile_search_gain": t_default / t_best,
-               "kv_gbs": 2 * B * ctx_len * Hkv * D * 2 / t_best / 1e6}
+            lambda c: paged_decode_attention(q, kc, vc, bt, ctx, scale, config=c), default, cands, 4 if SMOKE else 32
+        )
+        row = {
+            "rel_err": err,
+            "torch_ms": t_ref,
+            "triton_default_ms": t_default,
+            "triton_best_ms": t_best,
+            "best_config": str(best),
+            "speedup_vs_torch": t_ref / t_best,
+            "tile_search_gain": t_default / t_best,
+            "kv_gbs": 2 * B * ctx_len * Hkv * D * 2 / t_best / 1e6,
+        }
         if (B, H, D) == (64, 32, 128) or SMOKE:  # quantized caches at one shape: bytes halve, math adds a scale
             for kind, dt in (("int8", torch.int8), ("fp8", torch.float8_e4m3fn)):
                 kq, vq = torch.empty_like(kc, dtype=dt), torch.empty_like(vc, dtype=dt)
                 ks, vs = torch.empty(kc.shape[:3], device=dev), torch.empty(kc.shape[:3], device=dev)
                 slots = torch.arange(kc.shape[0] * kc.shape[1], device=dev)
                 store_kv(kc.view(-1, Hkv, D), vc.view(-1, Hkv, D), kq, vq, slots, ks, vs)
-                e = rel_err(paged_decode_attention(q, kq, vq, bt, ctx, scale, ks, vs, config=best),
-                            ref.paged_decode_attention(q, kq, vq, bt, ctx, scale, ks, vs))
+                e = rel_err(
+                    paged_decode_attention(q, kq, vq, bt, ctx, scale, ks, vs, config=best),
+                    ref.paged_decode_attention(q, kq, vq, bt, ctx, scale, ks, vs),
+                )
                 row[f"{kind}_kv_rel_err"] = e
-                row[f"{kind}_kv_ms"] = bench_ms(lambda: paged_decode_attention(q, kq, vq, bt, ctx, scale, ks, vs, config=best))
+                row[f"{kind}_kv_ms"] = bench_ms(
+                    lambda: paged_decode_attention(q, kq, vq, bt, ctx, scale, ks, vs, config=best)
+                )
         key = f"decode_attention B{B} H{H}/{Hkv} D{D} ctx{ctx_len}"
         out[key] = row
         print(key, row, flush=True)
@@ -166,13 +193,13 @@ def prefill_attention_section(out: dict, dev: str) -> None:
     shapes = [(4, 512, 0, 9, 3, 64), (8, 256, 1024, 32, 8, 128)]
     if SMOKE:
         shapes = [(2, 20, 7, 4, 2, 32)]
-    for (B, nq, nc, H, Hkv, D) in shapes:
+    for B, nq, nc, H, Hkv, D in shapes:
         BS, L = 16, nq + nc
         kc, vc, bt = _paged(B, L, Hkv, D, BS, dev)
         q = torch.randn(B * nq, H, D, device=dev, dtype=torch.bfloat16)
         i32 = lambda xs: torch.tensor(xs, dtype=torch.int32, device=dev)  # noqa: E731
         starts, qlens, ctxs = i32([i * nq for i in range(B)]), i32([nq] * B), i32([L] * B)
-        scale = D ** -0.5
+        scale = D**-0.5
 
         def kernel(c):
             return paged_prefill_attention(q, kc, vc, bt, starts, qlens, ctxs, nq, scale, config=c)
@@ -187,20 +214,29 @@ def prefill_attention_section(out: dict, dev: str) -> None:
         def torch_path():
             k = kc.index_select(0, bt.flatten().long()).view(B, -1, Hkv, D).transpose(1, 2)
             v = vc.index_select(0, bt.flatten().long()).view(B, -1, Hkv, D).transpose(1, 2)
-            return F.scaled_dot_product_attention(q.view(B, nq, H, D).transpose(1, 2), k, v, attn_mask=mask, scale=scale,
-                                                  enable_gqa=True)
+            return F.scaled_dot_product_attention(
+                q.view(B, nq, H, D).transpose(1, 2), k, v, attn_mask=mask, scale=scale, enable_gqa=True
+            )
 
         # lower bound: FlashAttention on contiguous K/V (what a single fresh prompt uses)
         kf = torch.randn(B, Hkv, L, D, device=dev, dtype=torch.bfloat16)
         qf = q.view(B, nq, H, D).transpose(1, 2)
-        t_flash = bench_ms(lambda: F.scaled_dot_product_attention(qf, kf, kf, is_causal=nc == 0, scale=scale,
-                                                                  enable_gqa=True))
+        t_flash = bench_ms(
+            lambda: F.scaled_dot_product_attention(qf, kf, kf, is_causal=nc == 0, scale=scale, enable_gqa=True)
+        )
         t_ref = bench_ms(torch_path)
         best, t_best, t_default = search(kernel, default, configs(nq, D), 4 if SMOKE else 24)
         key = f"prefill_attention B{B} new{nq} cached{nc} H{H}/{Hkv} D{D}"
-        out[key] = {"rel_err": err, "torch_path_ms": t_ref, "sdpa_contiguous_ms": t_flash, "triton_default_ms": t_default,
-                    "triton_best_ms": t_best, "best_config": str(best), "speedup_vs_torch_path": t_ref / t_best,
-                    "tile_search_gain": t_default / t_best}
+        out[key] = {
+            "rel_err": err,
+            "torch_path_ms": t_ref,
+            "sdpa_contiguous_ms": t_flash,
+            "triton_default_ms": t_default,
+            "triton_best_ms": t_best,
+            "best_config": str(best),
+            "speedup_vs_torch_path": t_ref / t_best,
+            "tile_search_gain": t_default / t_best,
+        }
         print(key, out[key], flush=True)
 
 
@@ -218,8 +254,8 @@ def quant_matmul_section(out: dict, dev: str) -> None:
         shapes = [(1, 48, 128), (5, 40, 192)]
     G = 64
     has_scaled_mm = dev == "cuda" and torch.cuda.get_device_capability() >= (8, 9)
-    for (M, N, K) in shapes:
-        wd = torch.randn(N, K, device=dev, dtype=torch.bfloat16) * K ** -0.5
+    for M, N, K in shapes:
+        wd = torch.randn(N, K, device=dev, dtype=torch.bfloat16) * K**-0.5
         xm = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
         s8 = wd.float().abs().amax(1) / 127
         q8 = torch.round(wd.float() / s8[:, None]).to(torch.int8)
@@ -228,16 +264,22 @@ def quant_matmul_section(out: dict, dev: str) -> None:
         packed = torch.randint(0, 256, (N, K // 2), device=dev, dtype=torch.uint8)
         s4 = torch.rand(N, K // G, device=dev, dtype=torch.bfloat16) * 0.01
         z4 = torch.randn(N, K // G, device=dev, dtype=torch.bfloat16) * 0.01
-        row = {"bf16_ms": bench_ms(lambda: F.linear(xm, wd)),
-               "int8_rel_err": rel_err(qm.int8_matmul(xm, q8, s8, default), ref.int8_matmul(xm, q8, s8)),
-               "int4_rel_err": rel_err(qm.int4_matmul(xm, packed, s4, z4, G, default), ref.int4_matmul(xm, packed, s4, z4, G)),
-               "fp8_rel_err": rel_err(qm.fp8_matmul(xm, qf, sf, default), ref.fp8_matmul(xm, qf, sf))}
+        row = {
+            "bf16_ms": bench_ms(lambda: F.linear(xm, wd)),
+            "int8_rel_err": rel_err(qm.int8_matmul(xm, q8, s8, default), ref.int8_matmul(xm, q8, s8)),
+            "int4_rel_err": rel_err(
+                qm.int4_matmul(xm, packed, s4, z4, G, default), ref.int4_matmul(xm, packed, s4, z4, G)
+            ),
+            "fp8_rel_err": rel_err(qm.fp8_matmul(xm, qf, sf, default), ref.fp8_matmul(xm, qf, sf)),
+        }
         row["bf16_weight_gbs"] = N * K * 2 / row["bf16_ms"] / 1e6
         cands = qm.configs(M, N, K, G)
         n = 4 if SMOKE else 16
-        for name, fn in (("int8", lambda c: qm.int8_matmul(xm, q8, s8, c)),
-                         ("int4", lambda c: qm.int4_matmul(xm, packed, s4, z4, G, c)),
-                         ("fp8", lambda c: qm.fp8_matmul(xm, qf, sf, c))):
+        for name, fn in (
+            ("int8", lambda c: qm.int8_matmul(xm, q8, s8, c)),
+            ("int4", lambda c: qm.int4_matmul(xm, packed, s4, z4, G, c)),
+            ("fp8", lambda c: qm.fp8_matmul(xm, qf, sf, c)),
+        ):
             best, t_best, t_default = search(fn, default, cands, n)
             row |= {f"{name}_default_ms": t_default, f"{name}_best_ms": t_best, f"{name}_best": str(best)}
         if has_scaled_mm:  # the engine's W8A8 path for larger batches: quantize activations, then _scaled_mm
@@ -260,8 +302,11 @@ def kernels_section(res: dict, dev: str = "cuda") -> None:
     from slotune.kernels.rotary import rotary
 
     out = res.setdefault("kernels", {})
-    for name, fn in (("decode", decode_attention_section), ("prefill", prefill_attention_section),
-                     ("matmul", quant_matmul_section)):
+    for name, fn in (
+        ("decode", decode_attention_section),
+        ("prefill", prefill_attention_section),
+        ("matmul", quant_matmul_section),
+    ):
         t0 = time.time()
         try:
             fn(out, dev)
@@ -279,28 +324,36 @@ def kernels_section(res: dict, dev: str = "cuda") -> None:
     slots = torch.arange(64, device=dev)
     store_kv(k, k, caches[0], caches[1], slots, scales[0], scales[1])
     ref.store_kv(k, k, caches[2], caches[3], slots, scales[2], scales[3])
-    out["kv_store_fp8_rel_err"] = rel_err(caches[0].float() * scales[0][..., None], caches[2].float() * scales[2][..., None])
+    out["kv_store_fp8_rel_err"] = rel_err(
+        caches[0].float() * scales[0][..., None], caches[2].float() * scales[2][..., None]
+    )
 
     # --- pointwise (decode batch 64 and a 2048-token prefill) ---
     from slotune.engine.layers.ops import apply_rotary, rope_cos_sin
 
     table = rope_cos_sin(64, 4096, 100000.0, torch.device(dev))
-    for T in ((8,) if SMOKE else (64, 2048)):
+    for T in (8,) if SMOKE else (64, 2048):
         x = torch.randn(T, 576, device=dev, dtype=torch.bfloat16)
         r = torch.randn_like(x)
         w = torch.randn(576, device=dev, dtype=torch.bfloat16)
-        out[f"rms_norm T{T}"] = {"rel_err": rel_err(rms_norm(x, w, 1e-5, r)[0], ref.rms_norm(x, w, 1e-5, r)[0]),
-                                 "triton_ms": bench_ms(lambda: rms_norm(x, w, 1e-5, r)),
-                                 "torch_ms": bench_ms(lambda: F.rms_norm(x + r, (576,), w, 1e-5))}
+        out[f"rms_norm T{T}"] = {
+            "rel_err": rel_err(rms_norm(x, w, 1e-5, r)[0], ref.rms_norm(x, w, 1e-5, r)[0]),
+            "triton_ms": bench_ms(lambda: rms_norm(x, w, 1e-5, r)),
+            "torch_ms": bench_ms(lambda: F.rms_norm(x + r, (576,), w, 1e-5)),
+        }
         g = torch.randn(T, 3072, device=dev, dtype=torch.bfloat16)
-        out[f"silu_and_mul T{T}"] = {"rel_err": rel_err(silu_and_mul(g), ref.silu_and_mul(g)),
-                                     "triton_ms": bench_ms(lambda: silu_and_mul(g)),
-                                     "torch_ms": bench_ms(lambda: F.silu(g[:, :1536]) * g[:, 1536:])}
+        out[f"silu_and_mul T{T}"] = {
+            "rel_err": rel_err(silu_and_mul(g), ref.silu_and_mul(g)),
+            "triton_ms": bench_ms(lambda: silu_and_mul(g)),
+            "torch_ms": bench_ms(lambda: F.silu(g[:, :1536]) * g[:, 1536:]),
+        }
         qk = torch.randn(T, 12, 64, device=dev, dtype=torch.bfloat16)
         pos = torch.randint(0, 4096, (T,), device=dev)
-        out[f"rotary T{T}"] = {"rel_err": rel_err(rotary(qk, table, pos), ref.rotary(qk, table[pos])),
-                               "triton_ms": bench_ms(lambda: rotary(qk, table, pos)),
-                               "torch_ms": bench_ms(lambda: apply_rotary(qk, table[pos]))}
+        out[f"rotary T{T}"] = {
+            "rel_err": rel_err(rotary(qk, table, pos), ref.rotary(qk, table[pos])),
+            "triton_ms": bench_ms(lambda: rotary(qk, table, pos)),
+            "torch_ms": bench_ms(lambda: apply_rotary(qk, table[pos])),
+        }
     print({k: v for k, v in out.items() if k.split()[0] in ("rms_norm", "silu_and_mul", "rotary")}, flush=True)
 
 
@@ -339,8 +392,12 @@ def engine_section(res: dict, d: Path) -> None:
     p = SamplingParams(max_tokens=16, ignore_eos=True)
     ours = [o.output_token_ids for o in llm.generate(prompts[:4], p)]
     with torch.no_grad():
-        theirs = [hf.generate(torch.tensor([pr], device="cuda"), max_new_tokens=16, min_new_tokens=16, do_sample=False)[0, 64:].tolist()
-                  for pr in prompts[:4]]
+        theirs = [
+            hf.generate(torch.tensor([pr], device="cuda"), max_new_tokens=16, min_new_tokens=16, do_sample=False)[
+                0, 64:
+            ].tolist()
+            for pr in prompts[:4]
+        ]
     out["greedy_match_transformers"] = sum(a == b for a, b in zip(ours, theirs)) / 4
 
     def ours_tps(batch, n):
@@ -369,13 +426,23 @@ def engine_section(res: dict, d: Path) -> None:
     bw = 2 * x.numel() / bench_ms(lambda: y.copy_(x)) / 1e6  # GB/s, read + write
     wb = llm.engine.weight_bytes
     step_ms = 1e3 / out["decode_batch1"]["ours_tps"]
-    out["hbm"] = {"copy_gbs": bw, "weight_bytes": wb, "floor_ms": wb / bw / 1e6, "batch1_step_ms": step_ms,
-                  "fraction_of_floor": (wb / bw / 1e6) / step_ms}
+    out["hbm"] = {
+        "copy_gbs": bw,
+        "weight_bytes": wb,
+        "floor_ms": wb / bw / 1e6,
+        "batch1_step_ms": step_ms,
+        "fraction_of_floor": (wb / bw / 1e6) / step_ms,
+    }
     print("hbm", out["hbm"], flush=True)
     # mixed workload at 64 concurrent: continuous batching + graphs vs HF static batches
-    wl = WorkloadSpec(arrivals="closed_loop", concurrency=64, num_requests=192, warmup_requests=2,
-                      prompt_len={"kind": "lognormal", "mean": 128, "sigma": 0.6, "min": 16, "max": 1024},
-                      output_len={"kind": "lognormal", "mean": 128, "sigma": 0.7, "min": 8, "max": 512})
+    wl = WorkloadSpec(
+        arrivals="closed_loop",
+        concurrency=64,
+        num_requests=192,
+        warmup_requests=2,
+        prompt_len={"kind": "lognormal", "mean": 128, "sigma": 0.6, "min": 16, "max": 1024},
+        output_len={"kind": "lognormal", "mean": 128, "sigma": 0.7, "min": 8, "max": 512},
+    )
     r = run_benchmark(llm.config, wl, llm=llm)
     from slotune.tuner.workload import generate_requests
 
@@ -384,25 +451,38 @@ def engine_section(res: dict, d: Path) -> None:
     total = 0
     with torch.no_grad():
         for i in range(0, len(reqs), 64):  # HF: padded static batches, each runs to its longest output
-            chunk = reqs[i:i + 64]
+            chunk = reqs[i : i + 64]
             width = max(len(q.prompt_token_ids) for q in chunk)
-            ids = torch.tensor([[2] * (width - len(q.prompt_token_ids)) + q.prompt_token_ids for q in chunk], device="cuda")
-            mask = (torch.arange(width, device="cuda")[None, :] >= torch.tensor([width - len(q.prompt_token_ids) for q in chunk], device="cuda")[:, None]).long()
+            ids = torch.tensor(
+                [[2] * (width - len(q.prompt_token_ids)) + q.prompt_token_ids for q in chunk], device="cuda"
+            )
+            mask = (
+                torch.arange(width, device="cuda")[None, :]
+                >= torch.tensor([width - len(q.prompt_token_ids) for q in chunk], device="cuda")[:, None]
+            ).long()
             n = max(q.output_len for q in chunk)
             hf.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=2)
             total += sum(q.output_len for q in chunk)  # useful tokens only
     hf_mixed = total / (time.perf_counter() - t)
-    out["mixed_64"] = {"ours_tps": r.metrics["output_tokens_per_s"], "hf_tps": hf_mixed,
-                       "ratio": r.metrics["output_tokens_per_s"] / hf_mixed, "ours_tpot_p50_ms": r.metrics["tpot_p50"] * 1e3,
-                       "ours_ttft_p50_ms": r.metrics["ttft_p50"] * 1e3}
+    out["mixed_64"] = {
+        "ours_tps": r.metrics["output_tokens_per_s"],
+        "hf_tps": hf_mixed,
+        "ratio": r.metrics["output_tokens_per_s"] / hf_mixed,
+        "ours_tpot_p50_ms": r.metrics["tpot_p50"] * 1e3,
+        "ours_ttft_p50_ms": r.metrics["ttft_p50"] * 1e3,
+    }
     print("mixed_64", out["mixed_64"], flush=True)
 
 
 def run(d: Path, out_dir: Path) -> None:
     import triton
 
-    res = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(),
-           "torch": torch.__version__, "triton": triton.__version__}
+    res = {
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+    }
     global SEARCH_DEADLINE
     make_checkpoint(d)
     t0 = time.time()
@@ -433,8 +513,13 @@ def smoke(out_dir: Path) -> None:
     res = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "device": "cpu (TRITON_INTERPRET=1, smoke)"}
     kernels_section(res, "cpu")
     errors = {k: v for k, v in res["kernels"].items() if k.endswith("_error")}
-    errors |= {f"{k}.{f}": e for k, row in res["kernels"].items() if isinstance(row, dict)
-               for f, e in row.items() if f.endswith("rel_err") and not e < 2e-2}
+    errors |= {
+        f"{k}.{f}": e
+        for k, row in res["kernels"].items()
+        if isinstance(row, dict)
+        for f, e in row.items()
+        if f.endswith("rel_err") and not e < 2e-2
+    }
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "smoke.json").write_text(json.dumps(res, indent=1, default=str))
     if errors:
@@ -449,7 +534,9 @@ if __name__ == "__main__":
         import os
 
         if os.environ.get("TRITON_INTERPRET") != "1":
-            raise SystemExit("smoke runs the kernels under the interpreter: TRITON_INTERPRET=1 python bench/gpu/run_all.py smoke OUT")
+            raise SystemExit(
+                "smoke runs the kernels under the interpreter: TRITON_INTERPRET=1 python bench/gpu/run_all.py smoke OUT"
+            )
         smoke(Path(sys.argv[2]))
     else:
         run(Path(sys.argv[2]), Path(sys.argv[3]))

@@ -36,8 +36,10 @@ from typing import Callable
 BASE = "name: hostile\nobjective: {kind: latency, metric: ttft}\n"
 SPACE_HEAD = BASE + "search_space:\n  knobs:\n"
 # one problem line: `path/to/file.yaml:3:5: msg`, `/abs/file: msg` or `objective.metric: msg`
-LOCATED = re.compile(r"^\s*(?:error:\s+)?(?!error:)(?P<loc>(?:[\w.~+\-]*/[\w./~+\-]*|[a-z_][\w.\[\]]*)"
-                     r"(?::\d+(?::\d+)?)?): \S")
+LOCATED = re.compile(
+    r"^\s*(?:error:\s+)?(?!error:)(?P<loc>(?:[\w.~+\-]*/[\w./~+\-]*|[a-z_][\w.\[\]]*)"
+    r"(?::\d+(?::\d+)?)?): \S"
+)
 
 
 @dataclass
@@ -58,6 +60,7 @@ def text(body: str | bytes, extra: dict[str, str | bytes] | None = None, spec_na
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_bytes(body if isinstance(body, bytes) else body.encode())
         return p
+
     return write
 
 
@@ -102,32 +105,52 @@ def cases() -> list[Case]:
     c.append(Case("directory-as-file", "file", lambda d: (d / "adir").mkdir() or d / "adir"))
     c.append(Case("nonexistent-file", "file", lambda d: d / "nope.yaml"))
     c.append(Case("endless-file-dev-zero", "file", lambda d: Path("/dev/zero")))
-    add("workload-file-alias-bomb", "yaml", BASE + "workload: wl.yaml\n",
-        extra={"wl.yaml": billion_laughs().replace(BASE, "name: w\n")})
-    add("space-file-duplicate-key", "yaml", BASE + "search_space: sp.yaml\n",
-        extra={"sp.yaml": "knobs:\n  - {name: max_num_seqs, type: int, low: 1, high: 4}\nknobs: []\n"})
+    add(
+        "workload-file-alias-bomb",
+        "yaml",
+        BASE + "workload: wl.yaml\n",
+        extra={"wl.yaml": billion_laughs().replace(BASE, "name: w\n")},
+    )
+    add(
+        "space-file-duplicate-key",
+        "yaml",
+        BASE + "search_space: sp.yaml\n",
+        extra={"sp.yaml": "knobs:\n  - {name: max_num_seqs, type: int, low: 1, high: 4}\nknobs: []\n"},
+    )
     add("workload-file-tabs", "yaml", BASE + "workload: wl.yaml\n", extra={"wl.yaml": "name: w\n\tarrivals: x\n"})
 
     # --- storage and output locations ---------------------------------------------------------
-    for name, line in (("storage-not-a-url", "storage: not a url"),
-                       ("storage-unknown-dialect", "storage: 'nosuchdb://u@h/db'"),
-                       ("storage-sqlite-readonly", "storage: 'sqlite:////sys/slotune-ro/study.db'"),
-                       ("output-dir-readonly", "output_dir: /sys/slotune-ro/out")):
+    for name, line in (
+        ("storage-not-a-url", "storage: not a url"),
+        ("storage-unknown-dialect", "storage: 'nosuchdb://u@h/db'"),
+        ("storage-sqlite-readonly", "storage: 'sqlite:////sys/slotune-ro/study.db'"),
+        ("output-dir-readonly", "output_dir: /sys/slotune-ro/out"),
+    ):
         add(name, "storage", BASE + line + "\n")
     add("output-dir-under-a-file", "storage", BASE + "output_dir: afile/out\n", extra={"afile": "x"})
 
     # --- relative paths ---------------------------------------------------------------------------
-    for name, line in (("relative-workload-missing", "workload: workloads/none.yaml"),
-                       ("relative-space-missing", "search_space: spaces/none.yaml"),
-                       ("missing-trace", "workload: {trace: nope.jsonl}"),
-                       ("missing-model", "model: ./no-such-model"),
-                       ("missing-model-gguf", "model: models/x.gguf"),
-                       ("engine-draft-model-missing", "engine: {speculative: {method: model, draft_model: ./draft}}")):
+    for name, line in (
+        ("relative-workload-missing", "workload: workloads/none.yaml"),
+        ("relative-space-missing", "search_space: spaces/none.yaml"),
+        ("missing-trace", "workload: {trace: nope.jsonl}"),
+        ("missing-model", "model: ./no-such-model"),
+        ("missing-model-gguf", "model: models/x.gguf"),
+        ("engine-draft-model-missing", "engine: {speculative: {method: model, draft_model: ./draft}}"),
+    ):
         add(name, "paths", BASE + line + "\n")
-    add("missing-trace-in-workload-file", "paths", BASE + "workload: wl/w.yaml\n",
-        extra={"wl/w.yaml": "name: w\ntrace: missing.jsonl\n"})
-    add("trace-bad-row", "paths", BASE + "workload: {trace: t.jsonl}\n",
-        extra={"t.jsonl": '{"prompt_len": 8, "output_len": 4}\n{"prompt_len": -3, "output_len": "x"}\n'})
+    add(
+        "missing-trace-in-workload-file",
+        "paths",
+        BASE + "workload: wl/w.yaml\n",
+        extra={"wl/w.yaml": "name: w\ntrace: missing.jsonl\n"},
+    )
+    add(
+        "trace-bad-row",
+        "paths",
+        BASE + "workload: {trace: t.jsonl}\n",
+        extra={"t.jsonl": '{"prompt_len": 8, "output_len": 4}\n{"prompt_len": -3, "output_len": "x"}\n'},
+    )
     add("trace-not-json", "paths", BASE + "workload: {trace: t.jsonl}\n", extra={"t.jsonl": "prompt,output\n8,4\n"})
     add("engine-model-override", "engine", BASE + "engine: {model: ./elsewhere.gguf}\n")
 
@@ -138,29 +161,61 @@ def cases() -> list[Case]:
     add("space-float-on-int-field", "space", knobs("{name: max_num_seqs, type: float, low: 1.5, high: 8.5}"))
     add("space-literal-out-of-set", "space", knobs("{name: quantization, type: categorical, choices: [none, int3]}"))
     add("space-int-knob-on-literal", "space", knobs("{name: block_size, type: int, low: 8, high: 64}"))
-    add("space-when-later-knob", "space", knobs(
-        "{name: speculative.num_speculative_tokens, type: int, low: 2, high: 4, when: {speculative.method: [ngram]}}",
-        "{name: speculative.method, type: categorical, choices: [none, ngram]}"))
-    add("space-when-unknown-value", "space", knobs(
-        "{name: speculative.method, type: categorical, choices: [none, ngram]}",
-        "{name: speculative.num_speculative_tokens, type: int, low: 2, high: 4, when: {speculative.method: [ngrm]}}"))
-    add("space-forbidden-unknown-knob", "space", knobs("{name: max_num_seqs, type: int, low: 1, high: 4}",
-                                                        forbidden="[{max_num_sqs: [1]}]"))
-    add("space-forbidden-unknown-value", "space", knobs("{name: dtype, type: categorical, choices: [auto, float32]}",
-                                                         forbidden="[{dtype: [float64]}]"))
+    add(
+        "space-when-later-knob",
+        "space",
+        knobs(
+            "{name: speculative.num_speculative_tokens, type: int, low: 2, high: 4, when: {speculative.method: [ngram]}}",
+            "{name: speculative.method, type: categorical, choices: [none, ngram]}",
+        ),
+    )
+    add(
+        "space-when-unknown-value",
+        "space",
+        knobs(
+            "{name: speculative.method, type: categorical, choices: [none, ngram]}",
+            "{name: speculative.num_speculative_tokens, type: int, low: 2, high: 4, when: {speculative.method: [ngrm]}}",
+        ),
+    )
+    add(
+        "space-forbidden-unknown-knob",
+        "space",
+        knobs("{name: max_num_seqs, type: int, low: 1, high: 4}", forbidden="[{max_num_sqs: [1]}]"),
+    )
+    add(
+        "space-forbidden-unknown-value",
+        "space",
+        knobs("{name: dtype, type: categorical, choices: [auto, float32]}", forbidden="[{dtype: [float64]}]"),
+    )
     add("space-nan-bounds", "space", knobs("{name: kv_cache_memory_gb, type: float, low: .nan, high: 1.0}"))
     add("space-inf-high", "space", knobs("{name: kv_cache_memory_gb, type: float, low: 0.1, high: .inf}"))
     add("space-huge-int", "space", knobs("{name: max_num_batched_tokens, type: int, low: 16, high: 1e400}"))
-    add("space-grid-huge-range", "space", knobs("{name: max_num_batched_tokens, type: int, low: 16, high: 1000000000000}")
-        + "sampler: grid\n")
-    add("space-step-not-dividing", "space", knobs("{name: kv_cache_memory_gb, type: float, low: 0.1, high: 0.5, step: 0.3}"))
-    add("space-categorical-dict-choice", "space", knobs("{name: kernels, type: categorical, choices: [{backend: torch}]}"))
-    add("space-grid-float-no-step", "space", knobs("{name: kv_cache_memory_gb, type: float, low: 0.1, high: 1.0}")
-        + "sampler: grid\n")
+    add(
+        "space-grid-huge-range",
+        "space",
+        knobs("{name: max_num_batched_tokens, type: int, low: 16, high: 1000000000000}") + "sampler: grid\n",
+    )
+    add(
+        "space-step-not-dividing",
+        "space",
+        knobs("{name: kv_cache_memory_gb, type: float, low: 0.1, high: 0.5, step: 0.3}"),
+    )
+    add(
+        "space-categorical-dict-choice",
+        "space",
+        knobs("{name: kernels, type: categorical, choices: [{backend: torch}]}"),
+    )
+    add(
+        "space-grid-float-no-step",
+        "space",
+        knobs("{name: kv_cache_memory_gb, type: float, low: 0.1, high: 1.0}") + "sampler: grid\n",
+    )
 
     # --- numbers --------------------------------------------------------------------------------
     add("nan-ttft-limit", "numbers", "name: x\nobjective: {kind: latency, metric: tpot, ttft_limit_s: .nan}\n")
-    add("inf-tpot-limit", "numbers", "name: x\nobjective: {kind: throughput, metric: goodput_rps, tpot_limit_s: .inf}\n")
+    add(
+        "inf-tpot-limit", "numbers", "name: x\nobjective: {kind: throughput, metric: goodput_rps, tpot_limit_s: .inf}\n"
+    )
     add("inf-trial-timeout", "numbers", BASE + "budget: {trial_timeout_s: .inf}\n")
     add("nan-study-timeout", "numbers", BASE + "budget: {timeout_s: .nan}\n")
     add("inf-trial-memory", "numbers", BASE + "budget: {trial_memory_gb: .inf}\n")
@@ -174,19 +229,41 @@ def cases() -> list[Case]:
     add("negative-workload-seed", "numbers", BASE + "workload: {seed: -5}\n")
     add("huge-n-trials", "numbers", BASE + "budget: {n_trials: 100000000000000000000000}\n")
     add("huge-prompt-len", "numbers", BASE + "workload: {prompt_len: {kind: fixed, value: 100000000000000000000}}\n")
-    add("max-model-len-beyond-context", "numbers", BASE + "engine: {max_model_len: 1000000, max_num_batched_tokens: 1000000}\n")
-    add("space-max-model-len-beyond-context", "numbers",
-        knobs("{name: max_model_len, type: categorical, choices: [2048, 65536]}"))
+    add(
+        "max-model-len-beyond-context",
+        "numbers",
+        BASE + "engine: {max_model_len: 1000000, max_num_batched_tokens: 1000000}\n",
+    )
+    add(
+        "space-max-model-len-beyond-context",
+        "numbers",
+        knobs("{name: max_model_len, type: categorical, choices: [2048, 65536]}"),
+    )
 
     # --- gates and objective --------------------------------------------------------------------
-    add("gate-unknown-metric", "gates", BASE + "quality_gates:\n  - {name: g, kind: lm_eval, task: slotune_arithmetic_1digit, "
-        "metric: accuracy, max_abs_drop: 0.1}\n")
-    add("gate-perplexity-wrong-metric", "gates", BASE + "quality_gates:\n  - {name: g, kind: perplexity, metric: acc, "
-        "max_rel_drop: 0.1}\n")
-    add("duplicate-gate-names", "gates", BASE + "quality_gates:\n  - {name: g, kind: agreement, min_top1: 0.9}\n"
-        "  - {name: g, kind: agreement, max_mean_kl: 0.1}\n")
-    add("duplicate-pareto-with", "gates", "name: x\nobjective: {kind: latency, metric: ttft, "
-        "pareto_with: [output_tokens_per_s, output_tokens_per_s]}\nsampler: nsga2\n")
+    add(
+        "gate-unknown-metric",
+        "gates",
+        BASE + "quality_gates:\n  - {name: g, kind: lm_eval, task: slotune_arithmetic_1digit, "
+        "metric: accuracy, max_abs_drop: 0.1}\n",
+    )
+    add(
+        "gate-perplexity-wrong-metric",
+        "gates",
+        BASE + "quality_gates:\n  - {name: g, kind: perplexity, metric: acc, max_rel_drop: 0.1}\n",
+    )
+    add(
+        "duplicate-gate-names",
+        "gates",
+        BASE + "quality_gates:\n  - {name: g, kind: agreement, min_top1: 0.9}\n"
+        "  - {name: g, kind: agreement, max_mean_kl: 0.1}\n",
+    )
+    add(
+        "duplicate-pareto-with",
+        "gates",
+        "name: x\nobjective: {kind: latency, metric: ttft, "
+        "pareto_with: [output_tokens_per_s, output_tokens_per_s]}\nsampler: nsga2\n",
+    )
     add("pareto-with-own-metric", "gates", "name: x\nobjective: {kind: latency, metric: ttft, pareto_with: [ttft]}\n")
 
     # --- types and garbage ----------------------------------------------------------------------
@@ -196,15 +273,34 @@ def cases() -> list[Case]:
     add("engine-unknown-key", "types", BASE + "engine: {max_num_seq: 4}\n")
 
     # --- controls: must be accepted -------------------------------------------------------------
-    c.append(Case("control-relative-grid-space", "control", text(
-        "name: ctl\nobjective: {kind: latency, metric: ttft}\nsampler: grid\nsearch_space: spaces/s.yaml\n"
-        "workload: wl/w.yaml\noutput_dir: out\nstorage: sqlite:///out/study.db\n",
-        extra={"spaces/s.yaml": "knobs:\n  - {name: max_num_seqs, type: int, low: 1, high: 2}\n",
-               "wl/w.yaml": "name: w\ntrace: t.jsonl\nnum_requests: 2\n",
-               "wl/t.jsonl": '{"prompt_len": 8, "output_len": 4}\n'}, spec_name="sub/../spec.yaml"), control=True))
-    c.append(Case("control-inline-trace", "control", text(
-        BASE + "workload: {trace: data/t.jsonl, num_requests: 2}\n",
-        extra={"data/t.jsonl": '{"prompt_len": 8, "output_len": 4}\n'}), control=True))
+    c.append(
+        Case(
+            "control-relative-grid-space",
+            "control",
+            text(
+                "name: ctl\nobjective: {kind: latency, metric: ttft}\nsampler: grid\nsearch_space: spaces/s.yaml\n"
+                "workload: wl/w.yaml\noutput_dir: out\nstorage: sqlite:///out/study.db\n",
+                extra={
+                    "spaces/s.yaml": "knobs:\n  - {name: max_num_seqs, type: int, low: 1, high: 2}\n",
+                    "wl/w.yaml": "name: w\ntrace: t.jsonl\nnum_requests: 2\n",
+                    "wl/t.jsonl": '{"prompt_len": 8, "output_len": 4}\n',
+                },
+                spec_name="sub/../spec.yaml",
+            ),
+            control=True,
+        )
+    )
+    c.append(
+        Case(
+            "control-inline-trace",
+            "control",
+            text(
+                BASE + "workload: {trace: data/t.jsonl, num_requests: 2}\n",
+                extra={"data/t.jsonl": '{"prompt_len": 8, "output_len": 4}\n'},
+            ),
+            control=True,
+        )
+    )
     return c
 
 
@@ -217,8 +313,13 @@ def run_case(case: Case, root: Path, timeout: float) -> tuple[str, str, float]:
     env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
     t0 = time.perf_counter()
     try:
-        p = subprocess.run([sys.executable, "-m", "slotune.tuner.cli_main", "validate", str(spec)], cwd=cwd,
-                           capture_output=True, timeout=timeout, env=env)
+        p = subprocess.run(
+            [sys.executable, "-m", "slotune.tuner.cli_main", "validate", str(spec)],
+            cwd=cwd,
+            capture_output=True,
+            timeout=timeout,
+            env=env,
+        )
     except subprocess.TimeoutExpired:
         return "hang", "", time.perf_counter() - t0
     dt = time.perf_counter() - t0
@@ -267,13 +368,26 @@ def main() -> None:
         lines += [f"  - {r[0].name}: {r[1]}: {r[2][:200]}" for r in bad_controls]
     print("\n" + "\n".join(lines))
     if args.markdown:
-        machine = f"{platform.node() or 'host'}: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, " \
-                  f"Python {platform.python_version()}"
-        md = [f"# Hostile tuning specs through `tune validate` ({date.today().isoformat()})", "",
-              f"Machine: {machine}. Command: `python bench/hardening/hostile_specs.py --markdown ...` "
-              f"(timeout {args.timeout:g} s per spec).", "", "```", *lines, "```", "",
-              "| case | category | outcome | s | first line |", "|---|---|---|---|---|"]
-        md += [f"| {c.name} | {c.category} | {o} | {dt:.1f} | `{d[:140].replace('|', '/')}` |" for c, o, d, dt in results]
+        machine = (
+            f"{platform.node() or 'host'}: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+            f"Python {platform.python_version()}"
+        )
+        md = [
+            f"# Hostile tuning specs through `tune validate` ({date.today().isoformat()})",
+            "",
+            f"Machine: {machine}. Command: `python bench/hardening/hostile_specs.py --markdown ...` "
+            f"(timeout {args.timeout:g} s per spec).",
+            "",
+            "```",
+            *lines,
+            "```",
+            "",
+            "| case | category | outcome | s | first line |",
+            "|---|---|---|---|---|",
+        ]
+        md += [
+            f"| {c.name} | {c.category} | {o} | {dt:.1f} | `{d[:140].replace('|', '/')}` |" for c, o, d, dt in results
+        ]
         args.markdown.write_text("\n".join(md) + "\n")
 
 

@@ -59,16 +59,29 @@ ROWS: list[tuple[str, str, dict]] = [  # (name, lever, overrides)
     ("kv fp8", "kv cache", {"kv_dtype": "fp8"}),
     ("prefix cache", "prefix", {"enable_prefix_caching": True}),
     ("spec ngram k4", "spec", {"speculative": {"method": "ngram", "num_speculative_tokens": SPEC_K}}),
-    ("spec early-exit L24 k2", "spec", {"speculative": {"method": "early_exit", "early_exit_layers": 24,
-                                                          "num_speculative_tokens": 2}}),
-    ("spec int4-g32-draft k4", "spec", {"quant_group_size": 32,  # only the draft is quantized
-                                        "speculative": {"method": "quantized", "draft_quantization": "int4",
-                                                        "num_speculative_tokens": SPEC_K}}),
-    ("spec int8-draft k4", "spec", {"speculative": {"method": "quantized", "draft_quantization": "int8",
-                                                      "num_speculative_tokens": SPEC_K}}),
+    (
+        "spec early-exit L24 k2",
+        "spec",
+        {"speculative": {"method": "early_exit", "early_exit_layers": 24, "num_speculative_tokens": 2}},
+    ),
+    (
+        "spec int4-g32-draft k4",
+        "spec",
+        {
+            "quant_group_size": 32,  # only the draft is quantized
+            "speculative": {"method": "quantized", "draft_quantization": "int4", "num_speculative_tokens": SPEC_K},
+        },
+    ),
+    (
+        "spec int8-draft k4",
+        "spec",
+        {"speculative": {"method": "quantized", "draft_quantization": "int8", "num_speculative_tokens": SPEC_K}},
+    ),
 ]
-CODE = ("def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n\n\n"
-        "def div(a, b):\n    if b == 0:\n        raise ZeroDivisionError('b is zero')\n    return a / b\n")
+CODE = (
+    "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n\n\n"
+    "def div(a, b):\n    if b == 0:\n        raise ZeroDivisionError('b is zero')\n    return a / b\n"
+)
 STRUCTURED = [  # answers that copy or repeat what the prompt holds
     f"Rewrite this Python code with a one-line docstring added to every function:\n```python\n{CODE}```",
     "Write the weekly schedule for Monday to Friday. Every day is exactly: 9:00 standup, 10:00 code review, "
@@ -147,8 +160,12 @@ def spec_run(llm: LLM, prompts: list[str], n: int = SPEC_TOKENS) -> dict:
     drafts = st.num_draft_tokens - st0.num_draft_tokens
     acc = st.num_accepted_tokens - st0.num_accepted_tokens
     ver = st.num_spec_verifications - st0.num_spec_verifications
-    return {"tps": num / dt if dt else 0.0, "tokens": num, "acceptance": acc / drafts if drafts else 0.0,
-            "tokens_per_verify": (acc + ver) / ver if ver else 1.0}
+    return {
+        "tps": num / dt if dt else 0.0,
+        "tokens": num,
+        "acceptance": acc / drafts if drafts else 0.0,
+        "tokens_per_verify": (acc + ver) / ver if ver else 1.0,
+    }
 
 
 @torch.inference_mode()
@@ -191,8 +208,8 @@ def main() -> None:
     tok = base.tokenizer
     corpus = corpus_token_ids(tok)
     step = (len(corpus) - 64) // 40
-    windows = [corpus[i * step: i * step + 64] for i in range(40)]
-    b1_prompt, sat_prompts, quality_prompts = windows[0], windows[1:17], windows[17:17 + NUM_QUALITY_PROMPTS]
+    windows = [corpus[i * step : i * step + 64] for i in range(40)]
+    b1_prompt, sat_prompts, quality_prompts = windows[0], windows[1:17], windows[17 : 17 + NUM_QUALITY_PROMPTS]
     system = corpus[-600:-88]  # 512 tokens
     questions = [tok.encode(f"\nQuestion {i}: what does the passage above say about item {i}?") for i in range(4)]
     ref = [torch.log_softmax(base.engine.runner.full_logits(ids)[1:].float(), -1) for ids in quality_prompts]
@@ -214,7 +231,9 @@ def main() -> None:
             r.update(agreement(llms[name], quality_prompts, ref))
         print(f"[{time.perf_counter() - t_start:.0f}s] {name}: {r}", flush=True)
 
-    timed = {name: {"tpot_ms": [], "sat_tps": [], "ttft_ms": [], "spec_structured": [], "spec_open": []} for name in llms}
+    timed = {
+        name: {"tpot_ms": [], "sat_tps": [], "ttft_ms": [], "spec_structured": [], "spec_open": []} for name in llms
+    }
     spec_rows = [n for n, lever, _ in ROWS if lever in ("spec", "-")]
     for rep in range(args.repeats):
         order = list(llms) if rep % 2 == 0 else list(reversed(llms))  # interleave, alternate the order
@@ -228,8 +247,11 @@ def main() -> None:
             if name in spec_rows:
                 t["spec_structured"].append(spec_run(llm, STRUCTURED))
                 t["spec_open"].append(spec_run(llm, OPEN))
-            print(f"[{time.perf_counter() - t_start:.0f}s] repeat {rep} {name}: tpot {t['tpot_ms'][-1]:.1f} ms, sat {t['sat_tps'][-1]:.1f} tok/s, "
-                  f"ttft {t['ttft_ms'][-1]:.0f} ms", flush=True)
+            print(
+                f"[{time.perf_counter() - t_start:.0f}s] repeat {rep} {name}: tpot {t['tpot_ms'][-1]:.1f} ms, sat {t['sat_tps'][-1]:.1f} tok/s, "
+                f"ttft {t['ttft_ms'][-1]:.0f} ms",
+                flush=True,
+            )
 
     med = statistics.median
     for name, t in timed.items():
@@ -251,10 +273,17 @@ def main() -> None:
             if kind in r:
                 r[kind]["speedup"] = r[kind]["tps"] / b[kind]["tps"]
 
-    meta = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "machine": MACHINE,
-            "platform": platform.platform(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "repeats": args.repeats, "loadavg_start": load0, "loadavg_end": os.getloadavg(),
-            "wall_s": time.perf_counter() - t_start}
+    meta = {
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+        "machine": MACHINE,
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "repeats": args.repeats,
+        "loadavg_start": load0,
+        "loadavg_end": os.getloadavg(),
+        "wall_s": time.perf_counter() - t_start,
+    }
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"results-{meta['date']}"
     (args.out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": res}, indent=1))
@@ -272,12 +301,14 @@ def render(meta: dict, res: dict) -> str:
         return f"{s['acceptance']:.0%} acc, {s['tokens_per_verify']:.2f} tok/verify, {s['speedup']:.2f}x"
 
     lines = [
-        f"# Engine levers, on/off ({meta['date']}, {meta['machine']})", "",
+        f"# Engine levers, on/off ({meta['date']}, {meta['machine']})",
+        "",
         f"torch {meta['torch']}, {meta['threads']} threads, SmolLM2-135M-Instruct (bundled GGUF, dequantized). "
         f"Command: `python bench/levers/run.py --repeats {meta['repeats']}`; timed workloads interleaved across rows, "
         f"medians of {meta['repeats']} repeats; wall time {meta['wall_s'] / 60:.1f} min. Load average "
         f"{meta['loadavg_start'][0]:.1f} at start, {meta['loadavg_end'][0]:.1f} at end (this run's own load included; "
-        "above ~2 means other jobs shared the cores and absolute times are noisy); ratios come from interleaved runs.", "",
+        "above ~2 means other jobs shared the cores and absolute times are noisy); ratios come from interleaved runs.",
+        "",
         "| config | lever | weight MB | KV B/token | KV blocks @0.25 GiB | batch-1 TPOT ms (x) | weight GB/s | "
         "saturation tok/s (x) | shared-prefix TTFT ms (x) | spec: structured | spec: open-ended | top-1 agree | mean KL |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -288,22 +319,28 @@ def render(meta: dict, res: dict) -> str:
         lines.append(
             f"| {name} | {r['lever']} | {r['weight_bytes'] / 1e6:.0f} | {r['kv_bytes_per_token']} | {r['kv_blocks']} | "
             f"{r['tpot_ms']:.1f} ({r['tpot_speedup']:.2f}x) | {r['weight_gbs']:.1f} | {r['sat_tps']:.0f} ({r['sat_ratio']:.2f}x) | "
-            f"{r['ttft_ms']:.0f} ({r['ttft_ratio']:.2f}x) | {spec(r, 'spec_structured')} | {spec(r, 'spec_open')} | {q1} | {kl} |")
+            f"{r['ttft_ms']:.0f} ({r['ttft_ratio']:.2f}x) | {spec(r, 'spec_structured')} | {spec(r, 'spec_open')} | {q1} | {kl} |"
+        )
     pr = res.get("prefix cache")
-    lines += ["", "Notes:",
-              "- (x) columns: ratio to the fp32 baseline row (TPOT: baseline/row, higher is faster; TTFT: row/baseline, "
-              "lower is better).",
-              "- noise check: `prefix cache` runs the baseline's exact code for batch-1 TPOT and saturation, so its (x) "
-              "there should read 1.00x; its deviation is this run's noise level.",
-              f"- prefix cache hit rate over the row's whole run: {pr['prefix_hit_rate']:.0%} of prompt tokens." if pr else "",
-              "- spec columns: batch-1 greedy chat replies (32 tokens, 3 prompts per set); decode tokens/s "
-              "(after the first token); acc = accepted / proposed drafts; tok/verify = tokens emitted per "
-              "verification step (accepted + 1); x = decode tokens/s vs the baseline row on the same prompts.",
-              "- quality: the baseline's fp32 full-sequence logits vs the row's logits teacher-forced through its paged "
-              "KV cache, 8 windows x 63 positions of the bundled corpus; `lossless` = same weights and cache "
-              "precision (prefix caching and greedy speculative decoding are exact; tested).",
-              "- LM head: int8 per-channel for every weight-quantized row (engine/quantize.py explains why).",
-              "- fp8 on CPU is emulated (e4m3 codes dequantized per matmul): it shows fp8's quality, not its speed."]
+    lines += [
+        "",
+        "Notes:",
+        "- (x) columns: ratio to the fp32 baseline row (TPOT: baseline/row, higher is faster; TTFT: row/baseline, "
+        "lower is better).",
+        "- noise check: `prefix cache` runs the baseline's exact code for batch-1 TPOT and saturation, so its (x) "
+        "there should read 1.00x; its deviation is this run's noise level.",
+        f"- prefix cache hit rate over the row's whole run: {pr['prefix_hit_rate']:.0%} of prompt tokens."
+        if pr
+        else "",
+        "- spec columns: batch-1 greedy chat replies (32 tokens, 3 prompts per set); decode tokens/s "
+        "(after the first token); acc = accepted / proposed drafts; tok/verify = tokens emitted per "
+        "verification step (accepted + 1); x = decode tokens/s vs the baseline row on the same prompts.",
+        "- quality: the baseline's fp32 full-sequence logits vs the row's logits teacher-forced through its paged "
+        "KV cache, 8 windows x 63 positions of the bundled corpus; `lossless` = same weights and cache "
+        "precision (prefix caching and greedy speculative decoding are exact; tested).",
+        "- LM head: int8 per-channel for every weight-quantized row (engine/quantize.py explains why).",
+        "- fp8 on CPU is emulated (e4m3 codes dequantized per matmul): it shows fp8's quality, not its speed.",
+    ]
     return "\n".join(lines) + "\n"
 
 

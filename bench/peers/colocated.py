@@ -35,14 +35,28 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from run import (CONFIG_DIR, HERE, Point, default_llama_bin, machine_info, machine_label,  # this folder is sys.path[0]
-                 measure_in_process, slotune_config, versions)
+from run import (
+    CONFIG_DIR,
+    HERE,
+    Point,
+    default_llama_bin,
+    machine_info,
+    machine_label,  # this folder is sys.path[0]
+    measure_in_process,
+    slotune_config,
+    versions,
+)
 
 from slotune.engine import LLM, EngineConfig
 
 CONDITIONS = ("none", "thread", "process")
-_CHUNK = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 0, "model": "m",
-          "choices": [{"index": 0, "delta": {"content": " hello"}, "finish_reason": None}]}
+_CHUNK = {
+    "id": "chatcmpl-1",
+    "object": "chat.completion.chunk",
+    "created": 0,
+    "model": "m",
+    "choices": [{"index": 0, "delta": {"content": " hello"}, "finish_reason": None}],
+}
 
 
 def _front_end(read_fd: int, burst_us: float, inherited_write_fd: int | None = None) -> None:
@@ -86,8 +100,9 @@ def replay(llm: LLM, signal: StepSignal, cond: str, point: Point, num_requests: 
         if cond == "thread":
             worker = threading.Thread(target=_front_end, args=(read_fd, burst_us), daemon=True)
         else:
-            worker = mp.get_context("fork").Process(target=_front_end, args=(read_fd, burst_us, signal.write_fd),
-                                                    daemon=True)
+            worker = mp.get_context("fork").Process(
+                target=_front_end, args=(read_fd, burst_us, signal.write_fd), daemon=True
+            )
         worker.start()
     try:
         m = measure_in_process(llm, point, num_requests, 0)["metrics"]
@@ -103,19 +118,25 @@ def replay(llm: LLM, signal: StepSignal, cond: str, point: Point, num_requests: 
 def to_markdown(rep: dict[str, Any]) -> str:
     rows = rep["rows"]
     med = {c: {k: statistics.median(r[c][k] for r in rows) for k in ("tok_s", "tpot_p50")} for c in CONDITIONS}
-    lines = [f"# Python work beside the engine: in its process or in another ({rep['date']}, "
-             f"{rep['machine']['model_name']}, {rep['machine']['cpu_count']} CPUs)", "",
-             f"Command: `{rep['command']}`; commit {rep['versions']['slotune_git']}; config {rep['config']}, "
-             f"short prompts, {rep['concurrency']} concurrent, {rep['num_requests']} requests per replay; after "
-             f"every engine step, one {rep['burst_us']:g} us burst of Python and one write per sequence stepped. "
-             f"Conditions alternated in rotating order, {len(rows)} rounds.", "",
-             "| condition | tok/s per round | median tok/s | / none | median TPOT p50 | none / this |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        f"# Python work beside the engine: in its process or in another ({rep['date']}, "
+        f"{rep['machine']['model_name']}, {rep['machine']['cpu_count']} CPUs)",
+        "",
+        f"Command: `{rep['command']}`; commit {rep['versions']['slotune_git']}; config {rep['config']}, "
+        f"short prompts, {rep['concurrency']} concurrent, {rep['num_requests']} requests per replay; after "
+        f"every engine step, one {rep['burst_us']:g} us burst of Python and one write per sequence stepped. "
+        f"Conditions alternated in rotating order, {len(rows)} rounds.",
+        "",
+        "| condition | tok/s per round | median tok/s | / none | median TPOT p50 | none / this |",
+        "|---|---|---|---|---|---|",
+    ]
     for c in CONDITIONS:
         per = ", ".join(f"{r[c]['tok_s']:.0f}" for r in rows)
-        lines.append(f"| {c} | {per} | {med[c]['tok_s']:.1f} | "
-                     f"{med[c]['tok_s'] / med['none']['tok_s']:.3f} | {med[c]['tpot_p50'] * 1e3:.2f} ms | "
-                     f"{med['none']['tpot_p50'] / med[c]['tpot_p50']:.3f} |")
+        lines.append(
+            f"| {c} | {per} | {med[c]['tok_s']:.1f} | "
+            f"{med[c]['tok_s'] / med['none']['tok_s']:.3f} | {med[c]['tpot_p50'] * 1e3:.2f} ms | "
+            f"{med['none']['tpot_p50'] / med[c]['tpot_p50']:.3f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -132,18 +153,27 @@ def main(argv: list[str] | None = None) -> int:
     llm = LLM(EngineConfig.from_dict(config))
     signal, point = StepSignal(llm.engine), Point("short", args.concurrency)
     info = machine_info()
-    rep: dict[str, Any] = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "machine": info,
-                           "versions": versions(default_llama_bin()), "config": args.config,
-                           "concurrency": args.concurrency, "num_requests": args.num_requests,
-                           "burst_us": args.burst_us, "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-                           "command": shlex.join(["python", "bench/peers/colocated.py",
-                                                  *(argv if argv is not None else sys.argv[1:])]), "rows": []}
+    rep: dict[str, Any] = {
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+        "machine": info,
+        "versions": versions(default_llama_bin()),
+        "config": args.config,
+        "concurrency": args.concurrency,
+        "num_requests": args.num_requests,
+        "burst_us": args.burst_us,
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "command": shlex.join(["python", "bench/peers/colocated.py", *(argv if argv is not None else sys.argv[1:])]),
+        "rows": [],
+    }
     for i in range(args.pairs):
         row = {}
-        for cond in CONDITIONS[i % 3:] + CONDITIONS[:i % 3]:
+        for cond in CONDITIONS[i % 3 :] + CONDITIONS[: i % 3]:
             row[cond] = replay(llm, signal, cond, point, args.num_requests, args.burst_us)
-            print(f"round {i + 1} {cond:>7}: {row[cond]['tok_s']:.1f} tok/s, TPOT p50 "
-                  f"{row[cond]['tpot_p50'] * 1e3:.2f} ms", flush=True)
+            print(
+                f"round {i + 1} {cond:>7}: {row[cond]['tok_s']:.1f} tok/s, TPOT p50 "
+                f"{row[cond]['tpot_p50'] * 1e3:.2f} ms",
+                flush=True,
+            )
         rep["rows"].append(row)
     stem = args.out / f"colocated-{rep['date']}-{machine_label(info)}"
     stem.with_suffix(".json").write_text(json.dumps(rep, indent=1) + "\n")

@@ -43,9 +43,28 @@ from pathlib import Path
 from typing import Any
 
 from report import fmt_ms  # this folder is sys.path[0]
-from run import (CONFIG_DIR, HERE, MODEL, OUTPUT_LEN, PROMPT_LENS, Point, _csv, _interrupt, default_llama_bin, free_port,
-                 machine_info, machine_label, measure, measure_in_process, sizing, slotune_config, start, stop, tune_serve,
-                 versions)
+from run import (
+    CONFIG_DIR,
+    HERE,
+    MODEL,
+    OUTPUT_LEN,
+    PROMPT_LENS,
+    Point,
+    _csv,
+    _interrupt,
+    default_llama_bin,
+    free_port,
+    machine_info,
+    machine_label,
+    measure,
+    measure_in_process,
+    sizing,
+    slotune_config,
+    start,
+    stop,
+    tune_serve,
+    versions,
+)
 
 from slotune.engine import LLM, EngineConfig
 from slotune.engine.loader import resolve_model_path
@@ -67,7 +86,7 @@ def server_cpu_s(pid: int) -> dict[str, float]:
             stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
         except FileNotFoundError:  # a thread that ended between the listing and the read
             continue
-        fields = stat[stat.rindex(")") + 2:].split()  # after "(comm)": state is fields[0], utime [11], stime [12]
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "(comm)": state is fields[0], utime [11], stime [12]
         out["event_loop" if int(tid) == pid else "engine"] += (int(fields[11]) + int(fields[12])) / tick
     return out
 
@@ -91,8 +110,20 @@ def ratios(served: dict[str, float], inproc: dict[str, float]) -> dict[str, floa
     return {"tok_s": served["tok_s"] / inproc["tok_s"], "tpot_p50": inproc["tpot_p50"] / served["tpot_p50"]}
 
 
-def run_point(name: str, config: dict[str, Any], llm: LLM, point: Point, *, port: int, tokenizer, pairs: int,
-              num_requests: int | None, seed: int, workdir: Path, threads: int) -> dict[str, Any]:
+def run_point(
+    name: str,
+    config: dict[str, Any],
+    llm: LLM,
+    point: Point,
+    *,
+    port: int,
+    tokenizer,
+    pairs: int,
+    num_requests: int | None,
+    seed: int,
+    workdir: Path,
+    threads: int,
+) -> dict[str, Any]:
     server = tune_serve(name, config, threads=threads, port=port, workdir=workdir)
     log = workdir / f"{name}-{point.key}.log"
     proc = start(server, port, log)
@@ -108,52 +139,76 @@ def run_point(name: str, config: dict[str, Any], llm: LLM, point: Point, *, port
                 else:
                     r = measure_in_process(llm, point, num_requests, seed)
                 after = (time.process_time(), server_cpu_s(proc.pid))
-                pair[side] = {**_row(r["metrics"]), "is_exact": r["is_exact"], "load_avg": os.getloadavg()[0],
-                              "cpu_us_per_token": cpu_us_per_token(side, before, after,
-                                                                  replay_tokens(point, num_requests, seed))}
+                pair[side] = {
+                    **_row(r["metrics"]),
+                    "is_exact": r["is_exact"],
+                    "load_avg": os.getloadavg()[0],
+                    "cpu_us_per_token": cpu_us_per_token(side, before, after, replay_tokens(point, num_requests, seed)),
+                }
             pair["ratio"] = ratios(pair["served"], pair["in_process"])
             out["pairs"].append(pair)
             s, p = pair["served"], pair["in_process"]
-            print(f"  {name} {point.key:>9} pair {i + 1}: served {s['tok_s']:6.1f} tok/s TPOT {fmt_ms(s['tpot_p50'])}"
-                  f" | in-process {p['tok_s']:6.1f} tok/s TPOT {fmt_ms(p['tpot_p50'])} | ratio tok/s "
-                  f"{pair['ratio']['tok_s']:.3f} TPOT {pair['ratio']['tpot_p50']:.3f}"
-                  f"{'' if s['is_exact'] and p['is_exact'] else '  NOT EXACT'}", flush=True)
+            print(
+                f"  {name} {point.key:>9} pair {i + 1}: served {s['tok_s']:6.1f} tok/s TPOT {fmt_ms(s['tpot_p50'])}"
+                f" | in-process {p['tok_s']:6.1f} tok/s TPOT {fmt_ms(p['tpot_p50'])} | ratio tok/s "
+                f"{pair['ratio']['tok_s']:.3f} TPOT {pair['ratio']['tpot_p50']:.3f}"
+                f"{'' if s['is_exact'] and p['is_exact'] else '  NOT EXACT'}",
+                flush=True,
+            )
     finally:
         out["exit_code"] = stop(proc)
     for key in ("tok_s", "tpot_p50"):
         out[f"median_{key}"] = statistics.median(p["ratio"][key] for p in out["pairs"])
     out["median_cpu_us_per_token"] = {
-        side: {k: statistics.median(p[side]["cpu_us_per_token"][k] for p in out["pairs"])
-               for k in out["pairs"][0][side]["cpu_us_per_token"]} for side in ("served", "in_process")}
+        side: {
+            k: statistics.median(p[side]["cpu_us_per_token"][k] for p in out["pairs"])
+            for k in out["pairs"][0][side]["cpu_us_per_token"]
+        }
+        for side in ("served", "in_process")
+    }
     return out
 
 
 def to_markdown(rep: dict[str, Any]) -> str:
-    lines = [f"# Server overhead, side by side ({rep['date']}, {rep['machine']['model_name']}, "
-             f"{rep['machine']['cpu_count']} CPUs)", "",
-             f"Command: `{rep['command']}`; commit {rep['versions']['slotune_git']}. For each point one `tune serve` "
-             f"and the same engine in-process, replays alternated (S I, I S, ...) {rep['pairs']} times; "
-             f"ratio > 1: served faster. Goal: >= {GOAL}x at concurrency 1 and 16.", "",
-             *([f"Note: {rep['note']}.", ""] if rep.get("note") else []),
-             "| config | point | served / in-process tok/s, per pair | median | in-process / served TPOT p50, per pair "
-             "| median | served tok/s (median) | in-process tok/s (median) |", "|---|---|---|---|---|---|---|---|"]
-    cpu = ["", "CPU per output token (microseconds, medians over the pairs): in-process, the engine (every thread "
-           "of this process); served, the client process, the server's event-loop thread and its other threads "
-           "(engine, OpenMP workers, tokenizer pool). Engine figures include OpenMP workers spinning between "
-           "parallel regions.", "",
-           "| config | point | in-process engine | served: client | event loop | engine threads | client + event "
-           "loop, share of the machine at the served rate |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Server overhead, side by side ({rep['date']}, {rep['machine']['model_name']}, "
+        f"{rep['machine']['cpu_count']} CPUs)",
+        "",
+        f"Command: `{rep['command']}`; commit {rep['versions']['slotune_git']}. For each point one `tune serve` "
+        f"and the same engine in-process, replays alternated (S I, I S, ...) {rep['pairs']} times; "
+        f"ratio > 1: served faster. Goal: >= {GOAL}x at concurrency 1 and 16.",
+        "",
+        *([f"Note: {rep['note']}.", ""] if rep.get("note") else []),
+        "| config | point | served / in-process tok/s, per pair | median | in-process / served TPOT p50, per pair "
+        "| median | served tok/s (median) | in-process tok/s (median) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    cpu = [
+        "",
+        "CPU per output token (microseconds, medians over the pairs): in-process, the engine (every thread "
+        "of this process); served, the client process, the server's event-loop thread and its other threads "
+        "(engine, OpenMP workers, tokenizer pool). Engine figures include OpenMP workers spinning between "
+        "parallel regions.",
+        "",
+        "| config | point | in-process engine | served: client | event loop | engine threads | client + event "
+        "loop, share of the machine at the served rate |",
+        "|---|---|---|---|---|---|---|",
+    ]
     ncpu = rep["machine"]["cpu_count"]
     for res in rep["results"]:
         for pt in res["points"]:
             per = lambda k: ", ".join(f"{p['ratio'][k]:.3f}" for p in pt["pairs"])  # noqa: E731
             med = lambda side: statistics.median(p[side]["tok_s"] for p in pt["pairs"])  # noqa: E731
-            lines.append(f"| {res['config']} | {pt['point']} | {per('tok_s')} | **{pt['median_tok_s']:.3f}** | "
-                         f"{per('tpot_p50')} | **{pt['median_tpot_p50']:.3f}** | {med('served'):.1f} | "
-                         f"{med('in_process'):.1f} |")
+            lines.append(
+                f"| {res['config']} | {pt['point']} | {per('tok_s')} | **{pt['median_tok_s']:.3f}** | "
+                f"{per('tpot_p50')} | **{pt['median_tpot_p50']:.3f}** | {med('served'):.1f} | "
+                f"{med('in_process'):.1f} |"
+            )
             c, e = pt["median_cpu_us_per_token"]["served"], pt["median_cpu_us_per_token"]["in_process"]["engine"]
-            cpu.append(f"| {res['config']} | {pt['point']} | {e:.0f} | {c['client']:.0f} | {c['event_loop']:.0f} | "
-                       f"{c['engine']:.0f} | {(c['client'] + c['event_loop']) * med('served') / 1e6 / ncpu:.1%} |")
+            cpu.append(
+                f"| {res['config']} | {pt['point']} | {e:.0f} | {c['client']:.0f} | {c['event_loop']:.0f} | "
+                f"{c['engine']:.0f} | {(c['client'] + c['event_loop']) * med('served') / 1e6 / ncpu:.1%} |"
+            )
     return "\n".join(lines + cpu) + "\n"
 
 
@@ -164,16 +219,20 @@ def pooled(paths: list[Path]) -> str:
         for res in json.loads(path.read_text())["results"]:
             for pt in res["points"]:
                 pairs.setdefault((res["config"], pt["point"]), []).extend(p["ratio"] for p in pt["pairs"])
-    lines = [f"Pooled over {len(paths)} runs: {', '.join(p.name for p in paths)}", "",
-             "| config | point | pairs | served / in-process tok/s (95% interval) | in-process / served TPOT p50 (95% interval) |",
-             "|---|---|---|---|---|"]
+    lines = [
+        f"Pooled over {len(paths)} runs: {', '.join(p.name for p in paths)}",
+        "",
+        "| config | point | pairs | served / in-process tok/s (95% interval) | in-process / served TPOT p50 (95% interval) |",
+        "|---|---|---|---|---|",
+    ]
     for (config, point), ratios in pairs.items():
         cells = []
         for key in ("tok_s", "tpot_p50"):
             values = [r[key] for r in ratios]
             iv = ratio_interval(values)
-            cells.append(f"{statistics.geometric_mean(values):.4f}"
-                         + ("" if iv is None else f" ({iv[0]:.4f}-{iv[1]:.4f})"))
+            cells.append(
+                f"{statistics.geometric_mean(values):.4f}" + ("" if iv is None else f" ({iv[0]:.4f}-{iv[1]:.4f})")
+            )
         lines.append(f"| {config} | {point} | {len(ratios)} | {cells[0]} | {cells[1]} |")
     return "\n".join(lines) + "\n"
 
@@ -212,20 +271,39 @@ def main(argv: list[str] | None = None) -> int:
     slots, ctx = sizing(points)
     port, workdir = free_port(), Path(tempfile.mkdtemp(prefix="slotune-overhead-"))
     info = machine_info()
-    rep: dict[str, Any] = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "machine": info,
-                           "versions": versions(default_llama_bin()), "pairs": args.pairs, "slots": slots,
-                           "ctx_per_slot": ctx, "threads": args.threads, "model": MODEL, "results": [],
-                           "command": shlex.join(["python", "bench/peers/overhead.py",
-                                                  *(argv if argv is not None else sys.argv[1:])])}
+    rep: dict[str, Any] = {
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+        "machine": info,
+        "versions": versions(default_llama_bin()),
+        "pairs": args.pairs,
+        "slots": slots,
+        "ctx_per_slot": ctx,
+        "threads": args.threads,
+        "model": MODEL,
+        "results": [],
+        "command": shlex.join(["python", "bench/peers/overhead.py", *(argv if argv is not None else sys.argv[1:])]),
+    }
     try:
         for path in args.configs:
             config = slotune_config(path, slots=slots, ctx_per_slot=ctx)
             llm = LLM(EngineConfig.from_dict(config))
             res = {"config": path.stem, "engine_config": config, "points": []}
             for point in points:
-                res["points"].append(run_point(path.stem, config, llm, point, port=port, tokenizer=tokenizer,
-                                               pairs=args.pairs, num_requests=args.num_requests, seed=args.seed,
-                                               workdir=workdir, threads=args.threads))
+                res["points"].append(
+                    run_point(
+                        path.stem,
+                        config,
+                        llm,
+                        point,
+                        port=port,
+                        tokenizer=tokenizer,
+                        pairs=args.pairs,
+                        num_requests=args.num_requests,
+                        seed=args.seed,
+                        workdir=workdir,
+                        threads=args.threads,
+                    )
+                )
             rep["results"].append(res)
             del llm
             gc.collect()

@@ -12,8 +12,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-KEY_METRICS = ("output_tokens_per_s", "tpot_p50", "ttft_p50", "itl_p50", "e2e_p50", "num_failed",
-               "num_short_outputs", "client_cpu_s")
+KEY_METRICS = (
+    "output_tokens_per_s",
+    "tpot_p50",
+    "ttft_p50",
+    "itl_p50",
+    "e2e_p50",
+    "num_failed",
+    "num_short_outputs",
+    "client_cpu_s",
+)
 
 
 def medians(rounds: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
@@ -58,9 +66,12 @@ def _header(rep: dict[str, Any]) -> list[str]:
 
 def _versus(rep: dict[str, Any], med: dict, ref: str, ours: list[str]) -> list[str]:
     lines = [
-        "", f"## {ref} vs the best tune serve config (by tok/s) at each point", "",
+        "",
+        f"## {ref} vs the best tune serve config (by tok/s) at each point",
+        "",
         f"Ratios: tok/s is slotune / {ref}; TPOT and TTFT are {ref} / slotune. So **> 1 means slotune is "
-        "better** in every ratio column.", "",
+        "better** in every ratio column.",
+        "",
         f"| point | {ref} tok/s | TPOT p50 ms | TTFT p50 ms | best config | tok/s | TPOT p50 ms | TTFT p50 ms "
         "| tok/s ratio | TPOT ratio | TTFT ratio |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
@@ -76,7 +87,8 @@ def _versus(rep: dict[str, Any], med: dict, ref: str, ours: list[str]) -> list[s
             f"| {p['key']} | {r.get('output_tokens_per_s', 0):.1f} | {fmt_ms(r.get('tpot_p50'))} | "
             f"{fmt_ms(r.get('ttft_p50'))} | {best} | {b['output_tokens_per_s']:.1f} | {fmt_ms(b.get('tpot_p50'))} | "
             f"{fmt_ms(b.get('ttft_p50'))} | {_ratio(b['output_tokens_per_s'], r.get('output_tokens_per_s'))} | "
-            f"{_ratio(r.get('tpot_p50'), b.get('tpot_p50'))} | {_ratio(r.get('ttft_p50'), b.get('ttft_p50'))} |")
+            f"{_ratio(r.get('tpot_p50'), b.get('tpot_p50'))} | {_ratio(r.get('ttft_p50'), b.get('ttft_p50'))} |"
+        )
     return lines
 
 
@@ -84,13 +96,17 @@ def _roofline(rep: dict[str, Any], med: dict) -> list[str]:
     bw = statistics.median(e["copy_bandwidth_gbs"] for e in rep["rounds"])
     c1 = [p for p in rep["points"] if p["concurrency"] == 1]
     lines = [
-        "", "## Batch 1 against the memory-bandwidth roofline", "",
+        "",
+        "## Batch 1 against the memory-bandwidth roofline",
+        "",
         f"Copy bandwidth {bw:.1f} GB/s (a 256 MiB float32 copy, read + write bytes, best of 5; median of the "
         "measurements before each server start). Roofline tok/s = bandwidth / bytes one decode step reads "
         "(llama-server: the GGUF's tensors as stored; slotune: `LLMEngine.weight_bytes`). Decode tok/s = "
-        "1 / TPOT p50 at concurrency 1, HTTP and SSE included.", "",
+        "1 / TPOT p50 at concurrency 1, HTTP and SSE included.",
+        "",
         "| server | weight MB / token | roofline tok/s | "
-        + " | ".join(f"{p['key']} decode tok/s (% of roofline)" for p in c1) + " |",
+        + " | ".join(f"{p['key']} decode tok/s (% of roofline)" for p in c1)
+        + " |",
         "|---|---|---|" + "---|" * len(c1),
     ]
     for s in rep["servers"]:
@@ -105,7 +121,9 @@ def _roofline(rep: dict[str, Any], med: dict) -> list[str]:
 
 def _every(rep: dict[str, Any], med: dict, ref: str) -> list[str]:
     lines = [
-        "", "## Every server and config", "",
+        "",
+        "## Every server and config",
+        "",
         f"| point | server | tok/s | vs {ref} tok/s | TPOT p50 ms | TTFT p50 ms | ITL p50 ms | e2e p50 ms "
         "| failed | client CPU s |",
         "|---|---|---|---|---|---|---|---|---|---|",
@@ -120,7 +138,8 @@ def _every(rep: dict[str, Any], med: dict, ref: str) -> list[str]:
             lines.append(
                 f"| {p['key']} | {s} | {r['output_tokens_per_s']:.1f} | {vs} | {fmt_ms(r.get('tpot_p50'))} | "
                 f"{fmt_ms(r.get('ttft_p50'))} | {fmt_ms(r.get('itl_p50'))} | {fmt_ms(r.get('e2e_p50'))} | "
-                f"{r.get('num_failed', 0):.0f} | {r.get('client_cpu_s', 0):.1f} |")
+                f"{r.get('num_failed', 0):.0f} | {r.get('client_cpu_s', 0):.1f} |"
+            )
     return lines
 
 
@@ -130,9 +149,12 @@ def _overhead(rep: dict[str, Any], med: dict) -> list[str]:
     if not names:
         return []
     lines = [
-        "", "## The server's cost: served / in-process, same config and points", "",
+        "",
+        "## The server's cost: served / in-process, same config and points",
+        "",
         "In-process: the same workload replayed on the engine inside the bench process (`tune bench`, "
-        "no HTTP). Goal: served keeps >= 0.95x the in-process tok/s and TPOT.", "",
+        "no HTTP). Goal: served keeps >= 0.95x the in-process tok/s and TPOT.",
+        "",
         "| point | config | served tok/s | in-process tok/s | tok/s served / in-process | served TPOT p50 ms "
         "| in-process TPOT p50 ms | TPOT in-process / served |",
         "|---|---|---|---|---|---|---|---|",
@@ -145,29 +167,38 @@ def _overhead(rep: dict[str, Any], med: dict) -> list[str]:
             lines.append(
                 f"| {p['key']} | {s} | {a['output_tokens_per_s']:.1f} | {b['output_tokens_per_s']:.1f} | "
                 f"{_ratio(a['output_tokens_per_s'], b['output_tokens_per_s'])} | {fmt_ms(a.get('tpot_p50'))} | "
-                f"{fmt_ms(b.get('tpot_p50'))} | {_ratio(b.get('tpot_p50'), a.get('tpot_p50'))} |")
+                f"{fmt_ms(b.get('tpot_p50'))} | {_ratio(b.get('tpot_p50'), a.get('tpot_p50'))} |"
+            )
     return lines
 
 
 def _checks(rep: dict[str, Any]) -> list[str]:
     rounds = rep["rounds"]
-    inexact = [f"{e['server']} {r['point']} (round {e['round'] + 1})" for e in rounds for r in e["results"]
-               if not r["is_exact"]]
-    cached = {s: sum(r["cached_prompt_tokens"] for e in rounds if e["server"] == s for r in e["results"])
-              for s in rep["servers"]}
+    inexact = [
+        f"{e['server']} {r['point']} (round {e['round'] + 1})"
+        for e in rounds
+        for r in e["results"]
+        if not r["is_exact"]
+    ]
+    cached = {
+        s: sum(r["cached_prompt_tokens"] for e in rounds if e["server"] == s for r in e["results"])
+        for s in rep["servers"]
+    }
     errors = [f"{e['server']} (round {e['round'] + 1}): {e['error']}" for e in rounds if e.get("error")]
     return [f"\n**Failed**: {err}" for err in errors] + [
         "",
         "Every request completed with exactly its prompt and output token counts (the servers' `usage`)."
-        if not inexact else "**Not exact** (failures, or `usage` token counts other than asked): "
-        + ", ".join(inexact) + ".",
+        if not inexact
+        else "**Not exact** (failures, or `usage` token counts other than asked): " + ", ".join(inexact) + ".",
         "",
         "Prompt tokens served from a prompt/prefix cache (`usage.prompt_tokens_details.cached_tokens`; the "
         "points share no prompts, so only a rare repeated corpus window should hit): "
-        + ", ".join(f"{s} {n}" for s, n in cached.items()) + ".",
+        + ", ".join(f"{s} {n}" for s, n in cached.items())
+        + ".",
         "",
         "1-minute load average before each server start: "
-        + ", ".join(f"{e['server']} {e['load_avg_before'][0]:.1f}" for e in rounds) + ".",
+        + ", ".join(f"{e['server']} {e['load_avg_before'][0]:.1f}" for e in rounds)
+        + ".",
     ]
 
 

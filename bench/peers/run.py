@@ -52,6 +52,7 @@ import yaml
 
 from report import fmt_ms, medians, to_markdown  # bench/peers/report.py (this folder is sys.path[0])
 
+
 def _engine_bench():
     """bench/engine/run.py, which owns the copy-bandwidth measurement both rooflines use."""
     import importlib.util
@@ -100,11 +101,16 @@ class Point:
         return base * 100_000 + list(PROMPT_LENS).index(self.prompt) * 10_000 + self.concurrency
 
     def workload(self, num_requests: int | None, seed: int) -> dict[str, Any]:
-        return {"name": f"peers-{self.key}", "arrivals": "closed_loop", "concurrency": self.concurrency,
-                "num_requests": num_requests or max(2 * self.concurrency, 8),
-                "warmup_requests": self.concurrency,  # one full batch: connections, first-call allocations
-                "prompt_len": {"kind": "fixed", "value": PROMPT_LENS[self.prompt]},
-                "output_len": {"kind": "fixed", "value": OUTPUT_LEN}, "seed": self.seed(seed)}
+        return {
+            "name": f"peers-{self.key}",
+            "arrivals": "closed_loop",
+            "concurrency": self.concurrency,
+            "num_requests": num_requests or max(2 * self.concurrency, 8),
+            "warmup_requests": self.concurrency,  # one full batch: connections, first-call allocations
+            "prompt_len": {"kind": "fixed", "value": PROMPT_LENS[self.prompt]},
+            "output_len": {"kind": "fixed", "value": OUTPUT_LEN},
+            "seed": self.seed(seed),
+        }
 
 
 @dataclass
@@ -132,13 +138,28 @@ def sizing(points: list[Point]) -> tuple[int, int]:
     return slots, math.ceil(longest / CTX_ROUND) * CTX_ROUND
 
 
-def llama_server(bin_dir: Path, model_path: Path, *, threads: int, slots: int, ctx_per_slot: int, port: int,
-                 extra: list[str]) -> Server:
+def llama_server(
+    bin_dir: Path, model_path: Path, *, threads: int, slots: int, ctx_per_slot: int, port: int, extra: list[str]
+) -> Server:
     exe = bin_dir / "llama-server"
     if not exe.exists():
         raise FileNotFoundError(f"{exe} not found: run `bash bench/peers/build_llama_cpp.sh` (or pass --llama-bin)")
-    argv = [str(exe), "-m", str(model_path), "-t", str(threads), "-np", str(slots), "-c", str(slots * ctx_per_slot),
-            "--host", "127.0.0.1", "--port", str(port), *extra]
+    argv = [
+        str(exe),
+        "-m",
+        str(model_path),
+        "-t",
+        str(threads),
+        "-np",
+        str(slots),
+        "-c",
+        str(slots * ctx_per_slot),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *extra,
+    ]
     return Server(LLAMA, argv, "/health", gguf_tensor_bytes(model_path), env={"LD_LIBRARY_PATH": str(bin_dir)})
 
 
@@ -152,8 +173,11 @@ def slotune_config(path: Path, *, slots: int, ctx_per_slot: int) -> dict[str, An
     cfg = EngineConfig.from_dict(load_yaml(path))
     if cfg.model != MODEL:
         raise ValueError(f"{path}: model '{cfg.model}' is not {MODEL}, the GGUF llama-server serves")
-    capacity = {"max_num_seqs": slots, "max_model_len": ctx_per_slot,
-                "num_kv_blocks": slots * math.ceil(ctx_per_slot / cfg.block_size)}
+    capacity = {
+        "max_num_seqs": slots,
+        "max_model_len": ctx_per_slot,
+        "num_kv_blocks": slots * math.ceil(ctx_per_slot / cfg.block_size),
+    }
     # Only the fields set, so the server fills in its own defaults (also unwraps a tuner best.yaml).
     given = cfg.model_dump(mode="json", exclude_unset=True)
     merged = {**capacity, **given}
@@ -164,10 +188,20 @@ def slotune_config(path: Path, *, slots: int, ctx_per_slot: int) -> dict[str, An
 def tune_serve(name: str, config: dict[str, Any], *, threads: int, port: int, workdir: Path) -> Server:
     path = workdir / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
-    argv = [sys.executable, "-m", "slotune.tuner.cli_main", "serve", str(path), "--host", "127.0.0.1",
-            "--port", str(port)]
-    return Server(name, argv, "/ready", engine_weight_bytes(config), env={"OMP_NUM_THREADS": str(threads)},
-                  config=config)
+    argv = [
+        sys.executable,
+        "-m",
+        "slotune.tuner.cli_main",
+        "serve",
+        str(path),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
+    return Server(
+        name, argv, "/ready", engine_weight_bytes(config), env={"OMP_NUM_THREADS": str(threads)}, config=config
+    )
 
 
 def engine_weight_bytes(config: dict[str, Any]) -> int:
@@ -198,8 +232,14 @@ def free_port() -> int:
 def start(server: Server, port: int, log_path: Path, timeout_s: float = 300) -> subprocess.Popen:
     # Own session: a Ctrl-C in the terminal reaches us, and we stop the server ourselves.
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(server.argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **server.env},
-                                cwd=REPO, start_new_session=True)
+        proc = subprocess.Popen(
+            server.argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **server.env},
+            cwd=REPO,
+            start_new_session=True,
+        )
     deadline = time.monotonic() + timeout_s
     try:
         while time.monotonic() < deadline:
@@ -232,8 +272,12 @@ def stop(proc: subprocess.Popen, timeout_s: float = 30) -> int:
 def _is_exact(m: dict[str, Any], wl: WorkloadSpec, point: Point) -> bool:
     """Every request completed with exactly prompt_len tokens in and OUTPUT_LEN out."""
     done = m["num_completed"]
-    return (m.get("num_failed", 0) == 0 and done == wl.num_requests and m["output_tokens"] == done * OUTPUT_LEN
-            and m["prompt_tokens"] == done * PROMPT_LENS[point.prompt])
+    return (
+        m.get("num_failed", 0) == 0
+        and done == wl.num_requests
+        and m["output_tokens"] == done * OUTPUT_LEN
+        and m["prompt_tokens"] == done * PROMPT_LENS[point.prompt]
+    )
 
 
 def measure(url: str, point: Point, tokenizer, num_requests: int | None, seed: int) -> dict[str, Any]:
@@ -242,16 +286,38 @@ def measure(url: str, point: Point, tokenizer, num_requests: int | None, seed: i
     m = res.metrics
     is_exact = _is_exact(m, wl, point)  # what the servers' usage says they did
     cached = sum(r.cached_prompt_tokens for r in res.records)  # usage.prompt_tokens_details, where sent
-    return {"point": point.key, "started_at": res.started_at, "model": res.config["model"], "is_exact": is_exact,
-            "cached_prompt_tokens": cached, "workload": res.workload, "metrics": m}
+    return {
+        "point": point.key,
+        "started_at": res.started_at,
+        "model": res.config["model"],
+        "is_exact": is_exact,
+        "cached_prompt_tokens": cached,
+        "workload": res.workload,
+        "metrics": m,
+    }
 
 
-def run_round(server: Server, points: list[Point], *, port: int, tokenizer, num_requests: int | None, seed: int,
-              log_path: Path, round_index: int) -> dict[str, Any]:
+def run_round(
+    server: Server,
+    points: list[Point],
+    *,
+    port: int,
+    tokenizer,
+    num_requests: int | None,
+    seed: int,
+    log_path: Path,
+    round_index: int,
+) -> dict[str, Any]:
     """Start one server, measure every point, stop it. A server that fails is recorded, not raised."""
     bandwidth = copy_bandwidth_gbs()
-    entry: dict[str, Any] = {"server": server.name, "round": round_index, "copy_bandwidth_gbs": bandwidth,
-                             "load_avg_before": os.getloadavg(), "log": str(log_path), "results": []}
+    entry: dict[str, Any] = {
+        "server": server.name,
+        "round": round_index,
+        "copy_bandwidth_gbs": bandwidth,
+        "load_avg_before": os.getloadavg(),
+        "log": str(log_path),
+        "results": [],
+    }
     t0 = time.perf_counter()
     proc = None
     try:
@@ -262,10 +328,13 @@ def run_round(server: Server, points: list[Point], *, port: int, tokenizer, num_
             entry["results"].append(r)
             m = r["metrics"]
             roof = f" (roofline {bandwidth * 1e9 / server.weight_bytes:.0f})" if point.concurrency == 1 else ""
-            print(f"  [{round_index + 1}] {server.name:>12} {point.key:>9}: {m['output_tokens_per_s']:7.1f} tok/s"
-                  f"{roof}, TPOT p50 {fmt_ms(m.get('tpot_p50'))} ms, TTFT p50 {fmt_ms(m.get('ttft_p50'))} ms, "
-                  f"failed {m['num_failed']:.0f}, cached prompt tokens {r['cached_prompt_tokens']}"
-                  f"{'' if r['is_exact'] else ', NOT EXACT (see JSON)'}", flush=True)
+            print(
+                f"  [{round_index + 1}] {server.name:>12} {point.key:>9}: {m['output_tokens_per_s']:7.1f} tok/s"
+                f"{roof}, TPOT p50 {fmt_ms(m.get('tpot_p50'))} ms, TTFT p50 {fmt_ms(m.get('ttft_p50'))} ms, "
+                f"failed {m['num_failed']:.0f}, cached prompt tokens {r['cached_prompt_tokens']}"
+                f"{'' if r['is_exact'] else ', NOT EXACT (see JSON)'}",
+                flush=True,
+            )
     except (RuntimeError, ValueError, OSError) as exc:  # start-up failure, unreachable server
         entry["error"] = f"{type(exc).__name__}: {exc}"
         print(f"  [{round_index + 1}] {server.name:>12} FAILED: {entry['error']}", flush=True)
@@ -284,25 +353,41 @@ def measure_in_process(llm, point: Point, num_requests: int | None, seed: int) -
 
     wl = WorkloadSpec.load(point.workload(num_requests, seed))
     res = run_benchmark(None, wl, llm=llm)
-    return {"point": point.key, "started_at": res.started_at, "model": MODEL, "is_exact": _is_exact(res.metrics, wl, point),
-            "cached_prompt_tokens": 0, "workload": res.workload, "metrics": res.metrics}
+    return {
+        "point": point.key,
+        "started_at": res.started_at,
+        "model": MODEL,
+        "is_exact": _is_exact(res.metrics, wl, point),
+        "cached_prompt_tokens": 0,
+        "workload": res.workload,
+        "metrics": res.metrics,
+    }
 
 
-def run_in_process(server: Server, points: list[Point], *, num_requests: int | None, seed: int,
-                   round_index: int) -> dict[str, Any]:
+def run_in_process(
+    server: Server, points: list[Point], *, num_requests: int | None, seed: int, round_index: int
+) -> dict[str, Any]:
     """The same points replayed on the engine in this process (`tune bench` without HTTP): what the
     server costs is the served / in-process ratio."""
     from slotune.engine import LLM
 
-    entry: dict[str, Any] = {"server": server.name + IN_PROCESS, "round": round_index,
-                             "copy_bandwidth_gbs": copy_bandwidth_gbs(), "load_avg_before": os.getloadavg(),
-                             "log": None, "results": []}
+    entry: dict[str, Any] = {
+        "server": server.name + IN_PROCESS,
+        "round": round_index,
+        "copy_bandwidth_gbs": copy_bandwidth_gbs(),
+        "load_avg_before": os.getloadavg(),
+        "log": None,
+        "results": [],
+    }
     llm = LLM(EngineConfig.from_dict(server.config))
     for point in points:
         entry["results"].append(measure_in_process(llm, point, num_requests, seed))
         m = entry["results"][-1]["metrics"]
-        print(f"  [{round_index + 1}] {entry['server']:>12} {point.key:>9}: {m['output_tokens_per_s']:7.1f} tok/s, "
-              f"TPOT p50 {fmt_ms(m.get('tpot_p50'))} ms, TTFT p50 {fmt_ms(m.get('ttft_p50'))} ms", flush=True)
+        print(
+            f"  [{round_index + 1}] {entry['server']:>12} {point.key:>9}: {m['output_tokens_per_s']:7.1f} tok/s, "
+            f"TPOT p50 {fmt_ms(m.get('tpot_p50'))} ms, TTFT p50 {fmt_ms(m.get('ttft_p50'))} ms",
+            flush=True,
+        )
     del llm
     gc.collect()
     return entry
@@ -310,8 +395,11 @@ def run_in_process(server: Server, points: list[Point], *, num_requests: int | N
 
 # --- context ------------------------------------------------------------------------------
 def machine_info() -> dict[str, Any]:
-    info: dict[str, Any] = {"platform": platform.platform(), "python": platform.python_version(),
-                            "cpu_count": os.cpu_count()}
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+    }
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
         fields = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
@@ -337,8 +425,12 @@ def versions(bin_dir: Path) -> dict[str, Any]:
     git = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True, text=True)
     v["slotune_git"] = git.stdout.strip() or None
     try:
-        out = subprocess.run([str(bin_dir / "llama-server"), "--version"], capture_output=True, text=True,
-                             env={**os.environ, "LD_LIBRARY_PATH": str(bin_dir)})
+        out = subprocess.run(
+            [str(bin_dir / "llama-server"), "--version"],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "LD_LIBRARY_PATH": str(bin_dir)},
+        )
         v["llama_server_version"] = (out.stdout + out.stderr).strip()
     except OSError as exc:  # --no-llama without a build
         v["llama_server_version"] = f"not run ({exc})"
@@ -361,19 +453,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--repeats", type=int, default=1, help="rounds over all servers, order reversed each round")
     ap.add_argument("--concurrency", type=str, default=None, help="e.g. 1,16 (default 1,4,16,64)")
     ap.add_argument("--prompt", type=str, default=None, help="short, long or short,long (default both)")
-    ap.add_argument("--configs", type=str, default=None,
-                    help=f"slotune configs: names in {CONFIG_DIR.relative_to(REPO)}/ or YAML paths "
-                         f"(default {','.join(DEFAULT_CONFIGS)}; --quick: fp32)")
+    ap.add_argument(
+        "--configs",
+        type=str,
+        default=None,
+        help=f"slotune configs: names in {CONFIG_DIR.relative_to(REPO)}/ or YAML paths "
+        f"(default {','.join(DEFAULT_CONFIGS)}; --quick: fp32)",
+    )
     ap.add_argument("--num-requests", type=int, default=None, help="per point (default max(2 x concurrency, 8))")
     ap.add_argument("--quick", action="store_true", help="smoke run: concurrency 1,4, short prompts, 8 requests, fp32")
     ap.add_argument("--no-llama", action="store_true", help="measure only the slotune configs")
-    ap.add_argument("--in-process", action="store_true",
-                    help="after each config's served round, replay the same points on its engine in-process "
-                         "(the server's overhead: served / in-process)")
-    ap.add_argument("--threads", type=int, default=os.cpu_count(),
-                    help="llama-server -t, and OMP_NUM_THREADS for tune serve (default: every CPU)")
-    ap.add_argument("--llama-bin", type=Path, default=default_llama_bin(),
-                    help="llama-server's folder (default: where build_llama_cpp.sh builds for this CPU)")
+    ap.add_argument(
+        "--in-process",
+        action="store_true",
+        help="after each config's served round, replay the same points on its engine in-process "
+        "(the server's overhead: served / in-process)",
+    )
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=os.cpu_count(),
+        help="llama-server -t, and OMP_NUM_THREADS for tune serve (default: every CPU)",
+    )
+    ap.add_argument(
+        "--llama-bin",
+        type=Path,
+        default=default_llama_bin(),
+        help="llama-server's folder (default: where build_llama_cpp.sh builds for this CPU)",
+    )
     ap.add_argument("--llama-extra", type=str, default="", help="more llama-server flags, e.g. '--cache-ram 0'")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--machine", type=str, default=None, help="label in the file names (default from lscpu)")
@@ -391,8 +498,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             ap.error(f"--prompt: '{p}' is not one of {', '.join(PROMPT_LENS)}")
     if any(c < 1 for c in args.concurrency) or args.repeats < 1:
         ap.error("--concurrency and --repeats must be >= 1")
-    args.configs = [Path(c) if c.endswith((".yaml", ".yml")) else CONFIG_DIR / f"{c}.yaml"
-                    for c in _csv(args.configs or ",".join(DEFAULT_CONFIGS))]
+    args.configs = [
+        Path(c) if c.endswith((".yaml", ".yml")) else CONFIG_DIR / f"{c}.yaml"
+        for c in _csv(args.configs or ",".join(DEFAULT_CONFIGS))
+    ]
     for c in args.configs:
         if not c.exists():
             names = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")))
@@ -413,8 +522,21 @@ def main(argv: list[str] | None = None) -> int:
     slots, ctx = sizing(points)
     port = free_port()
     workdir = Path(tempfile.mkdtemp(prefix="slotune-peers-"))
-    servers = [] if args.no_llama else [llama_server(args.llama_bin, model_path, threads=args.threads, slots=slots,
-                                                      ctx_per_slot=ctx, port=port, extra=shlex.split(args.llama_extra))]
+    servers = (
+        []
+        if args.no_llama
+        else [
+            llama_server(
+                args.llama_bin,
+                model_path,
+                threads=args.threads,
+                slots=slots,
+                ctx_per_slot=ctx,
+                port=port,
+                extra=shlex.split(args.llama_extra),
+            )
+        ]
+    )
     for path in args.configs:
         cfg = slotune_config(path, slots=slots, ctx_per_slot=ctx)
         servers.append(tune_serve(path.stem, cfg, threads=args.threads, port=port, workdir=workdir))
@@ -426,24 +548,58 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for i in range(args.repeats):
             for server in servers if i % 2 == 0 else servers[::-1]:
-                rounds.append(run_round(server, points, port=port, tokenizer=tokenizer, num_requests=args.num_requests,
-                                        seed=args.seed, log_path=workdir / f"{server.name}-{i}.log", round_index=i))
+                rounds.append(
+                    run_round(
+                        server,
+                        points,
+                        port=port,
+                        tokenizer=tokenizer,
+                        num_requests=args.num_requests,
+                        seed=args.seed,
+                        log_path=workdir / f"{server.name}-{i}.log",
+                        round_index=i,
+                    )
+                )
                 if args.in_process and server.config is not None:
-                    rounds.append(run_in_process(server, points, num_requests=args.num_requests, seed=args.seed,
-                                                 round_index=i))
+                    rounds.append(
+                        run_in_process(server, points, num_requests=args.num_requests, seed=args.seed, round_index=i)
+                    )
     except KeyboardInterrupt:
         print("interrupted: every server started is stopped; nothing written", file=sys.stderr)
         return 130
-    rep = {"date": date, "machine_label": label, "machine": info, "versions": versions(args.llama_bin),
-           "command": shlex.join(["python", "bench/peers/run.py", *(argv if argv is not None else sys.argv[1:])]),
-           "gguf": str(model_path), "repeats": args.repeats, "slots": slots, "ctx_per_slot": ctx,
-           "threads": args.threads, "llama_extra": args.llama_extra, "model": MODEL, "output_len": OUTPUT_LEN, "reference": LLAMA, "servers": [s.name for s in servers],
-           "points": [{"key": p.key, "prompt": p.prompt, "prompt_len": PROMPT_LENS[p.prompt],
-                       "concurrency": p.concurrency, "seed": p.seed(args.seed)} for p in points],
-           "server_commands": {s.name: s.command for s in servers},
-           "slotune_configs": {s.name: s.config for s in servers if s.config is not None},
-           "weight_bytes": {s.name: s.weight_bytes for s in servers}, "logs": str(workdir), "rounds": rounds,
-           "in_process": [s.name for s in servers if args.in_process and s.config is not None]}
+    rep = {
+        "date": date,
+        "machine_label": label,
+        "machine": info,
+        "versions": versions(args.llama_bin),
+        "command": shlex.join(["python", "bench/peers/run.py", *(argv if argv is not None else sys.argv[1:])]),
+        "gguf": str(model_path),
+        "repeats": args.repeats,
+        "slots": slots,
+        "ctx_per_slot": ctx,
+        "threads": args.threads,
+        "llama_extra": args.llama_extra,
+        "model": MODEL,
+        "output_len": OUTPUT_LEN,
+        "reference": LLAMA,
+        "servers": [s.name for s in servers],
+        "points": [
+            {
+                "key": p.key,
+                "prompt": p.prompt,
+                "prompt_len": PROMPT_LENS[p.prompt],
+                "concurrency": p.concurrency,
+                "seed": p.seed(args.seed),
+            }
+            for p in points
+        ],
+        "server_commands": {s.name: s.command for s in servers},
+        "slotune_configs": {s.name: s.config for s in servers if s.config is not None},
+        "weight_bytes": {s.name: s.weight_bytes for s in servers},
+        "logs": str(workdir),
+        "rounds": rounds,
+        "in_process": [s.name for s in servers if args.in_process and s.config is not None],
+    }
     rep["medians"] = medians(rounds)
     args.out.mkdir(parents=True, exist_ok=True)
     json_path, md_path = args.out / f"results-{date}-{label}.json", args.out / f"results-{date}-{label}.md"

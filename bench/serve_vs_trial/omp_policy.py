@@ -79,20 +79,41 @@ def main() -> None:
             finally:
                 _stop(proc)
             runs[p].append({k: m.get(k) for k in KEYS})
-            print(f"round {r} {p:>8}: " + ", ".join(f"{k} {m.get(k):.4g}" for k in KEYS if m.get(k) is not None),
-                  flush=True)
-    med = {p: {k: statistics.median(x[k] for x in runs[p] if x[k] is not None) for k in KEYS
-               if any(x[k] is not None for x in runs[p])} for p in policies}
+            print(
+                f"round {r} {p:>8}: " + ", ".join(f"{k} {m.get(k):.4g}" for k in KEYS if m.get(k) is not None),
+                flush=True,
+            )
+    med = {
+        p: {
+            k: statistics.median(x[k] for x in runs[p] if x[k] is not None)
+            for k in KEYS
+            if any(x[k] is not None for x in runs[p])
+        }
+        for p in policies
+    }
     base = policies[0]
-    print(f"\n{machine.words()}; config {args.config}; workload of {args.spec} (seed {seed}); medians of {args.rounds} rounds")
+    print(
+        f"\n{machine.words()}; config {args.config}; workload of {args.spec} (seed {seed}); medians of {args.rounds} rounds"
+    )
     print("| policy | " + " | ".join(KEYS) + " | tok/s ratio to " + base + " |")
     print("|---" * (len(KEYS) + 2) + "|")
     for p in policies:
         ratio = med[p]["output_tokens_per_s"] / med[base]["output_tokens_per_s"]
         print(f"| {p} | " + " | ".join(f"{med[p].get(k, float('nan')):.4g}" for k in KEYS) + f" | {ratio:.3f} |")
     if args.json:
-        args.json.write_text(json.dumps({"machine": machine.words(), "config": str(args.config), "spec": str(args.spec),
-                                         "seed": seed, "runs": runs, "medians": med}, indent=1))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "machine": machine.words(),
+                    "config": str(args.config),
+                    "spec": str(args.spec),
+                    "seed": seed,
+                    "runs": runs,
+                    "medians": med,
+                },
+                indent=1,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -28,8 +28,10 @@ from slotune.tuner.http_bench import run_http_benchmark, wait_ready
 from slotune.tuner.traces import load_trace
 from slotune.tuner.workload import WorkloadSpec
 
-CONFIG = "quantization: int8\ndtype: bfloat16\nkernels: {int8_activations: true}\nmax_num_seqs: 16\n" \
-         "num_kv_blocks: 512\nmax_model_len: 512\n"
+CONFIG = (
+    "quantization: int8\ndtype: bfloat16\nkernels: {int8_activations: true}\nmax_num_seqs: 16\n"
+    "num_kv_blocks: 512\nmax_model_len: 512\n"
+)
 CONFIG_LINE = "; ".join(CONFIG.strip().splitlines())  # the config on one line, for the report
 
 
@@ -65,16 +67,24 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path(__file__).parent)
     args = ap.parse_args()
     tok = Tokenizer.from_model_path(resolve_model_path("smollm2-135m"))
-    wl = WorkloadSpec.load({"arrivals": "closed_loop", "concurrency": args.concurrency, "num_requests": args.num_requests,
-                            "warmup_requests": args.concurrency, "prompt_len": {"kind": "fixed", "value": 32},
-                            "output_len": {"kind": "fixed", "value": 64}, "seed": 1})
+    wl = WorkloadSpec.load(
+        {
+            "arrivals": "closed_loop",
+            "concurrency": args.concurrency,
+            "num_requests": args.num_requests,
+            "warmup_requests": args.concurrency,
+            "prompt_len": {"kind": "fixed", "value": 32},
+            "output_len": {"kind": "fixed", "value": 64},
+            "seed": 1,
+        }
+    )
     tps: dict[str, list[float]] = {"off": [], "on": []}
     load = [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory() as tmp:
         cfg = Path(tmp) / "c.yaml"
         cfg.write_text(CONFIG)
         for r in range(args.rounds):
-            for mode in (("off", "on") if r % 2 == 0 else ("on", "off")):
+            for mode in ("off", "on") if r % 2 == 0 else ("on", "off"):
                 rec = Path(tmp) / f"rec-{r}" if mode == "on" else None
                 t, lines = measure(cfg, rec, wl, tok)
                 tps[mode].append(t)
@@ -83,16 +93,23 @@ def main() -> int:
     off, on = statistics.median(tps["off"]), statistics.median(tps["on"])
     paired = [b / a for a, b in zip(tps["off"], tps["on"])]  # each round's on/off, same load conditions
     date = datetime.now(timezone.utc).strftime("%Y-%m-%d")
-    md = "\n".join([
-        f"# `tune serve --record-traffic` overhead ({date}, {os.cpu_count()} CPUs)", "",
-        f"Command: `python bench/server/record_overhead.py --rounds {args.rounds} --concurrency {args.concurrency} "
-        f"--num-requests {args.num_requests}`; config `{CONFIG_LINE}`; closed loop, 32-token prompts, 64 output "
-        f"tokens; load average before/after {load[0]:.1f} / {load[1]:.1f}.", "",
-        "| recording | tok/s per round | median |", "|---|---|---|",
-        f"| off | {', '.join(f'{x:.1f}' for x in tps['off'])} | {off:.1f} |",
-        f"| on | {', '.join(f'{x:.1f}' for x in tps['on'])} | {on:.1f} |", "",
-        f"Recording on / off: **{on / off:.3f}x** of the medians; per round {', '.join(f'{x:.3f}' for x in paired)}, "
-        f"median **{statistics.median(paired):.3f}x** (goal >= 0.98x)."])
+    md = "\n".join(
+        [
+            f"# `tune serve --record-traffic` overhead ({date}, {os.cpu_count()} CPUs)",
+            "",
+            f"Command: `python bench/server/record_overhead.py --rounds {args.rounds} --concurrency {args.concurrency} "
+            f"--num-requests {args.num_requests}`; config `{CONFIG_LINE}`; closed loop, 32-token prompts, 64 output "
+            f"tokens; load average before/after {load[0]:.1f} / {load[1]:.1f}.",
+            "",
+            "| recording | tok/s per round | median |",
+            "|---|---|---|",
+            f"| off | {', '.join(f'{x:.1f}' for x in tps['off'])} | {off:.1f} |",
+            f"| on | {', '.join(f'{x:.1f}' for x in tps['on'])} | {on:.1f} |",
+            "",
+            f"Recording on / off: **{on / off:.3f}x** of the medians; per round {', '.join(f'{x:.3f}' for x in paired)}, "
+            f"median **{statistics.median(paired):.3f}x** (goal >= 0.98x).",
+        ]
+    )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"record-overhead-{date}.md").write_text(md + "\n")
     print(md)

@@ -41,8 +41,14 @@ admission:
   max_prompt_tokens: 256
   max_queued_requests: 4
 """
-PROMPTS = ["Tell me a story about a dragon.", "The capital of France is", "List three colours:",
-           "Write a haiku about the sea.", "def fibonacci(n):", "Once upon a time"]
+PROMPTS = [
+    "Tell me a story about a dragon.",
+    "The capital of France is",
+    "List three colours:",
+    "Write a haiku about the sea.",
+    "def fibonacci(n):",
+    "Once upon a time",
+]
 MAX_BODY_BYTES = 1 << 20  # serve_command's default
 
 
@@ -79,23 +85,29 @@ def percentile(xs: list[float], q: float) -> float:
 
 def _invalid_requests(rng: random.Random) -> tuple[str, dict | bytes]:
     """(label, body): each must be answered with a 4xx, never 5xx and never 429."""
-    return rng.choice([
-        ("malformed_json", b'{"model": "smollm2-135m", "prompt": '),
-        ("unknown_model", {"model": "gpt-9", "prompt": "hi"}),
-        ("negative_max_tokens", {"model": MODEL, "prompt": "hi", "max_tokens": -3}),
-        ("prompt_too_long", {"model": MODEL, "prompt": "word " * 400}),
-        ("oversized_body", {"model": MODEL, "prompt": "x" * (MAX_BODY_BYTES + 1)}),
-        ("n_2", {"model": MODEL, "prompt": "hi", "n": 2}),
-        ("seed_overflow", {"model": MODEL, "prompt": "hi", "seed": 2**70}),
-        ("temperature_high", {"model": MODEL, "prompt": "hi", "temperature": 5}),
-        ("empty_messages", {"model": MODEL, "messages": []}),
-    ])
+    return rng.choice(
+        [
+            ("malformed_json", b'{"model": "smollm2-135m", "prompt": '),
+            ("unknown_model", {"model": "gpt-9", "prompt": "hi"}),
+            ("negative_max_tokens", {"model": MODEL, "prompt": "hi", "max_tokens": -3}),
+            ("prompt_too_long", {"model": MODEL, "prompt": "word " * 400}),
+            ("oversized_body", {"model": MODEL, "prompt": "x" * (MAX_BODY_BYTES + 1)}),
+            ("n_2", {"model": MODEL, "prompt": "hi", "n": 2}),
+            ("seed_overflow", {"model": MODEL, "prompt": "hi", "seed": 2**70}),
+            ("temperature_high", {"model": MODEL, "prompt": "hi", "temperature": 5}),
+            ("empty_messages", {"model": MODEL, "messages": []}),
+        ]
+    )
 
 
 async def _one_invalid(client: httpx.AsyncClient, rng: random.Random, res: LoadResult) -> None:
     label, body = _invalid_requests(rng)
     path = "/v1/chat/completions" if isinstance(body, dict) and "messages" in body else "/v1/completions"
-    kw = {"content": body, "headers": {"content-type": "application/json"}} if isinstance(body, bytes) else {"json": body}
+    kw = (
+        {"content": body, "headers": {"content-type": "application/json"}}
+        if isinstance(body, bytes)
+        else {"json": body}
+    )
     r = await client.post(path, **kw)
     if r.status_code >= 500:
         res.num_5xx += 1
@@ -106,13 +118,25 @@ async def _one_invalid(client: httpx.AsyncClient, rng: random.Random, res: LoadR
         res.failures.append(f"{label}: expected 4xx error body, got {r.status_code}")
 
 
-async def _one_stream(client: httpx.AsyncClient, rng: random.Random, res: LoadResult, disconnect_prob: float,
-                      max_tokens_range: tuple[int, int]) -> float:
+async def _one_stream(
+    client: httpx.AsyncClient,
+    rng: random.Random,
+    res: LoadResult,
+    disconnect_prob: float,
+    max_tokens_range: tuple[int, int],
+) -> float:
     """One streaming request; returns seconds to wait before the next (Retry-After on 429)."""
     chat = rng.random() < 0.5
     max_tokens = rng.randint(*max_tokens_range)
-    body = {"model": MODEL, "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}, "temperature": rng.choice([0.0, 0.8]), "seed": rng.randint(0, 99)}
+    body = {
+        "model": MODEL,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "temperature": rng.choice([0.0, 0.8]),
+        "seed": rng.randint(0, 99),
+    }
     prompt = rng.choice(PROMPTS)
     if chat:
         body["messages"] = [{"role": "user", "content": prompt}]
@@ -172,8 +196,11 @@ async def _one_stream(client: httpx.AsyncClient, rng: random.Random, res: LoadRe
 async def _one_plain_disconnect(client: httpx.AsyncClient, res: LoadResult) -> None:
     """A non-streaming request whose client gives up before the answer: the server must abort it."""
     try:
-        r = await client.post("/v1/completions", timeout=0.3,
-                              json={"model": MODEL, "prompt": "Once upon a time", "max_tokens": 64, "ignore_eos": True})
+        r = await client.post(
+            "/v1/completions",
+            timeout=0.3,
+            json={"model": MODEL, "prompt": "Once upon a time", "max_tokens": 64, "ignore_eos": True},
+        )
     except httpx.TimeoutException:
         res.num_disconnected += 1
         return
@@ -186,9 +213,17 @@ async def _one_plain_disconnect(client: httpx.AsyncClient, res: LoadResult) -> N
         res.failures.append(f"plain request: {r.status_code}")
 
 
-async def run_load(base: str, *, duration_s: float, concurrency: int, disconnect_prob: float = 0.2,
-                   invalid_prob: float = 0.1, max_tokens_range: tuple[int, int] = (8, 48), seed: int = 0,
-                   api_key: str | None = None) -> LoadResult:
+async def run_load(
+    base: str,
+    *,
+    duration_s: float,
+    concurrency: int,
+    disconnect_prob: float = 0.2,
+    invalid_prob: float = 0.1,
+    max_tokens_range: tuple[int, int] = (8, 48),
+    seed: int = 0,
+    api_key: str | None = None,
+) -> LoadResult:
     """`concurrency` clients loop until `duration_s` elapses; returns what they saw."""
     res = LoadResult()
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -232,8 +267,11 @@ def wait_idle(base: str, timeout_s: float = 15.0) -> dict[str, float]:
     deadline = time.monotonic() + timeout_s
     while True:
         m = scrape(base)
-        idle = (m["slotune_num_requests_running"] == 0 and m["slotune_num_requests_waiting"] == 0
-                and m["slotune_kv_blocks_used"] == 0)
+        idle = (
+            m["slotune_num_requests_running"] == 0
+            and m["slotune_num_requests_waiting"] == 0
+            and m["slotune_kv_blocks_used"] == 0
+        )
         if idle or time.monotonic() > deadline:
             return m
         time.sleep(0.1)
@@ -247,8 +285,11 @@ def free_port() -> int:
 
 def start_server(config_path: Path, port: int, log_path: Path) -> subprocess.Popen:
     log = open(log_path, "w")
-    proc = subprocess.Popen([sys.executable, "-m", "slotune.tuner.cli_main", "serve", str(config_path), "--port", str(port)],
-                            stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "slotune.tuner.cli_main", "serve", str(config_path), "--port", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         wait_ready(base, proc=proc)
@@ -295,19 +336,27 @@ def run_rounds(workdir: Path, *, duration_s: float, concurrency: int, warmup_s: 
         for r in range(2):
             res = asyncio.run(run_load(base, duration_s=duration_s, concurrency=concurrency, seed=seed + r))
             m = wait_idle(base)
-            rounds.append({**res.summary(), "rss_mib_after": round(rss_mib(proc.pid), 1),
-                           "kv_blocks_used_after": m["slotune_kv_blocks_used"],
-                           "kv_blocks_free_after": m["slotune_kv_blocks_free"],
-                           "running_after": m["slotune_num_requests_running"],
-                           "waiting_after": m["slotune_num_requests_waiting"],
-                           "server_5xx_total": m.get('slotune_http_responses_total{status="5xx"}', 0.0),
-                           "_ttft": res.ttft_s, "_tpot": res.tpot_s})
+            rounds.append(
+                {
+                    **res.summary(),
+                    "rss_mib_after": round(rss_mib(proc.pid), 1),
+                    "kv_blocks_used_after": m["slotune_kv_blocks_used"],
+                    "kv_blocks_free_after": m["slotune_kv_blocks_free"],
+                    "running_after": m["slotune_num_requests_running"],
+                    "waiting_after": m["slotune_num_requests_waiting"],
+                    "server_5xx_total": m.get('slotune_http_responses_total{status="5xx"}', 0.0),
+                    "_ttft": res.ttft_s,
+                    "_tpot": res.tpot_s,
+                }
+            )
         report["rounds"] = rounds
         after = scrape(base)
         all_ttft = [x for r in rounds for x in r.pop("_ttft")]
         all_tpot = [x for r in rounds for x in r.pop("_tpot")]
-        for name, metric, xs in (("ttft", "slotune_time_to_first_token_seconds", all_ttft),
-                                 ("tpot", "slotune_time_per_output_token_seconds", all_tpot)):
+        for name, metric, xs in (
+            ("ttft", "slotune_time_to_first_token_seconds", all_ttft),
+            ("tpot", "slotune_time_per_output_token_seconds", all_tpot),
+        ):
             n = after[metric + "_count"] - before[metric + "_count"]
             total = after[metric + "_sum"] - before[metric + "_sum"]
             report[f"server_{name}_mean_ms"] = round(1e3 * total / n, 1) if n else None
@@ -316,7 +365,9 @@ def run_rounds(workdir: Path, *, duration_s: float, concurrency: int, warmup_s: 
         report["ttft_p99_ms"] = round(1e3 * percentile(all_ttft, 99), 1)
         report["tpot_p50_ms"] = round(1e3 * percentile(all_tpot, 50), 1)
         report["tpot_p99_ms"] = round(1e3 * percentile(all_tpot, 99), 1)
-        report["rejected_by_reason"] = {k: v for k, v in scrape(base).items() if k.startswith("slotune_requests_rejected_total")}
+        report["rejected_by_reason"] = {
+            k: v for k, v in scrape(base).items() if k.startswith("slotune_requests_rejected_total")
+        }
     finally:
         report["exit_code_on_sigterm"] = stop_server(proc)
     return report
@@ -328,17 +379,18 @@ def to_markdown(rep: dict, machine: str, date: str) -> str:
         f"{r['num_invalid_4xx']} | {r['num_5xx']} | {len(r['failures'])} | {r['ttft_p50_ms']} / {r['ttft_p99_ms']} | "
         f"{r['tpot_p50_ms']} / {r['tpot_p99_ms']} | {r['output_tokens_per_s']} | {r['kv_blocks_used_after']:.0f} | "
         f"{r['rss_mib_after']} |"
-        for i, r in enumerate(rep["rounds"]))
+        for i, r in enumerate(rep["rounds"])
+    )
     return f"""# `tune serve` load and fault benchmark
 
-Machine: {machine}. Date: {date}. Command: `python bench/server/run.py --duration {rep['duration_s']:.0f} --concurrency {rep['concurrency']}`.
+Machine: {machine}. Date: {date}. Command: `python bench/server/run.py --duration {rep["duration_s"]:.0f} --concurrency {rep["concurrency"]}`.
 
 A real `tune serve` subprocess on 127.0.0.1 with the bundled smollm2-135m and this config:
 
 ```yaml
-{rep['config']}```
+{rep["config"]}```
 
-{rep['concurrency']} concurrent clients for {rep['duration_s']:.0f} s per round (a warm-up round first, then two measured
+{rep["concurrency"]} concurrent clients for {rep["duration_s"]:.0f} s per round (a warm-up round first, then two measured
 rounds on the same server). Each request: 10% invalid (malformed JSON, unknown model,
 negative max_tokens, prompt over the admission limit, body over 1 MiB, n=2, seed overflow,
 temperature 5, empty messages); the rest stream 8-48 tokens (`ignore_eos`, half chat, half
@@ -350,20 +402,20 @@ TTFT/TPOT are client-side, completed streams only (TPOT = (last - first token) /
 |---|---|---|---|---|---|---|---|---|---|---|---|---|
 {rows}
 
-Both rounds: TTFT p50 {rep['ttft_p50_ms']} ms, p99 {rep['ttft_p99_ms']} ms; TPOT p50 {rep['tpot_p50_ms']} ms,
-p99 {rep['tpot_p99_ms']} ms.
+Both rounds: TTFT p50 {rep["ttft_p50_ms"]} ms, p99 {rep["ttft_p99_ms"]} ms; TPOT p50 {rep["tpot_p50_ms"]} ms,
+p99 {rep["tpot_p99_ms"]} ms.
 
 Server-side means over the completed requests (engine timestamps, from the /metrics histograms'
-_sum/_count): TTFT {rep['server_ttft_mean_ms']} ms, TPOT {rep['server_tpot_mean_ms']} ms; client-side means:
-TTFT {rep['client_ttft_mean_ms']} ms, TPOT {rep['client_tpot_mean_ms']} ms. The gap is what HTTP, SSE and the
-asyncio hand-off add. Load average at the end of the run: {', '.join(f'{x:.1f}' for x in rep['load_avg'])}
+_sum/_count): TTFT {rep["server_ttft_mean_ms"]} ms, TPOT {rep["server_tpot_mean_ms"]} ms; client-side means:
+TTFT {rep["client_ttft_mean_ms"]} ms, TPOT {rep["client_tpot_mean_ms"]} ms. The gap is what HTTP, SSE and the
+asyncio hand-off add. Load average at the end of the run: {", ".join(f"{x:.1f}" for x in rep["load_avg"])}
 (1/5/15 min, on 2 cores).
 
-Server RSS: {rep['rss_mib_after_warmup']} MiB after warm-up, {rep['rounds'][0]['rss_mib_after']} MiB after round 1,
-{rep['rounds'][1]['rss_mib_after']} MiB after round 2. Exit code on SIGTERM: {rep['exit_code_on_sigterm']}.
+Server RSS: {rep["rss_mib_after_warmup"]} MiB after warm-up, {rep["rounds"][0]["rss_mib_after"]} MiB after round 1,
+{rep["rounds"][1]["rss_mib_after"]} MiB after round 2. Exit code on SIGTERM: {rep["exit_code_on_sigterm"]}.
 
 Rejections counted by the server (`slotune_requests_rejected_total`):
-{chr(10).join(f"- `{k}`: {v:.0f}" for k, v in sorted(rep['rejected_by_reason'].items()))}
+{chr(10).join(f"- `{k}`: {v:.0f}" for k, v in sorted(rep["rejected_by_reason"].items()))}
 
 TTFT here includes queueing: with max_num_seqs=4 and up to 4 queued, a request admitted
 behind a full batch waits for a slot, which is what the p99 shows. The machine was shared

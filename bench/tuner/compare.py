@@ -38,8 +38,18 @@ def main() -> None:
     configs = {"default": spec.base_config(), "tuned": EngineConfig.from_yaml(args.run_dir / "best.yaml")}
     obj = spec.objective
     p = obj.percentile
-    keys = list(dict.fromkeys([obj.metric_key(), metric_key("ttft", p), metric_key("tpot", p), "output_tokens_per_s", "goodput_rps",
-                               "slo_attainment"]))
+    keys = list(
+        dict.fromkeys(
+            [
+                obj.metric_key(),
+                metric_key("ttft", p),
+                metric_key("tpot", p),
+                "output_tokens_per_s",
+                "goodput_rps",
+                "slo_attainment",
+            ]
+        )
+    )
     runs: dict[str, list[dict]] = {k: [] for k in configs}
     for i in range(args.repeats):
         for name, cfg in configs.items():  # interleaved: slow drifts of the machine hit both alike
@@ -50,15 +60,29 @@ def main() -> None:
             except TrialFailure as exc:
                 runs[name].append({"error": exc.reason})
             print(f"repeat {i} {name}: {runs[name][-1]} ({time.perf_counter() - t:.0f} s)", flush=True)
-    med = {name: {k: statistics.median([r[k] for r in rs if r.get(k) is not None]) for k in keys
-                  if any(r.get(k) is not None for r in rs)} for name, rs in runs.items()}
+    med = {
+        name: {
+            k: statistics.median([r[k] for r in rs if r.get(k) is not None])
+            for k in keys
+            if any(r.get(k) is not None for r in rs)
+        }
+        for name, rs in runs.items()
+    }
     key = obj.metric_key()
     d, t = med["default"].get(key), med["tuned"].get(key)
     ratio = (d / t if obj.direction() == "minimize" else t / d) if d and t else None
-    result = {"spec": str(args.spec), "date": date.today().isoformat(), "machine": args.machine,
-              "python": platform.python_version(), "objective": f"{obj.direction()} {key}", "repeats": args.repeats,
-              "tuned_config": configs["tuned"].model_dump(mode="json", exclude_defaults=True),
-              "median": med, "improvement": ratio, "runs": runs}
+    result = {
+        "spec": str(args.spec),
+        "date": date.today().isoformat(),
+        "machine": args.machine,
+        "python": platform.python_version(),
+        "objective": f"{obj.direction()} {key}",
+        "repeats": args.repeats,
+        "tuned_config": configs["tuned"].model_dump(mode="json", exclude_defaults=True),
+        "median": med,
+        "improvement": ratio,
+        "runs": runs,
+    }
     out = HERE / f"compare-{spec.name}.json"
     out.write_text(json.dumps(result, indent=1))
     print(json.dumps({"median": med, "improvement": ratio}, indent=1))

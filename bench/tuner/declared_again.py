@@ -27,8 +27,11 @@ def values(study, key: str, trial: int | None) -> dict[int, float]:
     from slotune.tuner.confirm import DECLARE_ATTR
 
     record = study.user_attrs.get(DECLARE_ATTR) or {}
-    return {m["seed"]: m["metrics"][key] for m in record.get("measurements", [])
-            if m.get("trial") == trial and isinstance((m.get("metrics") or {}).get(key), (int, float))}
+    return {
+        m["seed"]: m["metrics"][key]
+        for m in record.get("measurements", [])
+        if m.get("trial") == trial and isinstance((m.get("metrics") or {}).get(key), (int, float))
+    }
 
 
 def rows(result: dict, runs: Path) -> list[dict]:
@@ -51,11 +54,23 @@ def rows(result: dict, runs: Path) -> list[dict]:
         remeasured = statistics.median(again)
         beside = [default[s] for s in mine if s in default]  # the default on the winner's seeds, as declared
         declared = statistics.median(mine.values())
-        relative = relative_to_default(declared, statistics.median(beside) if beside else None,
-                                       result["runs"][w["name"]], result["runs"]["default"], key)
-        out.append({"winner": w["name"], "declared_on": list(mine.values()), "remeasured": remeasured,
-                    "mean": statistics.fmean(mine.values()) / remeasured, "median": declared / remeasured,
-                    "relative": relative})
+        relative = relative_to_default(
+            declared,
+            statistics.median(beside) if beside else None,
+            result["runs"][w["name"]],
+            result["runs"]["default"],
+            key,
+        )
+        out.append(
+            {
+                "winner": w["name"],
+                "declared_on": list(mine.values()),
+                "remeasured": remeasured,
+                "mean": statistics.fmean(mine.values()) / remeasured,
+                "median": declared / remeasured,
+                "relative": relative,
+            }
+        )
     return out
 
 
@@ -69,13 +84,17 @@ def main(argv: list[str] | None = None) -> int:
 
     key = result["objective"].split()[1]
     print(f"{args.result.name} ({key}); declared / re-measured (goal 0.9-1.1)\n")
-    print("| winner | declaration measurements | re-measured (median) | mean / re-measured | median / re-measured | "
-          "relative to the default beside it |")
+    print(
+        "| winner | declaration measurements | re-measured (median) | mean / re-measured | median / re-measured | "
+        "relative to the default beside it |"
+    )
     print("|---|---|---|---|---|---|")
     for r in rows(result, args.runs):
         rel = f"{r['relative']:.3f}" if r["relative"] is not None else "-"
-        print(f"| {r['winner']} | {', '.join(format_value(key, v) for v in r['declared_on'])} | "
-              f"{format_value(key, r['remeasured'])} | {r['mean']:.3f} | {r['median']:.3f} | {rel} |")
+        print(
+            f"| {r['winner']} | {', '.join(format_value(key, v) for v in r['declared_on'])} | "
+            f"{format_value(key, r['remeasured'])} | {r['mean']:.3f} | {r['median']:.3f} | {rel} |"
+        )
     return 0
 
 

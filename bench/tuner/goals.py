@@ -61,12 +61,20 @@ def run_study(spec_path: Path, seed: int, runs: Path) -> dict:
     copy = runs / f"{raw['name']}-seed{seed}.yaml"
     copy.write_text(yaml.safe_dump(raw, sort_keys=False))
     t = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "slotune.tuner.cli_main", "run", str(copy), "--no-progress", "--force-new"],
-                   check=True, env={**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{(out / 'mlflow.db').resolve()}"})
+    subprocess.run(
+        [sys.executable, "-m", "slotune.tuner.cli_main", "run", str(copy), "--no-progress", "--force-new"],
+        check=True,
+        env={**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{(out / 'mlflow.db').resolve()}"},
+    )
     wall = time.perf_counter() - t
     summary = json.loads((out / "best_metrics.json").read_text())
-    return {"seed": seed, "output_dir": str(out), "wall_s": wall, "summary": summary,
-            "best_yaml": str(out / "best.yaml")}
+    return {
+        "seed": seed,
+        "output_dir": str(out),
+        "wall_s": wall,
+        "summary": summary,
+        "best_yaml": str(out / "best.yaml"),
+    }
 
 
 def declared(summary: dict) -> float:
@@ -84,8 +92,9 @@ def declared_default(summary: dict) -> float | None:
     return float(value) if isinstance(value, (int, float)) else None
 
 
-def relative_to_default(declared: float, beside: float | None, winner_runs: list[dict], default_runs: list[dict],
-                        key: str) -> float | None:
+def relative_to_default(
+    declared: float, beside: float | None, winner_runs: list[dict], default_runs: list[dict], key: str
+) -> float | None:
     """The declaration relative to the default measured beside it (declared / beside), against the
     re-measure's median per-repeat winner / default (same seed, interleaved): a change of the host's
     speed between the two moves both and cancels. None without a default beside it or a pair."""
@@ -104,14 +113,26 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--runs", type=Path, default=Path("runs/goals"))
-    ap.add_argument("--hand", action="append", default=[], metavar="NAME=JSON",
-                    help="a hand-picked config: EngineConfig updates (dotted keys) over the spec's fixed engine")
+    ap.add_argument(
+        "--hand",
+        action="append",
+        default=[],
+        metavar="NAME=JSON",
+        help="a hand-picked config: EngineConfig updates (dotted keys) over the spec's fixed engine",
+    )
     ap.add_argument("--reuse", action="store_true", help="reuse finished studies in --runs (re-measure only)")
-    ap.add_argument("--machine", default="", help="machine description for the results (default: lscpu's model "
-                                                  "name, core count and AMX/AVX-512 flags)")
+    ap.add_argument(
+        "--machine",
+        default="",
+        help="machine description for the results (default: lscpu's model name, core count and AMX/AVX-512 flags)",
+    )
     ap.add_argument("--tag", default="", help="suffix of the results' file names (e.g. the machine: xeon-2c)")
-    ap.add_argument("--render", type=Path, metavar="JSON", help="judge a stored result again (`judged`) and rewrite "
-                    "its .json and .md; measures nothing")
+    ap.add_argument(
+        "--render",
+        type=Path,
+        metavar="JSON",
+        help="judge a stored result again (`judged`) and rewrite its .json and .md; measures nothing",
+    )
     args = ap.parse_args()
     if args.render:
         result = judged(json.loads(args.render.read_text()))
@@ -131,12 +152,21 @@ def main() -> None:
     for s in args.seeds:
         out = args.runs / f"{spec.name}-seed{s}"
         if args.reuse and (out / "best_metrics.json").exists():
-            studies.append({"seed": s, "output_dir": str(out), "wall_s": None, "best_yaml": str(out / "best.yaml"),
-                            "summary": json.loads((out / "best_metrics.json").read_text())})
+            studies.append(
+                {
+                    "seed": s,
+                    "output_dir": str(out),
+                    "wall_s": None,
+                    "best_yaml": str(out / "best.yaml"),
+                    "summary": json.loads((out / "best_metrics.json").read_text()),
+                }
+            )
         else:
             studies.append(run_study(args.spec, s, args.runs))
-        print(f"study seed {s}: winner {studies[-1]['summary']['params']} declared {declared(studies[-1]['summary']):.4g}",
-              flush=True)
+        print(
+            f"study seed {s}: winner {studies[-1]['summary']['params']} declared {declared(studies[-1]['summary']):.4g}",
+            flush=True,
+        )
 
     base = spec.base_config()
     configs = {"default": base}
@@ -160,16 +190,28 @@ def main() -> None:
             print(f"repeat {i} {name}: {runs[name][-1]} ({time.perf_counter() - t:.0f} s)", flush=True)
 
     result = {
-        "spec": str(args.spec), "date": date.today().isoformat(), "machine": args.machine or machine.words(),
-        "python": platform.python_version(), "omp_wait_policy": policy, "objective": f"{obj.direction()} {key}",
-        "repeats": args.repeats, "configs": {n: c.model_dump(mode="json", exclude_defaults=True) for n, c in configs.items()},
-        "winners": [{"name": f"winner-seed{st['seed']}", "declared": declared(st["summary"]),
-                     "declared_default": declared_default(st["summary"]),
-                     "declaration_seeds": len((st["summary"].get("remeasured") or {}).get("seeds") or []),
-                     "declared_half_width": (st["summary"].get("remeasured") or {}).get("half_width"),
-                     "major_levers": {k: configs[f"winner-seed{st['seed']}"].value_at(k) for k in MAJOR_LEVERS},
-                     "params": st["summary"]["params"], "trial": st["summary"]["trial"], "wall_s": st["wall_s"]}
-                    for st in studies],
+        "spec": str(args.spec),
+        "date": date.today().isoformat(),
+        "machine": args.machine or machine.words(),
+        "python": platform.python_version(),
+        "omp_wait_policy": policy,
+        "objective": f"{obj.direction()} {key}",
+        "repeats": args.repeats,
+        "configs": {n: c.model_dump(mode="json", exclude_defaults=True) for n, c in configs.items()},
+        "winners": [
+            {
+                "name": f"winner-seed{st['seed']}",
+                "declared": declared(st["summary"]),
+                "declared_default": declared_default(st["summary"]),
+                "declaration_seeds": len((st["summary"].get("remeasured") or {}).get("seeds") or []),
+                "declared_half_width": (st["summary"].get("remeasured") or {}).get("half_width"),
+                "major_levers": {k: configs[f"winner-seed{st['seed']}"].value_at(k) for k in MAJOR_LEVERS},
+                "params": st["summary"]["params"],
+                "trial": st["summary"]["trial"],
+                "wall_s": st["wall_s"],
+            }
+            for st in studies
+        ],
         "runs": runs,
     }
     result = judged(result)
@@ -200,22 +242,40 @@ def judged(r: dict) -> dict:
         v = x.get("violations")
         return v is not None and all(v.get(k, 0.0) <= 0 for k in SLO_KEYS)
 
-    rows = {n: {"median": med(n, key), "ci_low": med(n, lo_key), "ci_high": med(n, hi_key),
-                "values": [x.get(key) for x in runs[n]], "slo_held": sum(held(x) for x in runs[n]),
-                "measured": len(runs[n])} for n in runs}
+    rows = {
+        n: {
+            "median": med(n, key),
+            "ci_low": med(n, lo_key),
+            "ci_high": med(n, hi_key),
+            "values": [x.get(key) for x in runs[n]],
+            "slo_held": sum(held(x) for x in runs[n]),
+            "measured": len(runs[n]),
+        }
+        for n in runs
+    }
     sign = 1 if direction == "minimize" else -1
     for w in r["winners"]:
         m = rows[w["name"]]["median"]
-        w.update(remeasured_median=m, declared_over_remeasured=w["declared"] / m if m else None,
-                 within_10pct=bool(m) and abs(w["declared"] / m - 1) <= 0.10)
+        w.update(
+            remeasured_median=m,
+            declared_over_remeasured=w["declared"] / m if m else None,
+            within_10pct=bool(m) and abs(w["declared"] / m - 1) <= 0.10,
+        )
         d0 = w.get("declared_default")
         rel = relative_to_default(w["declared"], d0, runs[w["name"]], runs.get("default", []), key)
         dm = rows.get("default", {}).get("median")
-        w.update(relative_over_remeasured=rel, relative_within_10pct=rel is not None and abs(rel - 1) <= 0.10,
-                 default_drift=dm / d0 if d0 and dm else None)
+        w.update(
+            relative_over_remeasured=rel,
+            relative_within_10pct=rel is not None and abs(rel - 1) <= 0.10,
+            default_drift=dm / d0 if d0 and dm else None,
+        )
     lo_hi = [(rows[w["name"]]["ci_low"], rows[w["name"]]["ci_high"]) for w in r["winners"]]
-    overlap = all(v is not None for iv in lo_hi for v in iv) and max(lo for lo, _ in lo_hi) <= min(hi for _, hi in lo_hi)
-    eligible = {n: row["median"] for n, row in rows.items() if row["median"] is not None and row["slo_held"] == row["measured"]}
+    overlap = all(v is not None for iv in lo_hi for v in iv) and max(lo for lo, _ in lo_hi) <= min(
+        hi for _, hi in lo_hi
+    )
+    eligible = {
+        n: row["median"] for n, row in rows.items() if row["median"] is not None and row["slo_held"] == row["measured"]
+    }
     best_name = min(eligible, key=lambda n: sign * eligible[n]) if eligible else None
     tuned = [w["name"] for w in r["winners"] if w["name"] in eligible]
     tuned_name = min(tuned, key=lambda n: sign * eligible[n]) if tuned else None
@@ -223,48 +283,77 @@ def judged(r: dict) -> dict:
     b = eligible.get(best_name)
     tuned_vs_best = None if t is None or b is None else (b / t if direction == "minimize" else t / b)
     d = rows.get("default", {}).get("median")
-    return {**r, "rows": rows, "winners_agree_on_major_levers":
-            len({json.dumps(w["major_levers"], sort_keys=True) for w in r["winners"]}) == 1,
-            "winners_within_noise": overlap, "best_config": best_name, "tuned": tuned_name, "tuned_vs_best": tuned_vs_best,
-            "tuned_within_10pct_of_best": tuned_vs_best is not None and tuned_vs_best >= 0.9,
-            "default_vs_tuned": (d / t if direction == "minimize" else t / d) if d and t else None,
-            "better": {n: sign * eligible[n] < sign * d for n in eligible if n != "default"} if d else {}}
+    return {
+        **r,
+        "rows": rows,
+        "winners_agree_on_major_levers": len({json.dumps(w["major_levers"], sort_keys=True) for w in r["winners"]})
+        == 1,
+        "winners_within_noise": overlap,
+        "best_config": best_name,
+        "tuned": tuned_name,
+        "tuned_vs_best": tuned_vs_best,
+        "tuned_within_10pct_of_best": tuned_vs_best is not None and tuned_vs_best >= 0.9,
+        "default_vs_tuned": (d / t if direction == "minimize" else t / d) if d and t else None,
+        "better": {n: sign * eligible[n] < sign * d for n in eligible if n != "default"} if d else {},
+    }
 
 
 def markdown(r: dict) -> str:
     from slotune.tuner.units import format_value
 
     key = r["objective"].split()[1]
-    lines = [f"# Tuner goals: {r['spec']}", "", f"Date {r['date']}; machine {r['machine']}; OMP_WAIT_POLICY {r.get('omp_wait_policy', '?')}; objective {r['objective']}; "
-             f"{r['repeats']} interleaved re-measures per config on unseen workload seeds (medians; interval = the "
-             "median of the re-measures' bootstrap intervals).", "",
-             "| config | re-measured median | interval | values | SLO held |", "|---|---|---|---|---|"]
+    lines = [
+        f"# Tuner goals: {r['spec']}",
+        "",
+        f"Date {r['date']}; machine {r['machine']}; OMP_WAIT_POLICY {r.get('omp_wait_policy', '?')}; objective {r['objective']}; "
+        f"{r['repeats']} interleaved re-measures per config on unseen workload seeds (medians; interval = the "
+        "median of the re-measures' bootstrap intervals).",
+        "",
+        "| config | re-measured median | interval | values | SLO held |",
+        "|---|---|---|---|---|",
+    ]
     for n, row in r["rows"].items():
-        fmt = (lambda v: format_value(key, v) if v is not None else "-")
-        lines.append(f"| {n} | {fmt(row['median'])} | {fmt(row['ci_low'])} - {fmt(row['ci_high'])} | "
-                     f"{', '.join(fmt(v) for v in row['values'])} | {row['slo_held']} of {row['measured']} |")
-    lines += ["", "| winner | study wall | trial | params | declared | declared on (95% half-width) | re-measured | "
-              "declared / re-measured | within 10% | default re-measured / beside the declaration | "
-              "relative to the default: declared / re-measured |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        fmt = lambda v: format_value(key, v) if v is not None else "-"
+        lines.append(
+            f"| {n} | {fmt(row['median'])} | {fmt(row['ci_low'])} - {fmt(row['ci_high'])} | "
+            f"{', '.join(fmt(v) for v in row['values'])} | {row['slo_held']} of {row['measured']} |"
+        )
+    lines += [
+        "",
+        "| winner | study wall | trial | params | declared | declared on (95% half-width) | re-measured | "
+        "declared / re-measured | within 10% | default re-measured / beside the declaration | "
+        "relative to the default: declared / re-measured |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for w in r["winners"]:
         wall = f"{w['wall_s'] / 60:.1f} min" if w["wall_s"] else "-"
         ratio = f"{w['declared_over_remeasured']:.3f}" if w["declared_over_remeasured"] else "-"
         hw = w.get("declared_half_width")
         on = f"{w.get('declaration_seeds', '?')} seeds" + (f" (+-{hw:.1%})" if hw is not None else "")
-        lines.append(f"| {w['name']} | {wall} | {w['trial']} | `{json.dumps(w['params'])}` | {format_value(key, w['declared'])} | "
-                     f"{on} | {format_value(key, w['remeasured_median']) if w['remeasured_median'] else '-'} | {ratio} | "
-                     f"{'yes' if w['within_10pct'] else 'no'} | "
-                     + (f"{w['default_drift']:.3f}" if w.get("default_drift") else "-") + " | "
-                     + (f"{w['relative_over_remeasured']:.3f}" if w.get("relative_over_remeasured") else "-") + " |")
-    lines += ["", f"- Winners agree on the major levers ({', '.join(MAJOR_LEVERS)}): "
-              f"**{'yes' if r['winners_agree_on_major_levers'] else 'no'}** "
-              f"({'; '.join(w['name'] + ': ' + json.dumps(w['major_levers']) for w in r['winners'])}).",
-              f"- Winners' re-measured intervals overlap (within noise): **{'yes' if r['winners_within_noise'] else 'no'}**.",
-              *_same_config_lines(r, key),
-              f"- Best re-measured config of those that held the SLO in every repeat: {r['best_config']}; "
-              + (f"tuned ({r['tuned']}) / best = **{r['tuned_vs_best']:.3f}** (goal >= 0.9)."
-                 if r["tuned_vs_best"] is not None else "no winner held it in every repeat."),
-              f"- Tuned vs default (better direction): {r['default_vs_tuned']:.2f}x." if r["default_vs_tuned"] else ""]
+        lines.append(
+            f"| {w['name']} | {wall} | {w['trial']} | `{json.dumps(w['params'])}` | {format_value(key, w['declared'])} | "
+            f"{on} | {format_value(key, w['remeasured_median']) if w['remeasured_median'] else '-'} | {ratio} | "
+            f"{'yes' if w['within_10pct'] else 'no'} | "
+            + (f"{w['default_drift']:.3f}" if w.get("default_drift") else "-")
+            + " | "
+            + (f"{w['relative_over_remeasured']:.3f}" if w.get("relative_over_remeasured") else "-")
+            + " |"
+        )
+    lines += [
+        "",
+        f"- Winners agree on the major levers ({', '.join(MAJOR_LEVERS)}): "
+        f"**{'yes' if r['winners_agree_on_major_levers'] else 'no'}** "
+        f"({'; '.join(w['name'] + ': ' + json.dumps(w['major_levers']) for w in r['winners'])}).",
+        f"- Winners' re-measured intervals overlap (within noise): **{'yes' if r['winners_within_noise'] else 'no'}**.",
+        *_same_config_lines(r, key),
+        f"- Best re-measured config of those that held the SLO in every repeat: {r['best_config']}; "
+        + (
+            f"tuned ({r['tuned']}) / best = **{r['tuned_vs_best']:.3f}** (goal >= 0.9)."
+            if r["tuned_vs_best"] is not None
+            else "no winner held it in every repeat."
+        ),
+        f"- Tuned vs default (better direction): {r['default_vs_tuned']:.2f}x." if r["default_vs_tuned"] else "",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -281,9 +370,11 @@ def _same_config_lines(r: dict, key: str) -> list[str]:
         meds = [r["rows"][n]["median"] for n in names]
         if all(m is not None for m in meds):
             spread = f" ({max(meds) / min(meds):.2f}x apart)" if min(meds) > 0 else ""
-            lines.append(f"- {' and '.join(names)} are the same config: their re-measures, on the same seeds and "
-                         f"interleaved, are replicates of one config; medians {', '.join(format_value(key, m) for m in meds)}"
-                         f"{spread}, the re-measure's own spread.")
+            lines.append(
+                f"- {' and '.join(names)} are the same config: their re-measures, on the same seeds and "
+                f"interleaved, are replicates of one config; medians {', '.join(format_value(key, m) for m in meds)}"
+                f"{spread}, the re-measure's own spread."
+            )
     return lines
 
 

@@ -56,23 +56,50 @@ def main() -> None:
     for i in range(args.runs):
         fp32, bf16 = gemm_gflops(torch.float32), gemm_gflops(torch.bfloat16)
         steps.clear()
-        m = run_benchmark(cfg, spec.workload, llm=llm, ttft_limit_s=obj.ttft_limit_s, tpot_limit_s=obj.tpot_limit_s,
-                          percentiles=(obj.percentile,)).metrics
+        m = run_benchmark(
+            cfg,
+            spec.workload,
+            llm=llm,
+            ttft_limit_s=obj.ttft_limit_s,
+            tpot_limit_s=obj.tpot_limit_s,
+            percentiles=(obj.percentile,),
+        ).metrics
         gaps = [b - a for a, b in zip(steps, steps[1:])]
-        rows.append({key: m[key], "duration_s": m["duration_s"], "steps": len(steps),
-                     "median_step_ms": statistics.median(gaps) * 1e3 if gaps else None,
-                     "gemm_fp32_gflops": fp32, "gemm_bf16_gflops": bf16})
-        print(f"run {i}: {key} {m[key]:.4g}, {m['duration_s']:.2f} s, {len(steps)} steps (median "
-              f"{rows[-1]['median_step_ms']:.1f} ms); GEMM before: fp32 {fp32:.0f}, bf16 {bf16:.0f} GFLOP/s", flush=True)
+        rows.append(
+            {
+                key: m[key],
+                "duration_s": m["duration_s"],
+                "steps": len(steps),
+                "median_step_ms": statistics.median(gaps) * 1e3 if gaps else None,
+                "gemm_fp32_gflops": fp32,
+                "gemm_bf16_gflops": bf16,
+            }
+        )
+        print(
+            f"run {i}: {key} {m[key]:.4g}, {m['duration_s']:.2f} s, {len(steps)} steps (median "
+            f"{rows[-1]['median_step_ms']:.1f} ms); GEMM before: fp32 {fp32:.0f}, bf16 {bf16:.0f} GFLOP/s",
+            flush=True,
+        )
     vals = [r[key] for r in rows]
     cv = statistics.pstdev(vals) / statistics.mean(vals)
     g = [r["gemm_bf16_gflops"] for r in rows]
-    print(f"\n{key}: median {statistics.median(vals):.4g}, min {min(vals):.4g}, max {max(vals):.4g}, "
-          f"max/min {max(vals) / min(vals):.2f}, CV {cv:.1%}; step counts {sorted({r['steps'] for r in rows})}; "
-          f"bf16 GEMM max/min {max(g) / min(g):.2f}")
+    print(
+        f"\n{key}: median {statistics.median(vals):.4g}, min {min(vals):.4g}, max {max(vals):.4g}, "
+        f"max/min {max(vals) / min(vals):.2f}, CV {cv:.1%}; step counts {sorted({r['steps'] for r in rows})}; "
+        f"bf16 GEMM max/min {max(g) / min(g):.2f}"
+    )
     if args.json:
-        args.json.write_text(json.dumps({"config": cfg.model_dump(mode="json", exclude_defaults=True),
-                                         "spec": str(args.spec), "runs": rows, "cv": cv}, indent=1))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "config": cfg.model_dump(mode="json", exclude_defaults=True),
+                    "spec": str(args.spec),
+                    "runs": rows,
+                    "cv": cv,
+                },
+                indent=1,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -33,15 +33,24 @@ def table_from_study(db: Path) -> dict:
     rows = []
     for t in study.trials:
         if t.state.name == "COMPLETE":
-            rows.append({"params": t.params, "value": t.values[0],
-                         "tpot_p95": t.user_attrs["metrics"].get("tpot_p95"),
-                         "ttft_p95": t.user_attrs["metrics"].get("ttft_p95")})
-    return {"objective": "maximize output_tokens_per_s", "workload": "grid-chat (bench/tuner/grid-spec.yaml)",
-            "rows": rows}
+            rows.append(
+                {
+                    "params": t.params,
+                    "value": t.values[0],
+                    "tpot_p95": t.user_attrs["metrics"].get("tpot_p95"),
+                    "ttft_p95": t.user_attrs["metrics"].get("ttft_p95"),
+                }
+            )
+    return {
+        "objective": "maximize output_tokens_per_s",
+        "workload": "grid-chat (bench/tuner/grid-spec.yaml)",
+        "rows": rows,
+    }
 
 
-def trials_to_target(sampler_name: str, seed: int, table: dict, space, target: float, budget: int,
-                     repeats: bool) -> int | None:
+def trials_to_target(
+    sampler_name: str, seed: int, table: dict, space, target: float, budget: int, repeats: bool
+) -> int | None:
     """Measured trials a seeded study needs to reach `target`, or None within `budget`.
 
     repeats=True replays the study as `tune run` runs it since 2026-11-25 (tuner/objective.py):
@@ -115,8 +124,14 @@ def main() -> None:
     best = max(r["value"] for r in table["rows"])
     target = (1 - args.within) * best
     num_good = sum(r["value"] >= target for r in table["rows"])
-    result = {"grid_size": n, "grid_best": best, "target": target, "num_configs_within": num_good,
-              "seeds": args.seeds, "samplers": {}}
+    result = {
+        "grid_size": n,
+        "grid_best": best,
+        "target": target,
+        "num_configs_within": num_good,
+        "seeds": args.seeds,
+        "samplers": {},
+    }
     for name, repeats in (("tpe", True), ("random", True), ("tpe", False), ("random", False)):
         hits = [trials_to_target(name, s, table, space, target, budget=n, repeats=repeats) for s in range(args.seeds)]
         found = [h for h in hits if h is not None]

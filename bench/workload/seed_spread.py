@@ -58,8 +58,10 @@ def main() -> None:
         wl = WorkloadSpec.load(args.spec)
     if wl.num_requests is None or wl.trace_source is not None:
         raise SystemExit("needs a workload with num_requests and length distributions")
-    print(f"{args.spec}: {wl.num_requests} requests, prompt {wl.prompt_len}, output {wl.output_len}, arrivals "
-          f"{wl.arrivals}{f' at {wl.rate:g}/s' if wl.rate else ''}; {args.seeds} seeds")
+    print(
+        f"{args.spec}: {wl.num_requests} requests, prompt {wl.prompt_len}, output {wl.output_len}, arrivals "
+        f"{wl.arrivals}{f' at {wl.rate:g}/s' if wl.rate else ''}; {args.seeds} seeds"
+    )
     print()
     print("| length_sampling | prompt tokens CV | output tokens CV | mean output tokens/request |")
     print("|---|---|---|---|")
@@ -72,8 +74,10 @@ def main() -> None:
         print("|---|---|---|---|---|---|")
         for mode in ("independent", "stratified"):
             s, g = spans(wl, args.seeds, mode)
-            print(f"| {mode} | {s.mean():.2f} s | {s.std() / s.mean():.1%} | {s.min():.2f} - {s.max():.2f} s | "
-                  f"{g.mean():.3f} s | {g.std() / g.mean():.2f} |")
+            print(
+                f"| {mode} | {s.mean():.2f} s | {s.std() / s.mean():.1%} | {s.min():.2f} - {s.max():.2f} s | "
+                f"{g.mean():.3f} s | {g.std() / g.mean():.2f} |"
+            )
 
 
 if __name__ == "__main__":

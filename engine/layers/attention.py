@@ -20,8 +20,17 @@ class KVCache:
     Quantized caches (int8 / fp8-e4m3) store one float32 scale per (token, head).
     """
 
-    def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, kv_dtype: str, device: torch.device) -> None:
+    def __init__(
+        self,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        kv_dtype: str,
+        device: torch.device,
+    ) -> None:
         self.kv_dtype = kv_dtype
         self.block_size = block_size
         store = {"auto": dtype, "int8": torch.int8, "fp8": torch.float8_e4m3fn}[kv_dtype]
@@ -103,8 +112,16 @@ class TorchAttentionBackend:
             c = c.to(torch.float32) * s[..., None]
         return c.view(b, nb * bs, h, d).transpose(1, 2).to(cache.compute_dtype)
 
-    def forward(self, cache: KVCache, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    def forward(
+        self,
+        cache: KVCache,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
         # q: [T, H, D]; k, v: [T, Hkv, D] -> out [T, H, D]
         if not meta.has_skipped_slots:
             self.store_kv(cache, layer, k, v, meta.slot_mapping)
@@ -123,7 +140,9 @@ class TorchAttentionBackend:
             out[ne:] = self._decode(cache, layer, q[ne:], meta, scale)
         return out
 
-    def _decode(self, cache: KVCache, layer: int, q: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    def _decode(
+        self, cache: KVCache, layer: int, q: torch.Tensor, meta: AttentionMetadata, scale: float
+    ) -> torch.Tensor:
         # q: [B, H, D] -> [B, H, D]
         kk = self._gather(cache, layer, meta.decode_block_tables, "k")  # [B, Hkv, L, D]
         vv = self._gather(cache, layer, meta.decode_block_tables, "v")
@@ -140,15 +159,28 @@ class TorchAttentionBackend:
         scores = torch.where(mask, scores * scale, float("-inf"))  # mask [B, 1, 1, L]
         return torch.matmul(scores.softmax(-1).to(vv.dtype), vv).view(b, h, d)
 
-    def _extend(self, cache: KVCache, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    def _extend(
+        self,
+        cache: KVCache,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
         mask = self._masks(meta)[1]
         if meta.extend_mask is None:
             # One plain prefill with no cached context: attend over this step's own K/V (causal,
             # or the [T, T] window mask when the prompt is longer than the window).
             o = F.scaled_dot_product_attention(
-                q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, is_causal=mask is None,
-                scale=scale, enable_gqa=True
+                q.transpose(0, 1),
+                k.transpose(0, 1),
+                v.transpose(0, 1),
+                attn_mask=mask,
+                is_causal=mask is None,
+                scale=scale,
+                enable_gqa=True,
             )
             return o.transpose(0, 1)
         lens = meta.extend_query_lens

@@ -69,8 +69,9 @@ def block_tables(tables: list[list[int]], width: int | None = None) -> torch.Ten
     return bt
 
 
-def build_metadata(extend: list[SeqSpan], decode: list[SeqSpan], block_size: int,
-                   device: torch.device) -> AttentionMetadata:
+def build_metadata(
+    extend: list[SeqSpan], decode: list[SeqSpan], block_size: int, device: torch.device
+) -> AttentionMetadata:
     """Metadata of a step whose rows are the `extend` spans' tokens, then one row per `decode` span.
 
     An extend group that is one fresh prompt (nothing cached) gets no block table and no mask: it
@@ -103,31 +104,54 @@ def build_metadata(extend: list[SeqSpan], decode: list[SeqSpan], block_size: int
         dbt, dctx = dbt.to(device, non_blocking=True), ctx.to(device, non_blocking=True)
     return AttentionMetadata(
         slot_mapping=torch.tensor(slots, dtype=torch.int64).to(device, non_blocking=True),
-        num_extend_tokens=sum(q_lens), extend_query_lens=q_lens, extend_context_lens=ctx_lens,
-        extend_block_tables=ebt, extend_mask=emask, decode_block_tables=dbt, decode_context_lens=dctx,
-        decode_mask=dmask, block_size=block_size,
+        num_extend_tokens=sum(q_lens),
+        extend_query_lens=q_lens,
+        extend_context_lens=ctx_lens,
+        extend_block_tables=ebt,
+        extend_mask=emask,
+        decode_block_tables=dbt,
+        decode_context_lens=dctx,
+        decode_mask=dmask,
+        block_size=block_size,
     )
 
 
 def scratch_metadata(num_tokens: int, block_size: int, device: torch.device) -> AttentionMetadata:
     """One fresh sequence attending over its own K/V only, storing nothing in the cache."""
     return AttentionMetadata(
-        slot_mapping=torch.full((num_tokens,), -1, dtype=torch.int64, device=device), num_extend_tokens=num_tokens,
-        extend_query_lens=[num_tokens], extend_context_lens=[num_tokens], extend_block_tables=None, extend_mask=None,
-        decode_block_tables=None, decode_context_lens=None, decode_mask=None, block_size=block_size,
+        slot_mapping=torch.full((num_tokens,), -1, dtype=torch.int64, device=device),
+        num_extend_tokens=num_tokens,
+        extend_query_lens=[num_tokens],
+        extend_context_lens=[num_tokens],
+        extend_block_tables=None,
+        extend_mask=None,
+        decode_block_tables=None,
+        decode_context_lens=None,
+        decode_mask=None,
+        block_size=block_size,
         has_skipped_slots=True,
     )
 
 
-def static_decode_metadata(slots: torch.Tensor, tables: torch.Tensor, context_lens: torch.Tensor,
-                           block_size: int) -> AttentionMetadata:
+def static_decode_metadata(
+    slots: torch.Tensor, tables: torch.Tensor, context_lens: torch.Tensor, block_size: int
+) -> AttentionMetadata:
     """Decode metadata over preallocated buffers a CUDA graph reads on every replay. slots: [B]
     (-1 = padded row, not stored); tables: [B, max_blocks] int32; context_lens: [B]. The context
     bound is static (max_blocks * block_size): no host sync, the same launch every replay."""
     return AttentionMetadata(
-        slot_mapping=slots, num_extend_tokens=0, extend_query_lens=[], extend_context_lens=[],
-        extend_block_tables=None, extend_mask=None, decode_block_tables=tables, decode_context_lens=context_lens,
-        decode_mask=None, block_size=block_size, has_skipped_slots=True, max_context=tables.shape[1] * block_size,
+        slot_mapping=slots,
+        num_extend_tokens=0,
+        extend_query_lens=[],
+        extend_context_lens=[],
+        extend_block_tables=None,
+        extend_mask=None,
+        decode_block_tables=tables,
+        decode_context_lens=context_lens,
+        decode_mask=None,
+        block_size=block_size,
+        has_skipped_slots=True,
+        max_context=tables.shape[1] * block_size,
     )
 
 

@@ -8,8 +8,9 @@ import torch
 import torch.nn.functional as F
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
-             ) -> tuple[torch.Tensor, torch.Tensor]:
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns (normed, new_residual); new_residual = x + residual (or x) in input dtype."""
     if residual is not None:
         x = x + residual
@@ -64,14 +65,15 @@ def rope_frequencies(head_dim: int, theta: float, scaling: dict | None) -> tuple
         if scaling.get("truncate", True):
             low, high = math.floor(low), math.ceil(high)
         low, high = max(low, 0), min(high, head_dim - 1)
-        ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low if high != low else 0.001))
+        ramp = (torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low if high != low else 0.001)
         extrapolate = (1 - ramp.clamp(0, 1)).double()
         return inv / factor * (1 - extrapolate) + inv * extrapolate, float(attn)
     raise ValueError(f"rope_scaling type '{kind}' is not implemented (supported: default, {', '.join(ROPE_TYPES)})")
 
 
-def rope_cos_sin(head_dim: int, max_positions: int, theta: float, device: torch.device,
-                 scaling: dict | None = None) -> torch.Tensor:
+def rope_cos_sin(
+    head_dim: int, max_positions: int, theta: float, device: torch.device, scaling: dict | None = None
+) -> torch.Tensor:
     """[max_positions, head_dim] table: cos in the first half, sin in the second."""
     inv, attention_factor = rope_frequencies(head_dim, theta, scaling)
     t = torch.arange(max_positions, dtype=torch.float64)

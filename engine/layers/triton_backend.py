@@ -32,8 +32,9 @@ log = logging.getLogger("slotune.engine")
 class TritonAttentionBackend(TorchAttentionBackend):
     name = "triton"
 
-    def __init__(self, tiles: DecodeAttentionConfig, prefill_tiles: PrefillAttentionConfig,
-                 sliding_window: int | None = None) -> None:
+    def __init__(
+        self, tiles: DecodeAttentionConfig, prefill_tiles: PrefillAttentionConfig, sliding_window: int | None = None
+    ) -> None:
         super().__init__(sliding_window)  # the torch masks serve the one-fresh-prompt SDPA path
         self.config = tiles
         self.prefill_config = prefill_tiles
@@ -46,11 +47,26 @@ class TritonAttentionBackend(TorchAttentionBackend):
         return {"triton_prefill_to_sdpa": self.num_prefill_fallbacks}
 
     def store_kv(self, cache: KVCache, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
-        store_kv(k, v, cache.k[layer], cache.v[layer], slots,
-                 cache.k_scale[layer] if cache.is_quantized else None, cache.v_scale[layer] if cache.is_quantized else None)
+        store_kv(
+            k,
+            v,
+            cache.k[layer],
+            cache.v[layer],
+            slots,
+            cache.k_scale[layer] if cache.is_quantized else None,
+            cache.v_scale[layer] if cache.is_quantized else None,
+        )
 
-    def forward(self, cache: KVCache, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    def forward(
+        self,
+        cache: KVCache,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
         self.store_kv(cache, layer, k, v, meta.slot_mapping)  # the kernel skips slot -1 itself
         ne = meta.num_extend_tokens
         if ne == 0:
@@ -61,8 +77,16 @@ class TritonAttentionBackend(TorchAttentionBackend):
             out[ne:] = self._decode(cache, layer, q[ne:], meta, scale)
         return out
 
-    def _extend(self, cache: KVCache, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    def _extend(
+        self,
+        cache: KVCache,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
         if meta.extend_mask is None:  # one fresh prompt: flash SDPA over its own K/V
             return super()._extend(cache, layer, q, k, v, meta, scale)
         if self._prefill_failed:  # the kernel failed before: torch's extend path, counted
@@ -81,9 +105,20 @@ class TritonAttentionBackend(TorchAttentionBackend):
         try:
             # through the module: tests put a failing kernel there (the fallback below)
             out = prefill_attention.paged_prefill_attention(
-                q, cache.k[layer], cache.v[layer], meta.extend_block_tables, starts, q_lens, ctx_lens, max_q, scale,
-                cache.k_scale[layer] if cache.is_quantized else None, cache.v_scale[layer] if cache.is_quantized else None,
-                config=self.prefill_config, window=self.sliding_window)
+                q,
+                cache.k[layer],
+                cache.v[layer],
+                meta.extend_block_tables,
+                starts,
+                q_lens,
+                ctx_lens,
+                max_q,
+                scale,
+                cache.k_scale[layer] if cache.is_quantized else None,
+                cache.v_scale[layer] if cache.is_quantized else None,
+                config=self.prefill_config,
+                window=self.sliding_window,
+            )
         except Exception as exc:
             if self._prefill_ran:
                 raise  # it worked before: a real error, not a toolchain/tile problem
@@ -96,11 +131,22 @@ class TritonAttentionBackend(TorchAttentionBackend):
         self._prefill_ran = True
         return out
 
-    def _decode(self, cache: KVCache, layer: int, q: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    def _decode(
+        self, cache: KVCache, layer: int, q: torch.Tensor, meta: AttentionMetadata, scale: float
+    ) -> torch.Tensor:
         return paged_decode_attention(
-            q, cache.k[layer], cache.v[layer], meta.decode_block_tables, meta.decode_context_lens, scale,
-            cache.k_scale[layer] if cache.is_quantized else None, cache.v_scale[layer] if cache.is_quantized else None,
-            config=self.config, max_context=meta.max_context, window=self.sliding_window)
+            q,
+            cache.k[layer],
+            cache.v[layer],
+            meta.decode_block_tables,
+            meta.decode_context_lens,
+            scale,
+            cache.k_scale[layer] if cache.is_quantized else None,
+            cache.v_scale[layer] if cache.is_quantized else None,
+            config=self.config,
+            max_context=meta.max_context,
+            window=self.sliding_window,
+        )
 
 
 class TritonOps:

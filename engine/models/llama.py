@@ -25,8 +25,9 @@ from slotune.engine.loader import ModelConfig
 
 
 class LlamaLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, sd: dict[str, torch.Tensor], index: int, dtype: torch.dtype,
-                 backend: Backend) -> None:
+    def __init__(
+        self, cfg: ModelConfig, sd: dict[str, torch.Tensor], index: int, dtype: torch.dtype, backend: Backend
+    ) -> None:
         super().__init__()
         prefix = f"model.layers.{index}."
         self.index = index  # this layer's slice of the KV cache
@@ -38,8 +39,10 @@ class LlamaLayer(nn.Module):
             are present for all of them or none."""
             biases = [prefix + n + ".bias" in sd for n in names]
             if any(biases) and not all(biases):
-                raise ValueError(f"{prefix}: biases on {[n for n, b in zip(names, biases) if b]} but not on the "
-                                 f"rest of {names}: a layout this engine does not implement")
+                raise ValueError(
+                    f"{prefix}: biases on {[n for n, b in zip(names, biases) if b]} but not on the "
+                    f"rest of {names}: a layout this engine does not implement"
+                )
             weight = torch.cat([g(n + ".weight") for n in names])
             return Linear(weight, torch.cat([g(n + ".bias") for n in names]) if all(biases) else None)
 
@@ -56,12 +59,18 @@ class LlamaLayer(nn.Module):
         self.num_kv_heads = cfg.num_kv_heads
         self.head_dim = cfg.head_dim
         self.eps = cfg.rms_norm_eps
-        self.scale = cfg.head_dim ** -0.5
+        self.scale = cfg.head_dim**-0.5
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, cos_sin: torch.Tensor, cache: KVCache,
-                meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        cos_sin: torch.Tensor,
+        cache: KVCache,
+        meta: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """x: [T, D] this layer's input (before the residual add), residual: [T, D] or None (first
         layer); cos_sin: [T, Dh] -> (output [T, D], residual [T, D]), the residual add deferred to the
         next norm (fused there)."""
@@ -91,8 +100,14 @@ class LlamaLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, sd: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device,
-                 backend: Backend | None = None) -> None:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        sd: dict[str, torch.Tensor],
+        dtype: torch.dtype,
+        device: torch.device,
+        backend: Backend | None = None,
+    ) -> None:
         """backend: attention and pointwise ops (engine/layers/backend.py); None = plain torch."""
         super().__init__()
         self.cfg = cfg
@@ -106,17 +121,28 @@ class LlamaModel(nn.Module):
         self.lm_head = Linear(self.embed.data if lm_head is None else lm_head.to(dtype))
         unused = sorted(k for k in sd if not k.endswith("rotary_emb.inv_freq"))  # derived buffers of old checkpoints
         if unused:
-            raise ValueError(f"model weights this engine does not use (a layout it does not implement; refusing "
-                             f"rather than computing something else): {', '.join(unused[:8])}"
-                             + (f" and {len(unused) - 8} more" if len(unused) > 8 else ""))
+            raise ValueError(
+                f"model weights this engine does not use (a layout it does not implement; refusing "
+                f"rather than computing something else): {', '.join(unused[:8])}"
+                + (f" and {len(unused) - 8} more" if len(unused) > 8 else "")
+            )
         self.to(device)
         if lm_head is None:  # tied: share storage after the move
             self.lm_head.weight = self.embed
-        self.register_buffer("cos_sin", rope_cos_sin(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, device,
-                                                     cfg.rope_scaling), persistent=False)
+        self.register_buffer(
+            "cos_sin",
+            rope_cos_sin(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, device, cfg.rope_scaling),
+            persistent=False,
+        )
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, meta: AttentionMetadata,
-                num_layers: int | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        cache: KVCache,
+        meta: AttentionMetadata,
+        num_layers: int | None = None,
+    ) -> torch.Tensor:
         """input_ids, positions: [T] -> final-normed hidden states [T, D].
 
         num_layers < all runs only the first layers (early-exit self-drafting).

@@ -55,8 +55,17 @@ REJECTED_UNLESS_DEFAULT: dict[str, tuple[Any, ...]] = {
     "service_tier": ("auto", "default"),
 }
 # Accepted and ignored: they name the caller or hint at caching, never change the output.
-IGNORED = frozenset({"user", "safety_identifier", "metadata", "prompt_cache_key", "prompt_cache_retention",
-                     "prompt_cache_options", "parallel_tool_calls"})
+IGNORED = frozenset(
+    {
+        "user",
+        "safety_identifier",
+        "metadata",
+        "prompt_cache_key",
+        "prompt_cache_retention",
+        "prompt_cache_options",
+        "parallel_tool_calls",
+    }
+)
 
 
 class InvalidRequest(ValueError):
@@ -186,7 +195,9 @@ def parse_request(body: bytes, model: type[R]) -> R:
     except RecursionError:
         raise InvalidRequest(f"request body nests deeper than {MAX_JSON_DEPTH} levels") from None
     except json.JSONDecodeError as exc:
-        raise InvalidRequest(f"request body is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})") from None
+        raise InvalidRequest(
+            f"request body is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
+        ) from None
     except ValueError as exc:  # NaN/Infinity (parse_constant), an integer of over 4300 digits
         raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
     _check_text(data)
@@ -210,7 +221,7 @@ def _check_text(data: Any) -> None:
         value, path, depth = stack.pop()
         if depth >= MAX_JSON_DEPTH:
             raise InvalidRequest(f"{_dotted(path)}: nested deeper than {MAX_JSON_DEPTH} levels", _dotted(path) or None)
-        for key, item in (value.items() if isinstance(value, dict) else enumerate(value)):
+        for key, item in value.items() if isinstance(value, dict) else enumerate(value):
             if isinstance(key, str):
                 _check_str(key, path, is_key=True)
             if isinstance(item, str):
@@ -227,16 +238,25 @@ def _check_str(s: str, path: tuple, is_key: bool = False) -> None:
     except UnicodeEncodeError:
         where = _dotted(path) or "request body"
         what = "a field name" if is_key else "the text"
-        raise InvalidRequest(f"{where}: {what} holds a lone UTF-16 surrogate (an escape like \\ud800 without "
-                             "its pair), which is not valid Unicode", _dotted(path) or None) from None
+        raise InvalidRequest(
+            f"{where}: {what} holds a lone UTF-16 surrogate (an escape like \\ud800 without "
+            "its pair), which is not valid Unicode",
+            _dotted(path) or None,
+        ) from None
 
 
 def _dotted(path: tuple) -> str:
     return ".".join(str(p) if len(str(p)) <= 64 else str(p)[:64] + "..." for p in path)
 
 
-def error_response(status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
-                   code: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
+def error_response(
+    status: int,
+    message: str,
+    type_: str = "invalid_request_error",
+    param: str | None = None,
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
     """An OpenAI-style error body: {"error": {"message", "type", "param", "code"}}."""
     body: dict[str, Any] = {"error": {"message": message, "type": type_, "param": param, "code": code}}
     return JSONResponse(body, status_code=status, headers=headers)
@@ -244,6 +264,7 @@ def error_response(status: int, message: str, type_: str = "invalid_request_erro
 
 def validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
     """(message naming each bad field, first bad field) from pydantic errors; never echoes input."""
+
     def loc(e: dict[str, Any]) -> str:
         # Drop "body" and pydantic's union-branch tags ("str", "list[int]") from the path; not
         # "stream_options" or "stream", which a prefix test on "str" used to drop.

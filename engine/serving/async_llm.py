@@ -72,6 +72,7 @@ class AsyncLLM:
             def settle() -> None:
                 if not started.done():
                     started.set_result(None) if exc is None else started.set_exception(exc)
+
             loop.call_soon_threadsafe(settle)
 
         self._thread = threading.Thread(target=self._run, args=(warmup, report), name="slotune-engine", daemon=True)
@@ -185,7 +186,9 @@ class AsyncLLM:
         self._queues[rid] = (asyncio.get_running_loop(), asyncio.Queue())
         try:
             if self._is_loop_running:
-                await asyncio.wrap_future(self._call_in_loop(self._llm.engine.add_request, rid, prompt, params, arrival))
+                await asyncio.wrap_future(
+                    self._call_in_loop(self._llm.engine.add_request, rid, prompt, params, arrival)
+                )
             else:
                 await asyncio.to_thread(self._add, rid, prompt, params, arrival)
         except BaseException as exc:
@@ -215,8 +218,9 @@ class AsyncLLM:
                 # before the abort ran. The loop thread picks it up between steps.
                 self.abort_nowait(request_id)
 
-    async def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None
-                       ) -> AsyncIterator[RequestOutput]:
+    async def generate(
+        self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None
+    ) -> AsyncIterator[RequestOutput]:
         rid = await self.add_request(prompt, params, request_id)
         stream = self.stream(rid)
         try:

@@ -27,8 +27,14 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from slotune.engine.serving.api_protocol import (ChatRequest, CompletionRequest, InvalidRequest, _Request, error_response,
-                                         parse_request)
+from slotune.engine.serving.api_protocol import (
+    ChatRequest,
+    CompletionRequest,
+    InvalidRequest,
+    _Request,
+    error_response,
+    parse_request,
+)
 from slotune.engine.serving import event_loop
 from slotune.engine.serving.async_llm import AsyncLLM, EngineDeadError
 from slotune.engine.chat_template import ChatTemplateError
@@ -116,11 +122,17 @@ class _Guard:
             token = auth[7:] if auth[:7].lower() == b"bearer " else b""
             if not hmac.compare_digest(token, self.api_key):
                 self.metrics.rejected.labels("unauthorized").inc()
-                return error_response(401, "invalid or missing API key (send 'Authorization: Bearer KEY')",
-                                      "authentication_error", code="invalid_api_key")
+                return error_response(
+                    401,
+                    "invalid or missing API key (send 'Authorization: Bearer KEY')",
+                    "authentication_error",
+                    code="invalid_api_key",
+                )
         if not self.llm.is_accepting:
             self.metrics.rejected.labels("shutting_down").inc()
-            return error_response(503, "server is shutting down", "unavailable", code="shutting_down", headers=_UNAVAILABLE)
+            return error_response(
+                503, "server is shutting down", "unavailable", code="shutting_down", headers=_UNAVAILABLE
+            )
         if not self.llm.is_ready:
             self.metrics.rejected.labels("not_ready").inc()
             return error_response(503, "model is not ready", "unavailable", code="not_ready", headers=_UNAVAILABLE)
@@ -133,9 +145,15 @@ class _Guard:
         return None
 
 
-def build_app(llm: AsyncLLM, *, api_key: str | None = None, served_model_name: str | None = None,
-              max_body_bytes: int = 1 << 20, retry_after_s: int = 1,
-              recorder: TrafficRecorder | None = None) -> FastAPI:
+def build_app(
+    llm: AsyncLLM,
+    *,
+    api_key: str | None = None,
+    served_model_name: str | None = None,
+    max_body_bytes: int = 1 << 20,
+    retry_after_s: int = 1,
+    recorder: TrafficRecorder | None = None,
+) -> FastAPI:
     """The FastAPI app over a (possibly not yet started) AsyncLLM; /ready is 503 until it is.
     With a `recorder`, every request that reaches the engine is recorded when it leaves it."""
     app = FastAPI(title="slotune", docs_url=None, redoc_url=None, openapi_url=None)
@@ -156,8 +174,12 @@ def build_app(llm: AsyncLLM, *, api_key: str | None = None, served_model_name: s
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
-        return error_response(exc.status_code, str(exc.detail), "invalid_request_error" if exc.status_code < 500 else "server_error",
-                              headers=getattr(exc, "headers", None))
+        return error_response(
+            exc.status_code,
+            str(exc.detail),
+            "invalid_request_error" if exc.status_code < 500 else "server_error",
+            headers=getattr(exc, "headers", None),
+        )
 
     @app.exception_handler(Exception)
     async def internal(request: Request, exc: Exception):
@@ -167,13 +189,16 @@ def build_app(llm: AsyncLLM, *, api_key: str | None = None, served_model_name: s
 
     @app.exception_handler(EngineDeadError)
     async def engine_dead(request: Request, exc: EngineDeadError):
-        return error_response(503, "the engine loop has stopped; the server needs a restart", "unavailable",
-                              code="engine_dead")
+        return error_response(
+            503, "the engine loop has stopped; the server needs a restart", "unavailable", code="engine_dead"
+        )
 
     @app.get("/health")
     async def health():
         if llm.error is not None:  # liveness fails: let the orchestrator restart us
-            return error_response(500, f"engine loop died: {type(llm.error).__name__}", "server_error", code="engine_dead")
+            return error_response(
+                500, f"engine loop died: {type(llm.error).__name__}", "server_error", code="engine_dead"
+            )
         return {"status": "ok"}
 
     @app.get("/ready")
@@ -196,24 +221,39 @@ def build_app(llm: AsyncLLM, *, api_key: str | None = None, served_model_name: s
 
     def sampling_params(req: _Request) -> SamplingParams | JSONResponse:
         if req.model != model_id:
-            return refuse(404, "model_not_found", f"model '{req.model}' does not exist; this server serves '{model_id}'", "model")
+            return refuse(
+                404, "model_not_found", f"model '{req.model}' does not exist; this server serves '{model_id}'", "model"
+            )
         if req.n != 1:
-            return refuse(400, "unsupported_parameter", f"n={req.n} is not supported (only n=1); send separate requests", "n")
+            return refuse(
+                400, "unsupported_parameter", f"n={req.n} is not supported (only n=1); send separate requests", "n"
+            )
         if (unsupported := req.unsupported_field()) is not None:
             name, message = unsupported
             return refuse(400, "unsupported_parameter", message, name)
         vocab_size = llm.engine.runner.model_cfg.vocab_size
         top_k = req.top_k if 0 < req.top_k < vocab_size else 0  # k >= vocab keeps every token: same as off
-        return SamplingParams(max_tokens=req.num_max_tokens, temperature=req.temperature, top_p=req.top_p, top_k=top_k,
-                              seed=req.seed, stop=req.stop, ignore_eos=req.ignore_eos)
+        return SamplingParams(
+            max_tokens=req.num_max_tokens,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            top_k=top_k,
+            seed=req.seed,
+            stop=req.stop,
+            ignore_eos=req.ignore_eos,
+        )
 
     async def admit(prompt: str | list[int], params: SamplingParams, rid: str) -> JSONResponse | None:
         try:
             await llm.add_request(prompt, params, rid)
         except RequestRejected as exc:
             if exc.reason in OVERLOAD_REASONS:
-                return refuse(429, exc.reason, f"server overloaded: {exc.message}; retry after {retry_after_s}s",
-                              headers={"Retry-After": str(retry_after_s)})
+                return refuse(
+                    429,
+                    exc.reason,
+                    f"server overloaded: {exc.message}; retry after {retry_after_s}s",
+                    headers={"Retry-After": str(retry_after_s)},
+                )
             return refuse(400, exc.reason, exc.message, "max_tokens" if "max_tokens" in exc.reason else "prompt")
         except EngineDeadError:
             raise
@@ -232,9 +272,14 @@ def build_app(llm: AsyncLLM, *, api_key: str | None = None, served_model_name: s
         gives its place back when its response ends (`_EventStream.on_close`)."""
         nonlocal num_requests
         if max_requests is not None and num_requests >= max_requests:
-            return refuse(429, "queue_full", f"server overloaded: {num_requests} requests in flight (max_num_seqs "
-                          f"{llm.config.max_num_seqs} + admission.max_pending_requests {adm.max_pending_requests}); "
-                          f"retry after {retry_after_s}s", headers={"Retry-After": str(retry_after_s)})
+            return refuse(
+                429,
+                "queue_full",
+                f"server overloaded: {num_requests} requests in flight (max_num_seqs "
+                f"{llm.config.max_num_seqs} + admission.max_pending_requests {adm.max_pending_requests}); "
+                f"retry after {retry_after_s}s",
+                headers={"Retry-After": str(retry_after_s)},
+            )
         num_requests += 1
         is_handed_over = False
 
@@ -284,23 +329,41 @@ def build_app(llm: AsyncLLM, *, api_key: str | None = None, served_model_name: s
                     llm.abort_nowait(rid)
                 release()
 
-            return _EventStream(sse(rid, created, chat, req.is_usage_streamed, on_start, req.max_tokens), on_close,
-                                media_type="text/event-stream",
-                                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return _EventStream(
+                sse(rid, created, chat, req.is_usage_streamed, on_start, req.max_tokens),
+                on_close,
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
         last = await collect_or_abort(rid, request)
         if last is None:
             return error_response(499, "client closed request", "aborted")
         finished(last, chat, req.max_tokens)
         if last.finish_reason == "abort":
-            return error_response(503, "server shut down before the request finished", "unavailable",
-                                  code="shutting_down", headers=_UNAVAILABLE)
-        choice = ({"index": 0, "message": {"role": "assistant", "content": last.text}, "finish_reason": last.finish_reason}
-                  if chat else {"index": 0, "text": last.text, "finish_reason": last.finish_reason, "logprobs": None})
-        return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
-                "model": model_id, "choices": [choice], "usage": usage(last)}
+            return error_response(
+                503,
+                "server shut down before the request finished",
+                "unavailable",
+                code="shutting_down",
+                headers=_UNAVAILABLE,
+            )
+        choice = (
+            {"index": 0, "message": {"role": "assistant", "content": last.text}, "finish_reason": last.finish_reason}
+            if chat
+            else {"index": 0, "text": last.text, "finish_reason": last.finish_reason, "logprobs": None}
+        )
+        return {
+            "id": rid,
+            "object": "chat.completion" if chat else "text_completion",
+            "created": created,
+            "model": model_id,
+            "choices": [choice],
+            "usage": usage(last),
+        }
 
     async def collect_or_abort(rid: str, request: Request):
         """The final output, or None if the client left first (its sequence is then aborted)."""
+
         async def collect():
             stream, last = llm.stream(rid), None
             try:
@@ -331,14 +394,20 @@ def build_app(llm: AsyncLLM, *, api_key: str | None = None, served_model_name: s
         if recorder is not None:
             recorder.record(last, chat=chat, max_tokens=max_tokens)
 
-    async def sse(rid: str, created: int, chat: bool, include_usage: bool, on_start: Callable[[], None],
-                  max_tokens: int | None):
+    async def sse(
+        rid: str, created: int, chat: bool, include_usage: bool, on_start: Callable[[], None], max_tokens: int | None
+    ):
         on_start()
         obj = "chat.completion.chunk" if chat else "text_completion"
 
         def event(choices: list, **extra) -> str:
-            return "data: " + json.dumps({"id": rid, "object": obj, "created": created, "model": model_id,
-                                          "choices": choices, **extra}) + "\n\n"
+            return (
+                "data: "
+                + json.dumps(
+                    {"id": rid, "object": obj, "created": created, "model": model_id, "choices": choices, **extra}
+                )
+                + "\n\n"
+            )
 
         def choice(text: str | None, finish: str | None, first: bool = False) -> dict:
             if not chat:
@@ -364,8 +433,20 @@ def build_app(llm: AsyncLLM, *, api_key: str | None = None, served_model_name: s
                 yield event([], usage=usage(last))
             yield "data: [DONE]\n\n"
         except EngineDeadError:
-            yield "data: " + json.dumps({"error": {"message": "the engine loop has stopped", "type": "server_error",
-                                                   "param": None, "code": "engine_dead"}}) + "\n\n"
+            yield (
+                "data: "
+                + json.dumps(
+                    {
+                        "error": {
+                            "message": "the engine loop has stopped",
+                            "type": "server_error",
+                            "param": None,
+                            "code": "engine_dead",
+                        }
+                    }
+                )
+                + "\n\n"
+            )
         finally:
             if last is None or not last.finished:
                 metrics.requests.labels("abort").inc()
@@ -391,12 +472,22 @@ def _uvicorn_server(app: FastAPI, host: str, port: int, grace_s: float, log_leve
         def capture_signals(self):  # SIGTERM drains first (serve_command); a thread owns no signals
             yield
 
-    return _Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
-                                  timeout_graceful_shutdown=int(grace_s) + 5))
+    return _Server(
+        uvicorn.Config(
+            app, host=host, port=port, log_level=log_level, access_log=False, timeout_graceful_shutdown=int(grace_s) + 5
+        )
+    )
 
 
-async def _serve(llm: AsyncLLM, server, *, stopping: asyncio.Event, forced: asyncio.Event, grace_s: float,
-                 on_ready: Callable[[], None]) -> int:
+async def _serve(
+    llm: AsyncLLM,
+    server,
+    *,
+    stopping: asyncio.Event,
+    forced: asyncio.Event,
+    grace_s: float,
+    on_ready: Callable[[], None],
+) -> int:
     """Serve until `stopping`: uvicorn and `llm.start()` (load + warm-up) together; `on_ready` once
     both run; then stop accepting, drain in-flight requests for up to grace_s (`forced` cuts the
     drain short, aborting what is left) and stop uvicorn.
@@ -434,8 +525,15 @@ async def _serve(llm: AsyncLLM, server, *, stopping: asyncio.Event, forced: asyn
 
 
 @contextlib.contextmanager
-def serve_in_thread(llm: AsyncLLM, app: FastAPI, *, host: str = "127.0.0.1", port: int = 0,
-                    grace_s: float = 0.0, log_level: str = "warning") -> Iterator[str]:
+def serve_in_thread(
+    llm: AsyncLLM,
+    app: FastAPI,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    grace_s: float = 0.0,
+    log_level: str = "warning",
+) -> Iterator[str]:
     """Serve `app` (over `llm`) from a background thread as `tune serve` does; yields the base URL.
 
     The same sequence as `serve_command` (`_serve`), stopped by leaving the block instead of by a
@@ -463,8 +561,9 @@ def serve_in_thread(llm: AsyncLLM, app: FastAPI, *, host: str = "127.0.0.1", por
             box["port"] = server.servers[0].sockets[0].getsockname()[1]
             is_ready.set()
 
-        return await _serve(llm, server, stopping=box["stopping"], forced=asyncio.Event(), grace_s=grace_s,
-                            on_ready=on_ready)
+        return await _serve(
+            llm, server, stopping=box["stopping"], forced=asyncio.Event(), grace_s=grace_s, on_ready=on_ready
+        )
 
     def run() -> None:
         try:
@@ -492,12 +591,21 @@ def serve_in_thread(llm: AsyncLLM, app: FastAPI, *, host: str = "127.0.0.1", por
         raise RuntimeError(f"server thread on {host}:{box['port']} did not stop within {grace_s + 30:g}s")
     if "error" in box:
         err = box["error"]
-        raise RuntimeError(f"server on {host}:{box['port']} failed while stopping: {type(err).__name__}: {err}") from err
+        raise RuntimeError(
+            f"server on {host}:{box['port']} failed while stopping: {type(err).__name__}: {err}"
+        ) from err
 
 
-def serve_command(config: Path | None, host: str, port: int, api_key: str | None, served_model_name: str | None,
-                  grace_s: float = 20.0, record_traffic: Path | None = None,
-                  record_traffic_max_mib: float = 256) -> None:
+def serve_command(
+    config: Path | None,
+    host: str,
+    port: int,
+    api_key: str | None,
+    served_model_name: str | None,
+    grace_s: float = 20.0,
+    record_traffic: Path | None = None,
+    record_traffic_max_mib: float = 256,
+) -> None:
     """Load, warm up, serve; on SIGTERM stop accepting, drain for grace_s, exit 0.
 
     A second SIGTERM/SIGINT skips the rest of the grace period (aborts what is left).
@@ -508,8 +616,9 @@ def serve_command(config: Path | None, host: str, port: int, api_key: str | None
     llm = AsyncLLM(cfg)
     recorder = None
     if record_traffic is not None:
-        recorder = TrafficRecorder(record_traffic, max_total_mib=record_traffic_max_mib,
-                                   max_file_mib=min(16.0, record_traffic_max_mib / 4))
+        recorder = TrafficRecorder(
+            record_traffic, max_total_mib=record_traffic_max_mib, max_file_mib=min(16.0, record_traffic_max_mib / 4)
+        )
     app = build_app(llm, api_key=api_key, served_model_name=served_model_name, recorder=recorder)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
@@ -530,8 +639,14 @@ def serve_command(config: Path | None, host: str, port: int, api_key: str | None
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, on_signal)
         log.info("loading %s", cfg.model)
-        return await _serve(llm, server, stopping=stopping, forced=forced, grace_s=grace_s, on_ready=lambda: log.info(
-            "ready on http://%s:%d (model %s)", host, port, served_model_name or cfg.model))
+        return await _serve(
+            llm,
+            server,
+            stopping=stopping,
+            forced=forced,
+            grace_s=grace_s,
+            on_ready=lambda: log.info("ready on http://%s:%d (model %s)", host, port, served_model_name or cfg.model),
+        )
 
     try:
         code = event_loop.run(main())

@@ -13,19 +13,33 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 
 class ServingMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
-        self.ttft = Histogram("slotune_time_to_first_token_seconds", "Time from admission to the first output token",
-                              buckets=LATENCY_BUCKETS, registry=r)
-        self.tpot = Histogram("slotune_time_per_output_token_seconds", "Mean time per output token after the first",
-                              buckets=LATENCY_BUCKETS, registry=r)
-        self.e2e = Histogram("slotune_e2e_request_latency_seconds", "Time from admission to the last token",
-                             buckets=LATENCY_BUCKETS, registry=r)
+        self.ttft = Histogram(
+            "slotune_time_to_first_token_seconds",
+            "Time from admission to the first output token",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tpot = Histogram(
+            "slotune_time_per_output_token_seconds",
+            "Mean time per output token after the first",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "slotune_e2e_request_latency_seconds",
+            "Time from admission to the last token",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         # prometheus_client appends _total: slotune_prompt_tokens_total etc.
         self.prompt_tokens = Counter("slotune_prompt_tokens", "Prompt tokens of finished requests", registry=r)
         self.generation_tokens = Counter("slotune_generation_tokens", "Tokens generated", registry=r)
-        self.requests = Counter("slotune_requests", "Requests that left the engine, by finish reason",
-                                ["finish_reason"], registry=r)
-        self.rejected = Counter("slotune_requests_rejected", "Requests refused before reaching the engine loop",
-                                ["reason"], registry=r)
+        self.requests = Counter(
+            "slotune_requests", "Requests that left the engine, by finish reason", ["finish_reason"], registry=r
+        )
+        self.rejected = Counter(
+            "slotune_requests_rejected", "Requests refused before reaching the engine loop", ["reason"], registry=r
+        )
         self.http = Counter("slotune_http_responses", "HTTP responses by status class", ["status"], registry=r)
         self.running = Gauge("slotune_num_requests_running", "Requests running", registry=r)
         self.waiting = Gauge("slotune_num_requests_waiting", "Requests waiting", registry=r)
@@ -36,14 +50,20 @@ class ServingMetrics:
         # The engine loop's own time, cumulative (rate() of them: loop busy fraction, ms per step).
         self.steps = Counter("slotune_engine_steps", "Engine steps run", registry=r)
         self.step_seconds = Counter("slotune_engine_step_seconds", "Wall time inside engine steps", registry=r)
-        self.execute_seconds = Counter("slotune_engine_execute_seconds",
-                                       "Wall time of the model forward inside engine steps", registry=r)
-        self.step_tokens = Counter("slotune_engine_step_tokens", "Tokens engine steps ran through the model",
-                                   registry=r)
+        self.execute_seconds = Counter(
+            "slotune_engine_execute_seconds", "Wall time of the model forward inside engine steps", registry=r
+        )
+        self.step_tokens = Counter(
+            "slotune_engine_step_tokens", "Tokens engine steps ran through the model", registry=r
+        )
         self._last = (0, 0.0, 0.0, 0)
         # tune serve --record-traffic (engine/serving/traffic_recorder.py)
-        self.traffic = Counter("slotune_traffic_records", "Finished requests the traffic recorder handled, by outcome",
-                               ["outcome"], registry=r)
+        self.traffic = Counter(
+            "slotune_traffic_records",
+            "Finished requests the traffic recorder handled, by outcome",
+            ["outcome"],
+            registry=r,
+        )
         self._last_traffic = {"written": 0, "dropped": 0, "error": 0}
 
     def observe_finished(self, out) -> None:

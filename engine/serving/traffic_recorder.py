@@ -55,8 +55,16 @@ class TrafficRecorder:
         queue_size: records waiting for the writer; beyond it records are dropped and counted.
     """
 
-    def __init__(self, directory: str | Path, *, block_size: int = 64, max_file_mib: float = 16,
-                 max_file_age_s: float = 3600, max_total_mib: float = 256, queue_size: int = 10_000) -> None:
+    def __init__(
+        self,
+        directory: str | Path,
+        *,
+        block_size: int = 64,
+        max_file_mib: float = 16,
+        max_file_age_s: float = 3600,
+        max_total_mib: float = 256,
+        queue_size: int = 10_000,
+    ) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.block_size = block_size
@@ -100,10 +108,16 @@ class TrafficRecorder:
         m = out.metrics
         now_unix, now = time.time(), time.perf_counter()
         finish = m.finish_time if m.finish_time is not None else now
-        item = _Item(arrival=now_unix - (now - m.arrival_time), finish=now_unix - (now - finish),
-                     prompt_token_ids=out.prompt_token_ids, max_tokens=max_tokens,
-                     output_tokens=len(out.output_token_ids), finish_reason=out.finish_reason or "abort",
-                     chat=chat, cached_tokens=m.num_cached_prompt_tokens)
+        item = _Item(
+            arrival=now_unix - (now - m.arrival_time),
+            finish=now_unix - (now - finish),
+            prompt_token_ids=out.prompt_token_ids,
+            max_tokens=max_tokens,
+            output_tokens=len(out.output_token_ids),
+            finish_reason=out.finish_reason or "abort",
+            chat=chat,
+            cached_tokens=m.num_cached_prompt_tokens,
+        )
         try:
             self._queue.put_nowait(item)
         except queue.Full:
@@ -137,16 +151,24 @@ class TrafficRecorder:
     def _line(self, it: _Item) -> bytes:
         ids = it.prompt_token_ids
         rec = RecordedRequest(
-            arrival=it.arrival, finish=max(it.finish, it.arrival), prompt_tokens=len(ids),
-            max_tokens=it.max_tokens, output_tokens=it.output_tokens, finish_reason=it.finish_reason, chat=it.chat,
-            cached_tokens=min(it.cached_tokens, len(ids)), block_size=self.block_size,
-            hash_ids=block_hash_ids(ids, self.block_size, key=self.key))
+            arrival=it.arrival,
+            finish=max(it.finish, it.arrival),
+            prompt_tokens=len(ids),
+            max_tokens=it.max_tokens,
+            output_tokens=it.output_tokens,
+            finish_reason=it.finish_reason,
+            chat=it.chat,
+            cached_tokens=min(it.cached_tokens, len(ids)),
+            block_size=self.block_size,
+            hash_ids=block_hash_ids(ids, self.block_size, key=self.key),
+        )
         return rec.model_dump_json(exclude_none=True).encode() + b"\n"
 
     def _write(self, line: bytes) -> None:
         now = time.time()
-        if self._file is not None and (self._file.tell() + len(line) > self.max_file_bytes
-                                       or now - self._file_opened > self.max_file_age_s):
+        if self._file is not None and (
+            self._file.tell() + len(line) > self.max_file_bytes or now - self._file_opened > self.max_file_age_s
+        ):
             self._close_file()
         if self._file is None:
             stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")

@@ -6,7 +6,9 @@ from slotune.tuner.errors import format_error
 
 
 def test_yaml_roundtrip(tmp_path):
-    cfg = EngineConfig(max_num_seqs=4, quantization="int8", speculative={"method": "ngram", "num_speculative_tokens": 3})
+    cfg = EngineConfig(
+        max_num_seqs=4, quantization="int8", speculative={"method": "ngram", "num_speculative_tokens": 3}
+    )
     path = tmp_path / "c.yaml"
     path.write_text(cfg.to_yaml())
     assert EngineConfig.from_yaml(path) == cfg
@@ -52,9 +54,17 @@ def test_missing_file_is_clear(tmp_path):
         EngineConfig.from_yaml(tmp_path / "nope.yaml")
 
 
-@pytest.mark.parametrize("bad", [{"kv_cache_memory_gb": float("inf")}, {"kv_cache_memory_gb": float("nan")},
-                                 {"seed": -1}, {"seed": 2**40}, {"max_model_len": 2**30},
-                                 {"max_num_batched_tokens": 2**30}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"kv_cache_memory_gb": float("inf")},
+        {"kv_cache_memory_gb": float("nan")},
+        {"seed": -1},
+        {"seed": 2**40},
+        {"max_model_len": 2**30},
+        {"max_num_batched_tokens": 2**30},
+    ],
+)
 def test_non_finite_and_out_of_range_numbers_are_refused(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         EngineConfig.from_dict(bad)

@@ -42,16 +42,26 @@ def test_paged_attention_over_a_quantized_cache_matches_dequantized_reference(kv
         attn.store_kv(cache, 0, ks[i], vs[i], tables[i, p // bs].long() * bs + p % bs)
     q = torch.randn(2, heads, d)
     mask = (torch.arange(3 * bs)[None, :] < torch.tensor(ctx)[:, None])[:, None, None, :]
-    meta = AttentionMetadata(slot_mapping=torch.empty(0, dtype=torch.int64), num_extend_tokens=0, extend_query_lens=[],
-                             extend_context_lens=[], extend_block_tables=None, extend_mask=None, decode_block_tables=tables,
-                             decode_context_lens=torch.tensor(ctx, dtype=torch.int32), decode_mask=mask, block_size=bs)
+    meta = AttentionMetadata(
+        slot_mapping=torch.empty(0, dtype=torch.int64),
+        num_extend_tokens=0,
+        extend_query_lens=[],
+        extend_context_lens=[],
+        extend_block_tables=None,
+        extend_mask=None,
+        decode_block_tables=tables,
+        decode_context_lens=torch.tensor(ctx, dtype=torch.int32),
+        decode_mask=mask,
+        block_size=bs,
+    )
     out = attn._decode(cache, 0, q, meta, d**-0.5)
     for i, n in enumerate(ctx):
         kq, kscale = quantize_kv(ks[i], kv_dtype)
         vq, vscale = quantize_kv(vs[i], kv_dtype)
         k, v = kq.float() * kscale[..., None], vq.float() * vscale[..., None]
-        ref = F.scaled_dot_product_attention(q[i][:, None], k.transpose(0, 1), v.transpose(0, 1), scale=d**-0.5,
-                                             enable_gqa=True)[:, 0]
+        ref = F.scaled_dot_product_attention(
+            q[i][:, None], k.transpose(0, 1), v.transpose(0, 1), scale=d**-0.5, enable_gqa=True
+        )[:, 0]
         torch.testing.assert_close(out[i], ref, rtol=1e-5, atol=1e-5)
 
 
@@ -113,13 +123,22 @@ def test_decode_attention_matches_a_float64_reference(dtype, atol, batch):
     tables = torch.tensor([[5, 1, 7], [2, 0, 9], [11, 4, 3]], dtype=torch.int32)[:batch]
     ctx = [9, 5, 12][:batch]
     mask = (torch.arange(3 * bs)[None, :] < torch.tensor(ctx)[:, None])[:, None, None, :]
-    meta = AttentionMetadata(slot_mapping=torch.empty(0, dtype=torch.int64), num_extend_tokens=0, extend_query_lens=[],
-                             extend_context_lens=[], extend_block_tables=None, extend_mask=None, decode_block_tables=tables,
-                             decode_context_lens=torch.tensor(ctx, dtype=torch.int32), decode_mask=mask, block_size=bs)
+    meta = AttentionMetadata(
+        slot_mapping=torch.empty(0, dtype=torch.int64),
+        num_extend_tokens=0,
+        extend_query_lens=[],
+        extend_context_lens=[],
+        extend_block_tables=None,
+        extend_mask=None,
+        decode_block_tables=tables,
+        decode_context_lens=torch.tensor(ctx, dtype=torch.int32),
+        decode_mask=mask,
+        block_size=bs,
+    )
     q = torch.randn(batch, h, d, dtype=dtype)
-    out = TorchAttentionBackend()._decode(cache, 0, q, meta, d ** -0.5)
+    out = TorchAttentionBackend()._decode(cache, 0, q, meta, d**-0.5)
     for i in range(batch):
         k = cache.k[0, tables[i].long()].reshape(-1, hkv, d)[: ctx[i]].double().repeat_interleave(h // hkv, dim=1)
         v = cache.v[0, tables[i].long()].reshape(-1, hkv, d)[: ctx[i]].double().repeat_interleave(h // hkv, dim=1)
-        p = torch.einsum("hd,thd->ht", q[i].double(), k).mul(d ** -0.5).softmax(-1)
+        p = torch.einsum("hd,thd->ht", q[i].double(), k).mul(d**-0.5).softmax(-1)
         torch.testing.assert_close(out[i].double(), torch.einsum("ht,thd->hd", p, v), atol=atol, rtol=0)

@@ -14,10 +14,12 @@ FRONT_END = ("fastapi", "starlette", "uvicorn", "slotune.engine.serving")
 
 
 def test_engine_core_does_not_import_the_http_front_end():
-    code = ("import sys\n"
-            "import slotune.engine, slotune.engine.llm, slotune.engine.llm_engine, slotune.engine.model_runner\n"
-            f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {FRONT_END!r} or m.startswith({FRONT_END!r}))\n"
-            "print('\\n'.join(bad))\n")
+    code = (
+        "import sys\n"
+        "import slotune.engine, slotune.engine.llm, slotune.engine.llm_engine, slotune.engine.model_runner\n"
+        f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {FRONT_END!r} or m.startswith({FRONT_END!r}))\n"
+        "print('\\n'.join(bad))\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == [], f"engine core imported the front end: {out}"
 
@@ -42,8 +44,12 @@ def test_kernels_are_a_leaf_and_import_nothing_from_the_engine():
     root = Path(slotune.kernels.__file__).parent
     files = sorted(root.glob("*.py"))
     assert len(files) > 5  # the package was found, not an empty folder
-    bad = {f.name: sorted(m for m in _imported_modules(f) if m.startswith("slotune.") and not m.startswith("slotune.kernels"))
-           for f in files}
+    bad = {
+        f.name: sorted(
+            m for m in _imported_modules(f) if m.startswith("slotune.") and not m.startswith("slotune.kernels")
+        )
+        for f in files
+    }
     assert not {k: v for k, v in bad.items() if v}, f"kernels import outside kernels/: {bad}"
 
 

@@ -15,7 +15,7 @@ def _greedy_reference(llm, ids: list[int], n: int) -> list[int]:
     out = list(ids)
     for _ in range(n):
         out.append(int(llm.logits(out)[-1].argmax()))
-    return out[len(ids):]
+    return out[len(ids) :]
 
 
 def test_batched_paged_greedy_equals_recompute(llm):
@@ -29,7 +29,9 @@ def test_batched_paged_greedy_equals_recompute(llm):
 def test_chunked_prefill_and_preemption_do_not_change_tokens(llm):
     from slotune.engine import LLM
 
-    tight = LLM(EngineConfig(max_num_batched_tokens=16, num_kv_blocks=6, block_size=8, max_num_seqs=4, max_model_len=64))
+    tight = LLM(
+        EngineConfig(max_num_batched_tokens=16, num_kv_blocks=6, block_size=8, max_num_seqs=4, max_model_len=64)
+    )
     ids = [llm.tokenizer.encode(p * 3) for p in PROMPTS]
     outs = tight.generate(ids, SamplingParams(max_tokens=10, ignore_eos=True))
     ref = llm.generate(ids, SamplingParams(max_tokens=10, ignore_eos=True))
@@ -74,7 +76,9 @@ def test_seeded_sampling_is_reproducible_and_varies_by_seed(llm):
     p = SamplingParams(max_tokens=16, temperature=1.0, top_p=0.95, top_k=50, seed=7, ignore_eos=True)
     a = llm.generate(PROMPTS[2], p)[0].output_token_ids
     b = llm.generate([PROMPTS[2], PROMPTS[0]], [p, p])[0].output_token_ids  # batch mates don't matter
-    c = llm.generate(PROMPTS[2], SamplingParams(max_tokens=16, temperature=1.0, seed=8, ignore_eos=True))[0].output_token_ids
+    c = llm.generate(PROMPTS[2], SamplingParams(max_tokens=16, temperature=1.0, seed=8, ignore_eos=True))[
+        0
+    ].output_token_ids
     assert a == b and a != c
 
 

@@ -34,8 +34,15 @@ def _hf(tmp_path, config: str, ids=None, prompts=(), **kw) -> dict:
 
 
 def _config(path, backend: str = "torch", **kw) -> EngineConfig:
-    return EngineConfig(model=str(path), device="cpu", num_kv_blocks=64, block_size=8, max_model_len=128,
-                        kernels={"backend": backend}, **kw)
+    return EngineConfig(
+        model=str(path),
+        device="cpu",
+        num_kv_blocks=64,
+        block_size=8,
+        max_model_len=128,
+        kernels={"backend": backend},
+        **kw,
+    )
 
 
 def _greedy(path, backend: str, prompts: list[list[int]], n: int) -> list[list[int]]:
@@ -53,14 +60,28 @@ FAMILIES = {
     "qwen2-biases-tied": ("Qwen2Config", {"tie_word_embeddings": True}),
     "llama-attention-mlp-bias": ("LlamaConfig", {"attention_bias": True, "mlp_bias": True}),
     "llama-rope-linear": ("LlamaConfig", {"rope_parameters": {**ROPE, "rope_type": "linear", "factor": 2.0}}),
-    "llama-rope-llama3": ("LlamaConfig", {"rope_parameters": {
-        **ROPE, "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 32}}),
-    "llama-rope-yarn": ("LlamaConfig", {"rope_parameters": {
-        **ROPE, "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}}),
+    "llama-rope-llama3": (
+        "LlamaConfig",
+        {
+            "rope_parameters": {
+                **ROPE,
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32,
+            }
+        },
+    ),
+    "llama-rope-yarn": (
+        "LlamaConfig",
+        {"rope_parameters": {**ROPE, "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}},
+    ),
     # dynamic NTK within the original context (the runner refuses max_model_len past it: next test)
-    "llama-rope-dynamic": ("LlamaConfig", {"rope_parameters": {**ROPE, "rope_type": "dynamic", "factor": 2.0,
-                                                                "original_max_position_embeddings": 128}}),
+    "llama-rope-dynamic": (
+        "LlamaConfig",
+        {"rope_parameters": {**ROPE, "rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 128}},
+    ),
     "mistral-within-window": ("MistralConfig", {"sliding_window": 128}),
     "mistral-past-window": ("MistralConfig", {"sliding_window": 16}),  # prompts of 23 + 12 decoded: past it
     "qwen3-qk-norm-head-dim": ("Qwen3Config", {"head_dim": 32, "tie_word_embeddings": True}),  # 32 != 64 / 4
@@ -81,12 +102,26 @@ def test_family_matches_transformers(family, tmp_path):
         assert _greedy(tmp_path, backend, prompts, 12) == ref["greedy"], backend
 
 
-@pytest.mark.parametrize(("config_cls", "kw", "match"), [
-    ("LlamaConfig", {"hidden_act": "gelu"}, "hidden_act 'gelu'"),
-    ("LlamaConfig", {"rope_parameters": {**ROPE, "rope_type": "longrope", "short_factor": [1.0] * 8,
-                                         "long_factor": [1.0] * 8, "original_max_position_embeddings": 64}},
-     "rope_scaling type 'longrope' is not implemented"),
-], ids=["gelu", "longrope"])
+@pytest.mark.parametrize(
+    ("config_cls", "kw", "match"),
+    [
+        ("LlamaConfig", {"hidden_act": "gelu"}, "hidden_act 'gelu'"),
+        (
+            "LlamaConfig",
+            {
+                "rope_parameters": {
+                    **ROPE,
+                    "rope_type": "longrope",
+                    "short_factor": [1.0] * 8,
+                    "long_factor": [1.0] * 8,
+                    "original_max_position_embeddings": 64,
+                }
+            },
+            "rope_scaling type 'longrope' is not implemented",
+        ),
+    ],
+    ids=["gelu", "longrope"],
+)
 def test_unimplemented_math_is_refused_by_name(config_cls, kw, match, tmp_path):
     _hf(tmp_path, config_cls, **kw)
     with pytest.raises(ValueError, match=match):
@@ -94,10 +129,16 @@ def test_unimplemented_math_is_refused_by_name(config_cls, kw, match, tmp_path):
 
 
 def test_dynamic_rope_past_its_original_context_is_refused(tmp_path):
-    _hf(tmp_path, "LlamaConfig", rope_parameters={**ROPE, "rope_type": "dynamic", "factor": 2.0,
-                                                  "original_max_position_embeddings": 64})
-    with pytest.raises(ValueError, match=r"rope_scaling dynamic: max_model_len \(128\) exceeds "
-                                         r"original_max_position_embeddings \(64\)"):
+    _hf(
+        tmp_path,
+        "LlamaConfig",
+        rope_parameters={**ROPE, "rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 64},
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"rope_scaling dynamic: max_model_len \(128\) exceeds "
+        r"original_max_position_embeddings \(64\)",
+    ):
         ModelRunner(_config(tmp_path))
     ModelRunner(_config(tmp_path).with_updates({"max_model_len": 64}))  # within it: fine
 
@@ -138,10 +179,13 @@ def test_gguf_tensor_outside_the_llama_layout_is_refused(tmp_path):
         load_model(str(path))
 
 
-@pytest.mark.parametrize(("arch", "config", "kw"), [
-    ("qwen2", "Qwen2Config", {}),  # q/k/v biases, rows not permuted (NEOX rope)
-    ("qwen3", "Qwen3Config", {"head_dim": 32}),  # q/k norm, key_length/value_length
-])
+@pytest.mark.parametrize(
+    ("arch", "config", "kw"),
+    [
+        ("qwen2", "Qwen2Config", {}),  # q/k/v biases, rows not permuted (NEOX rope)
+        ("qwen3", "Qwen3Config", {"head_dim": 32}),  # q/k norm, key_length/value_length
+    ],
+)
 def test_qwen_gguf_matches_transformers(arch, config, kw, tmp_path):
     """GGUF files of llama.cpp's qwen2 / qwen3 architectures, written as convert_hf_to_gguf.py
     writes them: transformers' logits and greedy tokens through the paged cache."""
@@ -178,8 +222,12 @@ def test_family_with_prefix_caching_speculation_and_int8_kv(family, tmp_path):
     engine = LLMEngine(_config(tmp_path, "torch", enable_prefix_caching=True), tokenizer=IdsTokenizer())
     assert [generate(engine, [p], 12)[0] for p in prompts] == ref["greedy"]  # one after the other
     assert engine.stats().prefix_cache_hits >= 2  # the two shared blocks
-    spec = LLMEngine(_config(tmp_path, "torch", speculative={"method": "early_exit", "early_exit_layers": 1,
-                                                             "num_speculative_tokens": 3}), tokenizer=IdsTokenizer())
+    spec = LLMEngine(
+        _config(
+            tmp_path, "torch", speculative={"method": "early_exit", "early_exit_layers": 1, "num_speculative_tokens": 3}
+        ),
+        tokenizer=IdsTokenizer(),
+    )
     assert generate(spec, prompts, 12) == ref["greedy"]
     assert spec.stats().num_spec_verifications > 0  # drafts went through verification
     int8 = LLMEngine(_config(tmp_path, "torch", kv_dtype="int8"), tokenizer=IdsTokenizer())

@@ -12,8 +12,15 @@ from slotune.evals.baseline import default_cache_dir
 from slotune.kernels import cpu_decode
 
 
-@pytest.mark.parametrize(("slotune", "xdg", "want"), [
-    ("/srv/c", "/x", "/srv/c"), (None, "/x", "/x/slotune"), (None, None, "~/.cache/slotune"), ("", "", "~/.cache/slotune")])
+@pytest.mark.parametrize(
+    ("slotune", "xdg", "want"),
+    [
+        ("/srv/c", "/x", "/srv/c"),
+        (None, "/x", "/x/slotune"),
+        (None, None, "~/.cache/slotune"),
+        ("", "", "~/.cache/slotune"),
+    ],
+)
 def test_every_cache_lives_under_the_one_root(monkeypatch, slotune, xdg, want):
     for var, value in (("SLOTUNE_CACHE_DIR", slotune), ("XDG_CACHE_HOME", xdg)):
         if value is None:

@@ -18,12 +18,17 @@ from slotune.engine.sequence import Sequence
 
 GREEDY = SamplingParams(max_tokens=8, ignore_eos=True)
 BLOCK = 8
-SENTENCES = ["The quick brown fox jumps over the lazy dog near the river bank.",
-             "In the beginning there was only darkness and the sound of the sea.",
-             "My favourite recipe for bread uses flour, water, salt and yeast.",
-             "The stock market fell sharply on Monday after the bank reported losses."]
-TAILS = [" Question: what happens next in this story? Answer:", " Please continue the text:",
-         " Summarize this in one word:"]
+SENTENCES = [
+    "The quick brown fox jumps over the lazy dog near the river bank.",
+    "In the beginning there was only darkness and the sound of the sea.",
+    "My favourite recipe for bread uses flour, water, salt and yeast.",
+    "The stock market fell sharply on Monday after the bank reported losses.",
+]
+TAILS = [
+    " Question: what happens next in this story? Answer:",
+    " Please continue the text:",
+    " Summarize this in one word:",
+]
 
 
 def constant_hash(parent, token_ids):
@@ -127,11 +132,13 @@ def prompts(make_llm):
     plain = make_llm(enable_prefix_caching=False, block_size=BLOCK, num_kv_blocks=48)
     x, p, q, y = (plain.tokenizer.encode(s)[:BLOCK] for s in SENTENCES)
     tails = [plain.tokenizer.encode(t) for t in TAILS]
-    ids = [x + q + tails[0],  # caches X, then Q after X
-           p + y + tails[1],  # differs from the first block on: no hit
-           x + y + tails[2],  # X is a true hit; Y was cached only after P
-           q + x + tails[0],  # nothing cached starts with Q
-           x + q + tails[1]]  # X and Q after X: true hits
+    ids = [
+        x + q + tails[0],  # caches X, then Q after X
+        p + y + tails[1],  # differs from the first block on: no hit
+        x + y + tails[2],  # X is a true hit; Y was cached only after P
+        q + x + tails[0],  # nothing cached starts with Q
+        x + q + tails[1],
+    ]  # X and Q after X: true hits
     reference = [o.output_token_ids for o in _generate(plain.engine, ids)]
     return ids, reference
 

@@ -37,8 +37,12 @@ def server():
 
     from slotune.engine.serving.server import build_app
 
-    cfg = EngineConfig(max_num_seqs=4, num_kv_blocks=64, max_model_len=512,
-                       admission={"max_prompt_tokens": 200, "max_queued_requests": 2})
+    cfg = EngineConfig(
+        max_num_seqs=4,
+        num_kv_blocks=64,
+        max_model_len=512,
+        admission={"max_prompt_tokens": 200, "max_queued_requests": 2},
+    )
     llm = AsyncLLM(cfg)
     app = build_app(llm, api_key="sk-test")
     port = _free_port()
@@ -81,11 +85,23 @@ def test_openai_client_completion_chat_and_stream(server):
     assert [m.id for m in c.models.list().data] == [MODEL]
     r = c.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=5, temperature=0, seed=1)
     assert r.usage.completion_tokens == 5 and r.choices[0].finish_reason == "length" and r.choices[0].text
-    chat = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "What is the capital of France?"}],
-                                     max_tokens=30, temperature=0)
+    chat = c.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=30,
+        temperature=0,
+    )
     assert "Paris" in chat.choices[0].message.content and chat.choices[0].finish_reason == "stop"
-    chunks = list(c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Count to five."}],
-                                            max_tokens=12, temperature=0, stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        c.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Count to five."}],
+            max_tokens=12,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
     assert len([ch for ch in chunks if ch.choices and ch.choices[0].delta.content]) >= 2  # streamed in pieces
     assert chunks[-1].usage.completion_tokens >= 1 and text
@@ -106,7 +122,9 @@ def test_errors_are_openai_shaped_4xx(server):
     assert r.status_code == 400 and r.json()["error"]["code"] == "prompt_too_long"
     r = httpx.post(base + "/v1/completions", json={"model": MODEL, "prompt": "hi"})
     assert r.status_code == 401
-    r = httpx.post(base + "/v1/completions", content=b"x" * (2 << 20), headers={**h, "content-type": "application/json"})
+    r = httpx.post(
+        base + "/v1/completions", content=b"x" * (2 << 20), headers={**h, "content-type": "application/json"}
+    )
     assert r.status_code == 413
 
 
@@ -130,9 +148,13 @@ def test_overload_returns_429_with_retry_after(server):
 
 def test_client_disconnect_mid_stream_frees_blocks(server):
     base, llm = server
-    with httpx.stream("POST", base + "/v1/completions", headers={"Authorization": "Bearer sk-test"},
-                      json={"model": MODEL, "prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True,
-                            "stream": True}, timeout=60) as r:
+    with httpx.stream(
+        "POST",
+        base + "/v1/completions",
+        headers={"Authorization": "Bearer sk-test"},
+        json={"model": MODEL, "prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True, "stream": True},
+        timeout=60,
+    ) as r:
         for i, _ in enumerate(r.iter_lines()):
             if i >= 3:
                 break  # leave mid-stream
@@ -143,14 +165,24 @@ def test_sigterm_mid_stream_drains_refuses_new_and_exits_zero(tmp_path):
     port = _free_port()
     cfg = tmp_path / "c.yaml"
     cfg.write_text("num_kv_blocks: 64\nmax_model_len: 512\n")
-    proc = subprocess.Popen([sys.executable, "-m", "slotune.tuner.cli_main", "serve", str(cfg), "--port", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "slotune.tuner.cli_main", "serve", str(cfg), "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         wait_ready(base, timeout_s=60, proc=proc)
         c = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=60)
-        stream = c.completions.create(model=MODEL, prompt="Hello", max_tokens=40, stream=True,
-                                      stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+        stream = c.completions.create(
+            model=MODEL,
+            prompt="Hello",
+            max_tokens=40,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
         it = iter(stream)
         first = next(it)  # mid-stream now
         proc.send_signal(signal.SIGTERM)
@@ -173,11 +205,20 @@ def test_metrics_contract_names(server):
     """The operator judges canaries by these names: keep them stable."""
     base, _ = server
     m = httpx.get(base + "/metrics").text
-    for name in ("slotune_time_to_first_token_seconds_bucket", "slotune_time_per_output_token_seconds_bucket",
-                 "slotune_e2e_request_latency_seconds_bucket", "slotune_prompt_tokens_total",
-                 "slotune_generation_tokens_total", "slotune_num_requests_running", "slotune_num_requests_waiting",
-                 "slotune_kv_blocks_used", "slotune_kv_blocks_free", "slotune_prefix_cache_hit_rate",
-                 "slotune_spec_decode_acceptance_rate", "slotune_http_responses_total"):
+    for name in (
+        "slotune_time_to_first_token_seconds_bucket",
+        "slotune_time_per_output_token_seconds_bucket",
+        "slotune_e2e_request_latency_seconds_bucket",
+        "slotune_prompt_tokens_total",
+        "slotune_generation_tokens_total",
+        "slotune_num_requests_running",
+        "slotune_num_requests_waiting",
+        "slotune_kv_blocks_used",
+        "slotune_kv_blocks_free",
+        "slotune_prefix_cache_hit_rate",
+        "slotune_spec_decode_acceptance_rate",
+        "slotune_http_responses_total",
+    ):
         assert name in m, name
 
 
@@ -188,13 +229,23 @@ def test_hostile_sampling_params_never_kill_the_engine(server):
     ok = {"model": MODEL, "prompt": "hi", "max_tokens": 2, "temperature": 1.0}
     assert httpx.post(base + "/v1/completions", json={**ok, "top_k": 10**9}, headers=h).status_code == 200
     assert httpx.post(base + "/v1/completions", json={**ok, "seed": -5}, headers=h).status_code == 200
-    for bad, param in (({"seed": 2**70}, "seed"), ({"temperature": 5}, "temperature"), ({"top_p": 0}, "top_p"),
-                       ({"stop": ["x"] * 100}, "stop"), ({"logprobs": 2}, "logprobs"), ({"n": 3}, "n"),
-                       ({"prompt": ["a", "b"]}, "prompt"), ({"prompt": [10**9]}, "prompt")):
+    for bad, param in (
+        ({"seed": 2**70}, "seed"),
+        ({"temperature": 5}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"stop": ["x"] * 100}, "stop"),
+        ({"logprobs": 2}, "logprobs"),
+        ({"n": 3}, "n"),
+        ({"prompt": ["a", "b"]}, "prompt"),
+        ({"prompt": [10**9]}, "prompt"),
+    ):
         r = httpx.post(base + "/v1/completions", json={**ok, **bad}, headers=h)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, (bad, r.text)
-    r = httpx.post(base + "/v1/completions", content=b'{"model": "x", "prompt": "hi", "temperature": NaN}',
-                   headers={**h, "content-type": "application/json"})
+    r = httpx.post(
+        base + "/v1/completions",
+        content=b'{"model": "x", "prompt": "hi", "temperature": NaN}',
+        headers={**h, "content-type": "application/json"},
+    )
     assert r.status_code == 400
     assert llm.error is None and httpx.get(base + "/health").status_code == 200
 
@@ -202,8 +253,15 @@ def test_hostile_sampling_params_never_kill_the_engine(server):
 def test_chat_content_parts_and_openai_shaped_http_errors(server):
     base, _ = server
     h = {"Authorization": "Bearer sk-test"}
-    r = httpx.post(base + "/v1/chat/completions", headers=h, json={
-        "model": MODEL, "max_tokens": 3, "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}]})
+    r = httpx.post(
+        base + "/v1/chat/completions",
+        headers=h,
+        json={
+            "model": MODEL,
+            "max_tokens": 3,
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
+        },
+    )
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
     r = httpx.get(base + "/v1/nope", headers=h)
     assert r.status_code == 404 and r.json()["error"]["message"]
@@ -220,16 +278,24 @@ def test_chunked_body_over_the_limit_is_413(server):
             yield b"x" * 1024
         yield b'"}'
 
-    r = httpx.post(base + "/v1/completions", content=body(), timeout=30,
-                   headers={"Authorization": "Bearer sk-test", "content-type": "application/json"})
+    r = httpx.post(
+        base + "/v1/completions",
+        content=body(),
+        timeout=30,
+        headers={"Authorization": "Bearer sk-test", "content-type": "application/json"},
+    )
     assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
 
 
 def test_non_stream_client_that_gives_up_is_aborted(server):
     base, llm = server
     with pytest.raises(httpx.TimeoutException):
-        httpx.post(base + "/v1/completions", headers={"Authorization": "Bearer sk-test"}, timeout=0.5,
-                   json={"model": MODEL, "prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True})
+        httpx.post(
+            base + "/v1/completions",
+            headers={"Authorization": "Bearer sk-test"},
+            timeout=0.5,
+            json={"model": MODEL, "prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True},
+        )
     _assert_engine_idle_soon(llm)  # 400 tokens would take far longer if the request kept running
     m = httpx.get(base + "/metrics").text
     assert 'slotune_requests_total{finish_reason="abort"}' in m
@@ -237,12 +303,16 @@ def test_non_stream_client_that_gives_up_is_aborted(server):
 
 def _stream_events(base: str, **body) -> list[dict]:
     events = []
-    with httpx.stream("POST", base + "/v1/completions", timeout=60, json={
-            "model": MODEL, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}, **body}) as r:
+    with httpx.stream(
+        "POST",
+        base + "/v1/completions",
+        timeout=60,
+        json={"model": MODEL, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}, **body},
+    ) as r:
         assert r.status_code == 200
         for line in r.iter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":
-                events.append(json.loads(line[len("data: "):]))
+                events.append(json.loads(line[len("data: ") :]))
     return events
 
 

@@ -39,37 +39,108 @@ from hypothesis import strategies as st  # noqa: E402
 
 MODEL = "smollm2-135m"
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "150"))
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize="FUZZ_EXAMPLES" not in os.environ,
-                database=None, suppress_health_check=list(HealthCheck))
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize="FUZZ_EXAMPLES" not in os.environ,
+    database=None,
+    suppress_health_check=list(HealthCheck),
+)
 MAX_BODY_BYTES = 1 << 20
 COMPLETION = {"model": MODEL, "prompt": "Hello there", "max_tokens": 2}
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
-FIELDS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "n",
-          "best_of", "stop", "seed", "stream", "stream_options", "ignore_eos", *sorted(REJECTED_UNLESS_DEFAULT),
-          *sorted(IGNORED), "max_token", "guided_json"]
+FIELDS = [
+    "model",
+    "prompt",
+    "messages",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "n",
+    "best_of",
+    "stop",
+    "seed",
+    "stream",
+    "stream_options",
+    "ignore_eos",
+    *sorted(REJECTED_UNLESS_DEFAULT),
+    *sorted(IGNORED),
+    "max_token",
+    "guided_json",
+]
 
-INTS = st.one_of(st.sampled_from([0, -1, 1, 2, 2**31, 2**53 + 1, 2**63 - 1, 2**63, 2**64, -(2**63) - 1, 10**30]),
-                 st.integers(-(2**70), -1), st.integers(2**40, 2**70))
-SCALARS = st.one_of(st.none(), st.booleans(), INTS, st.floats(allow_nan=False, allow_infinity=False),
-                    st.text(max_size=24), st.sampled_from(["", " ", "\x00", "\u2028", "\U0001f642", "a" * 300]))
-VALUES = st.recursive(SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=4),
-                                                       st.dictionaries(st.text(max_size=8), inner, max_size=4)),
-                      max_leaves=10)
-PROMPTS = st.one_of(st.sampled_from(["", " ", "\x00" * 8, "x" * 600_000, "word " * 5000, [], [-1], [10**9], [[1, 2]],
-                                     ["a", "b"], [""], [1] * 600, list(range(100, 400)), [2**63], [True, False]]),
-                    st.text(min_size=1, max_size=64), st.lists(st.integers(0, 49151), min_size=1, max_size=64))
-MESSAGE_LISTS = st.sampled_from([
-    [], [{}], [{"role": "user"}], [{"content": "hi"}], [{"role": "wizard", "content": "hi"}],
-    [{"role": "function", "content": "hi", "name": "f"}], [{"role": "user", "content": None}],
-    [{"role": "user", "content": 5}], [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
-    [{"role": "user", "content": [{"type": "text"}]}], [{"role": "user", "content": []}],
-    [{"role": "assistant", "content": "first"}], [{"role": "system", "content": "a"}, {"role": "system", "content": "b"}],
-    [{"role": "tool", "content": "42", "tool_call_id": "x"}], [{"role": "user", "content": "hi", "name": {"a": [1]}}],
-    [{"role": "user", "content": "hi"}] * 1025, [{"role": "user", "content": "y" * 500_000}],
-    [{"role": "user", "content": "{{ 7*7 }} {% for x in range(10**9) %}{% endfor %}"}],
-    [{"role": "user", "content": "hi", "tool_calls": [{"id": "1", "type": "function",
-                                                        "function": {"name": "f", "arguments": "{}"}}]}],
-])
+INTS = st.one_of(
+    st.sampled_from([0, -1, 1, 2, 2**31, 2**53 + 1, 2**63 - 1, 2**63, 2**64, -(2**63) - 1, 10**30]),
+    st.integers(-(2**70), -1),
+    st.integers(2**40, 2**70),
+)
+SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    INTS,
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=24),
+    st.sampled_from(["", " ", "\x00", "\u2028", "\U0001f642", "a" * 300]),
+)
+VALUES = st.recursive(
+    SCALARS,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)),
+    max_leaves=10,
+)
+PROMPTS = st.one_of(
+    st.sampled_from(
+        [
+            "",
+            " ",
+            "\x00" * 8,
+            "x" * 600_000,
+            "word " * 5000,
+            [],
+            [-1],
+            [10**9],
+            [[1, 2]],
+            ["a", "b"],
+            [""],
+            [1] * 600,
+            list(range(100, 400)),
+            [2**63],
+            [True, False],
+        ]
+    ),
+    st.text(min_size=1, max_size=64),
+    st.lists(st.integers(0, 49151), min_size=1, max_size=64),
+)
+MESSAGE_LISTS = st.sampled_from(
+    [
+        [],
+        [{}],
+        [{"role": "user"}],
+        [{"content": "hi"}],
+        [{"role": "wizard", "content": "hi"}],
+        [{"role": "function", "content": "hi", "name": "f"}],
+        [{"role": "user", "content": None}],
+        [{"role": "user", "content": 5}],
+        [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
+        [{"role": "user", "content": [{"type": "text"}]}],
+        [{"role": "user", "content": []}],
+        [{"role": "assistant", "content": "first"}],
+        [{"role": "system", "content": "a"}, {"role": "system", "content": "b"}],
+        [{"role": "tool", "content": "42", "tool_call_id": "x"}],
+        [{"role": "user", "content": "hi", "name": {"a": [1]}}],
+        [{"role": "user", "content": "hi"}] * 1025,
+        [{"role": "user", "content": "y" * 500_000}],
+        [{"role": "user", "content": "{{ 7*7 }} {% for x in range(10**9) %}{% endfor %}"}],
+        [
+            {
+                "role": "user",
+                "content": "hi",
+                "tool_calls": [{"id": "1", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+            }
+        ],
+    ]
+)
 DELIVERIES = ["read"] * 6 + ["leave_after_send", "reset_after_send", "partial_body"] + ["leave_mid_stream"] * 3
 
 
@@ -102,18 +173,26 @@ def bodies(draw) -> tuple[str, bytes, str]:
 
 
 def _replace_value(raw: bytes, literal: bytes) -> bytes:
-    return re.sub(rb'("max_tokens": |"temperature": |"prompt": |"content": )("[^"]*"|[-0-9.e]+)',
-                  lambda m: m.group(1) + literal, raw, count=1)  # a function: the literal's backslashes stay
+    return re.sub(
+        rb'("max_tokens": |"temperature": |"prompt": |"content": )("[^"]*"|[-0-9.e]+)',
+        lambda m: m.group(1) + literal,
+        raw,
+        count=1,
+    )  # a function: the literal's backslashes stay
 
 
 MANGLERS = {
     "nan": lambda raw, k: _replace_value(raw, [b"NaN", b"Infinity", b"-Infinity"][k % 3]),
     "surrogate": lambda raw, k: _replace_value(raw, [b'"\\ud800"', b'"a\\udfffb"', b'"\\ud83d"'][k % 3]),
     "surrogate_key": lambda raw, k: raw.replace(b"{", b'{"\\udc80": 1, ', 1),
-    "bad_utf8": lambda raw, k: _replace_value(raw, [b'"\xff\xfe"', b'"\xc3"', b'"\xed\xa0\x80"', b'"\xf4\x90\x80\x80"'][k % 4]),
+    "bad_utf8": lambda raw, k: _replace_value(
+        raw, [b'"\xff\xfe"', b'"\xc3"', b'"\xed\xa0\x80"', b'"\xf4\x90\x80\x80"'][k % 4]
+    ),
     "truncate": lambda raw, k: raw[: k % max(1, len(raw))],
     "deep": lambda raw, k: raw.replace(b"{", b'{"user": ' + b"[" * (20 + k % 5000) + b"]" * (20 + k % 5000) + b", ", 1),
-    "deep_dict": lambda raw, k: raw.replace(b"{", b'{"metadata": ' + b'{"a": ' * (30 + k % 100) + b"1" + b"}" * (30 + k % 100) + b", ", 1),
+    "deep_dict": lambda raw, k: raw.replace(
+        b"{", b'{"metadata": ' + b'{"a": ' * (30 + k % 100) + b"1" + b"}" * (30 + k % 100) + b", ", 1
+    ),
     "garbage": lambda raw, k: struct.pack("<Q", k) * (1 + k % 7),
     "bom": lambda raw, k: b"\xef\xbb\xbf" + raw,
     "utf16": lambda raw, k: raw.decode().encode("utf-16"),
@@ -157,8 +236,9 @@ def server():
 def _leave(base: str, path: str, raw: bytes, how: str) -> None:
     """Send raw HTTP/1.1 and go away without reading the answer."""
     host, port = base.removeprefix("http://").split(":")
-    head = (f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(raw)}\r\n\r\n").encode()
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {len(raw)}\r\n\r\n"
+    ).encode()
     with socket.create_connection((host, int(port)), timeout=10) as s:
         s.sendall(head + (raw[: len(raw) // 2] if how == "partial_body" else raw))
         if how == "reset_after_send":
@@ -207,8 +287,11 @@ def test_hostile_bodies_never_5xx_and_leave_the_engine_clean(server):
         if llm.num_in_flight == 0 and st_.num_running == 0 and st_.num_waiting == 0:
             break
         time.sleep(0.1)
-    r = httpx.post(base + "/v1/completions", json={"model": MODEL, "prompt": "The capital of France is",
-                                                    "max_tokens": 4, "temperature": 0}, timeout=60)
+    r = httpx.post(
+        base + "/v1/completions",
+        json={"model": MODEL, "prompt": "The capital of France is", "max_tokens": 4, "temperature": 0},
+        timeout=60,
+    )
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4, r.text
     assert llm.error is None and httpx.get(base + "/health").status_code == 200
     st_ = llm.stats()

@@ -22,8 +22,9 @@ MAX_NUM_SEQS, MAX_PENDING = 2, 2
 
 @pytest.fixture(scope="module")
 def server():
-    cfg = EngineConfig(max_num_seqs=MAX_NUM_SEQS, num_kv_blocks=64, max_model_len=512,
-                       admission={"max_pending_requests": MAX_PENDING})
+    cfg = EngineConfig(
+        max_num_seqs=MAX_NUM_SEQS, num_kv_blocks=64, max_model_len=512, admission={"max_pending_requests": MAX_PENDING}
+    )
     llm = AsyncLLM(cfg)
     with serve_in_thread(llm, build_app(llm)) as base:
         yield base, llm
@@ -44,17 +45,24 @@ COMPLETION = b'{"model": "smollm2-135m", "max_tokens": 1, %s}'
 CHAT = b'{"model": "smollm2-135m", "max_tokens": 1, "messages": [%s]}'
 
 
-@pytest.mark.parametrize("path, body, param", [
-    ("/v1/completions", COMPLETION % b'"prompt": "a\\ud800b"', "prompt"),
-    ("/v1/completions", COMPLETION % b'"prompt": ["\\udfff"]', "prompt.0"),
-    ("/v1/completions", COMPLETION % b'"prompt": "hi", "stop": ["x", "\\udbff"]', "stop.1"),
-    ("/v1/completions", b'{"model": "smollm2-135m\\ud800", "prompt": "hi"}', "model"),
-    ("/v1/chat/completions", CHAT % b'{"role": "user", "content": "\\ud800"}', "messages.0.content"),
-    ("/v1/chat/completions", CHAT % b'{"role": "user", "content": [{"type": "text", "text": "a\\udc00"}]}',
-     "messages.0.content.0.text"),
-    ("/v1/chat/completions", CHAT % b'{"role": "user", "content": "hi", "name": "\\ud83d"}', "messages.0.name"),
-    ("/v1/chat/completions", CHAT % b'{"role": "user", "content": "hi", "\\ud800": 1}', "messages.0"),
-], ids=["prompt", "prompt-list", "stop", "model", "chat-content", "chat-part", "chat-name", "chat-key"])
+@pytest.mark.parametrize(
+    "path, body, param",
+    [
+        ("/v1/completions", COMPLETION % b'"prompt": "a\\ud800b"', "prompt"),
+        ("/v1/completions", COMPLETION % b'"prompt": ["\\udfff"]', "prompt.0"),
+        ("/v1/completions", COMPLETION % b'"prompt": "hi", "stop": ["x", "\\udbff"]', "stop.1"),
+        ("/v1/completions", b'{"model": "smollm2-135m\\ud800", "prompt": "hi"}', "model"),
+        ("/v1/chat/completions", CHAT % b'{"role": "user", "content": "\\ud800"}', "messages.0.content"),
+        (
+            "/v1/chat/completions",
+            CHAT % b'{"role": "user", "content": [{"type": "text", "text": "a\\udc00"}]}',
+            "messages.0.content.0.text",
+        ),
+        ("/v1/chat/completions", CHAT % b'{"role": "user", "content": "hi", "name": "\\ud83d"}', "messages.0.name"),
+        ("/v1/chat/completions", CHAT % b'{"role": "user", "content": "hi", "\\ud800": 1}', "messages.0"),
+    ],
+    ids=["prompt", "prompt-list", "stop", "model", "chat-content", "chat-part", "chat-name", "chat-key"],
+)
 def test_lone_surrogate_is_a_400_naming_the_field(server, path, body, param):
     base, llm = server
     r = _post(base, path, body)
@@ -70,16 +78,19 @@ def test_a_valid_surrogate_pair_and_other_unicode_still_work(server):
     assert r.status_code == 200, r.text
 
 
-@pytest.mark.parametrize("body, words", [
-    (b'{"model": "smollm2-135m", "prompt": "a\xff\xfeb"}', "not valid UTF-8"),
-    (b'{"model": "smollm2-135m", "prompt": "hi", "temperature": NaN}', "NaN"),
-    (b'{"model": "smollm2-135m", "prompt": "hi", "max_tokens": 1' + b"0" * 5000 + b"}", "digits"),
-    (b'{"model": "smollm2-135m", "prompt": "hi", "user": ' + b"[" * 5000 + b"]" * 5000 + b"}", "nests deeper"),
-    (b'{"model": "smollm2-135m", "prompt": "hi", "metadata": ' + b'{"a":' * 40 + b"1" + b"}" * 41, "nested deeper"),
-    (b'\xef\xbb\xbf{"model": "smollm2-135m", "prompt": "hi"}', "not valid JSON"),
-    (b"", "not valid JSON"),
-    (b'"just a string"', "valid dictionary"),
-])
+@pytest.mark.parametrize(
+    "body, words",
+    [
+        (b'{"model": "smollm2-135m", "prompt": "a\xff\xfeb"}', "not valid UTF-8"),
+        (b'{"model": "smollm2-135m", "prompt": "hi", "temperature": NaN}', "NaN"),
+        (b'{"model": "smollm2-135m", "prompt": "hi", "max_tokens": 1' + b"0" * 5000 + b"}", "digits"),
+        (b'{"model": "smollm2-135m", "prompt": "hi", "user": ' + b"[" * 5000 + b"]" * 5000 + b"}", "nests deeper"),
+        (b'{"model": "smollm2-135m", "prompt": "hi", "metadata": ' + b'{"a":' * 40 + b"1" + b"}" * 41, "nested deeper"),
+        (b'\xef\xbb\xbf{"model": "smollm2-135m", "prompt": "hi"}', "not valid JSON"),
+        (b"", "not valid JSON"),
+        (b'"just a string"', "valid dictionary"),
+    ],
+)
 def test_malformed_bodies_are_400s_that_say_why(server, body, words):
     base, llm = server
     r = _post(base, "/v1/completions", body)
@@ -89,15 +100,38 @@ def test_malformed_bodies_are_400s_that_say_why(server, body, words):
 
 
 # --- 2. OpenAI fields we do not honour ----------------------------------------------------------
-NOT_DEFAULT = {"logprobs": True, "top_logprobs": 3, "logit_bias": {"50256": -100}, "presence_penalty": 0.5,
-               "frequency_penalty": -0.5, "echo": True, "suffix": "end", "tools": [{"type": "function", "function":
-               {"name": "f", "parameters": {}}}], "functions": [{"name": "f"}], "tool_choice": "required",
-               "function_call": {"name": "f"}, "response_format": {"type": "json_object"}, "modalities": ["text", "audio"],
-               "audio": {"voice": "alloy", "format": "wav"}, "prediction": {"type": "content", "content": "x"},
-               "web_search_options": {}, "reasoning_effort": "low", "verbosity": "low",
-               "moderation": {"input": {"policy": "x"}}, "store": True, "service_tier": "flex"}
-IGNORED_VALUES = {"user": "u-1", "safety_identifier": "h-1", "metadata": {"k": "v"}, "prompt_cache_key": "c",
-                  "prompt_cache_retention": "24h", "prompt_cache_options": {"ttl": "1h"}, "parallel_tool_calls": False}
+NOT_DEFAULT = {
+    "logprobs": True,
+    "top_logprobs": 3,
+    "logit_bias": {"50256": -100},
+    "presence_penalty": 0.5,
+    "frequency_penalty": -0.5,
+    "echo": True,
+    "suffix": "end",
+    "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+    "functions": [{"name": "f"}],
+    "tool_choice": "required",
+    "function_call": {"name": "f"},
+    "response_format": {"type": "json_object"},
+    "modalities": ["text", "audio"],
+    "audio": {"voice": "alloy", "format": "wav"},
+    "prediction": {"type": "content", "content": "x"},
+    "web_search_options": {},
+    "reasoning_effort": "low",
+    "verbosity": "low",
+    "moderation": {"input": {"policy": "x"}},
+    "store": True,
+    "service_tier": "flex",
+}
+IGNORED_VALUES = {
+    "user": "u-1",
+    "safety_identifier": "h-1",
+    "metadata": {"k": "v"},
+    "prompt_cache_key": "c",
+    "prompt_cache_retention": "24h",
+    "prompt_cache_options": {"ttl": "1h"},
+    "parallel_tool_calls": False,
+}
 
 
 def test_every_openai_request_field_is_classified():
@@ -116,9 +150,13 @@ def test_every_openai_request_field_is_classified():
 @pytest.mark.parametrize("field", sorted(NOT_DEFAULT))
 def test_unhonoured_fields_are_rejected_by_name(server, field):
     base, _ = server
-    for path, body in (("/v1/completions", {"prompt": "hi"}),
-                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})):
-        r = httpx.post(base + path, json={"model": MODEL, "max_tokens": 1, **body, field: NOT_DEFAULT[field]}, timeout=60)
+    for path, body in (
+        ("/v1/completions", {"prompt": "hi"}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+    ):
+        r = httpx.post(
+            base + path, json={"model": MODEL, "max_tokens": 1, **body, field: NOT_DEFAULT[field]}, timeout=60
+        )
         assert r.status_code == 400, (field, r.text)
         err = r.json()["error"]
         assert err["param"] == field and f"'{field}'" in err["message"] and err["code"] == "unsupported_parameter"
@@ -129,24 +167,50 @@ def test_unknown_fields_are_rejected_by_name(server):
     for field in ("max_token", "repetition_penalty", "guided_json"):
         r = httpx.post(base + "/v1/completions", json={"model": MODEL, "prompt": "hi", field: 1}, timeout=60)
         assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
-    r = httpx.post(base + "/v1/completions", timeout=60,
-                   json={"model": MODEL, "prompt": "hi", "stream": True, "stream_options": {"include_usage": True, "x": 1}})
+    r = httpx.post(
+        base + "/v1/completions",
+        timeout=60,
+        json={"model": MODEL, "prompt": "hi", "stream": True, "stream_options": {"include_usage": True, "x": 1}},
+    )
     assert r.status_code == 400 and r.json()["error"]["param"] == "stream_options.x", r.text
 
 
 def test_defaults_and_harmless_fields_keep_working(server):
     base, _ = server
-    defaults = {"logprobs": False, "top_logprobs": 0, "logit_bias": {}, "presence_penalty": 0, "frequency_penalty": 0.0,
-                "tools": [], "tool_choice": "none", "response_format": {"type": "text"}, "modalities": ["text"],
-                "store": False, "service_tier": "auto", "audio": None, "best_of": 1, "n": 1}
-    body = {"model": MODEL, "max_tokens": 2, "temperature": 0, "seed": 3, "stop": ["\n\n"],
-            "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi", "name": "ann"}],
-            **defaults, **IGNORED_VALUES}
+    defaults = {
+        "logprobs": False,
+        "top_logprobs": 0,
+        "logit_bias": {},
+        "presence_penalty": 0,
+        "frequency_penalty": 0.0,
+        "tools": [],
+        "tool_choice": "none",
+        "response_format": {"type": "text"},
+        "modalities": ["text"],
+        "store": False,
+        "service_tier": "auto",
+        "audio": None,
+        "best_of": 1,
+        "n": 1,
+    }
+    body = {
+        "model": MODEL,
+        "max_tokens": 2,
+        "temperature": 0,
+        "seed": 3,
+        "stop": ["\n\n"],
+        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi", "name": "ann"}],
+        **defaults,
+        **IGNORED_VALUES,
+    }
     r = httpx.post(base + "/v1/chat/completions", json=body, timeout=60)
     assert r.status_code == 200, r.text
-    with httpx.stream("POST", base + "/v1/chat/completions", timeout=60,
-                      json={**body, "stream": True, "stream_options": {"include_usage": True, "include_obfuscation": False}}
-                      ) as s:
+    with httpx.stream(
+        "POST",
+        base + "/v1/chat/completions",
+        timeout=60,
+        json={**body, "stream": True, "stream_options": {"include_usage": True, "include_obfuscation": False}},
+    ) as s:
         lines = [line for line in s.iter_lines() if line]
     assert s.status_code == 200 and lines[-1] == "data: [DONE]" and '"usage"' in lines[-2]
 
@@ -156,8 +220,12 @@ def test_openai_client_gets_a_bad_request_for_response_format(server):
     base, _ = server
     c = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
     with pytest.raises(openai.BadRequestError) as info:
-        c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=2,
-                                  response_format={"type": "json_object"})
+        c.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Hi"}],
+            max_tokens=2,
+            response_format={"type": "json_object"},
+        )
     assert info.value.body["param"] == "response_format"
     ok = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=2, user="u")
     assert ok.choices[0].message.content is not None
@@ -176,6 +244,7 @@ def test_requests_beyond_the_bound_get_429_with_retry_after_and_places_come_back
 
     async def burst(n: int, stream: bool = False, leave_early: bool = False):
         async with httpx.AsyncClient(base_url=base, timeout=120) as c:
+
             async def one():
                 if not stream:
                     return (await c.post("/v1/completions", json=body)).status_code
@@ -184,6 +253,7 @@ def test_requests_beyond_the_bound_get_429_with_retry_after_and_places_come_back
                         if leave_early:
                             break  # the client goes away mid-stream
                     return r.status_code
+
             return await asyncio.gather(*(one() for _ in range(n)))
 
     for stream, leave_early in ((False, False), (True, False), (True, True)):
@@ -208,7 +278,9 @@ def test_429_names_the_bound_and_sets_retry_after(server):
 
     async def burst():
         async with httpx.AsyncClient(base_url=base, timeout=120) as c:
-            return await asyncio.gather(*(c.post("/v1/completions", json=body) for _ in range(2 * (MAX_NUM_SEQS + MAX_PENDING))))
+            return await asyncio.gather(
+                *(c.post("/v1/completions", json=body) for _ in range(2 * (MAX_NUM_SEQS + MAX_PENDING)))
+            )
 
     refused = [r for r in asyncio.run(burst()) if r.status_code == 429]
     assert refused

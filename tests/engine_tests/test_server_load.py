@@ -44,8 +44,17 @@ def test_load_with_disconnects_and_invalid_requests(bench, tmp_path):
         warm = asyncio.run(bench.run_load(base, duration_s=3, concurrency=6, max_tokens_range=(4, 12), seed=7))
         _check_round(warm, bench.wait_idle(base))
         rss_before = bench.rss_mib(proc.pid)
-        res = asyncio.run(bench.run_load(base, duration_s=12, concurrency=10, disconnect_prob=0.3, invalid_prob=0.25,
-                                         max_tokens_range=(4, 16), seed=1))
+        res = asyncio.run(
+            bench.run_load(
+                base,
+                duration_s=12,
+                concurrency=10,
+                disconnect_prob=0.3,
+                invalid_prob=0.25,
+                max_tokens_range=(4, 16),
+                seed=1,
+            )
+        )
         after = bench.wait_idle(base)
         rss_after = bench.rss_mib(proc.pid)
         print(f"\nload: {res.summary()}\nRSS {rss_before:.1f} -> {rss_after:.1f} MiB")

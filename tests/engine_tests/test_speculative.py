@@ -81,7 +81,9 @@ def test_draft_equal_to_target_is_always_accepted():
         assert len(rejection_sample(p, [1, 0], g, p[:2])) == 3
 
 
-@pytest.mark.parametrize("params", [SamplingParams(temperature=0.7, top_k=4), SamplingParams(temperature=1.3, top_p=0.8)])
+@pytest.mark.parametrize(
+    "params", [SamplingParams(temperature=0.7, top_k=4), SamplingParams(temperature=1.3, top_p=0.8)]
+)
 def test_verify_batch_samples_the_filtered_target(params):
     """The engine's glue: temperature/top-k/top-p target via Sampler.probs, drafts via DraftSampler."""
     V = 8
@@ -114,11 +116,15 @@ def reference(llm):
     return [o.output_token_ids for o in llm.generate(PROMPTS, GREEDY)]
 
 
-@pytest.mark.parametrize("spec", [
-    {"method": "ngram", "num_speculative_tokens": 3},
-    {"method": "early_exit", "early_exit_layers": 6, "num_speculative_tokens": 2},
-    {"method": "quantized", "draft_quantization": "int8", "num_speculative_tokens": 3},
-], ids=["ngram", "early_exit", "quantized"])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"method": "ngram", "num_speculative_tokens": 3},
+        {"method": "early_exit", "early_exit_layers": 6, "num_speculative_tokens": 2},
+        {"method": "quantized", "draft_quantization": "int8", "num_speculative_tokens": 3},
+    ],
+    ids=["ngram", "early_exit", "quantized"],
+)
 def test_greedy_is_lossless(make_llm, reference, spec):
     s = make_llm(speculative=spec)
     assert [o.output_token_ids for o in s.generate(PROMPTS, GREEDY)] == reference
@@ -128,10 +134,14 @@ def test_greedy_is_lossless(make_llm, reference, spec):
     assert st.num_free_blocks == st.num_total_blocks
 
 
-@pytest.mark.parametrize("spec", [
-    {"method": "early_exit", "early_exit_layers": 30, "num_speculative_tokens": 4},
-    {"method": "model", "draft_model": str(resolve_model_path("smollm2-135m")), "num_speculative_tokens": 4},
-], ids=["early_exit_all_layers", "model_same_weights"])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"method": "early_exit", "early_exit_layers": 30, "num_speculative_tokens": 4},
+        {"method": "model", "draft_model": str(resolve_model_path("smollm2-135m")), "num_speculative_tokens": 4},
+    ],
+    ids=["early_exit_all_layers", "model_same_weights"],
+)
 def test_a_draft_identical_to_the_target_is_always_accepted(make_llm, reference, spec):
     """All 30 layers as the 'early exit', or the target's own file as the draft model: every draft
     must be accepted, which checks that the draft's KV (shared or its own) is exactly right."""
@@ -166,7 +176,9 @@ def test_seeded_sampling_with_a_model_draft_is_reproducible(make_llm):
     assert a == b and len(a) == 10
     st = s.engine.stats()
     assert st.num_draft_tokens > 0
-    assert not s.engine.proposer.drafts.draft_probs or all(len(v) <= 3 for v in s.engine.proposer.drafts.draft_probs.values())
+    assert not s.engine.proposer.drafts.draft_probs or all(
+        len(v) <= 3 for v in s.engine.proposer.drafts.draft_probs.values()
+    )
 
 
 def test_drafts_respect_max_tokens(make_llm):

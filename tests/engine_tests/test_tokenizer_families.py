@@ -31,8 +31,15 @@ from slotune.engine.llm_engine import LLMEngine
 from slotune.engine.tokenizer import Tokenizer
 from slotune.tuner.workload import corpus_text
 from tests.engine_driver import generate
-from tests.tokenizer_files import (BYTE_LEVEL_GPT2, EXTRA_TEXT, GPT2_PIPELINE, gguf_vocab_fields, train_bpe, write_gguf,
-                                   write_hf_tokenizer)
+from tests.tokenizer_files import (
+    BYTE_LEVEL_GPT2,
+    EXTRA_TEXT,
+    GPT2_PIPELINE,
+    gguf_vocab_fields,
+    train_bpe,
+    write_gguf,
+    write_hf_tokenizer,
+)
 
 TEMPLATES = Path(__file__).parent / "chat_templates"
 
@@ -49,37 +56,58 @@ STRINGS = [
     "<|im_start|>user\nWhat is 17*23?<|im_end|>\n<|im_start|>assistant\n<tool_call>",
 ]
 
+
 def _split_then_bytes(regex: str) -> dict:
-    return {"type": "Sequence", "pretokenizers": [
-        {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": False},
-        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]}
+    return {
+        "type": "Sequence",
+        "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": False},
+            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False},
+        ],
+    }
 
 
 # tokenizer.ggml.pre -> that family's tokenizer.json pipeline, copied from the family's files.
 FAMILIES = {
     "gpt-2": GPT2_PIPELINE,
-    "smollm": {"pre_tokenizer": {"type": "Sequence", "pretokenizers": [  # SmolLM2 / StarCoder
-        {"type": "Digits", "individual_digits": True}, BYTE_LEVEL_GPT2]}},
+    "smollm": {
+        "pre_tokenizer": {
+            "type": "Sequence",
+            "pretokenizers": [  # SmolLM2 / StarCoder
+                {"type": "Digits", "individual_digits": True},
+                BYTE_LEVEL_GPT2,
+            ],
+        }
+    },
     "llama-bpe": {  # Meta-Llama-3-8B
         "pre_tokenizer": _split_then_bytes(
             r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"
-            r"\s+(?!\S)|\s+"),
-        "model": {"ignore_merges": True}},
+            r"\s+(?!\S)|\s+"
+        ),
+        "model": {"ignore_merges": True},
+    },
     "qwen2": {  # Qwen2 / Qwen2.5 (transformers' Qwen2Converter)
         "normalizer": {"type": "NFC"},
         "pre_tokenizer": _split_then_bytes(
             r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"
-            r"\s+(?!\S)|\s+")},
+            r"\s+(?!\S)|\s+"
+        ),
+    },
 }
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
 
 def _gguf_kv(tok, pre: str) -> dict:
     tokens, types, merges = gguf_vocab_fields(tok)
-    return {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": pre, "tokenizer.ggml.tokens": tokens,
-            "tokenizer.ggml.token_type": types, "tokenizer.ggml.merges": merges,
-            "tokenizer.ggml.eos_token_id": tok.token_to_id("<|im_end|>"),
-            "tokenizer.ggml.eot_token_id": tok.token_to_id("<|endoftext|>")}
+    return {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": pre,
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.merges": merges,
+        "tokenizer.ggml.eos_token_id": tok.token_to_id("<|im_end|>"),
+        "tokenizer.ggml.eot_token_id": tok.token_to_id("<|endoftext|>"),
+    }
 
 
 @pytest.mark.parametrize("pre", list(FAMILIES))
@@ -99,17 +127,27 @@ def test_gguf_pre_tokenizer_encodes_like_the_family_tokenizer(pre, tmp_path):
         assert any(wrong.encode(s) != ref.encode(s, add_special_tokens=False).ids for s in STRINGS)
 
 
-@pytest.mark.parametrize(("kv", "match"), [
-    ({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "tekken"},
-     r"tokenizer\.ggml\.pre 'tekken' is not supported \(supported: .*llama-bpe.*qwen2.*smollm"),
-    ({"tokenizer.ggml.model": "gpt2"}, r"tokenizer\.ggml\.pre 'None' is not supported.*re-convert"),
-    ({"tokenizer.ggml.model": "bert"}, r"tokenizer\.ggml\.model 'bert' is not supported \(supported: gpt2, llama\)"),
-], ids=["unknown-pre", "missing-pre", "unknown-model"])
+@pytest.mark.parametrize(
+    ("kv", "match"),
+    [
+        (
+            {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "tekken"},
+            r"tokenizer\.ggml\.pre 'tekken' is not supported \(supported: .*llama-bpe.*qwen2.*smollm",
+        ),
+        ({"tokenizer.ggml.model": "gpt2"}, r"tokenizer\.ggml\.pre 'None' is not supported.*re-convert"),
+        (
+            {"tokenizer.ggml.model": "bert"},
+            r"tokenizer\.ggml\.model 'bert' is not supported \(supported: gpt2, llama\)",
+        ),
+    ],
+    ids=["unknown-pre", "missing-pre", "unknown-model"],
+)
 def test_unsupported_gguf_vocabulary_is_refused_before_any_weight(kv, match, tmp_path):
     # The file has no tensors and no hyperparameters: had the engine read weights first, the
     # loader's KeyError would come out instead of the tokenizer's refusal.
-    path = write_gguf(tmp_path / "model.gguf", {**kv, "tokenizer.ggml.tokens": ["a", "b", "ab"],
-                                                "tokenizer.ggml.merges": ["a b"]})
+    path = write_gguf(
+        tmp_path / "model.gguf", {**kv, "tokenizer.ggml.tokens": ["a", "b", "ab"], "tokenizer.ggml.merges": ["a b"]}
+    )
     with pytest.raises(ValueError, match=match):
         LLMEngine(EngineConfig(model=str(path), device="cpu"))
 
@@ -120,34 +158,58 @@ def sentencepiece_gguf(tmp_path):
     spm = pytest.importorskip("sentencepiece", reason="the reference for SentencePiece GGUF vocabularies")
     # Llama 2's trainer settings: BPE, byte fallback, digits split, no normalization, spaces kept.
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter((corpus_text() + EXTRA_TEXT).splitlines()), model_prefix=str(tmp_path / "sp"),
-        model_type="bpe", vocab_size=1500, byte_fallback=True, split_digits=True, normalization_rule_name="identity",
-        remove_extra_whitespaces=False, add_dummy_prefix=True, allow_whitespace_only_pieces=True, minloglevel=2)
+        sentence_iterator=iter((corpus_text() + EXTRA_TEXT).splitlines()),
+        model_prefix=str(tmp_path / "sp"),
+        model_type="bpe",
+        vocab_size=1500,
+        byte_fallback=True,
+        split_digits=True,
+        normalization_rule_name="identity",
+        remove_extra_whitespaces=False,
+        add_dummy_prefix=True,
+        allow_whitespace_only_pieces=True,
+        minloglevel=2,
+    )
     sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "sp.model"))
     n = sp.vocab_size()
     # convert_hf_to_gguf.py's _create_vocab_sentencepiece: pieces, scores, and types from the model
-    types = [2 if sp.IsUnknown(i) else 3 if sp.IsControl(i) else 5 if sp.IsUnused(i) else 6 if sp.IsByte(i) else 1
-             for i in range(n)]
-    path = write_gguf(tmp_path / "model.gguf", {
-        "tokenizer.ggml.model": "llama", "tokenizer.ggml.pre": "default",
-        "tokenizer.ggml.tokens": [sp.IdToPiece(i) for i in range(n)],
-        "tokenizer.ggml.scores": [sp.GetScore(i) for i in range(n)], "tokenizer.ggml.token_type": types,
-        "tokenizer.ggml.bos_token_id": sp.bos_id(), "tokenizer.ggml.eos_token_id": sp.eos_id(),
-        "tokenizer.ggml.unknown_token_id": sp.unk_id()})
+    types = [
+        2 if sp.IsUnknown(i) else 3 if sp.IsControl(i) else 5 if sp.IsUnused(i) else 6 if sp.IsByte(i) else 1
+        for i in range(n)
+    ]
+    path = write_gguf(
+        tmp_path / "model.gguf",
+        {
+            "tokenizer.ggml.model": "llama",
+            "tokenizer.ggml.pre": "default",
+            "tokenizer.ggml.tokens": [sp.IdToPiece(i) for i in range(n)],
+            "tokenizer.ggml.scores": [sp.GetScore(i) for i in range(n)],
+            "tokenizer.ggml.token_type": types,
+            "tokenizer.ggml.bos_token_id": sp.bos_id(),
+            "tokenizer.ggml.eos_token_id": sp.eos_id(),
+            "tokenizer.ggml.unknown_token_id": sp.unk_id(),
+        },
+    )
     return sp, path
 
 
 def test_sentencepiece_gguf_encodes_and_decodes_like_sentencepiece(tmp_path):
     sp, path = sentencepiece_gguf(tmp_path)
     ours = Tokenizer.from_gguf(path)
-    assert any(sp.IsByte(i) for i in range(sp.vocab_size())) and ours.add_bos  # byte pieces exist; llama.cpp adds BOS for SentencePiece vocabularies
+    assert (
+        any(sp.IsByte(i) for i in range(sp.vocab_size())) and ours.add_bos
+    )  # byte pieces exist; llama.cpp adds BOS for SentencePiece vocabularies
     for s in STRINGS[:-1]:  # the last one holds ChatML tokens this vocabulary does not have
         want = sp.encode(s)
         assert ours.encode(s) == want, s
         assert ours.decode(want) == sp.decode(want)
     # A control token in the text is that token; the text after it gets its own leading space, as
     # in llama.cpp (and HF's legacy Llama tokenizer).
-    assert ours.encode("</s>Hello there", add_special_tokens=True) == [sp.bos_id(), sp.eos_id(), *sp.encode("Hello there")]
+    assert ours.encode("</s>Hello there", add_special_tokens=True) == [
+        sp.bos_id(),
+        sp.eos_id(),
+        *sp.encode("Hello there"),
+    ]
     assert ours.eos_token_ids == {sp.eos_id()} and ours.special_tokens["bos_token"] == "<s>"
 
 
@@ -180,23 +242,46 @@ CHAT_TOKENS = {  # template -> (bos_token, eos_token) as the model's tokenizer_c
 TOOL_CALL = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris <&> 'Île'"}}}
 CONVERSATIONS = [
     [{"role": "user", "content": "Hello, how are you?"}],
-    [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "2+2?"},
-     {"role": "assistant", "content": "4"}, {"role": "user", "content": "And 3+3?  "}],
-    [{"role": "user", "content": "Weather in Paris?"}, {"role": "assistant", "content": "", "tool_calls": [TOOL_CALL]},
-     {"role": "tool", "content": "{\"temp\": 21}"}],
+    [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "4"},
+        {"role": "user", "content": "And 3+3?  "},
+    ],
+    [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "", "tool_calls": [TOOL_CALL]},
+        {"role": "tool", "content": '{"temp": 21}'},
+    ],
     [{"role": "user", "content": "one"}, {"role": "user", "content": "two"}],  # Mistral's template refuses this
 ]
 
 
 def _chat_dirs(root: Path) -> dict[str, str]:
-    specials = ("<|begin_of_text|>", "<|eot_id|>", "<|start_header_id|>", "<|end_header_id|>", "<|im_start|>",
-                "<|im_end|>", "<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]",
-                "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]")
+    specials = (
+        "<|begin_of_text|>",
+        "<|eot_id|>",
+        "<|start_header_id|>",
+        "<|end_header_id|>",
+        "<|im_start|>",
+        "<|im_end|>",
+        "<s>",
+        "</s>",
+        "[INST]",
+        "[/INST]",
+        "[TOOL_CALLS]",
+        "[AVAILABLE_TOOLS]",
+        "[/AVAILABLE_TOOLS]",
+        "[TOOL_RESULTS]",
+        "[/TOOL_RESULTS]",
+    )
     tok = train_bpe(FAMILIES["llama-bpe"], 900, special_tokens=specials, user_tokens=("<tool_call>", "</tool_call>"))
     dirs = {}
     for name, (bos, eos) in CHAT_TOKENS.items():
         d = root / name
-        write_hf_tokenizer(d, tok, bos_token=bos, eos_token=eos, chat_template=(TEMPLATES / f"{name}.jinja").read_text())
+        write_hf_tokenizer(
+            d, tok, bos_token=bos, eos_token=eos, chat_template=(TEMPLATES / f"{name}.jinja").read_text()
+        )
         dirs[name] = str(d)
     return dirs
 
@@ -229,8 +314,10 @@ def test_chat_prompts_render_and_tokenize_as_transformers_does(tmp_path):
 def test_chatml_is_only_the_fallback_and_says_so(tmp_path):
     tok = train_bpe(FAMILIES["gpt-2"], 400, special_tokens=SPECIALS)
     write_hf_tokenizer(tmp_path / "own", tok, eos_token="<|im_end|>")
-    (tmp_path / "own" / "chat_template.jinja").write_text("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n"
-                                                          "{% endfor %}{% if add_generation_prompt %}[assistant] {% endif %}")
+    (tmp_path / "own" / "chat_template.jinja").write_text(
+        "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n"
+        "{% endfor %}{% if add_generation_prompt %}[assistant] {% endif %}"
+    )
     write_hf_tokenizer(tmp_path / "none", tok, eos_token="<|im_end|>")
     own, none = Tokenizer.from_hf_dir(tmp_path / "own"), Tokenizer.from_hf_dir(tmp_path / "none")
     msgs = [{"role": "user", "content": "hi"}]
@@ -241,6 +328,7 @@ def test_chatml_is_only_the_fallback_and_says_so(tmp_path):
 
 
 # --- stop ids and the served chat path, on a tiny random checkpoint ----------------------------
+
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
@@ -253,7 +341,9 @@ def checkpoint(tmp_path_factory) -> Path:
     _hf(d, "LlamaConfig", vocab_size=512, bos_token_id=1, eos_token_id=2)
     tok = train_bpe(FAMILIES["llama-bpe"], 512, special_tokens=("<unk>", "<s>", "</s>", "[INST]", "[/INST]"))
     name = "mistralai-Mistral-Nemo-Instruct-2407"
-    write_hf_tokenizer(d, tok, bos_token="<s>", eos_token="</s>", chat_template=(TEMPLATES / f"{name}.jinja").read_text())
+    write_hf_tokenizer(
+        d, tok, bos_token="<s>", eos_token="</s>", chat_template=(TEMPLATES / f"{name}.jinja").read_text()
+    )
     return d
 
 
@@ -266,13 +356,13 @@ def test_generation_stops_on_every_eos_id_the_model_declares(checkpoint, tmp_pat
     prompt = [1, 5, 77, 300, 41, 9]
     greedy = generate(_engine(d), [prompt], 12)[0]  # ignore_eos
     # a token first produced at step k, with no eos (2) before it: the second declared eos id
-    k = next(k for k in range(1, 12) if greedy[k] not in greedy[:k] and 2 not in greedy[:k + 1])
+    k = next(k for k in range(1, 12) if greedy[k] not in greedy[:k] and 2 not in greedy[: k + 1])
     (d / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": [2, greedy[k]]}))
     engine = _engine(d)
     assert engine.tokenizer.eos_token_ids == {2, greedy[k]} and engine.tokenizer.eos_token_id == 2
     engine.add_request("r", prompt, SamplingParams(max_tokens=12))
     done = [o for _ in range(40) for o in engine.step() if o.finished]
-    assert done[0].output_token_ids == greedy[:k + 1] and done[0].finish_reason == "stop"
+    assert done[0].output_token_ids == greedy[: k + 1] and done[0].finish_reason == "stop"
 
 
 def test_a_conversation_the_template_refuses_is_a_400_naming_it(checkpoint):
@@ -284,10 +374,18 @@ def test_a_conversation_the_template_refuses_is_a_400_naming_it(checkpoint):
     with TestClient(build_app(llm)) as client:
         client.portal.call(llm.start)
         try:
-            ok = client.post("/v1/chat/completions", json={"model": str(checkpoint), "max_tokens": 3, "messages": [
-                {"role": "user", "content": "Hello"}]})
-            bad = client.post("/v1/chat/completions", json={"model": str(checkpoint), "max_tokens": 3, "messages": [
-                {"role": "user", "content": "one"}, {"role": "user", "content": "two"}]})
+            ok = client.post(
+                "/v1/chat/completions",
+                json={"model": str(checkpoint), "max_tokens": 3, "messages": [{"role": "user", "content": "Hello"}]},
+            )
+            bad = client.post(
+                "/v1/chat/completions",
+                json={
+                    "model": str(checkpoint),
+                    "max_tokens": 3,
+                    "messages": [{"role": "user", "content": "one"}, {"role": "user", "content": "two"}],
+                },
+            )
         finally:
             client.portal.call(llm.shutdown)
     assert ok.status_code == 200 and ok.json()["usage"]["prompt_tokens"] >= 3

@@ -15,7 +15,9 @@ SYSTEM = list(range(1000, 1128))  # a 128-token shared start: two full 64-token 
 
 
 def _finished(i: int, prompt: list[int], n_out: int, t0: float, reason: str = "length") -> RequestOutput:
-    m = RequestMetrics(arrival_time=t0 + i * 0.01, finish_time=t0 + i * 0.01 + 0.5, num_cached_prompt_tokens=64 * (i > 0))
+    m = RequestMetrics(
+        arrival_time=t0 + i * 0.01, finish_time=t0 + i * 0.01 + 0.5, num_cached_prompt_tokens=64 * (i > 0)
+    )
     return RequestOutput(f"r{i}", prompt, list(range(n_out)), "never recorded", True, reason, m)
 
 
@@ -99,15 +101,37 @@ def test_tune_serve_records_what_tune_bench_url_sent(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("num_kv_blocks: 128\nmax_model_len: 512\nmax_num_seqs: 4\n")
     rec_dir = tmp_path / "traffic"
-    proc = subprocess.Popen([sys.executable, "-m", "slotune.tuner.cli_main", "serve", str(cfg), "--port", str(port),
-                             "--record-traffic", str(rec_dir)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "slotune.tuner.cli_main",
+            "serve",
+            str(cfg),
+            "--port",
+            str(port),
+            "--record-traffic",
+            str(rec_dir),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         wait_ready(base, timeout_s=60, proc=proc)
-        wl = WorkloadSpec.load({"arrivals": "poisson", "rate": 4.0, "num_requests": 12, "warmup_requests": 0,
-                                "prompt_len": {"kind": "uniform", "min": 20, "max": 60},
-                                "output_len": {"kind": "fixed", "value": 6},
-                                "shared_prefix": {"num_tokens": 128, "fraction": 1.0}, "seed": 3})
+        wl = WorkloadSpec.load(
+            {
+                "arrivals": "poisson",
+                "rate": 4.0,
+                "num_requests": 12,
+                "warmup_requests": 0,
+                "prompt_len": {"kind": "uniform", "min": 20, "max": 60},
+                "output_len": {"kind": "fixed", "value": 6},
+                "shared_prefix": {"num_tokens": 128, "fraction": 1.0},
+                "seed": 3,
+            }
+        )
         tok = Tokenizer.from_model_path(resolve_model_path("smollm2-135m"))
         res = run_http_benchmark(base, wl, tokenizer=tok)
         assert res.metrics["num_failed"] == 0

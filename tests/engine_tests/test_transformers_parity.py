@@ -14,7 +14,9 @@ transformers = pytest.importorskip("transformers")
 @pytest.fixture(scope="module")
 def hf_model():
     path = resolve_model_path("smollm2-135m")
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    )
     return model.eval()
 
 
@@ -26,7 +28,9 @@ PROMPTS = [
 
 
 def test_logits_match_transformers(llm, hf_model):
-    for text in PROMPTS + [llm.tokenizer.apply_chat_template([{"role": "user", "content": "Write a haiku about the sea."}])]:
+    for text in PROMPTS + [
+        llm.tokenizer.apply_chat_template([{"role": "user", "content": "Write a haiku about the sea."}])
+    ]:
         ids = llm.tokenizer.encode(text)
         ours = llm.logits(ids)
         with torch.no_grad():
@@ -40,13 +44,18 @@ def test_greedy_tokens_identical_to_transformers(llm, hf_model):
     for prompt_ids, out in zip(ids, outs):
         with torch.no_grad():
             ref = hf_model.generate(torch.tensor([prompt_ids]), max_new_tokens=24, min_new_tokens=24, do_sample=False)
-        assert out.output_token_ids == ref[0, len(prompt_ids):].tolist()
+        assert out.output_token_ids == ref[0, len(prompt_ids) :].tolist()
 
 
 def test_tokenizer_matches_transformers(llm):
     path = resolve_model_path("smollm2-135m")
     hf_tok = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    for text in ["Hello, world! 12345 + 678", "  spaces\tand\nnewlines  ", "Ünïcödé ✓ 日本語", "<|im_start|>user\nhi<|im_end|>"]:
+    for text in [
+        "Hello, world! 12345 + 678",
+        "  spaces\tand\nnewlines  ",
+        "Ünïcödé ✓ 日本語",
+        "<|im_start|>user\nhi<|im_end|>",
+    ]:
         assert llm.tokenizer.encode(text) == hf_tok.encode(text, add_special_tokens=False)
         assert llm.tokenizer.decode(llm.tokenizer.encode(text), skip_special_tokens=False) == text
 

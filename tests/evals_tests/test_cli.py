@@ -15,9 +15,16 @@ def test_tune_eval(tmp_path, monkeypatch):
     cfg = tmp_path / "config.yaml"
     cfg.write_text(yaml.safe_dump({"device": "cpu", "quantization": "int8", "num_kv_blocks": 32, "max_model_len": 256}))
     gates = tmp_path / "gates.yaml"
-    gates.write_text(yaml.safe_dump({"quality_gates": [
-        {"name": "agree", "kind": "agreement", "min_top1": 0.8, "limit": 2},
-        {"name": "strict", "kind": "agreement", "max_mean_kl": 1e-9, "limit": 2}]}))
+    gates.write_text(
+        yaml.safe_dump(
+            {
+                "quality_gates": [
+                    {"name": "agree", "kind": "agreement", "min_top1": 0.8, "limit": 2},
+                    {"name": "strict", "kind": "agreement", "max_mean_kl": 1e-9, "limit": 2},
+                ]
+            }
+        )
+    )
     out = tmp_path / "report.json"
     res = CliRunner().invoke(app, ["eval", str(cfg), "--gates", str(gates), "--json", str(out)])
     assert res.exit_code == 0, res.output

@@ -19,8 +19,14 @@ from slotune.evals.gates import evaluate_gates
 # Small limits keep this CPU test to a few minutes; the items are the first N of each task.
 GATES = [
     GateSpec(name="agreement", kind="agreement", min_top1=0.9, max_mean_kl=0.1, limit=4),
-    GateSpec(name="arithmetic", kind="lm_eval", task="slotune_arithmetic_1digit", limit=12, max_abs_drop=0.1,
-             mode="non_inferiority"),
+    GateSpec(
+        name="arithmetic",
+        kind="lm_eval",
+        task="slotune_arithmetic_1digit",
+        limit=12,
+        max_abs_drop=0.1,
+        mode="non_inferiority",
+    ),
     GateSpec(name="perplexity", kind="perplexity", limit=2, max_rel_drop=0.05),
 ]
 

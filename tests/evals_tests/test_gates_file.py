@@ -14,11 +14,17 @@ from slotune.tuner.errors import MissingFileError, SpecError
 ONE = "- {name: a, kind: agreement, min_top1: 0.9}\n"
 
 
-@pytest.mark.parametrize(("text", "needle"), [
-    ("- !!python/object/apply:os.system ['echo pwned']\n", ":1:3: tag '!!python/object/apply:os.system' is not allowed"),
-    ("quality_gates: []\nquality_gates: []\n", ":2:1: duplicate key 'quality_gates' (first on line 1)"),
-    ("name: a\n", ": expected a list of gates"),
-])
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        (
+            "- !!python/object/apply:os.system ['echo pwned']\n",
+            ":1:3: tag '!!python/object/apply:os.system' is not allowed",
+        ),
+        ("quality_gates: []\nquality_gates: []\n", ":2:1: duplicate key 'quality_gates' (first on line 1)"),
+        ("name: a\n", ": expected a list of gates"),
+    ],
+)
 def test_bad_gates_files_name_file_and_line(tmp_path, text, needle):
     p = tmp_path / "g.yaml"
     p.write_text(text)
@@ -29,8 +35,10 @@ def test_bad_gates_files_name_file_and_line(tmp_path, text, needle):
 
 def test_every_bad_gate_is_named_by_its_position(tmp_path):
     p = tmp_path / "spec.yaml"
-    p.write_text("quality_gates:\n  - {name: a, kind: agreement, min_top1: 0.9}\n  - {name: b, kind: agreement, "
-                 "min_top1: 2}\n  - {name: c, kind: nope}\n")
+    p.write_text(
+        "quality_gates:\n  - {name: a, kind: agreement, min_top1: 0.9}\n  - {name: b, kind: agreement, "
+        "min_top1: 2}\n  - {name: c, kind: nope}\n"
+    )
     with pytest.raises(SpecError) as err:
         load_gates(p)
     lines = str(err.value).splitlines()

@@ -9,8 +9,12 @@ from slotune.evals.scoring import PagedScorer
 
 def test_scores_match_prompt_logprobs(llm):
     tok = llm.tokenizer
-    texts = ["The quick brown fox jumps over the lazy dog.", "In the beginning God created the heaven and the earth.",
-             "Hello world", "Q: What is 2 plus 3?\nA: 5"]
+    texts = [
+        "The quick brown fox jumps over the lazy dog.",
+        "In the beginning God created the heaven and the earth.",
+        "Hello world",
+        "Q: What is 2 plus 3?\nA: 5",
+    ]
     reqs = [(tok.encode(t), min(3, len(tok.encode(t)) - 1)) for t in texts]
     reqs.append((tok.encode(texts[1]), len(tok.encode(texts[1])) - 1))  # every position
     batched = PagedScorer(llm).score(reqs)
@@ -41,16 +45,22 @@ def test_adapter_requests(llm):
 
     lm = SlotuneLM(llm)
     mk = lambda kind, args: Instance(request_type=kind, doc={}, arguments=args, idx=0)  # noqa: E731
-    (good, good_greedy), (bad, _) = lm.loglikelihood([mk("loglikelihood", ("The capital of France is", " Paris")),
-                                                      mk("loglikelihood", ("The capital of France is", " banana"))])
+    (good, good_greedy), (bad, _) = lm.loglikelihood(
+        [
+            mk("loglikelihood", ("The capital of France is", " Paris")),
+            mk("loglikelihood", ("The capital of France is", " banana")),
+        ]
+    )
     assert good > bad and good < 0
     # trailing context space moves onto the continuation: same tokens either way
-    (a, _), = lm.loglikelihood([mk("loglikelihood", ("The capital of France is ", "Paris"))])
+    ((a, _),) = lm.loglikelihood([mk("loglikelihood", ("The capital of France is ", "Paris"))])
     assert a == pytest.approx(good, abs=1e-4)
     text = "In the beginning God created the heaven and the earth. " * 30
-    whole, = lm.loglikelihood_rolling([mk("loglikelihood_rolling", (text,))])
+    (whole,) = lm.loglikelihood_rolling([mk("loglikelihood_rolling", (text,))])
     lm.max_length = 64  # forces several disjoint windows
-    windowed, = lm.loglikelihood_rolling([mk("loglikelihood_rolling", (text,))])
+    (windowed,) = lm.loglikelihood_rolling([mk("loglikelihood_rolling", (text,))])
     assert whole < 0 and windowed < 0 and windowed != pytest.approx(whole)
-    out, = lm.generate_until([mk("generate_until", ("Q: What is 2 plus 2?\nA:", {"until": ["\n"], "max_gen_toks": 8}))])
+    (out,) = lm.generate_until(
+        [mk("generate_until", ("Q: What is 2 plus 2?\nA:", {"until": ["\n"], "max_gen_toks": 8}))]
+    )
     assert "\n" not in out and len(out) > 0

@@ -22,17 +22,26 @@ def test_defaults_and_margin():
     assert a.metric_name == "top1" and a.mode == "threshold" and a.confidence == 0.95
 
 
-@pytest.mark.parametrize("bad, match", [
-    ({"kind": "agreement"}, "needs min_top1"),
-    ({"kind": "agreement", "min_top1": 0.9, "task": "slotune_general_knowledge"}, "takes no task"),
-    ({"kind": "lm_eval", "max_abs_drop": 0.1}, "needs a task"),
-    ({"kind": "lm_eval", "task": "hellaswag", "max_abs_drop": 0.1}, "unknown task 'hellaswag'"),
-    ({"kind": "lm_eval", "task": "slotune_general_knowledge"}, "max_abs_drop"),
-    ({"kind": "lm_eval", "task": "slotune_general_knowledge", "max_abs_drop": 0.1, "min_top1": 0.9}, "agreement gates only"),
-    ({"kind": "lm_eval", "task": "slotune_general_knowledge", "max_abs_drop": 0.1, "mode": "strict"}, "mode"),
-    ({"kind": "lm_eval", "task": "slotune_general_knowledge", "max_abs_drop": 0.1, "confidence": 0.4}, "confidence"),
-    ({"kind": "lm_eval", "task": "slotune_general_knowledge", "max_abs_drop": 0.1, "limt": 5}, "limt"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        ({"kind": "agreement"}, "needs min_top1"),
+        ({"kind": "agreement", "min_top1": 0.9, "task": "slotune_general_knowledge"}, "takes no task"),
+        ({"kind": "lm_eval", "max_abs_drop": 0.1}, "needs a task"),
+        ({"kind": "lm_eval", "task": "hellaswag", "max_abs_drop": 0.1}, "unknown task 'hellaswag'"),
+        ({"kind": "lm_eval", "task": "slotune_general_knowledge"}, "max_abs_drop"),
+        (
+            {"kind": "lm_eval", "task": "slotune_general_knowledge", "max_abs_drop": 0.1, "min_top1": 0.9},
+            "agreement gates only",
+        ),
+        ({"kind": "lm_eval", "task": "slotune_general_knowledge", "max_abs_drop": 0.1, "mode": "strict"}, "mode"),
+        (
+            {"kind": "lm_eval", "task": "slotune_general_knowledge", "max_abs_drop": 0.1, "confidence": 0.4},
+            "confidence",
+        ),
+        ({"kind": "lm_eval", "task": "slotune_general_knowledge", "max_abs_drop": 0.1, "limt": 5}, "limt"),
+    ],
+)
 def test_invalid_specs_name_the_problem(bad, match):
     with pytest.raises(ValidationError, match=match):
         GateSpec(name="g", **bad)

@@ -9,8 +9,13 @@ import yaml
 
 from slotune.evals.tasks import bundled_tasks, data_dir, task_fingerprint, tasks_dir
 
-EXPECTED = {"slotune_arithmetic_1digit", "slotune_arithmetic_1digit_gen", "slotune_general_knowledge",
-            "slotune_code_line_description", "slotune_kjv_perplexity"}
+EXPECTED = {
+    "slotune_arithmetic_1digit",
+    "slotune_arithmetic_1digit_gen",
+    "slotune_general_knowledge",
+    "slotune_code_line_description",
+    "slotune_kjv_perplexity",
+}
 
 
 def test_bundled_tasks():

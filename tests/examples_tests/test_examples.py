@@ -8,8 +8,11 @@ from slotune.search_spaces.schema import SearchSpace, builtin_spaces
 from slotune.tuner.spec import TuningSpec, default_spec_path
 
 ROOT = Path(__file__).resolve().parents[2]
-SPECS = sorted((ROOT / "examples").glob("*/spec.yaml")) + sorted((ROOT / "bench" / "tuner").glob("*spec.yaml")) + [
-    default_spec_path()]
+SPECS = (
+    sorted((ROOT / "examples").glob("*/spec.yaml"))
+    + sorted((ROOT / "bench" / "tuner").glob("*spec.yaml"))
+    + [default_spec_path()]
+)
 
 
 @pytest.mark.parametrize("path", SPECS, ids=lambda p: f"{p.parent.name}/{p.name}")

@@ -27,9 +27,17 @@ def user_model(tmp_path_factory) -> Path:
 
     d = tmp_path_factory.mktemp("my-model")
     tok = train_bpe(GPT2_PIPELINE, 512, special_tokens=("<|endoftext|>", "<|im_start|>", "<|im_end|>"))
-    _hf(d, "LlamaConfig", vocab_size=512, max_position_embeddings=4096, bos_token_id=None,
-        eos_token_id=tok.token_to_id("<|im_end|>"))
-    write_hf_tokenizer(d, tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", chat_template=QWEN25_TEMPLATE.read_text())
+    _hf(
+        d,
+        "LlamaConfig",
+        vocab_size=512,
+        max_position_embeddings=4096,
+        bos_token_id=None,
+        eos_token_id=tok.token_to_id("<|im_end|>"),
+    )
+    write_hf_tokenizer(
+        d, tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", chat_template=QWEN25_TEMPLATE.read_text()
+    )
     return d
 
 

@@ -32,12 +32,20 @@ def _filled_cache(NB, BS, Hkv, D, kv, dtype):
     return kc, vc, ks, vs
 
 
-@pytest.mark.parametrize(("H", "Hkv", "lens", "cfg"), [
-    (9, 3, [1, 37, 80], DecodeAttentionConfig(block_n=16, num_splits=1)),
-    (9, 3, [5, 64, 33], DecodeAttentionConfig.model_construct(block_n=32, num_splits=3)),  # a split count configs() does not offer
-    (4, 4, [17], DecodeAttentionConfig(block_n=16, num_splits=2)),
-    (32, 2, [20, 3], DecodeAttentionConfig(block_n=16, num_splits=1)),  # group of 16: tensor-core path
-])
+@pytest.mark.parametrize(
+    ("H", "Hkv", "lens", "cfg"),
+    [
+        (9, 3, [1, 37, 80], DecodeAttentionConfig(block_n=16, num_splits=1)),
+        (
+            9,
+            3,
+            [5, 64, 33],
+            DecodeAttentionConfig.model_construct(block_n=32, num_splits=3),
+        ),  # a split count configs() does not offer
+        (4, 4, [17], DecodeAttentionConfig(block_n=16, num_splits=2)),
+        (32, 2, [20, 3], DecodeAttentionConfig(block_n=16, num_splits=1)),  # group of 16: tensor-core path
+    ],
+)
 @pytest.mark.parametrize("kv", ["model", "int8", "fp8"])
 def test_paged_decode_attention(H, Hkv, lens, cfg, kv):
     torch.manual_seed(0)
@@ -46,8 +54,10 @@ def test_paged_decode_attention(H, Hkv, lens, cfg, kv):
     q = torch.randn(len(lens), H, D)
     bt = torch.randperm(NB, dtype=torch.int32)[: len(lens) * 6].view(len(lens), 6)
     ctx = torch.tensor(lens, dtype=torch.int32)
-    out = paged_decode_attention(q, kc, vc, bt, ctx, D ** -0.5, ks, vs, config=cfg)
-    torch.testing.assert_close(out, ref.paged_decode_attention(q, kc, vc, bt, ctx, D ** -0.5, ks, vs), atol=1e-4, rtol=1e-4)
+    out = paged_decode_attention(q, kc, vc, bt, ctx, D**-0.5, ks, vs, config=cfg)
+    torch.testing.assert_close(
+        out, ref.paged_decode_attention(q, kc, vc, bt, ctx, D**-0.5, ks, vs), atol=1e-4, rtol=1e-4
+    )
 
 
 def test_paged_decode_attention_bf16():
@@ -56,10 +66,12 @@ def test_paged_decode_attention_bf16():
     q = torch.randn(3, 6, 32, dtype=torch.bfloat16)
     bt = torch.randperm(10, dtype=torch.int32)[:9].view(3, 3)
     ctx = torch.tensor([24, 1, 13], dtype=torch.int32)
-    out = paged_decode_attention(q, kc, vc, bt, ctx, 32 ** -0.5, config=DecodeAttentionConfig(block_n=16, num_splits=2))
+    out = paged_decode_attention(q, kc, vc, bt, ctx, 32**-0.5, config=DecodeAttentionConfig(block_n=16, num_splits=2))
     assert out.dtype == torch.bfloat16
     atol, rtol = TOL[torch.bfloat16]
-    torch.testing.assert_close(out.float(), ref.paged_decode_attention(q, kc, vc, bt, ctx, 32 ** -0.5), atol=atol, rtol=rtol)
+    torch.testing.assert_close(
+        out.float(), ref.paged_decode_attention(q, kc, vc, bt, ctx, 32**-0.5), atol=atol, rtol=rtol
+    )
 
 
 def test_decode_attention_configs_are_valid_for_shape():
@@ -79,12 +91,15 @@ PREFILL_CASES = [
 
 
 @pytest.mark.parametrize(("qlens", "ctxs"), PREFILL_CASES)
-@pytest.mark.parametrize(("H", "Hkv", "dtype", "kv"), [
-    (6, 2, torch.float32, "model"),
-    (4, 4, torch.bfloat16, "model"),
-    (6, 3, torch.float32, "int8"),
-    (6, 3, torch.float32, "fp8"),
-])
+@pytest.mark.parametrize(
+    ("H", "Hkv", "dtype", "kv"),
+    [
+        (6, 2, torch.float32, "model"),
+        (4, 4, torch.bfloat16, "model"),
+        (6, 3, torch.float32, "int8"),
+        (6, 3, torch.float32, "fp8"),
+    ],
+)
 def test_paged_prefill_attention(qlens, ctxs, H, Hkv, dtype, kv):
     torch.manual_seed(0)
     D, BS, NB = 32, 8, 24
@@ -93,11 +108,24 @@ def test_paged_prefill_attention(qlens, ctxs, H, Hkv, dtype, kv):
     bt = torch.randperm(NB, dtype=torch.int32)[: len(qlens) * 6].view(len(qlens), 6)
     starts = torch.tensor([sum(qlens[:i]) for i in range(len(qlens))], dtype=torch.int32)
     i32 = lambda xs: torch.tensor(xs, dtype=torch.int32)  # noqa: E731
-    out = paged_prefill_attention(q, kc, vc, bt, starts, i32(qlens), i32(ctxs), max(qlens), D ** -0.5, ks, vs,
-                                  config=PrefillAttentionConfig(block_m=16, block_n=16))
+    out = paged_prefill_attention(
+        q,
+        kc,
+        vc,
+        bt,
+        starts,
+        i32(qlens),
+        i32(ctxs),
+        max(qlens),
+        D**-0.5,
+        ks,
+        vs,
+        config=PrefillAttentionConfig(block_m=16, block_n=16),
+    )
     atol, rtol = TOL[dtype]
-    torch.testing.assert_close(out.float(), ref.paged_prefill_attention(q, kc, vc, bt, qlens, ctxs, D ** -0.5, ks, vs),
-                               atol=atol, rtol=rtol)
+    torch.testing.assert_close(
+        out.float(), ref.paged_prefill_attention(q, kc, vc, bt, qlens, ctxs, D**-0.5, ks, vs), atol=atol, rtol=rtol
+    )
 
 
 def test_prefill_attention_configs_are_valid_for_shape():
@@ -106,9 +134,21 @@ def test_prefill_attention_configs_are_valid_for_shape():
     assert PrefillAttentionConfig() in prefill_configs(max_query_len=512, head_dim=64)
 
 
-@pytest.mark.parametrize("kind", ["model", "int8", pytest.param("fp8", marks=pytest.mark.xfail(
-    reason="Triton's CPU interpreter converts float32->fp8e4m3 off by up to a binade (e.g. -96 -> -64); "
-           "the conversion is checked on the GPU by bench/gpu/run_all.py", strict=False))])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "model",
+        "int8",
+        pytest.param(
+            "fp8",
+            marks=pytest.mark.xfail(
+                reason="Triton's CPU interpreter converts float32->fp8e4m3 off by up to a binade (e.g. -96 -> -64); "
+                "the conversion is checked on the GPU by bench/gpu/run_all.py",
+                strict=False,
+            ),
+        ),
+    ],
+)
 def test_kv_store_with_skipped_slots(kind):
     torch.manual_seed(0)
     NB, BS, H, D = 6, 8, 3, 64
@@ -138,7 +178,10 @@ def test_the_engine_config_tiles_are_the_kernels_tiles():
 
     k = EngineConfig().kernels
     assert (type(k.decode_attention), type(k.prefill_attention), type(k.matmul)) == (
-        DecodeAttentionConfig, PrefillAttentionConfig, MatmulConfig)
+        DecodeAttentionConfig,
+        PrefillAttentionConfig,
+        MatmulConfig,
+    )
     offered = {
         DecodeAttentionConfig: decode_configs(max_context=4096, num_seqs=64),
         PrefillAttentionConfig: prefill_configs(max_query_len=512, head_dim=64),

@@ -25,7 +25,11 @@ from tests.engine_driver import generate
 
 pytestmark = pytest.mark.skipif(isinstance(load_library(), str), reason=f"native kernel unavailable: {load_library()}")
 
-PROMPTS = ["The capital of France is Paris, and the capital of Italy is", "def add(a, b):\n    return", "Once upon a time"]
+PROMPTS = [
+    "The capital of France is Paris, and the capital of Italy is",
+    "def add(a, b):\n    return",
+    "Once upon a time",
+]
 
 
 def _dense(mod) -> torch.Tensor:
@@ -69,19 +73,30 @@ def _reference(llm: LLM) -> LlamaModel:
     return ref
 
 
-@pytest.mark.parametrize("overrides", [
-    {},
-    {"dtype": "bfloat16"},
-    {"dtype": "bfloat16", "quantization": "int8"},
-    {"dtype": "bfloat16", "quantization": "int4", "quant_group_size": 32},
-    {"quantization": "int4", "quant_group_size": 128},  # 576 = 4.5 groups: K padded, the tail skipped
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"dtype": "bfloat16"},
+        {"dtype": "bfloat16", "quantization": "int8"},
+        {"dtype": "bfloat16", "quantization": "int4", "quant_group_size": 32},
+        {"quantization": "int4", "quant_group_size": 128},  # 576 = 4.5 groups: K padded, the tail skipped
+    ],
+)
 def test_native_decode_matches_dequantized_torch_reference(overrides):
     """float32 models: within 2e-3 of the reference logits. bfloat16 models: the kernel keeps
     activations in float32 and rounds only the cache's K/V to bf16, so it must land at most half
     as far from the reference as the torch path it replaces (measured: 3-4x closer)."""
-    cfg = EngineConfig().with_updates({"max_model_len": 128, "num_kv_blocks": 24, "block_size": 8, "max_num_seqs": 4,
-                                       "kernels": {"backend": "native"}, **overrides})
+    cfg = EngineConfig().with_updates(
+        {
+            "max_model_len": 128,
+            "num_kv_blocks": 24,
+            "block_size": 8,
+            "max_num_seqs": 4,
+            "kernels": {"backend": "native"},
+            **overrides,
+        }
+    )
     llm = LLM(cfg)
     runner = llm.engine.runner
     assert runner.backend == "native"
@@ -93,14 +108,17 @@ def test_native_decode_matches_dequantized_torch_reference(overrides):
     for p in range(max(map(len, seqs))):
         live = [i for i, s in enumerate(seqs) if p < len(s)]  # the batch shrinks as prompts end
         logits = runner.native.step(
-            ids=[seqs[i][p] for i in live], positions=[p] * len(live),
-            slots=[tables[i][p // 8] * 8 + p % 8 for i in live], block_tables=[tables[i] for i in live],
+            ids=[seqs[i][p] for i in live],
+            positions=[p] * len(live),
+            slots=[tables[i][p // 8] * 8 + p % 8 for i in live],
+            block_tables=[tables[i] for i in live],
         )
         for row, i in enumerate(live):
             got[i].append(logits[row].clone())
     ref = _reference(llm)
-    reference = ModelRunner(EngineConfig(device="cpu", num_kv_blocks=2, max_model_len=128, kernels={"backend": "torch"}),
-                            model=ref)
+    reference = ModelRunner(
+        EngineConfig(device="cpu", num_kv_blocks=2, max_model_len=128, kernels={"backend": "torch"}), model=ref
+    )
     for i, ids in enumerate(seqs):
         want = reference.full_logits(ids)
         mine = torch.stack(got[i])
@@ -114,8 +132,9 @@ def test_native_decode_matches_dequantized_torch_reference(overrides):
 
 
 def test_native_backend_refuses_what_it_cannot_read():
-    cfg = EngineConfig().with_updates({"max_model_len": 64, "num_kv_blocks": 8, "kv_dtype": "int8",
-                                       "kernels": {"backend": "native"}})
+    cfg = EngineConfig().with_updates(
+        {"max_model_len": 64, "num_kv_blocks": 8, "kv_dtype": "int8", "kernels": {"backend": "native"}}
+    )
     with pytest.raises(ValueError, match="kernels.backend: native cannot run this config: kv_dtype int8"):
         LLM(cfg)
     auto = LLM(cfg.with_updates({"kernels": {"backend": "auto"}}))  # auto keeps the torch path instead
@@ -130,8 +149,19 @@ def _fake_quant_rows(x: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("rows", [1, 3, 4, 7, 9])
-@pytest.mark.parametrize(("kind", "k"), [("fp32", 72), ("bf16", 100), ("int8", 77), ("int4-g32", 576), ("int4-g128", 576),
-                                         ("int4-g32-int8act", 576), ("int4-g64-int8act", 320), ("int8-int8act", 160)])
+@pytest.mark.parametrize(
+    ("kind", "k"),
+    [
+        ("fp32", 72),
+        ("bf16", 100),
+        ("int8", 77),
+        ("int4-g32", 576),
+        ("int4-g128", 576),
+        ("int4-g32-int8act", 576),
+        ("int4-g64-int8act", 320),
+        ("int8-int8act", 160),
+    ],
+)
 def test_matmul_kernels_match_torch(kind, k, rows):
     """Each weight format's matmul against x @ dequantized W^T, odd K tails and row counts included."""
     from slotune.kernels.cpu_decode import has_int8_activations, matmul
@@ -181,7 +211,9 @@ def test_int8_activations_repack_follows_the_build():
         q = mod.qweight
         if cd.isa() & cd.ISA_INT8_VNNI and n % 16 == 0:
             assert lin.kind == cd.W_INT8_VNNI
-            assert torch.equal(keep[0].view(n // 16, 16, 16, 4)[1, 2, 3].to(torch.int16) - 128, q[19, 8:12].to(torch.int16))
+            assert torch.equal(
+                keep[0].view(n // 16, 16, 16, 4)[1, 2, 3].to(torch.int16) - 128, q[19, 8:12].to(torch.int16)
+            )
         elif cd.isa() & cd.ISA_INT8_AVX2:
             assert lin.kind == cd.W_INT8_AVX2 and keep[0].data_ptr() == lin.w
             assert torch.equal(keep[0].view(n // 8, 16, 8, 4)[2, 3, 5], q[21, 12:16])  # [block, quad, channel, input]
@@ -215,9 +247,11 @@ def test_int8_activation_kernel_at_the_extremes(n):
         torch.testing.assert_close(got4, (x.double() @ _dense(mod4).double().T).float(), atol=1e-3, rtol=1e-5)
 
 
-@pytest.mark.parametrize(("overrides", "max_native_rows"), [({}, None), ({"max_num_batched_tokens": 16}, None),
-                                                          ({"max_num_batched_tokens": 16}, 2)],
-                         ids=["batched", "chunked", "chunked-split"])
+@pytest.mark.parametrize(
+    ("overrides", "max_native_rows"),
+    [({}, None), ({"max_num_batched_tokens": 16}, None), ({"max_num_batched_tokens": 16}, 2)],
+    ids=["batched", "chunked", "chunked-split"],
+)
 def test_native_engine_matches_torch_engine_on_a_tiny_gqa_model(overrides, max_native_rows):
     """2 layers, GQA 4:2 heads, head_dim 32, hidden 128: batched prompts of different lengths,
     decode batches that shrink as requests end, float32 — the same greedy tokens as torch.
@@ -226,7 +260,10 @@ def test_native_engine_matches_torch_engine_on_a_tiny_gqa_model(overrides, max_n
     from tests.kernels_tests.test_triton_engine import _engine
 
     prompts = [[(7 * j + 3) % 256 for j in range(n)] for n in (5, 19, 33)]
-    native, plain = _engine(kernels={"backend": "native"}, **overrides), _engine(kernels={"backend": "torch"}, **overrides)
+    native, plain = (
+        _engine(kernels={"backend": "native"}, **overrides),
+        _engine(kernels={"backend": "torch"}, **overrides),
+    )
     assert (native.runner.backend, plain.runner.backend) == ("native", "torch")
     if max_native_rows:
         native.runner.native.max_native_rows = max_native_rows
@@ -252,7 +289,10 @@ def test_a_step_with_more_rows_than_one_native_call_runs_natively_in_several():
     from tests.kernels_tests.test_triton_engine import _engine
 
     prompts = [[(5 * j + 1) % 256 for j in range(n)] for n in (40, 60, 70)]
-    native, plain = _engine(kernels={"backend": "native"}, max_num_seqs=3), _engine(kernels={"backend": "torch"}, max_num_seqs=3)
+    native, plain = (
+        _engine(kernels={"backend": "native"}, max_num_seqs=3),
+        _engine(kernels={"backend": "torch"}, max_num_seqs=3),
+    )
     assert native.runner.native.max_native_rows is None and native.runner.native.max_rows == 67
     calls = []
     real = native.runner.native.step
@@ -272,8 +312,9 @@ def test_native_engine_matches_torch_engine_on_qk_norm_and_window_variants(varia
     from tests.engine_driver import IdsTokenizer
     from tests.kernels_tests.test_triton_engine import TINY, _state_dict
 
-    mc = dataclasses.replace(TINY, qk_norm=variant != "sliding_window",
-                             sliding_window=None if variant == "qk_norm" else 12)
+    mc = dataclasses.replace(
+        TINY, qk_norm=variant != "sliding_window", sliding_window=None if variant == "qk_norm" else 12
+    )
     sd = _state_dict(mc)
     g = torch.Generator().manual_seed(1)
     if mc.qk_norm:
@@ -282,7 +323,9 @@ def test_native_engine_matches_torch_engine_on_qk_norm_and_window_variants(varia
                 sd[f"model.layers.{i}.self_attn.{n}.weight"] = 1.0 + 0.3 * torch.randn(mc.head_dim, generator=g)
 
     def engine(backend: str) -> LLMEngine:
-        cfg = EngineConfig(device="cpu", num_kv_blocks=48, block_size=8, max_model_len=256, kernels={"backend": backend})
+        cfg = EngineConfig(
+            device="cpu", num_kv_blocks=48, block_size=8, max_model_len=256, kernels={"backend": backend}
+        )
         return LLMEngine(cfg, runner=ModelRunner(cfg, weights=(mc, dict(sd))), tokenizer=IdsTokenizer())
 
     native, plain = engine("native"), engine("torch")

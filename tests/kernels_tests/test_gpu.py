@@ -53,13 +53,13 @@ def test_decode_and_prefill_attention(kv, H, Hkv, D):
     lens = [200, 1, 77]
     q = torch.randn(3, H, D, device=DEV, dtype=torch.bfloat16)
     ctx = torch.tensor(lens, dtype=torch.int32, device=DEV)
-    out = paged_decode_attention(q, kc, vc, bt, ctx, D ** -0.5, ks, vs)
-    assert _rel(out, ref.paged_decode_attention(q, kc, vc, bt, ctx, D ** -0.5, ks, vs)) < 1e-2
+    out = paged_decode_attention(q, kc, vc, bt, ctx, D**-0.5, ks, vs)
+    assert _rel(out, ref.paged_decode_attention(q, kc, vc, bt, ctx, D**-0.5, ks, vs)) < 1e-2
     qlens = [150, 1, 77]
     qp = torch.randn(sum(qlens), H, D, device=DEV, dtype=torch.bfloat16)
     i32 = lambda xs: torch.tensor(xs, dtype=torch.int32, device=DEV)  # noqa: E731
-    out = paged_prefill_attention(qp, kc, vc, bt, i32([0, 150, 151]), i32(qlens), ctx, max(qlens), D ** -0.5, ks, vs)
-    assert _rel(out, ref.paged_prefill_attention(qp, kc, vc, bt, qlens, lens, D ** -0.5, ks, vs)) < 1e-2
+    out = paged_prefill_attention(qp, kc, vc, bt, i32([0, 150, 151]), i32(qlens), ctx, max(qlens), D**-0.5, ks, vs)
+    assert _rel(out, ref.paged_prefill_attention(qp, kc, vc, bt, qlens, lens, D**-0.5, ks, vs)) < 1e-2
 
 
 @pytest.mark.parametrize(("M", "N", "K"), [(1, 576, 576), (7, 1536, 576), (64, 4096, 1024)])
@@ -74,7 +74,10 @@ def test_quant_matmul(M, N, K):
     packed = torch.randint(0, 256, (N, K // 2), device=DEV, dtype=torch.uint8)
     s4 = torch.rand(N, K // 64, device=DEV, dtype=torch.bfloat16) * 0.01
     z4 = torch.randn(N, K // 64, device=DEV, dtype=torch.bfloat16) * 0.01
-    for cfg in (MatmulConfig(), MatmulConfig(block_m=16, block_n=32, block_k=128, num_warps=4, num_stages=3, split_k=4)):
+    for cfg in (
+        MatmulConfig(),
+        MatmulConfig(block_m=16, block_n=32, block_k=128, num_warps=4, num_stages=3, split_k=4),
+    ):
         assert _rel(int8_matmul(x, q8, s, cfg), ref.int8_matmul(x, q8, s)) < 1e-2
         assert _rel(fp8_matmul(x, qf, s, cfg), ref.fp8_matmul(x, qf, s)) < 1e-2
         assert _rel(int4_matmul(x, packed, s4, z4, 64, cfg), ref.int4_matmul(x, packed, s4, z4, 64)) < 1e-2
@@ -86,7 +89,10 @@ def test_pointwise_and_fp8_store():
     from slotune.kernels.rms_norm import rms_norm
     from slotune.kernels.rotary import rotary
 
-    x, r = torch.randn(33, 576, device=DEV, dtype=torch.bfloat16), torch.randn(33, 576, device=DEV, dtype=torch.bfloat16)
+    x, r = (
+        torch.randn(33, 576, device=DEV, dtype=torch.bfloat16),
+        torch.randn(33, 576, device=DEV, dtype=torch.bfloat16),
+    )
     w = torch.randn(576, device=DEV, dtype=torch.bfloat16)
     assert _rel(rms_norm(x, w, 1e-5, r)[0], ref.rms_norm(x, w, 1e-5, r)[0]) < 1e-2
     g = torch.randn(33, 3072, device=DEV, dtype=torch.bfloat16)

@@ -24,11 +24,14 @@ def _close(out, expected, dtype):
     torch.testing.assert_close(out.float() / scale, expected.float() / scale, atol=atol, rtol=rtol)
 
 
-@pytest.mark.parametrize(("M", "N", "K", "cfg"), [
-    (1, 96, 128, MatmulConfig(block_m=16, block_n=32, block_k=32)),
-    (5, 67, 192, MatmulConfig(block_m=16, block_n=32, block_k=64, split_k=2)),
-    (17, 130, 80, _unoffered(block_m=16, block_n=64, block_k=32, split_k=3)),  # K not a multiple of BLOCK_K
-])
+@pytest.mark.parametrize(
+    ("M", "N", "K", "cfg"),
+    [
+        (1, 96, 128, MatmulConfig(block_m=16, block_n=32, block_k=32)),
+        (5, 67, 192, MatmulConfig(block_m=16, block_n=32, block_k=64, split_k=2)),
+        (17, 130, 80, _unoffered(block_m=16, block_n=64, block_k=32, split_k=3)),  # K not a multiple of BLOCK_K
+    ],
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("fmt", ["int8", "fp8"])
 def test_per_channel_matmul(M, N, K, cfg, dtype, fmt):
@@ -45,12 +48,15 @@ def test_per_channel_matmul(M, N, K, cfg, dtype, fmt):
     _close(out, expected, dtype)
 
 
-@pytest.mark.parametrize(("M", "N", "K", "G", "cfg"), [
-    (1, 96, 128, 32, MatmulConfig(block_m=16, block_n=32, block_k=32)),
-    (3, 70, 192, 64, MatmulConfig(block_m=16, block_n=32, block_k=128)),  # BLOCK_K clamped to the group
-    (2, 40, 512, 256, MatmulConfig(block_m=16, block_n=32, block_k=64, split_k=4)),
-    (4, 33, 256, 128, _unoffered(block_m=16, block_n=32, block_k=64, split_k=3)),  # splits straddle groups
-])
+@pytest.mark.parametrize(
+    ("M", "N", "K", "G", "cfg"),
+    [
+        (1, 96, 128, 32, MatmulConfig(block_m=16, block_n=32, block_k=32)),
+        (3, 70, 192, 64, MatmulConfig(block_m=16, block_n=32, block_k=128)),  # BLOCK_K clamped to the group
+        (2, 40, 512, 256, MatmulConfig(block_m=16, block_n=32, block_k=64, split_k=4)),
+        (4, 33, 256, 128, _unoffered(block_m=16, block_n=32, block_k=64, split_k=3)),  # splits straddle groups
+    ],
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_int4_matmul(M, N, K, G, cfg, dtype):
     torch.manual_seed(0)
@@ -97,4 +103,6 @@ def test_int4_kernel_reads_the_engine_format():
     m.register_buffer("scales", sc.view(64, -1).contiguous())
     m.register_buffer("mins", lo.view(64, -1).contiguous())
     x = torch.randn(2, 128)
-    torch.testing.assert_close(int4_matmul(x, m.packed, m.scales, m.mins, g), x @ m.dequantize().t(), atol=1e-3, rtol=1e-3)
+    torch.testing.assert_close(
+        int4_matmul(x, m.packed, m.scales, m.mins, g), x @ m.dequantize().t(), atol=1e-3, rtol=1e-3
+    )

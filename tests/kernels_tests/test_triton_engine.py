@@ -18,23 +18,45 @@ from slotune.engine.llm_engine import LLMEngine
 from slotune.engine.loader import ModelConfig
 from slotune.engine.model_runner import ModelRunner
 
-TINY = ModelConfig(vocab_size=256, hidden_size=128, intermediate_size=192, num_layers=2, num_heads=4, num_kv_heads=2,
-                   head_dim=32, rope_theta=10000.0, rms_norm_eps=1e-5, max_position_embeddings=256,
-                   tie_word_embeddings=False, bos_token_id=None, eos_token_id=None)
+TINY = ModelConfig(
+    vocab_size=256,
+    hidden_size=128,
+    intermediate_size=192,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=32,
+    rope_theta=10000.0,
+    rms_norm_eps=1e-5,
+    max_position_embeddings=256,
+    tie_word_embeddings=False,
+    bos_token_id=None,
+    eos_token_id=None,
+)
 
 
 def _state_dict(cfg: ModelConfig) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
     rnd = lambda *shape: torch.randn(*shape, generator=g) * shape[-1] ** -0.5  # noqa: E731
     H, I, D = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
-    sd = {"model.embed_tokens.weight": torch.randn(cfg.vocab_size, H, generator=g),
-          "model.norm.weight": torch.ones(H), "lm_head.weight": rnd(cfg.vocab_size, H)}
+    sd = {
+        "model.embed_tokens.weight": torch.randn(cfg.vocab_size, H, generator=g),
+        "model.norm.weight": torch.ones(H),
+        "lm_head.weight": rnd(cfg.vocab_size, H),
+    }
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
-        sd |= {p + "input_layernorm.weight": torch.ones(H), p + "post_attention_layernorm.weight": torch.ones(H),
-               p + "self_attn.q_proj.weight": rnd(cfg.num_heads * D, H), p + "self_attn.k_proj.weight": rnd(cfg.num_kv_heads * D, H),
-               p + "self_attn.v_proj.weight": rnd(cfg.num_kv_heads * D, H), p + "self_attn.o_proj.weight": rnd(H, cfg.num_heads * D),
-               p + "mlp.gate_proj.weight": rnd(I, H), p + "mlp.up_proj.weight": rnd(I, H), p + "mlp.down_proj.weight": rnd(H, I)}
+        sd |= {
+            p + "input_layernorm.weight": torch.ones(H),
+            p + "post_attention_layernorm.weight": torch.ones(H),
+            p + "self_attn.q_proj.weight": rnd(cfg.num_heads * D, H),
+            p + "self_attn.k_proj.weight": rnd(cfg.num_kv_heads * D, H),
+            p + "self_attn.v_proj.weight": rnd(cfg.num_kv_heads * D, H),
+            p + "self_attn.o_proj.weight": rnd(H, cfg.num_heads * D),
+            p + "mlp.gate_proj.weight": rnd(I, H),
+            p + "mlp.up_proj.weight": rnd(I, H),
+            p + "mlp.down_proj.weight": rnd(H, I),
+        }
     return sd
 
 
@@ -60,15 +82,22 @@ def prefill_calls(monkeypatch):
 
 PROMPTS = [[(7 * j + 3) % 256 for j in range(21)], [(11 * j + 5) % 256 for j in range(9)]]
 TORCH = {"backend": "torch"}  # on CPU, auto would run decode steps natively (kernels/cpu_decode.c)
-TRITON = {"backend": "triton", "decode_attention": {"block_n": 16, "num_splits": 2},
-          "prefill_attention": {"block_m": 16, "block_n": 16}}
+TRITON = {
+    "backend": "triton",
+    "decode_attention": {"block_n": 16, "num_splits": 2},
+    "prefill_attention": {"block_m": 16, "block_n": 16},
+}
 
 
-@pytest.mark.parametrize("overrides", [
-    {},  # two prompts batched: one extend step over both, then decode
-    {"max_num_batched_tokens": 16, "kv_dtype": "int8"},  # chunked prefill over a cached, quantized context
-    {"quantization": "fp8"},  # weight-only fp8 matmul kernel at decode
-], ids=["batched", "chunked-int8kv", "fp8"])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},  # two prompts batched: one extend step over both, then decode
+        {"max_num_batched_tokens": 16, "kv_dtype": "int8"},  # chunked prefill over a cached, quantized context
+        {"quantization": "fp8"},  # weight-only fp8 matmul kernel at decode
+    ],
+    ids=["batched", "chunked-int8kv", "fp8"],
+)
 def test_triton_engine_matches_torch_engine(overrides, prefill_calls):
     torch_engine, triton_engine = _engine(kernels=TORCH, **overrides), _engine(kernels=TRITON, **overrides)
     assert (torch_engine.runner.backend, triton_engine.runner.backend) == ("torch", "triton")
@@ -101,7 +130,9 @@ def test_triton_path_engine_matches_torch_path_on_the_real_model(llm):
     assert tri.engine.runner.backend == "triton"
     prompts = ["The capital of France is", "1, 2, 3,"]
     p = SamplingParams(max_tokens=4, ignore_eos=True)
-    assert [o.output_token_ids for o in tri.generate(prompts, p)] == [o.output_token_ids for o in llm.generate(prompts, p)]
+    assert [o.output_token_ids for o in tri.generate(prompts, p)] == [
+        o.output_token_ids for o in llm.generate(prompts, p)
+    ]
 
 
 def _variant(variant: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
@@ -130,8 +161,9 @@ def test_triton_engine_matches_torch_engine_on_family_variants(variant, prefill_
     mc, sd = _variant(variant)
     outs = []
     for kernels in (TORCH, TRITON):
-        cfg = EngineConfig(device="cpu", num_kv_blocks=48, block_size=8, max_model_len=256, kernels=kernels,
-                           max_num_batched_tokens=16)
+        cfg = EngineConfig(
+            device="cpu", num_kv_blocks=48, block_size=8, max_model_len=256, kernels=kernels, max_num_batched_tokens=16
+        )
         engine = LLMEngine(cfg, runner=ModelRunner(cfg, weights=(mc, dict(sd))), tokenizer=IdsTokenizer())
         outs.append(generate(engine, PROMPTS, 6))
     assert outs[0] == outs[1]

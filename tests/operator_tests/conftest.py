@@ -72,7 +72,8 @@ def _install_crds(client) -> None:
             if exc.status != 409:
                 raise
             body["metadata"]["resourceVersion"] = ext.read_custom_resource_definition(
-                body["metadata"]["name"]).metadata.resource_version
+                body["metadata"]["name"]
+            ).metadata.resource_version
             ext.replace_custom_resource_definition(body["metadata"]["name"], body)
         name = body["metadata"]["name"]
         deadline = time.time() + 30
@@ -87,10 +88,13 @@ def _operator_rbac_for_user() -> list[dict]:
     """The shipped ClusterRole, bound to the local token user the operator runs as."""
     docs = list(yaml.safe_load_all((MANIFESTS / "rbac" / "operator.yaml").read_text()))
     role = next(d for d in docs if d["kind"] == "ClusterRole")
-    binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-               "metadata": {"name": "slotune-operator-test-user"},
-               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role["metadata"]["name"]},
-               "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "slotune-operator"}]}
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": "slotune-operator-test-user"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role["metadata"]["name"]},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "slotune-operator"}],
+    }
     return [role, binding]
 
 

@@ -42,10 +42,12 @@ def free_port() -> int:
 
 
 def get(client, kind: str, ns: str, name: str) -> dict | None:
-    read = {"Job": lambda: kubernetes.client.BatchV1Api(client).read_namespaced_job(name, ns),
-            "Deployment": lambda: kubernetes.client.AppsV1Api(client).read_namespaced_deployment(name, ns),
-            "ConfigMap": lambda: kubernetes.client.CoreV1Api(client).read_namespaced_config_map(name, ns),
-            "Service": lambda: kubernetes.client.CoreV1Api(client).read_namespaced_service(name, ns)}[kind]
+    read = {
+        "Job": lambda: kubernetes.client.BatchV1Api(client).read_namespaced_job(name, ns),
+        "Deployment": lambda: kubernetes.client.AppsV1Api(client).read_namespaced_deployment(name, ns),
+        "ConfigMap": lambda: kubernetes.client.CoreV1Api(client).read_namespaced_config_map(name, ns),
+        "Service": lambda: kubernetes.client.CoreV1Api(client).read_namespaced_service(name, ns),
+    }[kind]
     try:
         return client.sanitize_for_serialization(read())
     except kubernetes.client.ApiException as exc:
@@ -55,7 +57,9 @@ def get(client, kind: str, ns: str, name: str) -> dict | None:
 
 
 def get_cr(client, plural: str, ns: str, name: str) -> dict:
-    return kubernetes.client.CustomObjectsApi(client).get_namespaced_custom_object(api.GROUP, api.VERSION, ns, plural, name)
+    return kubernetes.client.CustomObjectsApi(client).get_namespaced_custom_object(
+        api.GROUP, api.VERSION, ns, plural, name
+    )
 
 
 STAND_IN_TUNE = textwrap.dedent("""
@@ -70,9 +74,17 @@ STAND_IN_TUNE = textwrap.dedent("""
 """)
 
 
-def run_job(cluster, ns: str, job: str, workdir: Path, best_config: dict | None = None,
-            real_tune: bool = False, inner: list[str] | None = None,
-            is_retried: bool = False, claims: dict[str, Path] | None = None) -> subprocess.CompletedProcess:
+def run_job(
+    cluster,
+    ns: str,
+    job: str,
+    workdir: Path,
+    best_config: dict | None = None,
+    real_tune: bool = False,
+    inner: list[str] | None = None,
+    is_retried: bool = False,
+    claims: dict[str, Path] | None = None,
+) -> subprocess.CompletedProcess:
     """Run a tuning Job's container command locally (one attempt), then set the Job's status.
 
     The command is the Job's own (`python -m slotune.operator.publish ... -- tune run SPEC`)
@@ -100,7 +112,7 @@ def run_job(cluster, ns: str, job: str, workdir: Path, best_config: dict | None 
     argv = [_mapped(a, mounts) for a in container["command"]]
     argv[0] = sys.executable if argv[0] == "python" else argv[0]
     split = argv.index("--")
-    inner = inner or argv[split + 1:]
+    inner = inner or argv[split + 1 :]
     if best_config is not None:
         inner = [sys.executable, "-c", STAND_IN_TUNE, json.dumps(best_config), *inner[2:]]
     elif real_tune:
@@ -109,17 +121,28 @@ def run_job(cluster, ns: str, job: str, workdir: Path, best_config: dict | None 
     for e in container.get("env") or []:
         if "value" in e:
             env[e["name"]] = e["value"]
-    proc = subprocess.run([*argv[:split + 1], *inner], env=env, capture_output=True, text=True, cwd=workdir)
+    proc = subprocess.run([*argv[: split + 1], *inner], env=env, capture_output=True, text=True, cwd=workdir)
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     ok = proc.returncode == 0
     num_failed = int((body.get("status") or {}).get("failed") or 0) + (0 if ok else 1)
     if not ok and is_retried:
         status = {"startTime": now, "active": 1, "failed": num_failed}
     else:
-        status = {"startTime": now, "completionTime": now if ok else None, "succeeded": 1 if ok else 0,
-                  "failed": num_failed, "active": 0,
-                  "conditions": [{"type": "Complete" if ok else "Failed", "status": "True",
-                                  "lastProbeTime": now, "lastTransitionTime": now}]}
+        status = {
+            "startTime": now,
+            "completionTime": now if ok else None,
+            "succeeded": 1 if ok else 0,
+            "failed": num_failed,
+            "active": 0,
+            "conditions": [
+                {
+                    "type": "Complete" if ok else "Failed",
+                    "status": "True",
+                    "lastProbeTime": now,
+                    "lastTransitionTime": now,
+                }
+            ],
+        }
     kubernetes.client.BatchV1Api(client).patch_namespaced_job_status(job, ns, {"status": status})
     return proc
 
@@ -139,20 +162,47 @@ def start_pods(cluster, ns: str, deployment: str, ready: bool = True) -> list[st
     names = []
     for i in range(dep["spec"]["replicas"]):
         tmpl = dep["spec"]["template"]
-        pod = {"apiVersion": "v1", "kind": "Pod",
-               "metadata": {"name": f"{deployment}-{i}", "labels": tmpl["metadata"]["labels"],
-                            "annotations": tmpl["metadata"].get("annotations") or {}},
-               "spec": tmpl["spec"]}
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": f"{deployment}-{i}",
+                "labels": tmpl["metadata"]["labels"],
+                "annotations": tmpl["metadata"].get("annotations") or {},
+            },
+            "spec": tmpl["spec"],
+        }
         core.create_namespaced_pod(ns, pod)
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        core.patch_namespaced_pod_status(f"{deployment}-{i}", ns, {"status": {
-            "phase": "Running", "podIP": "127.0.0.1", "hostIP": "127.0.0.1",
-            "conditions": [{"type": "Ready", "status": "True" if ready else "False", "lastTransitionTime": now}]}})
+        core.patch_namespaced_pod_status(
+            f"{deployment}-{i}",
+            ns,
+            {
+                "status": {
+                    "phase": "Running",
+                    "podIP": "127.0.0.1",
+                    "hostIP": "127.0.0.1",
+                    "conditions": [
+                        {"type": "Ready", "status": "True" if ready else "False", "lastTransitionTime": now}
+                    ],
+                }
+            },
+        )
         names.append(f"{deployment}-{i}")
     n = dep["spec"]["replicas"]
-    kubernetes.client.AppsV1Api(client).patch_namespaced_deployment_status(deployment, ns, {"status": {
-        "observedGeneration": dep["metadata"]["generation"], "replicas": n, "updatedReplicas": n,
-        "readyReplicas": n if ready else 0, "availableReplicas": n if ready else 0}})
+    kubernetes.client.AppsV1Api(client).patch_namespaced_deployment_status(
+        deployment,
+        ns,
+        {
+            "status": {
+                "observedGeneration": dep["metadata"]["generation"],
+                "replicas": n,
+                "updatedReplicas": n,
+                "readyReplicas": n if ready else 0,
+                "availableReplicas": n if ready else 0,
+            }
+        },
+    )
     return names
 
 
@@ -178,7 +228,9 @@ FAKE_METRICS = textwrap.dedent("""
 
 
 def serve_metrics(port: int, ttft_s: float, tpot_s: float, num_requests: int = 50) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-c", FAKE_METRICS, str(port), str(ttft_s), str(tpot_s), str(num_requests)])
+    proc = subprocess.Popen(
+        [sys.executable, "-c", FAKE_METRICS, str(port), str(ttft_s), str(tpot_s), str(num_requests)]
+    )
     wait_for("the metrics endpoint", lambda: _answers(port), timeout=20)
     return proc
 

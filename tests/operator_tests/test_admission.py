@@ -24,20 +24,23 @@ def tuning_spec(**spec) -> dict:
     return {"tuning": dict(TUNING_SPEC), "target": {"servingName": "chat"}, **spec}
 
 
-@pytest.mark.parametrize("ref,allowed,ok", [
-    ("ghcr.io/slotune/slotune:0.1.0", ("ghcr.io/slotune/slotune",), True),
-    (f"ghcr.io/slotune/slotune@{DIGEST}", ("ghcr.io/slotune/slotune",), True),
-    ("ghcr.io/slotune/slotune", ("ghcr.io/slotune/slotune",), True),
-    ("ghcr.io/slotune/slotune-miner:1", ("ghcr.io/slotune/slotune",), False),  # a longer name is another image
-    ("ghcr.io/slotune/slotune/evil:1", ("ghcr.io/slotune/slotune",), False),
-    ("docker.io/library/busybox:1", ("ghcr.io/slotune/slotune",), False),
-    ("registry.internal/ml/slotune:2", ("registry.internal/ml/",), True),  # a registry prefix
-    ("registry.internal/mlx/slotune:2", ("registry.internal/ml/",), False),
-    ("registry.internal/ml/../x:1", ("registry.internal/ml/",), False),  # not a reference at all
-    ("ghcr.io/slotune/slotune:0.2.0", ("ghcr.io/slotune/slotune:0.1.0",), False),  # an exact entry
-    ("localhost:5000/slotune:1", ("localhost:5000/slotune",), True),
-    ("", ("ghcr.io/slotune/slotune",), False),
-])
+@pytest.mark.parametrize(
+    "ref,allowed,ok",
+    [
+        ("ghcr.io/slotune/slotune:0.1.0", ("ghcr.io/slotune/slotune",), True),
+        (f"ghcr.io/slotune/slotune@{DIGEST}", ("ghcr.io/slotune/slotune",), True),
+        ("ghcr.io/slotune/slotune", ("ghcr.io/slotune/slotune",), True),
+        ("ghcr.io/slotune/slotune-miner:1", ("ghcr.io/slotune/slotune",), False),  # a longer name is another image
+        ("ghcr.io/slotune/slotune/evil:1", ("ghcr.io/slotune/slotune",), False),
+        ("docker.io/library/busybox:1", ("ghcr.io/slotune/slotune",), False),
+        ("registry.internal/ml/slotune:2", ("registry.internal/ml/",), True),  # a registry prefix
+        ("registry.internal/mlx/slotune:2", ("registry.internal/ml/",), False),
+        ("registry.internal/ml/../x:1", ("registry.internal/ml/",), False),  # not a reference at all
+        ("ghcr.io/slotune/slotune:0.2.0", ("ghcr.io/slotune/slotune:0.1.0",), False),  # an exact entry
+        ("localhost:5000/slotune:1", ("localhost:5000/slotune",), True),
+        ("", ("ghcr.io/slotune/slotune",), False),
+    ],
+)
 def test_image_allow_list(ref, allowed, ok):
     assert admission.is_image_allowed(ref, allowed) is ok
 
@@ -54,10 +57,14 @@ def test_defaults_are_the_operator_image_and_dedicated_service_accounts():
 
 
 def test_configuration_from_the_environment():
-    a = Admission.from_env({"SLOTUNE_ALLOWED_IMAGES": " registry.internal/ml/ ,ghcr.io/slotune/slotune",
-                            "SLOTUNE_DEFAULT_IMAGE": "registry.internal/ml/slotune:2",
-                            "SLOTUNE_ALLOWED_SERVICE_ACCOUNTS": "tuner-a",
-                            "SLOTUNE_ALLOWED_SECRET_KEYS": "url,token"})
+    a = Admission.from_env(
+        {
+            "SLOTUNE_ALLOWED_IMAGES": " registry.internal/ml/ ,ghcr.io/slotune/slotune",
+            "SLOTUNE_DEFAULT_IMAGE": "registry.internal/ml/slotune:2",
+            "SLOTUNE_ALLOWED_SERVICE_ACCOUNTS": "tuner-a",
+            "SLOTUNE_ALLOWED_SECRET_KEYS": "url,token",
+        }
+    )
     assert a.allowed_images == ("registry.internal/ml/", "ghcr.io/slotune/slotune")
     assert a.admit("SLOServing", "ns", {"serviceAccountName": "tuner-a"})["image"] == "registry.internal/ml/slotune:2"
     rejection = a.check("SLOTuning", "ns", tuning_spec(serviceAccountName="slotune-tuner"))
@@ -65,33 +72,69 @@ def test_configuration_from_the_environment():
     assert a.check("SLOTuning", "ns", tuning_spec(storageSecret={"name": "db", "key": "token"})) is None
 
 
-@pytest.mark.parametrize("env,match", [
-    ({"SLOTUNE_ALLOWED_IMAGES": "not an image"}, "SLOTUNE_ALLOWED_IMAGES: 'not an image'"),
-    ({"SLOTUNE_ALLOWED_IMAGES": "registry.internal/ml/"}, "SLOTUNE_DEFAULT_IMAGE"),  # the default must be allowed
-    ({"SLOTUNE_ALLOWED_SERVICE_ACCOUNTS": "Admin!"}, "SLOTUNE_ALLOWED_SERVICE_ACCOUNTS"),
-    ({"SLOTUNE_ALLOWED_SECRET_KEYS": "a/b"}, "SLOTUNE_ALLOWED_SECRET_KEYS"),
-])
+@pytest.mark.parametrize(
+    "env,match",
+    [
+        ({"SLOTUNE_ALLOWED_IMAGES": "not an image"}, "SLOTUNE_ALLOWED_IMAGES: 'not an image'"),
+        ({"SLOTUNE_ALLOWED_IMAGES": "registry.internal/ml/"}, "SLOTUNE_DEFAULT_IMAGE"),  # the default must be allowed
+        ({"SLOTUNE_ALLOWED_SERVICE_ACCOUNTS": "Admin!"}, "SLOTUNE_ALLOWED_SERVICE_ACCOUNTS"),
+        ({"SLOTUNE_ALLOWED_SECRET_KEYS": "a/b"}, "SLOTUNE_ALLOWED_SECRET_KEYS"),
+    ],
+)
 def test_bad_configuration_names_the_setting(env, match):
     with pytest.raises(ValueError, match=match):
         Admission.from_env(env)
 
 
-@pytest.mark.parametrize("kind,spec,field,reason,allowed", [
-    ("SLOTuning", {"image": "evil.example/miner:1"}, "spec.image", "ImageNotAllowed", "ghcr.io/slotune/slotune"),
-    ("SLOServing", {"image": "evil.example/miner:1"}, "spec.image", "ImageNotAllowed", "ghcr.io/slotune/slotune"),
-    ("SLOTuning", {"serviceAccountName": "cluster-admin"}, "spec.serviceAccountName", "ServiceAccountNotAllowed",
-     "slotune-tuner, slotune-serving"),
-    ("SLOServing", {"serviceAccountName": "default"}, "spec.serviceAccountName", "ServiceAccountNotAllowed",
-     "slotune-tuner, slotune-serving"),
-    ("SLOTuning", {"storageSecret": {"name": "db", "key": "password"}}, "spec.storageSecret.key", "SecretNotAllowed",
-     "url, api-key"),
-    ("SLOServing", {"apiKeySecret": {"name": "db", "key": "tls.key"}}, "spec.apiKeySecret.key", "SecretNotAllowed",
-     "url, api-key"),
-    ("SLOServing", {"apiKeySecret": {"name": "creds", "namespace": "kube-system"}}, "spec.apiKeySecret.namespace",
-     "SecretNotAllowed", "'ns'"),
-    ("SLOTuning", {"storageSecret": {"name": "kube-system/creds"}}, "spec.storageSecret.name", "SecretNotAllowed",
-     "kube-system/creds"),
-])
+@pytest.mark.parametrize(
+    "kind,spec,field,reason,allowed",
+    [
+        ("SLOTuning", {"image": "evil.example/miner:1"}, "spec.image", "ImageNotAllowed", "ghcr.io/slotune/slotune"),
+        ("SLOServing", {"image": "evil.example/miner:1"}, "spec.image", "ImageNotAllowed", "ghcr.io/slotune/slotune"),
+        (
+            "SLOTuning",
+            {"serviceAccountName": "cluster-admin"},
+            "spec.serviceAccountName",
+            "ServiceAccountNotAllowed",
+            "slotune-tuner, slotune-serving",
+        ),
+        (
+            "SLOServing",
+            {"serviceAccountName": "default"},
+            "spec.serviceAccountName",
+            "ServiceAccountNotAllowed",
+            "slotune-tuner, slotune-serving",
+        ),
+        (
+            "SLOTuning",
+            {"storageSecret": {"name": "db", "key": "password"}},
+            "spec.storageSecret.key",
+            "SecretNotAllowed",
+            "url, api-key",
+        ),
+        (
+            "SLOServing",
+            {"apiKeySecret": {"name": "db", "key": "tls.key"}},
+            "spec.apiKeySecret.key",
+            "SecretNotAllowed",
+            "url, api-key",
+        ),
+        (
+            "SLOServing",
+            {"apiKeySecret": {"name": "creds", "namespace": "kube-system"}},
+            "spec.apiKeySecret.namespace",
+            "SecretNotAllowed",
+            "'ns'",
+        ),
+        (
+            "SLOTuning",
+            {"storageSecret": {"name": "kube-system/creds"}},
+            "spec.storageSecret.name",
+            "SecretNotAllowed",
+            "kube-system/creds",
+        ),
+    ],
+)
 def test_refusals_name_the_field_and_the_allow_list(kind, spec, field, reason, allowed):
     base = tuning_spec() if kind == "SLOTuning" else {"model": "m"}
     rejection = Admission().check(kind, "ns", {**base, **spec})
@@ -108,32 +151,47 @@ def test_secret_in_the_own_namespace_with_an_allowed_key_is_admitted():
     assert a.check("SLOTuning", "ns", tuning_spec(storageSecret={"name": "creds"})) is None  # key defaults to url
 
 
-@pytest.mark.parametrize("spec,reason", [
-    ({"workers": 2}, "StorageNotShared"),
-    ({"workers": 2, "tuning": dict(TUNING_SPEC, storage="sqlite:////work/study.db")}, "StorageNotShared"),
-    ({"schedule": "0 0 30 2 *"}, "InvalidSchedule"),  # February 30: never fires
-    ({"schedule": "0 0 31 4,6,9,11 *"}, "InvalidSchedule"),
-    ({"schedule": "@every 6h"}, "StorageNotPersistent"),  # the study would go with each run's pod
-    ({"schedule": "@every 6h", "storageSecret": {"name": "db"}}, "StorageNotPersistent"),  # MLflow still would
-    ({"schedule": "@every 6h", "workVolumeClaim": "w",
-      "tuning": dict(TUNING_SPEC, storage="sqlite:////tmp/study.db")}, "StorageNotPersistent"),  # not on the claim
-    ({"image": "evil.example/miner:1"}, "ImageNotAllowed"),
-])
+@pytest.mark.parametrize(
+    "spec,reason",
+    [
+        ({"workers": 2}, "StorageNotShared"),
+        ({"workers": 2, "tuning": dict(TUNING_SPEC, storage="sqlite:////work/study.db")}, "StorageNotShared"),
+        ({"schedule": "0 0 30 2 *"}, "InvalidSchedule"),  # February 30: never fires
+        ({"schedule": "0 0 31 4,6,9,11 *"}, "InvalidSchedule"),
+        ({"schedule": "@every 6h"}, "StorageNotPersistent"),  # the study would go with each run's pod
+        ({"schedule": "@every 6h", "storageSecret": {"name": "db"}}, "StorageNotPersistent"),  # MLflow still would
+        (
+            {
+                "schedule": "@every 6h",
+                "workVolumeClaim": "w",
+                "tuning": dict(TUNING_SPEC, storage="sqlite:////tmp/study.db"),
+            },
+            "StorageNotPersistent",
+        ),  # not on the claim
+        ({"image": "evil.example/miner:1"}, "ImageNotAllowed"),
+    ],
+)
 def test_tuning_refusals(spec, reason):
     rejection = admission.check_tuning(tuning_spec(**spec), "ns", Admission())
     assert rejection is not None and rejection.reason == reason, rejection
 
 
-@pytest.mark.parametrize("spec", [
-    {"workers": 3, "storageSecret": {"name": "db"}},
-    {"workers": 3, "tuning": dict(TUNING_SPEC, storage="postgresql://optuna@db/optuna")},
-    {"schedule": "@every 6h", "workVolumeClaim": "w"},  # default SQLite study + MLflow under /work
-    {"schedule": "@every 6h", "workVolumeClaim": "w", "tuning": dict(TUNING_SPEC, storage="sqlite:///runs/s.db")},
-    {"schedule": "0 3 * * 1", "storageSecret": {"name": "db"},
-     "tuning": dict(TUNING_SPEC, mlflow_tracking_uri="http://mlflow.ml:5000")},
-    {"schedule": "0 0 29 2 *", "workVolumeClaim": "w"},  # leap days do fire
-    {"schedule": "0 0 30 2 1", "workVolumeClaim": "w"},  # either day field: every Monday
-])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"workers": 3, "storageSecret": {"name": "db"}},
+        {"workers": 3, "tuning": dict(TUNING_SPEC, storage="postgresql://optuna@db/optuna")},
+        {"schedule": "@every 6h", "workVolumeClaim": "w"},  # default SQLite study + MLflow under /work
+        {"schedule": "@every 6h", "workVolumeClaim": "w", "tuning": dict(TUNING_SPEC, storage="sqlite:///runs/s.db")},
+        {
+            "schedule": "0 3 * * 1",
+            "storageSecret": {"name": "db"},
+            "tuning": dict(TUNING_SPEC, mlflow_tracking_uri="http://mlflow.ml:5000"),
+        },
+        {"schedule": "0 0 29 2 *", "workVolumeClaim": "w"},  # leap days do fire
+        {"schedule": "0 0 30 2 1", "workVolumeClaim": "w"},  # either day field: every Monday
+    ],
+)
 def test_tuning_admitted(spec):
     assert admission.check_tuning(tuning_spec(**spec), "ns", Admission()) is None
 
@@ -147,10 +205,15 @@ def test_a_cost_objective_is_admitted_with_a_price_and_refused_without_naming_th
     priced = dict(TUNING_SPEC, objective=cost, cost={"usd_per_hour": 2.5})
     assert admission.check_tuning(tuning_spec(tuning=priced), "ns", Admission()) is None
     crd = _docs(MANIFESTS / "crds" / "slotunings.yaml")[0]
-    tuning_schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["tuning"]
+    tuning_schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"][
+        "tuning"
+    ]
     kinds = set(get_args(Objective.model_fields["kind"].annotation))
-    assert set(tuning_schema["properties"]["objective"]["properties"]["kind"]["enum"]) == kinds == {
-        "latency", "throughput", "cost"}
+    assert (
+        set(tuning_schema["properties"]["objective"]["properties"]["kind"]["enum"])
+        == kinds
+        == {"latency", "throughput", "cost"}
+    )
 
 
 def test_ephemeral_storage_is_a_warning_without_a_schedule():
@@ -163,26 +226,37 @@ def test_ephemeral_storage_is_a_warning_without_a_schedule():
 
 # --- a refused spec in the state machine: the condition, and no API call ------------------
 
+
 @pytest.fixture
 def no_api(monkeypatch):
     """Any write to the API fails the test."""
+
     def refuse(*args, **kwargs):
         raise AssertionError(f"unexpected API call {args}")
+
     for name in ("create", "patch", "delete", "read", "patch_serving"):
         monkeypatch.setattr(api, name, refuse)
 
 
 def step(status=None, **spec) -> tuning.Step:
-    return tuning.Step(name="t", namespace="ns", spec=tuning_spec(**spec), status=dict(status or {}),
-                       body={"metadata": {"name": "t", "uid": "u"}, "kind": "SLOTuning"})
+    return tuning.Step(
+        name="t",
+        namespace="ns",
+        spec=tuning_spec(**spec),
+        status=dict(status or {}),
+        body={"metadata": {"name": "t", "uid": "u"}, "kind": "SLOTuning"},
+    )
 
 
-@pytest.mark.parametrize("spec,reason", [
-    ({"image": "evil.example/miner:1"}, "ImageNotAllowed"),
-    ({"serviceAccountName": "cluster-admin"}, "ServiceAccountNotAllowed"),
-    ({"schedule": "0 0 30 2 *"}, "InvalidSchedule"),
-    ({"workers": 2, "tuning": dict(TUNING_SPEC, storage="sqlite:///study.db")}, "StorageNotShared"),
-])
+@pytest.mark.parametrize(
+    "spec,reason",
+    [
+        ({"image": "evil.example/miner:1"}, "ImageNotAllowed"),
+        ({"serviceAccountName": "cluster-admin"}, "ServiceAccountNotAllowed"),
+        ({"schedule": "0 0 30 2 *"}, "InvalidSchedule"),
+        ({"workers": 2, "tuning": dict(TUNING_SPEC, storage="sqlite:///study.db")}, "StorageNotShared"),
+    ],
+)
 def test_refused_tuning_fails_with_a_condition_and_creates_nothing(no_api, spec, reason):
     s = step(**spec)
     tuning.advance(s)
@@ -210,6 +284,7 @@ def test_lost_job_of_a_spec_now_refused_is_not_recreated(monkeypatch):
 
 # --- the shipped manifests ------------------------------------------------------------------
 
+
 def _docs(path: Path) -> list[dict]:
     return [d for d in yaml.safe_load_all(path.read_text()) if d]
 
@@ -235,8 +310,9 @@ def test_pod_identities_are_dedicated_and_least_privilege():
         for rule in d.get("rules", []):
             assert rule.get("resourceNames"), rule
     role, binding = children.publish_rbac("t", {}, {"name": "t"}, 3, "ns")
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["t-run-3-result"],
-                              "verbs": ["get", "patch"]}]
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["t-run-3-result"], "verbs": ["get", "patch"]}
+    ]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "namespace": "ns", "name": "slotune-tuner"}]
     dep = children.deployment("chat", "stable", {}, {"name": "chat"}, {}, 1)["spec"]["template"]["spec"]
     assert (dep["serviceAccountName"], dep["automountServiceAccountToken"]) == ("slotune-serving", False)

@@ -38,9 +38,12 @@ def condition(client, plural, ns, name, type_="Valid"):
 
 def refused(client, plural, ns, name, reason):
     """Wait for the Valid=False condition with `reason`; returns it."""
-    return wait_for(f"{name}: Valid=False {reason}", lambda: (lambda c: c if c and c["status"] == "False"
-                                                                    and c["reason"] == reason else None)(
-        condition(client, plural, ns, name)))
+    return wait_for(
+        f"{name}: Valid=False {reason}",
+        lambda: (lambda c: c if c and c["status"] == "False" and c["reason"] == reason else None)(
+            condition(client, plural, ns, name)
+        ),
+    )
 
 
 def assert_nothing_created(client, ns):
@@ -48,8 +51,9 @@ def assert_nothing_created(client, ns):
     assert kubernetes.client.BatchV1Api(client).list_namespaced_job(ns).items == []
     assert kubernetes.client.AppsV1Api(client).list_namespaced_deployment(ns).items == []
     assert kubernetes.client.RbacAuthorizationV1Api(client).list_namespaced_role(ns).items == []
-    assert [c.metadata.name for c in core.list_namespaced_config_map(ns).items
-            if c.metadata.name != "kube-root-ca.crt"] == []
+    assert [
+        c.metadata.name for c in core.list_namespaced_config_map(ns).items if c.metadata.name != "kube-root-ca.crt"
+    ] == []
     assert core.list_namespaced_service(ns).items == []
 
 
@@ -103,8 +107,9 @@ def test_schedules_and_stores_that_lose_runs_are_refused(cluster, operator, ns):
     assert_nothing_created(client, ns)
     # without a schedule an emptyDir is allowed, and said to be lost with the pod
     create(client, ns, tuning("ephemeral", "x"))
-    cond = wait_for("the PersistentStorage condition",
-                    lambda: condition(client, api.TUNINGS, ns, "ephemeral", "PersistentStorage"))
+    cond = wait_for(
+        "the PersistentStorage condition", lambda: condition(client, api.TUNINGS, ns, "ephemeral", "PersistentStorage")
+    )
     assert (cond["status"], cond["reason"]) == ("False", "EphemeralStorage") and "emptyDir" in cond["message"]
     assert get(client, "Job", ns, "ephemeral-run-1")
 
@@ -115,15 +120,26 @@ def test_tuning_job_may_patch_only_its_own_result(cluster, operator, ns):
     workers = wait_for("the workers Job", lambda: get(client, "Job", ns, "own-tune-run-1-workers"))
     assert workers["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
     role = get_rbac(client, "Role", ns, "own-tune-run-1")
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"],
-                              "resourceNames": ["own-tune-run-1-result"], "verbs": ["get", "patch"]}]
+    assert role["rules"] == [
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": ["own-tune-run-1-result"],
+            "verbs": ["get", "patch"],
+        }
+    ]
     authz = kubernetes.client.AuthorizationV1Api(client)
 
     def may(verb, resource, name):
-        review = authz.create_subject_access_review({"spec": {
-            "user": f"system:serviceaccount:{ns}:slotune-tuner",
-            "groups": ["system:serviceaccounts", f"system:serviceaccounts:{ns}", "system:authenticated"],
-            "resourceAttributes": {"namespace": ns, "verb": verb, "resource": resource, "name": name}}})
+        review = authz.create_subject_access_review(
+            {
+                "spec": {
+                    "user": f"system:serviceaccount:{ns}:slotune-tuner",
+                    "groups": ["system:serviceaccounts", f"system:serviceaccounts:{ns}", "system:authenticated"],
+                    "resourceAttributes": {"namespace": ns, "verb": verb, "resource": resource, "name": name},
+                }
+            }
+        )
         return review.status.allowed
 
     assert may("patch", "configmaps", "own-tune-run-1-result") and may("get", "configmaps", "own-tune-run-1-result")
@@ -155,15 +171,23 @@ def test_a_retry_that_succeeds_wins_over_a_failed_attempt(cluster, operator, ns,
     wait_for("the tuning Job", lambda: get(client, "Job", ns, "retry-tune-run-1"))
     proc = run_job(cluster, ns, "retry-tune-run-1", tmp_path / "a1", inner=["sh", "-c", "exit 3"], is_retried=True)
     assert proc.returncode == 3
-    cond = wait_for("the Retrying condition", lambda: (lambda c: c if c and c["reason"] == "Retrying" else None)(
-        condition(client, api.TUNINGS, ns, "retry-tune", "Tuned")))
+    cond = wait_for(
+        "the Retrying condition",
+        lambda: (lambda c: c if c and c["reason"] == "Retrying" else None)(
+            condition(client, api.TUNINGS, ns, "retry-tune", "Tuned")
+        ),
+    )
     assert "status 3" in cond["message"]
     assert get_cr(client, api.TUNINGS, ns, "retry-tune")["status"]["phase"] == "Tuning"
     proc = run_job(cluster, ns, "retry-tune-run-1", tmp_path / "a2", best_config={"max_num_seqs": 4})
     assert proc.returncode == 0, proc.stderr
     assert get(client, "Job", ns, "retry-tune-run-1")["status"]["failed"] == 1  # one failed pod, then success
-    status = wait_for("the result", lambda: (lambda st: st if st.get("phase") in ("Canary", "Failed") else None)(
-        get_cr(client, api.TUNINGS, ns, "retry-tune").get("status") or {}))
+    status = wait_for(
+        "the result",
+        lambda: (lambda st: st if st.get("phase") in ("Canary", "Failed") else None)(
+            get_cr(client, api.TUNINGS, ns, "retry-tune").get("status") or {}
+        ),
+    )
     assert status["phase"] == "Canary" and status["best"]["config"] == {"max_num_seqs": 4}
     data = get(client, "ConfigMap", ns, "retry-tune-run-1-result")["data"]
     assert "error" not in data and "best.yaml" in data  # the retry's publish replaced the first attempt's

@@ -59,8 +59,14 @@ def test_real_tune_serve_exports_the_histograms_the_operator_judges(tmp_path):
     cm = children.serving_config_map("m", "stable", owner, config)
     (tmp_path / "config.yaml").write_text(cm["data"]["config.yaml"])
     dep = children.deployment("m", "stable", spec, owner, config, replicas=1)
-    argv = [str(tmp_path / "config.yaml") if a == f"{children.CONFIG_DIR}/config.yaml" else
-            "127.0.0.1" if a == "0.0.0.0" else a for a in dep["spec"]["template"]["spec"]["containers"][0]["command"]]
+    argv = [
+        str(tmp_path / "config.yaml")
+        if a == f"{children.CONFIG_DIR}/config.yaml"
+        else "127.0.0.1"
+        if a == "0.0.0.0"
+        else a
+        for a in dep["spec"]["template"]["spec"]["containers"][0]["command"]
+    ]
     argv[0] = str(Path(sys.executable).with_name("tune"))
     port = spec["port"]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ})
@@ -68,8 +74,9 @@ def test_real_tune_serve_exports_the_histograms_the_operator_judges(tmp_path):
         wait_for("/ready", lambda: _get(f"http://127.0.0.1:{port}/ready") is not None, timeout=240, interval=0.5)
         for _ in range(2):
             body = json.dumps({"model": "smollm2-135m", "prompt": "Hello", "max_tokens": 4}).encode()
-            req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
-                                         {"Content-Type": "application/json"})
+            req = urllib.request.Request(
+                f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"}
+            )
             urllib.request.urlopen(req, timeout=60).read()
         h, errors = metrics.scrape([f"http://127.0.0.1:{port}/metrics"])
     finally:

@@ -61,20 +61,31 @@ def test_tune_then_promote_on_good_metrics(cluster, operator, ns, tmp_path):
     slos = get_cr(client, api.SERVINGS, ns, "chat")
     assert slos["spec"]["config"] == {"max_num_seqs": 4} and not slos["spec"].get("canary")
     wait_for("the canary to go", lambda: get(client, "Deployment", ns, "chat-canary") is None)
-    stable = wait_for("the stable ConfigMap to update", lambda: (lambda c: c if "max_num_seqs: 4" in c["data"]["config.yaml"] else None)(
-        get(client, "ConfigMap", ns, "chat-config")))
+    stable = wait_for(
+        "the stable ConfigMap to update",
+        lambda: (lambda c: c if "max_num_seqs: 4" in c["data"]["config.yaml"] else None)(
+            get(client, "ConfigMap", ns, "chat-config")
+        ),
+    )
     assert stable["metadata"]["ownerReferences"][0]["name"] == "chat"
     dep = get(client, "Deployment", ns, "chat")
     pod = dep["spec"]["template"]
     assert pod["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
     from slotune.operator.children import config_hash
-    assert pod["metadata"]["annotations"][api.ANNOTATION_CONFIG_HASH] == config_hash({"max_num_seqs": 4, "model": "smollm2-135m"})
+
+    assert pod["metadata"]["annotations"][api.ANNOTATION_CONFIG_HASH] == config_hash(
+        {"max_num_seqs": 4, "model": "smollm2-135m"}
+    )
     c = pod["spec"]["containers"][0]
     assert c["command"][:3] == ["tune", "serve", "/etc/slotune/config.yaml"] and "0.0.0.0" in c["command"]
     assert c["readinessProbe"]["httpGet"]["path"] == "/ready" and c["livenessProbe"]["httpGet"]["path"] == "/health"
     assert get(client, "Service", ns, "chat")["spec"]["selector"] == {api.LABEL_SERVING: "chat"}
-    assert ("Normal", "Promoted") in [(t, r) for t, r, _ in wait_for(
-        "the Promoted event", lambda: [e for e in events(client, ns, "chat-tune") if e[1] == "Promoted"])]
+    assert ("Normal", "Promoted") in [
+        (t, r)
+        for t, r, _ in wait_for(
+            "the Promoted event", lambda: [e for e in events(client, ns, "chat-tune") if e[1] == "Promoted"]
+        )
+    ]
 
 
 def test_rollback_on_bad_metrics(cluster, operator, ns, tmp_path):
@@ -105,19 +116,37 @@ def test_schedule_retunes_with_bounded_history(cluster, operator, ns, tmp_path):
     client = cluster.client()
     create(client, ns, serving("sched", free_port()))
     # a schedule needs a store that outlives the pods (here a claim; no volume is bound locally)
-    create(client, ns, tuning("sched-tune", "sched", {"mode": "manual"}, schedule="@every 2s", historyLimit=2,
-                              workVolumeClaim="sched-work"))
+    create(
+        client,
+        ns,
+        tuning(
+            "sched-tune",
+            "sched",
+            {"mode": "manual"},
+            schedule="@every 2s",
+            historyLimit=2,
+            workVolumeClaim="sched-work",
+        ),
+    )
     for run in (1, 2, 3):
         wait_for(f"job run {run}", lambda: get(client, "Job", ns, f"sched-tune-run-{run}"))
         if run == 3:  # stop the schedule: run 3 is the last, and waits for approval
             patch(client, ns, api.TUNINGS, "sched-tune", {"spec": {"schedule": None}})
         run_job(cluster, ns, f"sched-tune-run-{run}", tmp_path / f"job{run}", best_config={"max_num_seqs": 2 + run})
-        status = wait_for(f"run {run}'s result", lambda: (lambda s: s if (s.get("best") or {}).get("run") == run else None)(
-            get_cr(client, api.TUNINGS, ns, "sched-tune").get("status") or {}))
+        status = wait_for(
+            f"run {run}'s result",
+            lambda: (lambda s: s if (s.get("best") or {}).get("run") == run else None)(
+                get_cr(client, api.TUNINGS, ns, "sched-tune").get("status") or {}
+            ),
+        )
         if run < 3:
             assert status["nextTuningTime"] > status["lastTuningTime"]
-    status = wait_for("AwaitingApproval, nothing scheduled", lambda: (lambda s: s if s and not s.get("nextTuningTime") else None)(
-        phase_of(client, ns, "sched-tune", "AwaitingApproval")))
+    status = wait_for(
+        "AwaitingApproval, nothing scheduled",
+        lambda: (lambda s: s if s and not s.get("nextTuningTime") else None)(
+            phase_of(client, ns, "sched-tune", "AwaitingApproval")
+        ),
+    )
     assert status["run"] == 3
     # run 3 started: runs older than historyLimit=2 lost their Job and result ConfigMap
     assert get(client, "Job", ns, "sched-tune-run-1") is None
@@ -159,8 +188,14 @@ def test_failed_tuning_command_fails_the_run(cluster, operator, ns, tmp_path):
 def test_invalid_serving_config_is_reported_not_rendered(cluster, operator, ns):
     client = cluster.client()
     create(client, ns, serving("badcfg", free_port(), config={"max_num_seqs": "lots"}))
-    status = wait_for("phase Invalid", lambda: (get_cr(client, api.SERVINGS, ns, "badcfg").get("status") or {})
-                      if (get_cr(client, api.SERVINGS, ns, "badcfg").get("status") or {}).get("phase") == "Invalid" else None)
+    status = wait_for(
+        "phase Invalid",
+        lambda: (
+            (get_cr(client, api.SERVINGS, ns, "badcfg").get("status") or {})
+            if (get_cr(client, api.SERVINGS, ns, "badcfg").get("status") or {}).get("phase") == "Invalid"
+            else None
+        ),
+    )
     assert "max_num_seqs" in status["message"]
     assert get(client, "Deployment", ns, "badcfg") is None
 
@@ -170,9 +205,17 @@ def test_real_tune_run_in_the_job(cluster, operator, ns, tmp_path):
     """The Job's real command end to end: a 1-trial `tune run` on the bundled model (slow)."""
     client = cluster.client()
     create(client, ns, serving("real", free_port()))
-    spec = {"workload": {"arrivals": "closed_loop", "concurrency": 2, "num_requests": 2, "warmup_requests": 0,
-                         "prompt_len": {"kind": "fixed", "value": 16}, "output_len": {"kind": "fixed", "value": 4}},
-            "budget": {"n_trials": 1, "trial_timeout_s": 300}}
+    spec = {
+        "workload": {
+            "arrivals": "closed_loop",
+            "concurrency": 2,
+            "num_requests": 2,
+            "warmup_requests": 0,
+            "prompt_len": {"kind": "fixed", "value": 16},
+            "output_len": {"kind": "fixed", "value": 4},
+        },
+        "budget": {"n_trials": 1, "trial_timeout_s": 300},
+    }
     create(client, ns, tuning("real-tune", "real", tuning=spec))
     wait_for("the tuning Job", lambda: get(client, "Job", ns, "real-tune-run-1"))
     proc = run_job(cluster, ns, "real-tune-run-1", tmp_path, real_tune=True)

@@ -30,18 +30,40 @@ def wheel(tmp_path_factory) -> Path:
         else:
             shutil.copy2(path, src / name)
     out = tmp_path_factory.mktemp("wheel")
-    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
-                           "-q", str(src), "-w", str(out)], capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-q",
+            str(src),
+            "-w",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return next(out.glob("slotune-*.whl"))
 
 
 def test_wheel_ships_every_manifest(wheel):
     with zipfile.ZipFile(wheel) as zf:
-        shipped = {n[len(PREFIX):]: zf.read(n) for n in zf.namelist() if n.startswith(PREFIX)}
+        shipped = {n[len(PREFIX) :]: zf.read(n) for n in zf.namelist() if n.startswith(PREFIX)}
     in_tree = {str(p.relative_to(MANIFESTS)) for p in MANIFESTS.rglob("*.yaml")}
-    assert {"crds/slotunings.yaml", "crds/sloservings.yaml", "rbac/operator.yaml", "tuner/tuner.yaml",
-            "tuner/kustomization.yaml", "kustomization.yaml", "operator.yaml"} <= in_tree
+    assert {
+        "crds/slotunings.yaml",
+        "crds/sloservings.yaml",
+        "rbac/operator.yaml",
+        "tuner/tuner.yaml",
+        "tuner/kustomization.yaml",
+        "kustomization.yaml",
+        "operator.yaml",
+    } <= in_tree
     assert set(shipped) == in_tree
     assert "crds.yaml" not in shipped  # the stale copy of the CRDs is gone
     for name, data in shipped.items():

@@ -62,6 +62,9 @@ def test_dockerfile_pins_the_cpu_torch_and_the_operator_image_has_no_extras():
     stages = {s.split()[2]: s for s in text.split("\nFROM ")[1:]}  # "python:... AS name\n..."
     assert "RUN pip install . " in stages["operator"] and "torch" not in stages["operator"]
     assert 'pip install ".[all]"' in stages["runtime"] and list(stages)[-1] == "runtime"  # the default target
-    operator = next(d for d in yaml.safe_load_all((ROOT / "operator" / "manifests" / "operator.yaml").read_text())
-                    if d and d.get("kind") == "Deployment")
+    operator = next(
+        d
+        for d in yaml.safe_load_all((ROOT / "operator" / "manifests" / "operator.yaml").read_text())
+        if d and d.get("kind") == "Deployment"
+    )
     assert operator["spec"]["template"]["spec"]["containers"][0]["image"].endswith("/slotune-operator:0.1.0")

@@ -25,10 +25,12 @@ def _phase(client, ns, name):
 def _versions(client, ns):
     """resourceVersion of every child and custom resource in the namespace."""
     out = {}
-    for kind, items in (("Deployment", kubernetes.client.AppsV1Api(client).list_namespaced_deployment(ns).items),
-                        ("Job", kubernetes.client.BatchV1Api(client).list_namespaced_job(ns).items),
-                        ("Service", kubernetes.client.CoreV1Api(client).list_namespaced_service(ns).items),
-                        ("ConfigMap", kubernetes.client.CoreV1Api(client).list_namespaced_config_map(ns).items)):
+    for kind, items in (
+        ("Deployment", kubernetes.client.AppsV1Api(client).list_namespaced_deployment(ns).items),
+        ("Job", kubernetes.client.BatchV1Api(client).list_namespaced_job(ns).items),
+        ("Service", kubernetes.client.CoreV1Api(client).list_namespaced_service(ns).items),
+        ("ConfigMap", kubernetes.client.CoreV1Api(client).list_namespaced_config_map(ns).items),
+    ):
         out.update({(kind, o.metadata.name): o.metadata.resource_version for o in items})
     custom = kubernetes.client.CustomObjectsApi(client)
     for plural in (api.TUNINGS, api.SERVINGS):
@@ -64,9 +66,14 @@ def test_restarts_converge(cluster, ns, tmp_path):
             wait_for("phase Promoted", lambda: _phase(client, ns, "rs-tune") in ("Promoted", "RolledBack"))
             wait_for("the canary to go", lambda: get(client, "Deployment", ns, "rs-canary") is None)
             final_hash = config_hash({"max_num_seqs": 6, "model": "smollm2-135m"})
-            wait_for("the final serving status", lambda: (lambda st: st.get("configHash") == final_hash
-                     and st.get("phase") != "Canary" and not st.get("canary"))(
-                get_cr(client, api.SERVINGS, ns, "rs").get("status") or {}))
+            wait_for(
+                "the final serving status",
+                lambda: (
+                    lambda st: (
+                        st.get("configHash") == final_hash and st.get("phase") != "Canary" and not st.get("canary")
+                    )
+                )(get_cr(client, api.SERVINGS, ns, "rs").get("status") or {}),
+            )
     finally:
         metrics.terminate()
     assert _phase(client, ns, "rs-tune") == "Promoted"

@@ -20,7 +20,8 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "04-kubernetes"
 def _create(client, obj, dry_run=None):
     plural = api.TUNINGS if obj["kind"] == "SLOTuning" else api.SERVINGS
     return kubernetes.client.CustomObjectsApi(client).create_namespaced_custom_object(
-        api.GROUP, api.VERSION, "default", plural, obj, dry_run=dry_run)
+        api.GROUP, api.VERSION, "default", plural, obj, dry_run=dry_run
+    )
 
 
 def _with(obj, path, value):
@@ -61,8 +62,13 @@ def test_api_server_rejects_invalid(cluster, kind, path, value, field):
 
 
 def test_example_resources_are_accepted(cluster):
-    docs = [d for f in sorted(EXAMPLE.glob("*.yaml")) if f.name != "spec.yaml"
-            for d in yaml.safe_load_all(f.read_text()) if d]
+    docs = [
+        d
+        for f in sorted(EXAMPLE.glob("*.yaml"))
+        if f.name != "spec.yaml"
+        for d in yaml.safe_load_all(f.read_text())
+        if d
+    ]
     assert {d["kind"] for d in docs} == {"SLOTuning", "SLOServing"}
     for d in docs:
         d["metadata"].pop("namespace", None)

@@ -16,13 +16,22 @@ T0 = 1_763_000_000.0
 OWNER = {"apiVersion": "slotune.dev/v1alpha1", "kind": "SLOTuning", "name": "t", "uid": "u"}
 
 
-def record(folder: Path, start: float, num: int, rate: float, prompt: int, output: int,
-           name: str = "requests-000.jsonl") -> list[float]:
+def record(
+    folder: Path, start: float, num: int, rate: float, prompt: int, output: int, name: str = "requests-000.jsonl"
+) -> list[float]:
     """Write `num` RecordedRequest lines (in finish order, as a recorder does); returns the arrivals."""
     folder.mkdir(parents=True, exist_ok=True)
-    reqs = [RecordedRequest(arrival=start + i / rate, finish=start + i / rate + 1.0 + (i % 3),
-                            prompt_tokens=prompt + 7 * (i % 5), output_tokens=output + (i % 4),
-                            finish_reason="stop", chat=False) for i in range(num)]
+    reqs = [
+        RecordedRequest(
+            arrival=start + i / rate,
+            finish=start + i / rate + 1.0 + (i % 3),
+            prompt_tokens=prompt + 7 * (i % 5),
+            output_tokens=output + (i % 4),
+            finish_reason="stop",
+            chat=False,
+        )
+        for i in range(num)
+    ]
     reqs.sort(key=lambda r: r.finish)
     with (folder / name).open("a") as f:
         f.write("".join(r.model_dump_json() + "\n" for r in reqs))
@@ -31,8 +40,17 @@ def record(folder: Path, start: float, num: int, rate: float, prompt: int, outpu
 
 # --- drift -----------------------------------------------------------------------------------
 
-BASE = {"run": 1, "requests": 100, "meanRate": 2.0, "promptP50": 500, "promptP95": 900, "outputP50": 100,
-        "outputP95": 200, "cv": 1.0, "cacheableShare": 0.30}
+BASE = {
+    "run": 1,
+    "requests": 100,
+    "meanRate": 2.0,
+    "promptP50": 500,
+    "promptP95": 900,
+    "outputP50": 100,
+    "outputP95": 200,
+    "cv": 1.0,
+    "cacheableShare": 0.30,
+}
 
 
 def test_drift_is_the_largest_relative_change_or_the_share_change():
@@ -63,21 +81,27 @@ def test_tuned_traffic_counts_only_for_the_same_spec_and_source():
     plan = traffic.make_plan(spec, "rec", tuned)
     assert (plan.serving, plan.claim, plan.window_s, plan.drift_threshold) == ("chat", "rec", 3600, 0.15)
     assert plan.tuned_traffic == {k: BASE[k] for k in ("run", *traffic.SUMMARY_FIELDS)}
-    for changed in ({**spec, "tuning": {"name": "b"}}, {**spec, "traffic": {"window": "2h"}},
-                    {**spec, "traffic": {"window": "1h", "fromServing": "other"}}):
+    for changed in (
+        {**spec, "tuning": {"name": "b"}},
+        {**spec, "traffic": {"window": "2h"}},
+        {**spec, "traffic": {"window": "1h", "fromServing": "other"}},
+    ):
         assert traffic.make_plan(changed, "rec", tuned).tuned_traffic is None
     # the threshold is how the tuned-on traffic is judged, not what it was tuned on
     assert traffic.make_plan({**spec, "traffic": {"window": "1h", "driftThreshold": 0.5}}, "rec", tuned).tuned_traffic
 
 
-@pytest.mark.parametrize("patch,field", [
-    ({"traffic": {"window": "1 day"}}, "spec.traffic.window"),
-    ({"traffic": {"window": "0s"}}, "spec.traffic.window"),
-    ({"traffic": {"driftThreshold": -0.1}}, "spec.traffic.driftThreshold"),
-    ({"traffic": {"timeScale": 0}}, "spec.traffic.timeScale"),
-    ({"traffic": {}, "workers": 2}, None),  # {} is unset
-    ({"traffic": {"window": "1h"}, "workers": 2, "storageSecret": {"name": "db"}}, "spec.traffic"),
-])
+@pytest.mark.parametrize(
+    "patch,field",
+    [
+        ({"traffic": {"window": "1 day"}}, "spec.traffic.window"),
+        ({"traffic": {"window": "0s"}}, "spec.traffic.window"),
+        ({"traffic": {"driftThreshold": -0.1}}, "spec.traffic.driftThreshold"),
+        ({"traffic": {"timeScale": 0}}, "spec.traffic.timeScale"),
+        ({"traffic": {}, "workers": 2}, None),  # {} is unset
+        ({"traffic": {"window": "1h"}, "workers": 2, "storageSecret": {"name": "db"}}, "spec.traffic"),
+    ],
+)
 def test_traffic_settings_are_checked(patch, field):
     spec = {"tuning": {"name": "a"}, "target": {"servingName": "chat"}, **patch}
     got = traffic.problem(spec)
@@ -87,13 +111,18 @@ def test_traffic_settings_are_checked(patch, field):
 def test_recording_claims_are_checked():
     assert admission.check_serving({}) is None
     assert admission.check_serving({"recordTraffic": {"claimName": "rec"}}) is None
-    for record, words in (({}, "is empty"), ({"claimName": ""}, "is empty"), ({"claimName": "Not_A_Name"}, "not a"),
-                          ({"claimName": "rec", "maxMiB": 0}, "maxMiB")):
+    for record, words in (
+        ({}, "is empty"),
+        ({"claimName": ""}, "is empty"),
+        ({"claimName": "Not_A_Name"}, "not a"),
+        ({"claimName": "rec", "maxMiB": 0}, "maxMiB"),
+    ):
         r = admission.check_serving({"recordTraffic": record})
         assert r.reason == "InvalidRecording" and words in r.message, (record, r)
 
 
 # --- rendering -------------------------------------------------------------------------------
+
 
 def test_recording_pods_each_write_their_own_folder():
     spec = {"model": "m", "recordTraffic": {"claimName": "rec", "maxMiB": 64}}
@@ -101,7 +130,12 @@ def test_recording_pods_each_write_their_own_folder():
     pod = dep["spec"]["template"]["spec"]
     c = pod["containers"][0]
     i = c["command"].index("--record-traffic")
-    assert c["command"][i:i + 4] == ["--record-traffic", "/traffic/chat/$(SLOTUNE_POD_NAME)", "--record-traffic-max-mib", "64"]
+    assert c["command"][i : i + 4] == [
+        "--record-traffic",
+        "/traffic/chat/$(SLOTUNE_POD_NAME)",
+        "--record-traffic-max-mib",
+        "64",
+    ]
     assert {"name": "SLOTUNE_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in c["env"]
     assert {"name": "traffic", "mountPath": "/traffic"} in c["volumeMounts"]
     assert {"name": "traffic", "persistentVolumeClaim": {"claimName": "rec"}} in pod["volumes"]
@@ -110,8 +144,11 @@ def test_recording_pods_each_write_their_own_folder():
 
 
 def test_a_traffic_run_mounts_the_recording_read_only_and_replays_its_snapshot():
-    spec = {"tuning": {"name": "a", "workload": "chat-small"}, "target": {"servingName": "chat"},
-            "traffic": {"window": "2h", "driftThreshold": 0.2, "timeScale": 2.0}}
+    spec = {
+        "tuning": {"name": "a", "workload": "chat-small"},
+        "target": {"servingName": "chat"},
+        "traffic": {"window": "2h", "driftThreshold": 0.2, "timeScale": 2.0},
+    }
     plan = traffic.make_plan(spec, "rec", {**BASE, "sourceHash": traffic.source_hash(spec)})
     job = children.tuning_jobs("t", spec, OWNER, 3, "ns", plan)[0]
     pod = job["spec"]["template"]["spec"]
@@ -123,13 +160,14 @@ def test_a_traffic_run_mounts_the_recording_read_only_and_replays_its_snapshot()
     assert arg("--traffic-dir") == "/traffic/chat" and arg("--traffic-window-s") == "7200"
     assert arg("--traffic-snapshot") == children.TRAFFIC_SNAPSHOT and arg("--drift-threshold") == "0.2"
     assert json.loads(arg("--tuned-traffic"))["promptP95"] == 900
-    assert cmd[cmd.index("--") + 1:][:2] == ["tune", "run"]
+    assert cmd[cmd.index("--") + 1 :][:2] == ["tune", "run"]
     workload = children.tuning_spec(spec, plan, 1)["workload"]
     assert workload["trace"] == {"path": children.TRAFFIC_SNAPSHOT, "format": "recorded", "time_scale": 2.0}
     assert children.tuning_spec(spec, None, 1)["workload"] == "chat-small"
 
 
 # --- the Job side: snapshot, summary, skip -----------------------------------------------------
+
 
 def test_snapshot_takes_the_last_window_of_every_pod(tmp_path):
     root = tmp_path / "chat"
@@ -187,8 +225,13 @@ def test_tuned_traffic_written_under_its_pre_rename_name_is_still_read_then_repl
     from slotune.operator import tuning
 
     old = {"run": 1, "requests": 200, "sourceHash": "h"}
-    s = tuning.Step(name="t", namespace="ns", spec={"rollout": {"mode": "manual"}, "target": {"servingName": "chat"}},
-                    status={"baselineTraffic": old, "run": 2, "traffic": {"run": 2, "requests": 180}}, body={})
+    s = tuning.Step(
+        name="t",
+        namespace="ns",
+        spec={"rollout": {"mode": "manual"}, "target": {"servingName": "chat"}},
+        status={"baselineTraffic": old, "run": 2, "traffic": {"run": 2, "requests": 180}},
+        body={},
+    )
     assert tuning.tuned_traffic(s) == old
     tuning.take_result(s, {"best.yaml": "max_num_seqs: 4\n"})
     assert s.patch["tunedTraffic"]["run"] == 2 and s.patch["baselineTraffic"] is None

@@ -37,21 +37,35 @@ def test_recording_renders_a_folder_per_pod_and_bad_claims_are_refused(cluster, 
     pod = dep["spec"]["template"]["spec"]
     c = pod["containers"][0]
     i = c["command"].index("--record-traffic")
-    assert c["command"][i:i + 4] == ["--record-traffic", "/traffic/rec/$(SLOTUNE_POD_NAME)",
-                                     "--record-traffic-max-mib", "64"]
-    assert {"name": "SLOTUNE_POD_NAME", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.name"}}} \
-        in c["env"]
+    assert c["command"][i : i + 4] == [
+        "--record-traffic",
+        "/traffic/rec/$(SLOTUNE_POD_NAME)",
+        "--record-traffic-max-mib",
+        "64",
+    ]
+    assert {
+        "name": "SLOTUNE_POD_NAME",
+        "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.name"}},
+    } in c["env"]
     assert {"name": "traffic", "mountPath": "/traffic"} in c["volumeMounts"]
     assert {"name": "traffic", "persistentVolumeClaim": {"claimName": "rec-traffic"}} in pod["volumes"]
     assert pod["securityContext"]["fsGroup"] == 10001
-    cond = wait_for("Valid=False", lambda: (lambda c: c if c and c["status"] == "False" else None)(
-        condition(client, api.SERVINGS, ns, "empty", "Valid")))
+    cond = wait_for(
+        "Valid=False",
+        lambda: (lambda c: c if c and c["status"] == "False" else None)(
+            condition(client, api.SERVINGS, ns, "empty", "Valid")
+        ),
+    )
     assert cond["reason"] == "InvalidRecording" and "spec.recordTraffic.claimName is empty" in cond["message"]
     assert get(client, "Deployment", ns, "empty") is None
     # a SLOTuning cannot tune on traffic a SLOServing does not record: refused, nothing created
     create(client, ns, tuning("plain-tune", "plain", traffic={"window": "1h"}))
-    cond = wait_for("Valid=False", lambda: (lambda c: c if c and c["status"] == "False" else None)(
-        condition(client, api.TUNINGS, ns, "plain-tune", "Valid")))
+    cond = wait_for(
+        "Valid=False",
+        lambda: (lambda c: c if c and c["status"] == "False" else None)(
+            condition(client, api.TUNINGS, ns, "plain-tune", "Valid")
+        ),
+    )
     assert cond["reason"] == "TrafficNotRecorded" and "SLOServing 'plain' records no traffic" in cond["message"]
     assert get(client, "Job", ns, "plain-tune-run-1") is None
     # fixed: the pods record
@@ -68,26 +82,41 @@ def test_scheduled_runs_tune_on_recorded_traffic_and_skip_without_drift(cluster,
     record(claim / "rec" / "rec-0", T0, 100, 0.2, 400, 60, name="requests-001.jsonl")
     record(claim / "rec" / "rec-1", T0 + 2, 100, 0.2, 400, 60)
     create(client, ns, serving("rec", port, recordTraffic={"claimName": "rec-traffic"}))
-    create(client, ns, tuning("rec-tune", "rec", schedule="@every 2s", workVolumeClaim="rec-work",
-                              traffic={"fromServing": "rec", "window": "1h", "driftThreshold": 0.15}))
+    create(
+        client,
+        ns,
+        tuning(
+            "rec-tune",
+            "rec",
+            schedule="@every 2s",
+            workVolumeClaim="rec-work",
+            traffic={"fromServing": "rec", "window": "1h", "driftThreshold": 0.15},
+        ),
+    )
     claims = {"rec-traffic": claim}
 
     # run 1: no tuned-on traffic yet -- tunes on the window, which becomes the tuned-on traffic
     job = wait_for("job run 1", lambda: get(client, "Job", ns, "rec-tune-run-1"))
     pod = job["spec"]["template"]["spec"]
     assert {"name": "traffic", "mountPath": "/traffic", "readOnly": True} in pod["containers"][0]["volumeMounts"]
-    assert {"name": "traffic", "persistentVolumeClaim": {"claimName": "rec-traffic", "readOnly": True}} \
-        in pod["volumes"]
+    assert {"name": "traffic", "persistentVolumeClaim": {"claimName": "rec-traffic", "readOnly": True}} in pod[
+        "volumes"
+    ]
     assert "--tuned-traffic" not in pod["containers"][0]["command"]
     spec = yaml.safe_load(get(client, "ConfigMap", ns, "rec-tune-spec")["data"]["spec.yaml"])
     assert spec["workload"]["trace"] == {"path": children.TRAFFIC_SNAPSHOT, "format": "recorded", "time_scale": 1.0}
     proc = run_job(cluster, ns, "rec-tune-run-1", tmp_path / "job1", best_config={"max_num_seqs": 4}, claims=claims)
     assert proc.returncode == 0, proc.stderr
     assert len((tmp_path / "job1" / "out" / "traffic.jsonl").read_text().splitlines()) == 200  # the snapshot
-    status = wait_for("run 1's result", lambda: tuning_status(client, ns, "rec-tune",
-                                                              lambda s: (s.get("best") or {}).get("run") == 1))
+    status = wait_for(
+        "run 1's result", lambda: tuning_status(client, ns, "rec-tune", lambda s: (s.get("best") or {}).get("run") == 1)
+    )
     t = status["traffic"]
-    assert (t["run"], t["requests"], t["window"]["seconds"]) == (1, 200, 3600) and "drift" not in t  # nothing to compare with
+    assert (t["run"], t["requests"], t["window"]["seconds"]) == (
+        1,
+        200,
+        3600,
+    ) and "drift" not in t  # nothing to compare with
     assert t["meanRate"] == pytest.approx(0.4, rel=0.05) and 400 <= t["promptP50"] <= 430
     assert status["tunedTraffic"]["run"] == 1
     cond = condition(client, api.TUNINGS, ns, "rec-tune", "Retuned")
@@ -97,9 +126,15 @@ def test_scheduled_runs_tune_on_recorded_traffic_and_skip_without_drift(cluster,
     try:
         wait_for("the canary Deployment", lambda: get(client, "Deployment", ns, "rec-canary"))
         start_pods(cluster, ns, "rec-canary")
-        wait_for("run 1 promoted", lambda: tuning_status(
-            client, ns, "rec-tune", lambda s: any(h["run"] == 1 and h["outcome"] == "Promoted"
-                                                  for h in s.get("history") or [])))
+        wait_for(
+            "run 1 promoted",
+            lambda: tuning_status(
+                client,
+                ns,
+                "rec-tune",
+                lambda s: any(h["run"] == 1 and h["outcome"] == "Promoted" for h in s.get("history") or []),
+            ),
+        )
     finally:
         metrics.terminate()
 
@@ -112,8 +147,10 @@ def test_scheduled_runs_tune_on_recorded_traffic_and_skip_without_drift(cluster,
     assert not (tmp_path / "job2" / "out" / "best.yaml").exists()
     data = get(client, "ConfigMap", ns, "rec-tune-run-2-result")["data"]
     assert data["skipped"].startswith("NoDrift: traffic drift 0% < threshold 15%") and "best.yaml" not in data
-    status = wait_for("run 2 skipped", lambda: tuning_status(
-        client, ns, "rec-tune", lambda s: any(h["run"] == 2 for h in s.get("history") or [])))
+    status = wait_for(
+        "run 2 skipped",
+        lambda: tuning_status(client, ns, "rec-tune", lambda s: any(h["run"] == 2 for h in s.get("history") or [])),
+    )
     entry = next(h for h in status["history"] if h["run"] == 2)
     assert (entry["outcome"], entry["reason"], entry["traffic"]["drift"]) == ("Skipped", "NoDrift", 0.0)
     assert status["best"]["run"] == 1 and status["tunedTraffic"]["run"] == 1  # the tuned-on traffic stays
@@ -128,12 +165,15 @@ def test_scheduled_runs_tune_on_recorded_traffic_and_skip_without_drift(cluster,
     record(claim / "rec" / "rec-1", T0 + 600, 300, 1.0, 1200, 60, name="requests-001.jsonl")
     proc = run_job(cluster, ns, "rec-tune-run-3", tmp_path / "job3", best_config={"max_num_seqs": 6}, claims=claims)
     assert proc.returncode == 0, proc.stderr
-    status = wait_for("run 3's result", lambda: tuning_status(client, ns, "rec-tune",
-                                                              lambda s: (s.get("best") or {}).get("run") == 3))
+    status = wait_for(
+        "run 3's result", lambda: tuning_status(client, ns, "rec-tune", lambda s: (s.get("best") or {}).get("run") == 3)
+    )
     t = status["traffic"]
     assert t["run"] == 3 and t["requests"] == 500 and t["drift"] >= 0.15 and t["driftFrom"] == 1
     assert status["tunedTraffic"]["run"] == 3
     cond = condition(client, api.TUNINGS, ns, "rec-tune", "Retuned")
     assert (cond["status"], cond["reason"]) == ("True", "TrafficDrifted")
     assert f"largest: {t['driftField']}, vs run 1" in cond["message"]
-    wait_for("run 3's canary", lambda: (get_cr(client, api.SERVINGS, ns, "rec")["spec"].get("canary") or {}).get("run") == 3)
+    wait_for(
+        "run 3's canary", lambda: (get_cr(client, api.SERVINGS, ns, "rec")["spec"].get("canary") or {}).get("run") == 3
+    )

@@ -17,41 +17,67 @@ def space(*knobs: dict, forbidden: list | None = None) -> SearchSpace:
 
 
 BAD_KNOBS = {
-    "later-choice": ({"name": "block_size", "type": "categorical", "choices": [16, 17]},
-                     "knob 'block_size': not a valid EngineConfig field/value: 17"),
-    "int-high": ({"name": "max_num_seqs", "type": "int", "low": 1, "high": 5000},
-                 "knob 'max_num_seqs': not a valid EngineConfig field/value: 5000"),
-    "int-range-on-literal": ({"name": "block_size", "type": "int", "low": 8, "high": 64},
-                             "knob 'block_size': not a valid EngineConfig field/value: 9"),
-    "literal-out-of-set": ({"name": "quantization", "type": "categorical", "choices": ["none", "int3"]},
-                           "'int3'"),
-    "float-on-int-field": ({"name": "max_num_seqs", "type": "float", "low": 1, "high": 8},
-                           "a float knob on a whole-number field; use type int"),
-    "float-on-literal-int-field": ({"name": "kernels.decode_attention.num_splits", "type": "float", "low": 2, "high": 2},
-                                   "a float knob on a whole-number field"),
-    "log-with-step": ({"name": "max_num_seqs", "type": "int", "low": 1, "high": 15, "log": True, "step": 2},
-                      "log and step cannot be combined"),
-    "float-log-with-step": ({"name": "kv_cache_memory_gb", "type": "float", "low": 0.1, "high": 1, "log": True,
-                             "step": 0.1}, "log and step cannot be combined"),
-    "log-from-zero": ({"name": "kv_cache_memory_gb", "type": "float", "low": 0, "high": 1, "log": True},
-                      "log scale needs low > 0"),
-    "int-fractional-bounds": ({"name": "max_num_seqs", "type": "int", "low": 1.5, "high": 4},
-                              "an int knob needs whole numbers (low=1.5)"),
+    "later-choice": (
+        {"name": "block_size", "type": "categorical", "choices": [16, 17]},
+        "knob 'block_size': not a valid EngineConfig field/value: 17",
+    ),
+    "int-high": (
+        {"name": "max_num_seqs", "type": "int", "low": 1, "high": 5000},
+        "knob 'max_num_seqs': not a valid EngineConfig field/value: 5000",
+    ),
+    "int-range-on-literal": (
+        {"name": "block_size", "type": "int", "low": 8, "high": 64},
+        "knob 'block_size': not a valid EngineConfig field/value: 9",
+    ),
+    "literal-out-of-set": ({"name": "quantization", "type": "categorical", "choices": ["none", "int3"]}, "'int3'"),
+    "float-on-int-field": (
+        {"name": "max_num_seqs", "type": "float", "low": 1, "high": 8},
+        "a float knob on a whole-number field; use type int",
+    ),
+    "float-on-literal-int-field": (
+        {"name": "kernels.decode_attention.num_splits", "type": "float", "low": 2, "high": 2},
+        "a float knob on a whole-number field",
+    ),
+    "log-with-step": (
+        {"name": "max_num_seqs", "type": "int", "low": 1, "high": 15, "log": True, "step": 2},
+        "log and step cannot be combined",
+    ),
+    "float-log-with-step": (
+        {"name": "kv_cache_memory_gb", "type": "float", "low": 0.1, "high": 1, "log": True, "step": 0.1},
+        "log and step cannot be combined",
+    ),
+    "log-from-zero": (
+        {"name": "kv_cache_memory_gb", "type": "float", "low": 0, "high": 1, "log": True},
+        "log scale needs low > 0",
+    ),
+    "int-fractional-bounds": (
+        {"name": "max_num_seqs", "type": "int", "low": 1.5, "high": 4},
+        "an int knob needs whole numbers (low=1.5)",
+    ),
     "nan-low": ({"name": "kv_cache_memory_gb", "type": "float", "low": float("nan"), "high": 1}, "finite"),
     "inf-high": ({"name": "kv_cache_memory_gb", "type": "float", "low": 0.1, "high": float("inf")}, "finite"),
-    "nan-choice": ({"name": "kv_cache_memory_gb", "type": "categorical", "choices": [0.5, float("nan")]},
-                   "NaN and inf are not accepted"),
-    "dict-choice": ({"name": "kernels", "type": "categorical", "choices": [{"backend": "torch"}]},
-                    "a value must be text, a number, true/false or null"),
+    "nan-choice": (
+        {"name": "kv_cache_memory_gb", "type": "categorical", "choices": [0.5, float("nan")]},
+        "NaN and inf are not accepted",
+    ),
+    "dict-choice": (
+        {"name": "kernels", "type": "categorical", "choices": [{"backend": "torch"}]},
+        "a value must be text, a number, true/false or null",
+    ),
     "duplicate-choice": ({"name": "dtype", "type": "categorical", "choices": ["auto", "auto"]}, "choices listed twice"),
-    "categorical-with-bounds": ({"name": "dtype", "type": "categorical", "choices": ["auto"], "low": 1},
-                                "takes 'choices' only"),
-    "int-with-choices": ({"name": "max_num_seqs", "type": "int", "low": 1, "high": 2, "choices": [1]},
-                         "not 'choices'"),
-    "step-not-dividing-range": ({"name": "kv_cache_memory_gb", "type": "float", "low": 0.1, "high": 0.5, "step": 0.3},
-                                "is not a multiple of step"),
-    "int-step-not-dividing-range": ({"name": "max_num_seqs", "type": "int", "low": 1, "high": 8, "step": 2},
-                                    "is not a multiple of step"),
+    "categorical-with-bounds": (
+        {"name": "dtype", "type": "categorical", "choices": ["auto"], "low": 1},
+        "takes 'choices' only",
+    ),
+    "int-with-choices": ({"name": "max_num_seqs", "type": "int", "low": 1, "high": 2, "choices": [1]}, "not 'choices'"),
+    "step-not-dividing-range": (
+        {"name": "kv_cache_memory_gb", "type": "float", "low": 0.1, "high": 0.5, "step": 0.3},
+        "is not a multiple of step",
+    ),
+    "int-step-not-dividing-range": (
+        {"name": "max_num_seqs", "type": "int", "low": 1, "high": 8, "step": 2},
+        "is not a multiple of step",
+    ),
     "unknown-field": ({"name": "speculative.nope", "type": "int", "low": 1, "high": 2}, "knob 'speculative.nope'"),
 }
 
@@ -66,13 +92,21 @@ def test_every_knob_value_is_checked_against_engine_config(case):
 
 def test_when_must_name_an_earlier_knob_and_values_it_can_take():
     method = {"name": "speculative.method", "type": "categorical", "choices": ["none", "ngram"]}
-    tokens = {"name": "speculative.num_speculative_tokens", "type": "int", "low": 2, "high": 4,
-              "when": {"speculative.method": ["ngram"]}}
+    tokens = {
+        "name": "speculative.num_speculative_tokens",
+        "type": "int",
+        "low": 2,
+        "high": 4,
+        "when": {"speculative.method": ["ngram"]},
+    }
     assert space(method, tokens)
     with pytest.raises(ValidationError, match="declared after it .* move 'speculative.method' above"):
         space(tokens, method)
-    with pytest.raises(ValidationError, match=r"when.speculative.method: 'ngrm' is not a value knob 'speculative.method' "
-                                              r"can take \(\['none', 'ngram'\]\)"):
+    with pytest.raises(
+        ValidationError,
+        match=r"when.speculative.method: 'ngrm' is not a value knob 'speculative.method' "
+        r"can take \(\['none', 'ngram'\]\)",
+    ):
         space(method, {**tokens, "when": {"speculative.method": ["ngrm"]}})
     with pytest.raises(ValidationError, match="condition on 'quantization', which is not a knob"):
         space(method, {**tokens, "when": {"quantization": ["int8"]}})
@@ -104,7 +138,8 @@ def test_grids_are_bounded():
         space(big).grid()
     many = [{"name": n, "type": "int", "low": 1, "high": 100} for n in ("max_num_seqs", "num_kv_blocks")] + [
         {"name": "speculative.num_speculative_tokens", "type": "int", "low": 1, "high": 16},
-        {"name": "max_num_batched_tokens", "type": "int", "low": 16, "high": 79}]
+        {"name": "max_num_batched_tokens", "type": "int", "low": 16, "high": 79},
+    ]
     many[1]["low"] = 2
     with pytest.raises(ValueError, match=f"at most {MAX_GRID_SIZE}"):
         space(*many).grid()

@@ -7,8 +7,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-TINY_WORKLOAD = {"num_requests": 3, "warmup_requests": 0, "concurrency": 2,
-                 "prompt_len": {"kind": "fixed", "value": 12}, "output_len": {"kind": "fixed", "value": 4}}
+TINY_WORKLOAD = {
+    "num_requests": 3,
+    "warmup_requests": 0,
+    "concurrency": 2,
+    "prompt_len": {"kind": "fixed", "value": 12},
+    "output_len": {"kind": "fixed", "value": 4},
+}
 
 
 def write_spec(tmp: Path, **over) -> Path:
@@ -16,9 +21,13 @@ def write_spec(tmp: Path, **over) -> Path:
         "name": "t",
         "workload": TINY_WORKLOAD,
         "objective": {"kind": "latency", "metric": "tpot", "percentile": 95, "ttft_limit_s": 30.0},
-        "search_space": {"name": "tiny", "knobs": [
-            {"name": "max_num_seqs", "type": "int", "low": 1, "high": 8},
-            {"name": "quantization", "type": "categorical", "choices": ["none", "int8"]}]},
+        "search_space": {
+            "name": "tiny",
+            "knobs": [
+                {"name": "max_num_seqs", "type": "int", "low": 1, "high": 8},
+                {"name": "quantization", "type": "categorical", "choices": ["none", "int8"]},
+            ],
+        },
         # exactly declare_repeats declaration seeds: the tiny workloads' latencies scatter, and the tests
         # of the adaptive declaration (test_confirm.py) set declare_precision themselves
         "budget": {"n_trials": 3, "trial_timeout_s": 120, "declare_precision": None},

@@ -46,9 +46,19 @@ def fake_metrics(cfg: EngineConfig, is_lucky: bool = False, scale: float = 1.0) 
     q = {"none": 1.0, "int8": 0.7, "int4": 0.55}.get(cfg.quantization, 1.0)
     tpot = 0.02 * q * (1 + 0.05 * seqs)
     tput = seqs / tpot
-    m = {"ttft_p50": 0.05 * q, "ttft_p95": 0.08 * q * (1 + 0.02 * seqs), "tpot_p50": tpot, "tpot_p95": tpot * 1.1,
-         "output_tokens_per_s": tput, "total_tokens_per_s": tput * 4, "goodput_rps": tput / 32,
-         "requests_per_s": tput / 32, "slo_attainment": 1.0, "num_completed": 8.0, "num_requests": 8.0}
+    m = {
+        "ttft_p50": 0.05 * q,
+        "ttft_p95": 0.08 * q * (1 + 0.02 * seqs),
+        "tpot_p50": tpot,
+        "tpot_p95": tpot * 1.1,
+        "output_tokens_per_s": tput,
+        "total_tokens_per_s": tput * 4,
+        "goodput_rps": tput / 32,
+        "requests_per_s": tput / 32,
+        "slo_attainment": 1.0,
+        "num_completed": 8.0,
+        "num_requests": 8.0,
+    }
     luck = float(os.environ.get("FAKE_TRIAL_LUCK", "0.5"))
     for k in LATENCY_KEYS + RATE_KEYS:
         if is_lucky:
@@ -99,18 +109,37 @@ def fake_trial(req: dict[str, Any]) -> dict[str, Any]:
     gates = fake_gates(cfg, req["gates"]) if req.get("gates") and is_feasible(violations) else None
     if gates is not None:
         violations["quality_gates"] = 0.0 if gates["passed"] else 1.0
-    return {"metrics": metrics, "violations": violations, "early_stopped": False, "gates": gates,
-            "measure": req.get("measure", "served")}
+    return {
+        "metrics": metrics,
+        "violations": violations,
+        "early_stopped": False,
+        "gates": gates,
+        "measure": req.get("measure", "served"),
+    }
 
 
 def fake_gates(cfg: EngineConfig, gates: list[dict[str, Any]]) -> dict[str, Any]:
     """A gate report (evals/gate_spec.py `GateReport.to_dict`) scoring FAKE_TRIAL_TOP1's agreement."""
     items = (item.partition("=") for item in os.environ.get("FAKE_TRIAL_TOP1", "").split(",") if item)
     top1 = next((float(v) for q, _, v in items if q == cfg.quantization), 1.0)
-    results = [{"name": g["name"], "kind": "agreement", "passed": top1 >= g["min_top1"], "baseline": 1.0,
-                "candidate": top1, "stderr": None, "drop": 1.0 - top1, "metric": "top1", "margin": 1 - g["min_top1"],
-                "reason": "ok" if top1 >= g["min_top1"] else "failed", "num_items": 8, "seconds": 0.0, "details": {}}
-               for g in gates]
+    results = [
+        {
+            "name": g["name"],
+            "kind": "agreement",
+            "passed": top1 >= g["min_top1"],
+            "baseline": 1.0,
+            "candidate": top1,
+            "stderr": None,
+            "drop": 1.0 - top1,
+            "metric": "top1",
+            "margin": 1 - g["min_top1"],
+            "reason": "ok" if top1 >= g["min_top1"] else "failed",
+            "num_items": 8,
+            "seconds": 0.0,
+            "details": {},
+        }
+        for g in gates
+    ]
     return {"passed": all(r["passed"] for r in results), "gates": results}
 
 

@@ -12,14 +12,25 @@ from slotune.tuner.cli import app
 from slotune.tuner.workload import WorkloadSpec
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = {"num_requests": 4, "warmup_requests": 0, "concurrency": 2,
-        "prompt_len": {"kind": "fixed", "value": 16}, "output_len": {"kind": "fixed", "value": 4}}
+TINY = {
+    "num_requests": 4,
+    "warmup_requests": 0,
+    "concurrency": 2,
+    "prompt_len": {"kind": "fixed", "value": 16},
+    "output_len": {"kind": "fixed", "value": 4},
+}
 
 
 def test_run_benchmark_measures_every_request(llm):
     seen = []
-    res = run_benchmark(llm.config, WorkloadSpec(**TINY), llm=llm, ttft_limit_s=1e9, percentiles=(80,),
-                        on_progress=lambda done, total: seen.append((done, total)))
+    res = run_benchmark(
+        llm.config,
+        WorkloadSpec(**TINY),
+        llm=llm,
+        ttft_limit_s=1e9,
+        percentiles=(80,),
+        on_progress=lambda done, total: seen.append((done, total)),
+    )
     m = res.metrics
     assert m["num_completed"] == 4 and m["output_tokens"] == 16 and seen[-1] == (4, 4)
     assert 0 < m["ttft_p50"] <= m["ttft_p99"] and "ttft_p80" in m and m["output_tokens_per_s"] > 0
@@ -69,16 +80,17 @@ def test_rejected_requests_are_recorded_not_raised(llm):
 
 
 def test_should_stop_ends_a_hopeless_run_early(llm):
-    res = run_benchmark(llm.config, WorkloadSpec(**{**TINY, "num_requests": 8}), llm=llm,
-                        should_stop=lambda recs: len(recs) >= 1)
+    res = run_benchmark(
+        llm.config, WorkloadSpec(**{**TINY, "num_requests": 8}), llm=llm, should_stop=lambda recs: len(recs) >= 1
+    )
     assert res.early_stopped and res.metrics["num_completed"] < 8
     assert not llm.engine.has_unfinished_requests()
 
 
 def test_parse_overrides():
-    assert parse_overrides(["max_num_seqs=8", "speculative.method=ngram", "enable_prefix_caching=true",
-                            "kv_cache_memory_gb=0.5"]) == {"max_num_seqs": 8, "speculative.method": "ngram",
-                                                           "enable_prefix_caching": True, "kv_cache_memory_gb": 0.5}
+    assert parse_overrides(
+        ["max_num_seqs=8", "speculative.method=ngram", "enable_prefix_caching=true", "kv_cache_memory_gb=0.5"]
+    ) == {"max_num_seqs": 8, "speculative.method": "ngram", "enable_prefix_caching": True, "kv_cache_memory_gb": 0.5}
     with pytest.raises(ValueError, match="key=value"):
         parse_overrides(["max_num_seqs"])
 
@@ -86,8 +98,21 @@ def test_parse_overrides():
 def test_cli_bench_example_workload_with_overrides_writes_json(tmp_path):
     (tmp_path / "c.yaml").write_text("max_num_seqs: 2\nnum_kv_blocks: 64\n")
     out = tmp_path / "r.json"
-    r = CliRunner().invoke(app, ["bench", str(tmp_path / "c.yaml"), "--workload", str(ROOT / "examples/workloads/tiny.yaml"),
-                                 "--json", str(out), "--set", "scheduling=static", "--usd-per-hour", "2.5"])
+    r = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            str(tmp_path / "c.yaml"),
+            "--workload",
+            str(ROOT / "examples/workloads/tiny.yaml"),
+            "--json",
+            str(out),
+            "--set",
+            "scheduling=static",
+            "--usd-per-hour",
+            "2.5",
+        ],
+    )
     assert r.exit_code == 0, r.output
     assert "ttft" in r.output and "output tokens/s" in r.output and "$ per 1M output tokens" in r.output
     d = json.loads(out.read_text())

@@ -11,10 +11,23 @@ from slotune.tuner.errors import SpecError
 
 
 def test_override_values_are_plain_yaml():
-    assert parse_overrides(["max_num_seqs=8", "kv_cache_memory_gb=0.5", "enable_prefix_caching=true",
-                            "scheduling=static", "x=[1, 2]", "y="]) == {
-        "max_num_seqs": 8, "kv_cache_memory_gb": 0.5, "enable_prefix_caching": True, "scheduling": "static",
-        "x": [1, 2], "y": None}
+    assert parse_overrides(
+        [
+            "max_num_seqs=8",
+            "kv_cache_memory_gb=0.5",
+            "enable_prefix_caching=true",
+            "scheduling=static",
+            "x=[1, 2]",
+            "y=",
+        ]
+    ) == {
+        "max_num_seqs": 8,
+        "kv_cache_memory_gb": 0.5,
+        "enable_prefix_caching": True,
+        "scheduling": "static",
+        "x": [1, 2],
+        "y": None,
+    }
     with pytest.raises(SpecError, match=r"^--set x:1:1: tag '!!python/object/apply:os.system' is not allowed"):
         parse_overrides(["x=!!python/object/apply:os.system ['true']"])
     with pytest.raises(SpecError, match=r"^--set y:1:6: while parsing a flow sequence"):

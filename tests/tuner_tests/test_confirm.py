@@ -21,8 +21,13 @@ from slotune.tuner.study import finalize, run_command
 from slotune.tuner.tracking import tracking_summary
 from tests.tuner_tests.conftest import write_spec
 
-GRID = {"name": "g", "knobs": [{"name": "max_num_seqs", "type": "categorical", "choices": [1, 2, 4]},
-                               {"name": "quantization", "type": "categorical", "choices": ["none", "int8"]}]}
+GRID = {
+    "name": "g",
+    "knobs": [
+        {"name": "max_num_seqs", "type": "categorical", "choices": [1, 2, 4]},
+        {"name": "quantization", "type": "categorical", "choices": ["none", "int8"]},
+    ],
+}
 
 
 def _study(out):
@@ -49,7 +54,10 @@ def test_the_winner_is_the_best_on_re_measurement_not_the_luckiest_trial(tmp_pat
     summary = run_command(spec, progress=False, trial_runner=fake_trials)
     out = tmp_path / "out"
     study = _study(out)
-    lucky, steady = _number(study, max_num_seqs=4, quantization="none"), _number(study, max_num_seqs=1, quantization="int8")
+    lucky, steady = (
+        _number(study, max_num_seqs=4, quantization="none"),
+        _number(study, max_num_seqs=1, quantization="int8"),
+    )
     runner_up = _number(study, max_num_seqs=2, quantization="int8")
     assert summary["best_by_trial"] == lucky and summary["trial"] == steady and summary["confirmed"]
     best = EngineConfig.from_yaml(out / "best.yaml")
@@ -68,16 +76,22 @@ def test_the_winner_is_the_best_on_re_measurement_not_the_luckiest_trial(tmp_pat
     assert summary["remeasured"]["metrics"]["tpot_p95"] == pytest.approx(confirm[2]["value"])
     assert study.user_attrs[CONFIRM_ATTR]["order"] == [None, lucky, steady, runner_up, None]  # the first pass
     report = (out / "report.md").read_text()
-    assert f"Trial {steady}: 1 sequence per step + int8 weights: p95 TPOT 16.2 ms ± 0.49 (default 39.6 ms ± 1.2)" in report
+    assert (
+        f"Trial {steady}: 1 sequence per step + int8 weights: p95 TPOT 16.2 ms ± 0.49 (default 39.6 ms ± 1.2)" in report
+    )
     assert f"The winner, trial {steady}, ranked 2nd on its own trial; trial {lucky}, first there" in report
     assert f"| 2 | trial {lucky} | 13.2 ms | 26.4 ms ± 0.79 | yes |  |" in report
     assert "(+0% over the round)" in report  # the default's two measurements: no drift here
-    assert (f"so the winner and the candidates within noise of it were measured again on the same seed, in reverse "
-            f"order each pass, 2 passes in all (at most budget.confirm_passes), and judged on their mean: trial {steady} "
-            f"16.2 ms ± 0.34 over 2 passes (16.2 ms, 16.2 ms); trial {runner_up} 16.9 ms ± 0.36 over 2 passes") in report
+    assert (
+        f"so the winner and the candidates within noise of it were measured again on the same seed, in reverse "
+        f"order each pass, 2 passes in all (at most budget.confirm_passes), and judged on their mean: trial {steady} "
+        f"16.2 ms ± 0.34 over 2 passes (16.2 ms, 16.2 ms); trial {runner_up} 16.9 ms ± 0.36 over 2 passes"
+    ) in report
     assert f"| 6 | trial {runner_up} (pass 2) | 16.9 ms | 16.9 ms ± 0.51 | yes |  |" in report
     assert "Within noise of the winner" not in report
-    parent = next(r for r in tracking_summary(f"sqlite:///{out / 'mlflow.db'}", "t") if r["tags"].get("slotune.role") == "study")
+    parent = next(
+        r for r in tracking_summary(f"sqlite:///{out / 'mlflow.db'}", "t") if r["tags"].get("slotune.role") == "study"
+    )
     assert parent["tags"]["slotune.within_noise_of_winner"] == ""
     assert 'id="confirmation"' in (out / "report.html").read_text()
 
@@ -106,15 +120,21 @@ def test_the_declared_numbers_are_measured_after_the_round_on_fresh_seeds(tmp_pa
     assert rm["metrics"]["tpot_p95"] == pytest.approx(1.1 * own)  # mean of 1.0x and 1.2x
     assert rm["metrics"]["tpot_p95_ci_low"] == pytest.approx(0.97 * own)  # spans both measurements
     assert rm["metrics"]["tpot_p95_ci_high"] == pytest.approx(1.03 * 1.2 * own)
-    assert [(d["trial"], d["seed"]) for d in summary["declared"]] == [(winner.number, 1001), (None, 1001),
-                                                                      (winner.number, 1002), (None, 1002)]
+    assert [(d["trial"], d["seed"]) for d in summary["declared"]] == [
+        (winner.number, 1001),
+        (None, 1001),
+        (winner.number, 1002),
+        (None, 1002),
+    ]
     default_own = summary["references"]["default"]["tpot_p95"]  # outside the grid: measured beside the study
     assert rm["default"]["tpot_p95"] == pytest.approx(1.1 * default_own) and rm["default_seeds"] == [1001, 1002]
     assert rm["reasons"] == []
     assert "re-measured on seeds 1001, 1002:" in (out / "best.yaml").read_text()
     report = (out / "report.md").read_text()
-    assert ("Declared on 2 measurements after the confirmation round, each beside the default config, on workload "
-            "seeds 1001, 1002") in report
+    assert (
+        "Declared on 2 measurements after the confirmation round, each beside the default config, on workload "
+        "seeds 1001, 1002"
+    ) in report
     assert f"trial {winner.number} (declaration, seed 1002)" in report and "default (declaration, seed 1002)" in report
     assert "default re-measured (seeds 1001, 1002)" in report
     # A resumed finalize reuses the declaration: a trial process would now crash, and nothing changes.
@@ -142,8 +162,12 @@ def test_a_noisy_declaration_measures_until_its_mean_is_tight(tmp_path, fake_tri
 
     monkeypatch.setenv("FAKE_TRIAL_FAULT", "raise")
     monkeypatch.setenv("FAKE_TRIAL_FAULT_SEEDS", "1001,1002")
-    spec = write_spec(tmp_path, sampler="grid", search_space=GRID,
-                      budget={"n_trials": 6, "declare_precision": 0.1, "declare_max_repeats": 8})
+    spec = write_spec(
+        tmp_path,
+        sampler="grid",
+        search_space=GRID,
+        budget={"n_trials": 6, "declare_precision": 0.1, "declare_max_repeats": 8},
+    )
     again = finalize(TuningSpec.from_yaml(spec), _study(out), runner=fake_trials)
     rm = again["remeasured"]
     seeds = [1001, 1002, 1003, 1004, 1005, 1006]
@@ -151,25 +175,38 @@ def test_a_noisy_declaration_measures_until_its_mean_is_tight(tmp_path, fake_tri
     assert rm["metrics"]["tpot_p95"] == pytest.approx(own)
     assert rm["metrics"]["tpot_p95_ci_high"] >= 1.2 * own  # the slow seed stays in the interval
     assert [(d["trial"] is None, d["seed"]) for d in again["declared"]] == [
-        (is_default, seed) for seed in seeds for is_default in (False, True)]
+        (is_default, seed) for seed in seeds for is_default in (False, True)
+    ]
     assert all("metrics" in d for d in again["declared"])
     assert "is ±8.3% of it, within the ±10% asked (budget.declare_precision)." in (out / "report.md").read_text()
 
     monkeypatch.delenv("FAKE_TRIAL_FAULT")
     capped = tmp_path / "capped"
     capped.mkdir()
-    spec = write_spec(capped, sampler="grid", search_space=GRID, objective={"ttft_limit_s": 0.062},
-                      budget={"n_trials": 6, "declare_precision": 0.1, "declare_max_repeats": 4})
+    spec = write_spec(
+        capped,
+        sampler="grid",
+        search_space=GRID,
+        objective={"ttft_limit_s": 0.062},
+        budget={"n_trials": 6, "declare_precision": 0.1, "declare_max_repeats": 4},
+    )
     rm = run_command(spec, progress=False, trial_runner=fake_trials)["remeasured"]
     assert rm["seeds"] == [1001, 1002, 1003, 1004] and rm["half_width"] == pytest.approx(3.1824 * 0.05 / 1.05, rel=1e-3)
     # p95 TTFT 57 ms under the 62 ms limit, 69 ms on the slow seed: the median holds it, and the report says where not
     assert [m["seed"] for m in rm["missed"]] == [1002] and rm["reasons"] == []
-    assert "It missed the SLO on 1 of those 4 seeds (seed 1002: p95 TTFT 68.5 ms > limit 62 ms" in (
-        capped / "out" / "report.md").read_text()
-    assert ("is ±15.2% of it, wider than the ±10% asked (budget.declare_precision): the measurements stopped at "
-            "budget.declare_max_repeats") in (capped / "out" / "report.md").read_text()
-    parent = next(r for r in tracking_summary(f"sqlite:///{capped / 'out' / 'mlflow.db'}", "t")
-                  if r["tags"].get("slotune.role") == "study")
+    assert (
+        "It missed the SLO on 1 of those 4 seeds (seed 1002: p95 TTFT 68.5 ms > limit 62 ms"
+        in (capped / "out" / "report.md").read_text()
+    )
+    assert (
+        "is ±15.2% of it, wider than the ±10% asked (budget.declare_precision): the measurements stopped at "
+        "budget.declare_max_repeats"
+    ) in (capped / "out" / "report.md").read_text()
+    parent = next(
+        r
+        for r in tracking_summary(f"sqlite:///{capped / 'out' / 'mlflow.db'}", "t")
+        if r["tags"].get("slotune.role") == "study"
+    )
     assert parent["metrics"]["declared_half_width"] == pytest.approx(rm["half_width"])
     assert parent["metrics"]["declared_tpot_p95"] == pytest.approx(rm["metrics"]["tpot_p95"])
     assert parent["tags"]["slotune.declared_seeds"] == "4"
@@ -218,12 +255,17 @@ def test_a_declared_median_carries_the_spread_of_its_measurements():
     assert (m["goodput_rps_ci_low"], m["goodput_rps_ci_high"]) == (6.83, 7.46)
     assert "num_steps_ci_low" not in m and m["num_steps"] == pytest.approx(171.5)
     assert value_with_ci(m, "goodput_rps").startswith("7.14 req/s ±")
-    lat = median_metrics([{"tpot_p95": 0.05, "tpot_p95_ci_low": 0.045, "tpot_p95_ci_high": 0.06},
-                        {"tpot_p95": 0.09, "tpot_p95_ci_low": 0.08, "tpot_p95_ci_high": 0.085}])
+    lat = median_metrics(
+        [
+            {"tpot_p95": 0.05, "tpot_p95_ci_low": 0.045, "tpot_p95_ci_high": 0.06},
+            {"tpot_p95": 0.09, "tpot_p95_ci_low": 0.08, "tpot_p95_ci_high": 0.085},
+        ]
+    )
     assert (lat["tpot_p95_ci_low"], lat["tpot_p95_ci_high"]) == (0.045, 0.09)
     assert "goodput_rps_ci_low" not in median_metrics([{"goodput_rps": 7.0}])
-    hiccup = median_metrics([{"tpot_p95": v, "tpot_p95_ci_low": 0.9 * v, "tpot_p95_ci_high": 1.1 * v}
-                             for v in (0.0139, 0.0394, 0.0168)])
+    hiccup = median_metrics(
+        [{"tpot_p95": v, "tpot_p95_ci_low": 0.9 * v, "tpot_p95_ci_high": 1.1 * v} for v in (0.0139, 0.0394, 0.0168)]
+    )
     assert hiccup["tpot_p95"] == 0.0168
     assert (hiccup["tpot_p95_ci_low"], hiccup["tpot_p95_ci_high"]) == pytest.approx((0.9 * 0.0139, 1.1 * 0.0394))
 
@@ -274,9 +316,17 @@ def test_the_slo_is_judged_again_on_the_re_measured_numbers(tmp_path):
     def m(tpot, ttft):
         return {"metrics": {"tpot_p95": tpot, "ttft_p95": ttft}}
 
-    record = {"seed": 1000, "order": [None, 7, 3, 9, None], "measurements": [
-        {"trial": None, **m(0.09, 0.3)}, {"trial": 7, **m(0.03, 0.8)}, {"trial": 3, **m(0.05, 0.4)},
-        {"trial": 9, "error": "timeout"}, {"trial": None, **m(0.1, 0.3)}]}
+    record = {
+        "seed": 1000,
+        "order": [None, 7, 3, 9, None],
+        "measurements": [
+            {"trial": None, **m(0.09, 0.3)},
+            {"trial": 7, **m(0.03, 0.8)},
+            {"trial": 3, **m(0.05, 0.4)},
+            {"trial": 9, "error": "timeout"},
+            {"trial": None, **m(0.1, 0.3)},
+        ],
+    }
     c = confirm_round(spec, record, trials)
     assert (c.winner, c.is_confirmed) == (3, True)
     assert c.measured[1].reasons == ["p95 TTFT 800 ms > limit 500 ms (+60%)"] and not c.measured[3].feasible
@@ -292,27 +342,46 @@ def test_the_report_names_the_candidates_the_round_cannot_tell_from_the_winner(t
     within noise, with the params it differs in; one whose interval is apart, or that missed the SLO,
     is not. best_metrics.json's round marks the same ones."""
     spec = TuningSpec.from_yaml(write_spec(tmp_path, objective={"ttft_limit_s": 0.5}))
-    params = {7: {"quantization": "int8", "max_num_seqs": 1, "max_num_batched_tokens": 512},
-              3: {"quantization": "int4", "quant_group_size": 32, "max_num_seqs": 1, "max_num_batched_tokens": 2048},
-              9: {"quantization": "none", "max_num_seqs": 4, "max_num_batched_tokens": 2048},
-              5: {"quantization": "int8", "max_num_seqs": 2, "max_num_batched_tokens": 2048}}
+    params = {
+        7: {"quantization": "int8", "max_num_seqs": 1, "max_num_batched_tokens": 512},
+        3: {"quantization": "int4", "quant_group_size": 32, "max_num_seqs": 1, "max_num_batched_tokens": 2048},
+        9: {"quantization": "none", "max_num_seqs": 4, "max_num_batched_tokens": 2048},
+        5: {"quantization": "int8", "max_num_seqs": 2, "max_num_batched_tokens": 2048},
+    }
     trials = [_trial(n, params[n]) for n in (7, 3, 9, 5)]
 
     def m(tpot, half, ttft=0.3):
-        return {"metrics": {"tpot_p95": tpot, "tpot_p95_ci_low": tpot - half, "tpot_p95_ci_high": tpot + half,
-                            "ttft_p95": ttft}}
+        return {
+            "metrics": {
+                "tpot_p95": tpot,
+                "tpot_p95_ci_low": tpot - half,
+                "tpot_p95_ci_high": tpot + half,
+                "ttft_p95": ttft,
+            }
+        }
 
-    record = {"seed": 1000, "order": [None, 7, 3, 9, 5, None], "measurements": [
-        {"trial": None, **m(0.066, 0.015)}, {"trial": 7, **m(0.00793, 0.00038)}, {"trial": 3, **m(0.00782, 0.00068)},
-        {"trial": 9, **m(0.0104, 0.0011)}, {"trial": 5, **m(0.0079, 0.0004, ttft=0.9)}, {"trial": None, **m(0.060, 0.01)}]}
+    record = {
+        "seed": 1000,
+        "order": [None, 7, 3, 9, 5, None],
+        "measurements": [
+            {"trial": None, **m(0.066, 0.015)},
+            {"trial": 7, **m(0.00793, 0.00038)},
+            {"trial": 3, **m(0.00782, 0.00068)},
+            {"trial": 9, **m(0.0104, 0.0011)},
+            {"trial": 5, **m(0.0079, 0.0004, ttft=0.9)},
+            {"trial": None, **m(0.060, 0.01)},
+        ],
+    }
     c = confirm_round(spec, record, trials)
     assert (c.winner, c.is_confirmed) == (3, True)
     assert [r.trial for r in c.rivals()] == [7]  # 9: apart; 5: overlaps but missed the TTFT limit
     assert c.differences(7) == ["quantization int8 (the winner: int4)", "max_num_batched_tokens 512 (the winner: 2048)"]
     section = c.section({7: 0.0078, 3: 0.0081, 9: 0.0092, 5: 0.0077})
-    assert ("Within noise of the winner in this round (the intervals overlap, and the SLO held): trial 7, p95 TPOT "
-            "7.93 ms ± 0.38 against the winner's 7.82 ms ± 0.68, with quantization int8 (the winner: int4), "
-            "max_num_batched_tokens 512 (the winner: 2048). The round cannot tell it from the winner") in section.text
+    assert (
+        "Within noise of the winner in this round (the intervals overlap, and the SLO held): trial 7, p95 TPOT "
+        "7.93 ms ± 0.38 against the winner's 7.82 ms ± 0.68, with quantization int8 (the winner: int4), "
+        "max_num_batched_tokens 512 (the winner: 2048). The round cannot tell it from the winner"
+    ) in section.text
     assert "trial 7, first there, did worse when measured again, but within noise (below)." in section.text
     assert [row[-1] for row in section.table[1:]] == ["", "within noise", "yes", "", "", ""]
     assert [e["within_noise_of_winner"] for e in c.to_json()] == [False, True, False, False, False, False]
@@ -327,8 +396,13 @@ def test_candidates_the_passes_cannot_tell_apart_are_named_after_the_last_pass(t
     measure the same: no pass separates them, so the round measures them budget.confirm_passes
     (here 3) times, alternating, and the report, best_metrics.json and the MLflow parent run name
     the other as within noise of the winner after 3 passes."""
-    space = {"name": "g", "knobs": [{"name": "enable_prefix_caching", "type": "categorical", "choices": [False, True]},
-                                    {"name": "quantization", "type": "categorical", "choices": ["none", "int8"]}]}
+    space = {
+        "name": "g",
+        "knobs": [
+            {"name": "enable_prefix_caching", "type": "categorical", "choices": [False, True]},
+            {"name": "quantization", "type": "categorical", "choices": ["none", "int8"]},
+        ],
+    }
     spec = write_spec(tmp_path, sampler="grid", search_space=space, budget={"n_trials": 4, "confirm_top_k": 2})
     summary = run_command(spec, progress=False, trial_runner=fake_trials)
     out = tmp_path / "out"
@@ -336,14 +410,27 @@ def test_candidates_the_passes_cannot_tell_apart_are_named_after_the_last_pass(t
     a, b = sorted(_number(study, enable_prefix_caching=v, quantization="int8") for v in (False, True))
     confirm = summary["confirm"]
     # equal values rank by trial number: the earlier first, and the winner
-    assert [(c["trial"], c["pass"]) for c in confirm] == [(None, 1), (a, 1), (b, 1), (None, 1), (b, 2), (a, 2), (a, 3), (b, 3)]
+    assert [(c["trial"], c["pass"]) for c in confirm] == [
+        (None, 1),
+        (a, 1),
+        (b, 1),
+        (None, 1),
+        (b, 2),
+        (a, 2),
+        (a, 3),
+        (b, 3),
+    ]
     other = b
     assert summary["trial"] == a
     assert [c["within_noise_of_winner"] for c in confirm] == [c["trial"] == other for c in confirm]
     report = (out / "report.md").read_text()
-    assert (f"Within noise of the winner in this round after 3 passes (the intervals overlap, and the SLO held): trial "
-            f"{other}, p95 TPOT 27.7 ms ± 0.48 against the winner's 27.7 ms ± 0.48, with enable_prefix_caching") in report
-    parent = next(r for r in tracking_summary(f"sqlite:///{out / 'mlflow.db'}", "t") if r["tags"].get("slotune.role") == "study")
+    assert (
+        f"Within noise of the winner in this round after 3 passes (the intervals overlap, and the SLO held): trial "
+        f"{other}, p95 TPOT 27.7 ms ± 0.48 against the winner's 27.7 ms ± 0.48, with enable_prefix_caching"
+    ) in report
+    parent = next(
+        r for r in tracking_summary(f"sqlite:///{out / 'mlflow.db'}", "t") if r["tags"].get("slotune.role") == "study"
+    )
     assert parent["tags"]["slotune.within_noise_of_winner"] == str(other)
 
 
@@ -357,10 +444,10 @@ def test_pooled_passes_narrow_when_they_agree_and_widen_when_they_drift():
 
     same = pooled_metrics([m(0.010, 0.0006)] * 3)
     assert same["tpot_p95"] == pytest.approx(0.010) and same["num_requests"] == 8.0
-    assert same["tpot_p95_ci_high"] - 0.010 == pytest.approx(0.0006 / 3 ** 0.5)
+    assert same["tpot_p95_ci_high"] - 0.010 == pytest.approx(0.0006 / 3**0.5)
     drift = pooled_metrics([m(0.009, 0.0003), m(0.010, 0.0003), m(0.011, 0.0003)])
     assert drift["tpot_p95"] == pytest.approx(0.010)
-    assert drift["tpot_p95_ci_high"] - 0.010 == pytest.approx(1.96 * 0.001 / 3 ** 0.5)
+    assert drift["tpot_p95_ci_high"] - 0.010 == pytest.approx(1.96 * 0.001 / 3**0.5)
 
 
 def test_a_limit_missed_within_the_measurements_interval_is_a_near_miss():
@@ -369,13 +456,22 @@ def test_a_limit_missed_within_the_measurements_interval_is_a_near_miss():
     limits = SLOLimits(percentile=95, ttft_s=1.5, min_output_tokens_per_s=50)
 
     def m(ttft, lo, hi, tps=60.0, tps_lo=55.0, tps_hi=65.0):
-        return {"ttft_p95": ttft, "ttft_p95_ci_low": lo, "ttft_p95_ci_high": hi, "output_tokens_per_s": tps,
-                "output_tokens_per_s_ci_low": tps_lo, "output_tokens_per_s_ci_high": tps_hi}
+        return {
+            "ttft_p95": ttft,
+            "ttft_p95_ci_low": lo,
+            "ttft_p95_ci_high": hi,
+            "output_tokens_per_s": tps,
+            "output_tokens_per_s_ci_low": tps_lo,
+            "output_tokens_per_s_ci_high": tps_hi,
+        }
 
     assert [c.name for c in near_misses(m(1.60, 1.35, 1.71), limits)] == ["ttft"]  # seed 3's int4 trial on example 01
     assert near_misses(m(1.60, 1.52, 1.71), limits) == []  # its interval is above the limit
     assert near_misses(m(1.40, 1.30, 1.45), limits) == []  # met
-    assert [c.name for c in near_misses(m(1.6, 1.4, 1.7, tps=48, tps_lo=45, tps_hi=51), limits)] == ["ttft", "throughput"]
+    assert [c.name for c in near_misses(m(1.6, 1.4, 1.7, tps=48, tps_lo=45, tps_hi=51), limits)] == [
+        "ttft",
+        "throughput",
+    ]
     assert near_misses(m(1.6, 1.4, 1.7, tps=48, tps_lo=45, tps_hi=49), limits) == []  # one limit missed for sure
     assert near_misses({"ttft_p95": 1.6}, limits) == []  # no interval: nothing says it may hold
 
@@ -391,13 +487,32 @@ def test_a_near_miss_wins_the_round_only_with_the_slo_met_and_its_gates_passed(t
     trials = [_trial(4, {"quantization": "int4"}, feasible=False, metrics=own), _trial(7, {"quantization": "int8"})]
 
     def passed(top1):
-        return {"passed": top1 >= 0.9, "gates": [{"name": "agreement", "kind": "agreement", "passed": top1 >= 0.9,
-                                                  "candidate": top1, "metric": "top1", "margin": 0.1, "reason": ""}]}
+        return {
+            "passed": top1 >= 0.9,
+            "gates": [
+                {
+                    "name": "agreement",
+                    "kind": "agreement",
+                    "passed": top1 >= 0.9,
+                    "candidate": top1,
+                    "metric": "top1",
+                    "margin": 0.1,
+                    "reason": "",
+                }
+            ],
+        }
 
     def record(near):
-        return {"seed": 1000, "order": [None, 4, 7, None], "measurements": [
-            {"trial": None, "metrics": {"tpot_p95": 0.09, "ttft_p95": 0.3}}, {"trial": 4, **near},
-            {"trial": 7, "metrics": {"tpot_p95": 0.03, "ttft_p95": 0.3}}, {"trial": None, "metrics": {"tpot_p95": 0.09, "ttft_p95": 0.3}}]}
+        return {
+            "seed": 1000,
+            "order": [None, 4, 7, None],
+            "measurements": [
+                {"trial": None, "metrics": {"tpot_p95": 0.09, "ttft_p95": 0.3}},
+                {"trial": 4, **near},
+                {"trial": 7, "metrics": {"tpot_p95": 0.03, "ttft_p95": 0.3}},
+                {"trial": None, "metrics": {"tpot_p95": 0.09, "ttft_p95": 0.3}},
+            ],
+        }
 
     held = {"metrics": {"tpot_p95": 0.021, "ttft_p95": 0.45}}
     c = confirm_round(spec, record({**held, "gates": passed(0.95)}), trials)
@@ -406,7 +521,9 @@ def test_a_near_miss_wins_the_round_only_with_the_slo_met_and_its_gates_passed(t
     declared = c.remeasure()
     assert declared["near"] == c.near[4] and declared["gates"]["passed"] and declared["reasons"] == []
     section = c.section({4: 0.02, 7: 0.03})
-    assert "The best 1 feasible trial, and 1 that missed the SLO by less than its own measurement's noise," in section.text
+    assert (
+        "The best 1 feasible trial, and 1 that missed the SLO by less than its own measurement's noise," in section.text
+    )
     assert "Near misses: trial 4 (p95 TTFT 520 ms > limit 500 ms (+4%); its interval 470 ms-560 ms)" in section.text
     assert section.table[2][2] == "20 ms (missed the SLO within noise)"
     assert [e["near_miss"] for e in c.to_json()] == [False, True, False, False]
@@ -414,8 +531,10 @@ def test_a_near_miss_wins_the_round_only_with_the_slo_met_and_its_gates_passed(t
     c = confirm_round(spec, record({**held, "gates": passed(0.8)}), trials)
     assert (c.winner, c.is_confirmed) == (7, True)
     assert c.of(4)[0].reasons == ["gate agreement: top-1 agreement 0.8 < 0.9"]
-    assert "trial 4, first there, did not qualify when measured again: gate agreement: top-1 agreement 0.8 < 0.9" in \
-        c.section({}).text
+    assert (
+        "trial 4, first there, did not qualify when measured again: gate agreement: top-1 agreement 0.8 < 0.9"
+        in c.section({}).text
+    )
     c = confirm_round(spec, record(held), trials)  # the SLO held, yet no gate report: never declared on faith
     assert c.winner == 7 and c.of(4)[0].reasons == ["quality gates not run"]
     missed = record({"metrics": {"tpot_p95": 0.021, "ttft_p95": 0.55}})  # the near miss misses again
@@ -435,42 +554,75 @@ def test_a_near_miss_enters_the_round_runs_its_gates_there_and_can_win(tmp_path,
     monkeypatch.setenv("FAKE_TRIAL_LUCKY", "max_num_seqs=1,quantization=int4")
     monkeypatch.setenv("FAKE_TRIAL_LUCK", "1.04")
     monkeypatch.setenv("FAKE_TRIAL_TOP1", "int4=0.95")
-    space = {"name": "g", "knobs": [{"name": "max_num_seqs", "type": "categorical", "choices": [1, 2]},
-                                    {"name": "quantization", "type": "categorical", "choices": ["none", "int8", "int4"]}]}
-    spec = write_spec(tmp_path, sampler="grid", search_space=space, budget={"n_trials": 6}, objective={"ttft_limit_s": 0.046},
-                      quality_gates=[{"name": "agreement", "kind": "agreement", "min_top1": 0.9, "limit": 8}])
+    space = {
+        "name": "g",
+        "knobs": [
+            {"name": "max_num_seqs", "type": "categorical", "choices": [1, 2]},
+            {"name": "quantization", "type": "categorical", "choices": ["none", "int8", "int4"]},
+        ],
+    }
+    spec = write_spec(
+        tmp_path,
+        sampler="grid",
+        search_space=space,
+        budget={"n_trials": 6},
+        objective={"ttft_limit_s": 0.046},
+        quality_gates=[{"name": "agreement", "kind": "agreement", "min_top1": 0.9, "limit": 8}],
+    )
     summary = run_command(spec, progress=False, trial_runner=fake_trials)
     out = tmp_path / "out"
     study = _study(out)
-    near, steady = _number(study, max_num_seqs=1, quantization="int4"), _number(study, max_num_seqs=2, quantization="int4")
+    near, steady = (
+        _number(study, max_num_seqs=1, quantization="int4"),
+        _number(study, max_num_seqs=2, quantization="int4"),
+    )
     assert not study.trials[near].user_attrs["feasible"] and study.trials[near].user_attrs.get("gates") is None
     assert (summary["trial"], summary["best_by_trial"], summary["confirmed"]) == (near, steady, True)
     confirm = summary["confirm"]
     # 12.7 ms against 13.3, each +-3%: a second pass tells them apart
-    assert [(c["trial"], c["near_miss"]) for c in confirm] == [(None, False), (near, True), (steady, False), (None, False),
-                                                               (steady, False), (near, True)]
+    assert [(c["trial"], c["near_miss"]) for c in confirm] == [
+        (None, False),
+        (near, True),
+        (steady, False),
+        (None, False),
+        (steady, False),
+        (near, True),
+    ]
     stored = study.user_attrs[CONFIRM_ATTR]["measurements"]
     assert stored[1]["gates"]["passed"] and stored[1]["gates"]["gates"][0]["candidate"] == 0.95
     assert "gates" not in stored[2]  # a feasible trial's gates ran on its trial
     assert "gates" not in stored[5]  # the first pass ran the near miss's gates: once is enough
     assert summary["remeasured"]["near"] == ["p95 TTFT 46.7 ms > limit 46 ms (+1%); its interval 45.3 ms-48.1 ms"]
     report = (out / "report.md").read_text()
-    assert "Its own trial missed the SLO, by less than that measurement's noise (p95 TTFT 46.7 ms > limit 46 ms" in report
+    assert (
+        "Its own trial missed the SLO, by less than that measurement's noise (p95 TTFT 46.7 ms > limit 46 ms" in report
+    )
     assert "and passed the quality gates run there" in report
     assert "## Quality gates of the winner" in report and "top-1 agreement 0.95 >= 0.9" in report
-    parent = next(r for r in tracking_summary(f"sqlite:///{out / 'mlflow.db'}", "t") if r["tags"].get("slotune.role") == "study")
+    parent = next(
+        r for r in tracking_summary(f"sqlite:///{out / 'mlflow.db'}", "t") if r["tags"].get("slotune.role") == "study"
+    )
     assert parent["tags"]["slotune.best_by_trial"] == str(steady) and parent["tags"]["slotune.best_trial"] == str(near)
 
 
 def test_the_cost_objective_picks_the_cheapest_config_that_meets_the_slo(tmp_path, fake_trials):
     """$ per 1M output tokens at $2/hour: (8, int8) is cheapest but misses p95 TPOT <= 20 ms; of the
     configs that meet it, (4, int8) makes the most tokens per second, so it costs least."""
-    space = {"name": "g", "knobs": [{"name": "max_num_seqs", "type": "categorical", "choices": [2, 4, 8]},
-                                    {"name": "quantization", "type": "categorical", "choices": ["none", "int8"]}]}
-    spec = write_spec(tmp_path, sampler="grid", search_space=space, budget={"n_trials": 6, "confirm_top_k": 1},
-                      objective={"kind": "cost", "metric": "usd_per_1m_output_tokens", "tpot_limit_s": 0.02,
-                                 "ttft_limit_s": None},
-                      cost={"usd_per_hour": 2.0})
+    space = {
+        "name": "g",
+        "knobs": [
+            {"name": "max_num_seqs", "type": "categorical", "choices": [2, 4, 8]},
+            {"name": "quantization", "type": "categorical", "choices": ["none", "int8"]},
+        ],
+    }
+    spec = write_spec(
+        tmp_path,
+        sampler="grid",
+        search_space=space,
+        budget={"n_trials": 6, "confirm_top_k": 1},
+        objective={"kind": "cost", "metric": "usd_per_1m_output_tokens", "tpot_limit_s": 0.02, "ttft_limit_s": None},
+        cost={"usd_per_hour": 2.0},
+    )
     summary = run_command(spec, progress=False, trial_runner=fake_trials)
     study = _study(tmp_path / "out")
     assert [d.name for d in study.directions] == ["MINIMIZE"]
@@ -479,7 +631,9 @@ def test_the_cost_objective_picks_the_cheapest_config_that_meets_the_slo(tmp_pat
         m = t.user_attrs["metrics"]
         assert m["usd_per_1m_output_tokens"] == pytest.approx(2.0 / 3600 / m["output_tokens_per_s"] * 1e6)
         assert m["usd_per_1m_total_tokens"] == pytest.approx(2.0 / 3600 / m["total_tokens_per_s"] * 1e6)
-        assert m["usd_per_1m_output_tokens_ci_low"] < m["usd_per_1m_output_tokens"] < m["usd_per_1m_output_tokens_ci_high"]
+        assert (
+            m["usd_per_1m_output_tokens_ci_low"] < m["usd_per_1m_output_tokens"] < m["usd_per_1m_output_tokens_ci_high"]
+        )
     cheapest = min(study.trials, key=lambda t: t.values[0])
     assert cheapest.params == {"max_num_seqs": 8, "quantization": "int8"} and not cheapest.user_attrs["feasible"]
     assert summary["value"] == pytest.approx(summary["metrics"]["usd_per_1m_output_tokens"])

@@ -44,8 +44,14 @@ max_model_len: 512
 admission:
   max_tokens_in_flight: 600
 """
-BASE = {"name": "http-tiny", "num_requests": 6, "warmup_requests": 1, "concurrency": 2,
-        "prompt_len": {"kind": "fixed", "value": 16}, "output_len": {"kind": "fixed", "value": 8}}
+BASE = {
+    "name": "http-tiny",
+    "num_requests": 6,
+    "warmup_requests": 1,
+    "concurrency": 2,
+    "prompt_len": {"kind": "fixed", "value": 16},
+    "output_len": {"kind": "fixed", "value": 8},
+}
 
 
 def _free_port() -> int:
@@ -61,8 +67,21 @@ def server(tmp_path_factory):
     (d / "serve.yaml").write_text(SERVER_CONFIG)
     port = _free_port()
     log = open(d / "serve.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "slotune.tuner.cli_main", "serve", str(d / "serve.yaml"),
-                             "--port", str(port), "--api-key", KEY], stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "slotune.tuner.cli_main",
+            "serve",
+            str(d / "serve.yaml"),
+            "--port",
+            str(port),
+            "--api-key",
+            KEY,
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         try:
@@ -102,8 +121,14 @@ def _delta(before: dict[str, float], after: dict[str, float], name: str) -> floa
 def test_completions_token_counts_match_the_workload(server, tokenizer):
     seen = []
     before = _scrape(server)
-    res = run_http_benchmark(server, WorkloadSpec(**BASE), tokenizer=tokenizer, api_key=KEY, percentiles=(80,),
-                             on_progress=lambda done, total: seen.append((done, total)))
+    res = run_http_benchmark(
+        server,
+        WorkloadSpec(**BASE),
+        tokenizer=tokenizer,
+        api_key=KEY,
+        percentiles=(80,),
+        on_progress=lambda done, total: seen.append((done, total)),
+    )
     after = _scrape(server)
     m = res.metrics
     assert res.device == "http" and not res.early_stopped and seen[-1] == (6, 6)
@@ -123,8 +148,14 @@ def test_completions_token_counts_match_the_workload(server, tokenizer):
 
 
 def test_chat_api_gets_the_same_lengths(server, tokenizer):
-    res = run_http_benchmark(server + "/v1/", WorkloadSpec(**{**BASE, "warmup_requests": 0}), tokenizer=tokenizer,
-                             api_key=KEY, model=MODEL, api="chat")
+    res = run_http_benchmark(
+        server + "/v1/",
+        WorkloadSpec(**{**BASE, "warmup_requests": 0}),
+        tokenizer=tokenizer,
+        api_key=KEY,
+        model=MODEL,
+        api="chat",
+    )
     assert res.config["api"] == "chat" and res.config["url"] == server
     assert res.metrics["num_completed"] == 6 and res.metrics["output_tokens"] == 48
     for r in res.records:
@@ -149,8 +180,15 @@ def test_wrong_api_key_counts_every_request_as_401(server, tokenizer, capsys):
 
 
 def test_overload_429s_are_counted_once_not_retried(server, tokenizer):
-    wl = WorkloadSpec(**{**BASE, "num_requests": 8, "warmup_requests": 0, "concurrency": 3,
-                         "prompt_len": {"kind": "fixed", "value": 300}})
+    wl = WorkloadSpec(
+        **{
+            **BASE,
+            "num_requests": 8,
+            "warmup_requests": 0,
+            "concurrency": 3,
+            "prompt_len": {"kind": "fixed", "value": 300},
+        }
+    )
     before = _scrape(server)
     res = run_http_benchmark(server, wl, tokenizer=tokenizer, api_key=KEY)
     after = _scrape(server)
@@ -183,13 +221,17 @@ def test_should_stop_cancels_streams_and_the_server_aborts_them(server, tokenize
     trace.write_text("".join(json.dumps({"prompt_len": 16, "output_len": n}) + "\n" for n in (4, 200, 200)))
     wl = WorkloadSpec(**{**BASE, "num_requests": 3, "warmup_requests": 0, "concurrency": 3, "trace": str(trace)})
     before = _scrape(server)
-    res = run_http_benchmark(server, wl, tokenizer=tokenizer, api_key=KEY, model=MODEL,
-                             should_stop=lambda records: len(records) >= 1)
+    res = run_http_benchmark(
+        server, wl, tokenizer=tokenizer, api_key=KEY, model=MODEL, should_stop=lambda records: len(records) >= 1
+    )
     assert res.early_stopped and len(res.records) == 1 and res.records[0].output_tokens == 4
     for _ in range(200):  # the server notices the closed streams asynchronously
         after = _scrape(server)
-        if (_delta(before, after, 'slotune_requests_total{finish_reason="abort"}') >= 2
-                and after["slotune_num_requests_running"] == 0 and after["slotune_kv_blocks_used"] == 0):
+        if (
+            _delta(before, after, 'slotune_requests_total{finish_reason="abort"}') >= 2
+            and after["slotune_num_requests_running"] == 0
+            and after["slotune_kv_blocks_used"] == 0
+        ):
             break
         time.sleep(0.1)
     assert _delta(before, after, 'slotune_requests_total{finish_reason="abort"}') == 2
@@ -204,8 +246,14 @@ def _chunk(text: str, finish: str | None = None) -> dict:
 # Scripted streams, by requested model id: llama-server-like multi-token chunks with a trailing
 # text-less finish chunk, an error object mid-stream, and a stream cut off without [DONE].
 _SCRIPTS = {
-    "multi": [_chunk("a"), _chunk("bc"), _chunk("def"), _chunk("", "length"),
-              {"choices": [], "usage": {"prompt_tokens": 16, "completion_tokens": 6}}, "[DONE]"],
+    "multi": [
+        _chunk("a"),
+        _chunk("bc"),
+        _chunk("def"),
+        _chunk("", "length"),
+        {"choices": [], "usage": {"prompt_tokens": 16, "completion_tokens": 6}},
+        "[DONE]",
+    ],
     "error": [_chunk("a"), {"error": {"message": "engine died", "type": "server_error"}}],
     "truncated": [_chunk("a"), _chunk("b")],
 }
@@ -256,8 +304,21 @@ def test_multi_token_chunks_stream_errors_and_cut_streams(tokenizer):
 
 def test_cli_bench_url_writes_json(server, tmp_path):
     out = tmp_path / "r.json"
-    r = CliRunner().invoke(app, ["bench", "--url", server, "--workload", str(ROOT / "examples/workloads/tiny.yaml"),
-                                 "--json", str(out), "--tokenizer", MODEL], env={"SLOTUNE_API_KEY": KEY})
+    r = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "--url",
+            server,
+            "--workload",
+            str(ROOT / "examples/workloads/tiny.yaml"),
+            "--json",
+            str(out),
+            "--tokenizer",
+            MODEL,
+        ],
+        env={"SLOTUNE_API_KEY": KEY},
+    )
     assert r.exit_code == 0, r.output
     assert "ttft" in r.output and "output tokens/s" in r.output and "peak KV blocks" not in r.output
     d = json.loads(out.read_text())
@@ -275,9 +336,11 @@ def test_cli_url_flag_mistakes_are_clean_errors(server):
 
 
 def test_bench_help_imports_neither_torch_nor_httpx():
-    code = ("import sys\nfrom typer.testing import CliRunner\nfrom slotune.tuner.cli import app\n"
-            "r = CliRunner().invoke(app, ['bench', '--help'])\nassert '--url' in r.output, r.output\n"
-            "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'mlflow', 'httpx'}))")
+    code = (
+        "import sys\nfrom typer.testing import CliRunner\nfrom slotune.tuner.cli import app\n"
+        "r = CliRunner().invoke(app, ['bench', '--help'])\nassert '--url' in r.output, r.output\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'mlflow', 'httpx'}))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -317,8 +380,15 @@ def test_a_pooled_connection_the_server_closed_is_resent_not_failed(tokenizer):
     srv = ThreadingHTTPServer(("127.0.0.1", 0), _KeepAliveThenClose)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{srv.server_address[1]}"
-    wl = WorkloadSpec(**{**BASE, "num_requests": 6, "warmup_requests": 1, "concurrency": 1,
-                         "output_len": {"kind": "fixed", "value": 6}})
+    wl = WorkloadSpec(
+        **{
+            **BASE,
+            "num_requests": 6,
+            "warmup_requests": 1,
+            "concurrency": 1,
+            "output_len": {"kind": "fixed", "value": 6},
+        }
+    )
     try:
         res = run_http_benchmark(url, wl, tokenizer=tokenizer)
     finally:

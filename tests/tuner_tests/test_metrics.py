@@ -6,8 +6,14 @@ import numpy as np
 import pytest
 
 from slotune.tuner import metrics
-from slotune.tuner.metrics import (MemoryTracker, RequestRecord, bootstrap_intervals, cost_metrics, engine_stats_delta,
-                                   summarize)
+from slotune.tuner.metrics import (
+    MemoryTracker,
+    RequestRecord,
+    bootstrap_intervals,
+    cost_metrics,
+    engine_stats_delta,
+    summarize,
+)
 from slotune.tuner.slo import SLOLimits, meets_slo, metric_key
 
 
@@ -41,11 +47,14 @@ def test_goodput_is_per_request_on_both_limits():
     slow_first_fast_decode = _r(1, ttft=2.0, tpot=0.01)
     good = _r(2, ttft=0.1, tpot=0.01)
     one_token = RequestRecord("r3", 5, 1, 0.1, None, 0.1, 0.0, [], "length")  # no TPOT: judged on TTFT
-    m = summarize([fast_first_slow_decode, slow_first_fast_decode, good, one_token], 1.0,
-                  ttft_limit_s=1.0, tpot_limit_s=0.1)
+    m = summarize(
+        [fast_first_slow_decode, slow_first_fast_decode, good, one_token], 1.0, ttft_limit_s=1.0, tpot_limit_s=0.1
+    )
     assert m["goodput_rps"] == 2 and m["slo_attainment"] == 0.5
     assert meets_slo(good, SLOLimits()) and not meets_slo(RequestRecord.rejected("x", 3), SLOLimits())
-    assert meets_slo(one_token, SLOLimits(ttft_s=1.0, tpot_s=0.1)) and not meets_slo(fast_first_slow_decode, SLOLimits(tpot_s=0.1))
+    assert meets_slo(one_token, SLOLimits(ttft_s=1.0, tpot_s=0.1)) and not meets_slo(
+        fast_first_slow_decode, SLOLimits(tpot_s=0.1)
+    )
 
 
 def test_rejected_and_aborted_count_against_goodput_not_latency():
@@ -63,10 +72,21 @@ def test_no_completed_requests_gives_no_latency_keys():
 
 
 def test_record_from_engine_output_and_round_trip():
-    met = SimpleNamespace(ttft=0.2, tpot=0.05, e2e=0.3, queue_time=0.01, itls=[0.05, 0.05], arrival_time=10.5,
-                          num_cached_prompt_tokens=16, num_preemptions=1, num_draft_tokens=4, num_accepted_tokens=3)
-    out = SimpleNamespace(request_id="q", prompt_token_ids=[1] * 20, output_token_ids=[2] * 3,
-                          finish_reason="length", metrics=met)
+    met = SimpleNamespace(
+        ttft=0.2,
+        tpot=0.05,
+        e2e=0.3,
+        queue_time=0.01,
+        itls=[0.05, 0.05],
+        arrival_time=10.5,
+        num_cached_prompt_tokens=16,
+        num_preemptions=1,
+        num_draft_tokens=4,
+        num_accepted_tokens=3,
+    )
+    out = SimpleNamespace(
+        request_id="q", prompt_token_ids=[1] * 20, output_token_ids=[2] * 3, finish_reason="length", metrics=met
+    )
     r = RequestRecord.from_output(out, t0=10.0)
     assert (r.prompt_tokens, r.output_tokens, r.cached_prompt_tokens, r.arrival_s) == (20, 3, 16, 0.5)
     assert RequestRecord.from_dict({**r.to_dict(), "future_field": 1}) == r
@@ -74,22 +94,42 @@ def test_record_from_engine_output_and_round_trip():
 
 def test_engine_stats_delta():
     def st(**kw):
-        base = dict(peak_blocks_used=90, window_peak_blocks=0, num_total_blocks=100, prefix_cache_queries=0, prefix_cache_hits=0,
-                    num_draft_tokens=0, num_accepted_tokens=0, num_spec_verifications=0, num_preemptions=0,
-                    num_steps=0, num_rejected={})
+        base = dict(
+            peak_blocks_used=90,
+            window_peak_blocks=0,
+            num_total_blocks=100,
+            prefix_cache_queries=0,
+            prefix_cache_hits=0,
+            num_draft_tokens=0,
+            num_accepted_tokens=0,
+            num_spec_verifications=0,
+            num_preemptions=0,
+            num_steps=0,
+            num_rejected={},
+        )
         return SimpleNamespace(**{**base, **kw})
 
     before = st(prefix_cache_queries=10, prefix_cache_hits=10, num_rejected={"queue_full": 1})
-    after = st(window_peak_blocks=40, prefix_cache_queries=20, prefix_cache_hits=15, num_draft_tokens=40,
-               num_accepted_tokens=30, num_spec_verifications=10, num_preemptions=2, num_steps=7,
-               num_rejected={"queue_full": 3, "never_fits": 1})
+    after = st(
+        window_peak_blocks=40,
+        prefix_cache_queries=20,
+        prefix_cache_hits=15,
+        num_draft_tokens=40,
+        num_accepted_tokens=30,
+        num_spec_verifications=10,
+        num_preemptions=2,
+        num_steps=7,
+        num_rejected={"queue_full": 3, "never_fits": 1},
+    )
     m = engine_stats_delta(before, after)
     assert m["peak_kv_blocks"] == 40 and m["kv_block_usage"] == 0.4  # this run's window, not the lifetime 90
     assert m["prefix_cache_hit_rate"] == 0.5  # 5 hits of 10 queries in this run
     assert m["spec_acceptance_rate"] == 0.75 and m["spec_mean_accepted_length"] == 4.0
     assert m["num_preemptions"] == 2 and m["num_engine_steps"] == 7
     assert m["num_rejected_queue_full"] == 2 and m["num_rejected_never_fits"] == 1
-    fb = engine_stats_delta(st(kernel_fallbacks={"native_rows_to_torch": 5}), st(kernel_fallbacks={"native_rows_to_torch": 12}))
+    fb = engine_stats_delta(
+        st(kernel_fallbacks={"native_rows_to_torch": 5}), st(kernel_fallbacks={"native_rows_to_torch": 12})
+    )
     assert fb["num_kernel_fallback_native_rows_to_torch"] == 7
 
 
@@ -110,8 +150,19 @@ def test_metrics_module_does_not_import_torch():
 
 # --- uncertainty intervals and cost ---------------------------------------------------------------
 
-CI_KEYS = ("ttft_p50", "ttft_p95", "tpot_p50", "tpot_p95", "itl_p50", "itl_p95", "e2e_p95", "output_tokens_per_s",
-           "total_tokens_per_s", "requests_per_s", "goodput_rps")
+CI_KEYS = (
+    "ttft_p50",
+    "ttft_p95",
+    "tpot_p50",
+    "tpot_p95",
+    "itl_p50",
+    "itl_p95",
+    "e2e_p95",
+    "output_tokens_per_s",
+    "total_tokens_per_s",
+    "requests_per_s",
+    "goodput_rps",
+)
 
 
 def _population(n, seed=7):
@@ -125,8 +176,19 @@ def _population(n, seed=7):
         out = int(rng.integers(2, 40))
         itls = list(rng.lognormal(np.log(0.02), 0.5, out - 1))
         ttft = float(rng.lognormal(np.log(0.2), 0.6))
-        recs.append(RequestRecord(f"r{i}", int(rng.integers(10, 200)), out, ttft, float(np.mean(itls)),
-                                  ttft + float(np.sum(itls)), 0.0, itls, "stop"))
+        recs.append(
+            RequestRecord(
+                f"r{i}",
+                int(rng.integers(10, 200)),
+                out,
+                ttft,
+                float(np.mean(itls)),
+                ttft + float(np.sum(itls)),
+                0.0,
+                itls,
+                "stop",
+            )
+        )
     return recs
 
 
@@ -168,8 +230,12 @@ def test_pooled_itl_percentile_is_the_weighted_percentile_of_each_resample():
 
 
 def test_cost_is_the_price_of_the_measured_throughput():
-    m = {"output_tokens_per_s": 100.0, "total_tokens_per_s": 400.0,
-         "output_tokens_per_s_ci_low": 80.0, "output_tokens_per_s_ci_high": 125.0}
+    m = {
+        "output_tokens_per_s": 100.0,
+        "total_tokens_per_s": 400.0,
+        "output_tokens_per_s_ci_low": 80.0,
+        "output_tokens_per_s_ci_high": 125.0,
+    }
     c = cost_metrics(m, usd_per_hour=3.6)
     assert c["usd_per_1m_output_tokens"] == pytest.approx(10.0)  # $0.001/s for 100 tok/s: $10 per 1M
     assert c["usd_per_1m_total_tokens"] == pytest.approx(2.5)

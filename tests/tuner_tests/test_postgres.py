@@ -38,8 +38,22 @@ def postgres_url():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     subprocess.run([*as_user, initdb, "-D", data, "-A", "trust", "-U", "postgres"], check=True, capture_output=True)
-    subprocess.run([*as_user, pg_ctl, "-D", data, "-w", "-l", f"{data}/log", "-o",
-                    f"-p {port} -k {data} -c listen_addresses=127.0.0.1", "start"], check=True, capture_output=True)
+    subprocess.run(
+        [
+            *as_user,
+            pg_ctl,
+            "-D",
+            data,
+            "-w",
+            "-l",
+            f"{data}/log",
+            "-o",
+            f"-p {port} -k {data} -c listen_addresses=127.0.0.1",
+            "start",
+        ],
+        check=True,
+        capture_output=True,
+    )
     try:
         yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/postgres"
     finally:
@@ -51,16 +65,31 @@ def test_two_workers_share_one_study_without_loss_or_duplicates(tmp_path, postgr
     """Two `tune run --worker` processes on one PostgreSQL study, with the stand-in trial process
     (fake_trials: study mechanics only)."""
     monkeypatch.setenv("FAKE_TRIAL_SLEEP", "0.3")
-    spec = write_spec(tmp_path, budget={"n_trials": 10}, storage=postgres_url,
-                      search_space={"name": "grid8", "knobs": [{"name": "max_num_seqs", "type": "int", "low": 1, "high": 64}]})
+    spec = write_spec(
+        tmp_path,
+        budget={"n_trials": 10},
+        storage=postgres_url,
+        search_space={"name": "grid8", "knobs": [{"name": "max_num_seqs", "type": "int", "low": 1, "high": 64}]},
+    )
     from slotune.tuner.study import open_study
     from slotune.tuner.spec import TuningSpec
 
     open_study(TuningSpec.from_yaml(spec))  # create it once, as the leader would
     env = {**os.environ, "FAKE_TRIAL_SLEEP": "0.3"}
-    cmd = [sys.executable, "-m", "slotune.tuner.cli_main", "run", str(spec), "--worker", "--no-progress",
-           "--trial-runner", fake_trials[-1]]
-    workers = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "slotune.tuner.cli_main",
+        "run",
+        str(spec),
+        "--worker",
+        "--no-progress",
+        "--trial-runner",
+        fake_trials[-1],
+    ]
+    workers = [
+        subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)
+    ]
     logs = [w.communicate(timeout=300)[0] for w in workers]
     assert all(w.returncode == 0 for w in workers), logs
     study = optuna.load_study(study_name="t", storage=postgres_url)

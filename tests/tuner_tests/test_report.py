@@ -24,24 +24,44 @@ from slotune.tuner.units import format_value, metric_label
 from tests.tuner_tests.conftest import write_spec
 
 GATE = {"name": "agreement", "kind": "agreement", "min_top1": 0.9, "max_mean_kl": 0.1, "limit": 8}
-SPACE = {"name": "q", "knobs": [
-    {"name": "quantization", "type": "categorical", "choices": ["none", "int8"]},
-    {"name": "kv_dtype", "type": "categorical", "choices": ["auto", "int8"]},
-    {"name": "max_num_seqs", "type": "int", "low": 1, "high": 16}]}
-DISTRIBUTIONS = {"quantization": optuna.distributions.CategoricalDistribution(["none", "int8"]),
-                 "kv_dtype": optuna.distributions.CategoricalDistribution(["auto", "int8"]),
-                 "max_num_seqs": optuna.distributions.IntDistribution(1, 16)}
+SPACE = {
+    "name": "q",
+    "knobs": [
+        {"name": "quantization", "type": "categorical", "choices": ["none", "int8"]},
+        {"name": "kv_dtype", "type": "categorical", "choices": ["auto", "int8"]},
+        {"name": "max_num_seqs", "type": "int", "low": 1, "high": 16},
+    ],
+}
+DISTRIBUTIONS = {
+    "quantization": optuna.distributions.CategoricalDistribution(["none", "int8"]),
+    "kv_dtype": optuna.distributions.CategoricalDistribution(["auto", "int8"]),
+    "max_num_seqs": optuna.distributions.IntDistribution(1, 16),
+}
 
 
-@pytest.mark.parametrize(("key", "value", "text"), [
-    ("tpot_p95", 0.04509, "45.1 ms"), ("ttft_p95", 1.4404, "1.44 s"), ("ttft_mean", 0.5, "500 ms"),
-    ("output_tokens_per_s", 63.88, "63.9 tok/s"), ("total_tokens_per_s", 1234.5, "1,234 tok/s"),
-    ("goodput_rps", 2.04, "2.04 req/s"), ("slo_attainment", 1.0, "100%"), ("prefix_cache_hit_rate", 0.4567, "45.7%"),
-    ("weight_bytes", 1.35e8, "129 MiB"), ("weight_bytes", 5.381e9, "5.01 GiB"), ("peak_memory_mb", 1334, "1.3 GiB"),
-    ("peak_memory_mb", 512, "512 MiB"), ("peak_kv_blocks", 17.0, "17"), ("num_requests", 1200.0, "1,200"),
-    ("usd_per_1m_output_tokens", 0.1234, "$0.123"), ("load_time_s", 12.5, "12.5 s"), ("spec_mean_accepted_length", 2.5, "2.5"),
-    ("ttft_p95", None, "–"),
-])
+@pytest.mark.parametrize(
+    ("key", "value", "text"),
+    [
+        ("tpot_p95", 0.04509, "45.1 ms"),
+        ("ttft_p95", 1.4404, "1.44 s"),
+        ("ttft_mean", 0.5, "500 ms"),
+        ("output_tokens_per_s", 63.88, "63.9 tok/s"),
+        ("total_tokens_per_s", 1234.5, "1,234 tok/s"),
+        ("goodput_rps", 2.04, "2.04 req/s"),
+        ("slo_attainment", 1.0, "100%"),
+        ("prefix_cache_hit_rate", 0.4567, "45.7%"),
+        ("weight_bytes", 1.35e8, "129 MiB"),
+        ("weight_bytes", 5.381e9, "5.01 GiB"),
+        ("peak_memory_mb", 1334, "1.3 GiB"),
+        ("peak_memory_mb", 512, "512 MiB"),
+        ("peak_kv_blocks", 17.0, "17"),
+        ("num_requests", 1200.0, "1,200"),
+        ("usd_per_1m_output_tokens", 0.1234, "$0.123"),
+        ("load_time_s", 12.5, "12.5 s"),
+        ("spec_mean_accepted_length", 2.5, "2.5"),
+        ("ttft_p95", None, "–"),
+    ],
+)
 def test_values_read_with_their_units(key, value, text):
     assert format_value(key, value) == text
 
@@ -52,9 +72,19 @@ def test_an_interval_is_shown_as_plus_minus_in_the_values_unit():
 
 
 def measured(tpot, ttft, tput, ci=None, **extra):
-    m = {"tpot_p50": tpot * 0.9, "tpot_p95": tpot, "ttft_p50": ttft * 0.6, "ttft_p95": ttft,
-         "output_tokens_per_s": tput, "goodput_rps": tput / 24, "slo_attainment": 1.0, "num_requests": 8.0,
-         "num_completed": 8.0, "weight_bytes": 1.35e8, **extra}
+    m = {
+        "tpot_p50": tpot * 0.9,
+        "tpot_p95": tpot,
+        "ttft_p50": ttft * 0.6,
+        "ttft_p95": ttft,
+        "output_tokens_per_s": tput,
+        "goodput_rps": tput / 24,
+        "slo_attainment": 1.0,
+        "num_requests": 8.0,
+        "num_completed": 8.0,
+        "weight_bytes": 1.35e8,
+        **extra,
+    }
     if ci:
         m.update(tpot_p95_ci_low=tpot - ci, tpot_p95_ci_high=tpot + ci)
     return m
@@ -63,23 +93,60 @@ def measured(tpot, ttft, tput, ci=None, **extra):
 def gate_report(top1, kl=0.02):
     margin = 0.1
     passed = 1 - top1 <= margin and kl <= GATE["max_mean_kl"]
-    reason = (f"{'ok' if 1 - top1 <= margin else 'failed'}: top-1 disagreement {1 - top1:.4g} "
-              f"{'<=' if 1 - top1 <= margin else '>'} margin 0.1; ok: mean KL {kl:.4g} <= margin 0.1")
-    return {"passed": passed, "gates": [{
-        "name": "agreement", "kind": "agreement", "passed": passed, "baseline": 1.0, "candidate": top1,
-        "stderr": 0.01, "drop": 1 - top1, "reason": reason, "metric": "top1", "margin": margin, "num_items": 8,
-        "seconds": 1.0, "details": {"top1": top1, "mean_kl": kl}}]}
+    reason = (
+        f"{'ok' if 1 - top1 <= margin else 'failed'}: top-1 disagreement {1 - top1:.4g} "
+        f"{'<=' if 1 - top1 <= margin else '>'} margin 0.1; ok: mean KL {kl:.4g} <= margin 0.1"
+    )
+    return {
+        "passed": passed,
+        "gates": [
+            {
+                "name": "agreement",
+                "kind": "agreement",
+                "passed": passed,
+                "baseline": 1.0,
+                "candidate": top1,
+                "stderr": 0.01,
+                "drop": 1 - top1,
+                "reason": reason,
+                "metric": "top1",
+                "margin": margin,
+                "num_items": 8,
+                "seconds": 1.0,
+                "details": {"top1": top1, "mean_kl": kl},
+            }
+        ],
+    }
 
 
-def _trial(params, metrics=None, *, feasible=True, gates=None, ttft_violation=0.0, tag=None, fail_reason=None,
-           latencies=None, values=None):
+def _trial(
+    params,
+    metrics=None,
+    *,
+    feasible=True,
+    gates=None,
+    ttft_violation=0.0,
+    tag=None,
+    fail_reason=None,
+    latencies=None,
+    values=None,
+):
     ua = {"fail_reason": fail_reason} if fail_reason else {}
     if tag:
         ua["tag"] = tag
     if metrics is not None:
-        ua.update(metrics=metrics, feasible=feasible, early_stopped=False,
-                  violations={"ttft": ttft_violation, "tpot": 0.0, "throughput": 0.0, "early_stop": 0.0,
-                              "quality_gates": 0.0 if gates is None or gates["passed"] else 1.0})
+        ua.update(
+            metrics=metrics,
+            feasible=feasible,
+            early_stopped=False,
+            violations={
+                "ttft": ttft_violation,
+                "tpot": 0.0,
+                "throughput": 0.0,
+                "early_stop": 0.0,
+                "quality_gates": 0.0 if gates is None or gates["passed"] else 1.0,
+            },
+        )
     if gates is not None:
         ua["gates"] = gates
     if latencies is not None:
@@ -87,8 +154,9 @@ def _trial(params, metrics=None, *, feasible=True, gates=None, ttft_violation=0.
     state = optuna.trial.TrialState.COMPLETE if metrics is not None else optuna.trial.TrialState.FAIL
     if values is None and metrics is not None:
         values = [metrics["tpot_p95"]]
-    return optuna.trial.create_trial(state=state, params=params, distributions=DISTRIBUTIONS, values=values,
-                                     user_attrs=ua)
+    return optuna.trial.create_trial(
+        state=state, params=params, distributions=DISTRIBUTIONS, values=values, user_attrs=ua
+    )
 
 
 def made_study(tmp_path, *, multi=False, default_tpot=0.086, default_ci=0.003, winner_ci=0.003, cost=True):
@@ -98,27 +166,52 @@ def made_study(tmp_path, *, multi=False, default_tpot=0.086, default_ci=0.003, w
     objective = {"ttft_limit_s": 2.0, "percentile": 95}
     if multi:
         objective["pareto_with"] = ["output_tokens_per_s"]
-    spec = TuningSpec.from_yaml(write_spec(tmp_path, objective=objective, quality_gates=[GATE], search_space=SPACE,
-                                           sampler="nsga2" if multi else "random"))
-    study = optuna.create_study(directions=["minimize", "maximize"] if multi else ["minimize"],
-                                storage=f"sqlite:///{tmp_path / 'study.db'}", study_name="t")
+    spec = TuningSpec.from_yaml(
+        write_spec(
+            tmp_path,
+            objective=objective,
+            quality_gates=[GATE],
+            search_space=SPACE,
+            sampler="nsga2" if multi else "random",
+        )
+    )
+    study = optuna.create_study(
+        directions=["minimize", "maximize"] if multi else ["minimize"],
+        storage=f"sqlite:///{tmp_path / 'study.db'}",
+        study_name="t",
+    )
     costs = {"usd_per_1m_output_tokens": 0.12, "usd_per_1m_total_tokens": 0.05} if cost else {}
     lat = {"ttft": [0.4, 0.9, 1.1, 1.3, 1.44], "tpot": [0.038, 0.041, 0.043, 0.045]}
     rows = [
-        ({"quantization": "none", "kv_dtype": "auto", "max_num_seqs": 16},
-         dict(metrics=measured(default_tpot, 1.2, 60.4, default_ci, **costs and {k: v * 2 for k, v in costs.items()}),
-              gates=gate_report(1.0, 0.0), tag="default",
-              latencies={"ttft": [0.3, 0.8, 1.0, 1.2], "tpot": [0.07, 0.08, 0.085, 0.086]})),
-        ({"quantization": "int8", "kv_dtype": "int8", "max_num_seqs": 2},
-         dict(metrics=measured(0.045, 1.44, 63.9, winner_ci, **costs), gates=gate_report(0.956), latencies=lat)),
-        ({"quantization": "none", "kv_dtype": "auto", "max_num_seqs": 8},
-         dict(metrics=measured(0.07, 2.31, 110.0), feasible=False, ttft_violation=0.155)),
-        ({"quantization": "int8", "kv_dtype": "int8", "max_num_seqs": 1},
-         dict(metrics=measured(0.04, 1.1, 30.0), feasible=False, gates=gate_report(0.81))),
-        ({"quantization": "int8", "kv_dtype": "auto", "max_num_seqs": 4},
-         dict(fail_reason="timeout: trial exceeded budget.trial_timeout_s=120 (during: replay 5/8)")),
-        ({"quantization": "int8", "kv_dtype": "auto", "max_num_seqs": 3},
-         dict(metrics=measured(0.05, 1.3, 70.0), gates=gate_report(0.97))),
+        (
+            {"quantization": "none", "kv_dtype": "auto", "max_num_seqs": 16},
+            dict(
+                metrics=measured(default_tpot, 1.2, 60.4, default_ci, **costs and {k: v * 2 for k, v in costs.items()}),
+                gates=gate_report(1.0, 0.0),
+                tag="default",
+                latencies={"ttft": [0.3, 0.8, 1.0, 1.2], "tpot": [0.07, 0.08, 0.085, 0.086]},
+            ),
+        ),
+        (
+            {"quantization": "int8", "kv_dtype": "int8", "max_num_seqs": 2},
+            dict(metrics=measured(0.045, 1.44, 63.9, winner_ci, **costs), gates=gate_report(0.956), latencies=lat),
+        ),
+        (
+            {"quantization": "none", "kv_dtype": "auto", "max_num_seqs": 8},
+            dict(metrics=measured(0.07, 2.31, 110.0), feasible=False, ttft_violation=0.155),
+        ),
+        (
+            {"quantization": "int8", "kv_dtype": "int8", "max_num_seqs": 1},
+            dict(metrics=measured(0.04, 1.1, 30.0), feasible=False, gates=gate_report(0.81)),
+        ),
+        (
+            {"quantization": "int8", "kv_dtype": "auto", "max_num_seqs": 4},
+            dict(fail_reason="timeout: trial exceeded budget.trial_timeout_s=120 (during: replay 5/8)"),
+        ),
+        (
+            {"quantization": "int8", "kv_dtype": "auto", "max_num_seqs": 3},
+            dict(metrics=measured(0.05, 1.3, 70.0), gates=gate_report(0.97)),
+        ),
     ]
     for params, kw in rows:
         if multi and "metrics" in kw:
@@ -137,9 +230,11 @@ def test_the_winner_is_said_in_words_with_units_limits_and_gates(tmp_path):
     best, again = remeasured(study, spec)
     paths = write_report(spec, study, best, again, tmp_path)
     md = paths["md"].read_text()
-    assert ("Trial 1: int8 weights + int8 KV + 2 sequences per step: p95 TPOT 45 ms ± 3 (default 86 ms ± 3), "
-            "1.9x better; p95 TTFT 1.44 s within the 2 s limit; top-1 agreement 0.956 >= 0.9; "
-            "mean KL 0.02 <= 0.1 nats.") in md
+    assert (
+        "Trial 1: int8 weights + int8 KV + 2 sequences per step: p95 TPOT 45 ms ± 3 (default 86 ms ± 3), "
+        "1.9x better; p95 TTFT 1.44 s within the 2 s limit; top-1 agreement 0.956 >= 0.9; "
+        "mean KL 0.02 <= 0.1 nats."
+    ) in md
     assert "- 1.9x improvement over default on p95 TPOT (86 ms -> 45 ms)" in md
     assert "- cost per 1M output tokens: $0.12 (default $0.24)" in md
     assert "Re-measured on workload seed 1000: p95 TPOT 46 ms." in md
@@ -178,12 +273,17 @@ def test_the_winner_card_compares_the_round_it_was_confirmed_in(tmp_path):
     measured together, which is within noise."""
     spec, study = made_study(tmp_path)
     best = best_trial(study, spec)
-    again = {"seed": 1000, "metrics": measured(0.046, 1.5, 62.0, 0.004, usd_per_1m_output_tokens=0.13),
-             "default": measured(0.048, 1.3, 61.0, 0.004, usd_per_1m_output_tokens=0.14)}
+    again = {
+        "seed": 1000,
+        "metrics": measured(0.046, 1.5, 62.0, 0.004, usd_per_1m_output_tokens=0.13),
+        "default": measured(0.048, 1.3, 61.0, 0.004, usd_per_1m_output_tokens=0.14),
+    }
     w = gather(spec, study, best, again).winner
     assert w.claims[0] == "p95 TPOT 46 ms ± 4 (default 48 ms ± 4), 1.04x better"
     assert any("within noise: the intervals overlap (46 ms ± 4 vs 48 ms ± 4)" in n for n in w.notes)
-    assert any(n.startswith("Measured again on workload seed 1000 in one round with the default config") for n in w.notes)
+    assert any(
+        n.startswith("Measured again on workload seed 1000 in one round with the default config") for n in w.notes
+    )
     assert "cost per 1M output tokens: $0.13 (default $0.14)" in w.notes
     assert w.comparison[0][-1] == "default re-measured (seed 1000)" and w.comparison[1][-1] == "48 ms ± 4"
     # without the default in the round (confirm_top_k: 0), the trials are compared, as before
@@ -198,8 +298,13 @@ def test_importances_and_the_pareto_front_are_gathered_or_explained(tmp_path):
     assert data.pareto_front == {1, 5}  # feasible: 0 (86 ms, 60), 1 (45 ms, 63.9), 5 (50 ms, 70)
     assert set(data.importances) == {"quantization", "kv_dtype", "max_num_seqs"}
     few = optuna.create_study(storage=f"sqlite:///{tmp_path / 'few.db'}", study_name="t")
-    few.add_trial(_trial({"quantization": "int8", "kv_dtype": "int8", "max_num_seqs": 2},
-                         measured(0.045, 1.44, 63.9), gates=gate_report(0.956)))
+    few.add_trial(
+        _trial(
+            {"quantization": "int8", "kv_dtype": "int8", "max_num_seqs": 2},
+            measured(0.045, 1.44, 63.9),
+            gates=gate_report(0.956),
+        )
+    )
     (tmp_path / "few").mkdir()
     one = TuningSpec.from_yaml(write_spec(tmp_path / "few", quality_gates=[GATE], search_space=SPACE))
     data = gather(one, few, best_trial(few, one), None)
@@ -212,11 +317,15 @@ def test_extra_sections_plug_into_both_reports(tmp_path):
 
     spec, study = made_study(tmp_path)
     curve = go.Figure(go.Scatter(x=[1, 2, 4], y=[45, 52, 80]))
-    section = ReportSection("Load curve", "p95 TPOT against offered load.", table=[["rps", "p95 TPOT"], ["1", "45 ms"]],
-                            figures=[curve])
+    section = ReportSection(
+        "Load curve", "p95 TPOT against offered load.", table=[["rps", "p95 TPOT"], ["1", "45 ms"]], figures=[curve]
+    )
     paths = write_report(spec, study, *remeasured(study, spec), tmp_path, sections=[section])
     md = paths["md"].read_text()
-    assert "## Load curve\n\np95 TPOT against offered load.\n\n| rps | p95 TPOT |" in md and "(1 figure in report.html)" in md
+    assert (
+        "## Load curve\n\np95 TPOT against offered load.\n\n| rps | p95 TPOT |" in md
+        and "(1 figure in report.html)" in md
+    )
     page = paths["html"].read_text()
     assert '<section id="load-curve"' in page and 'id="fig-load-curve-0"' in page
 
@@ -226,9 +335,16 @@ def test_no_feasible_trial_says_why_for_each(tmp_path):
     infeasible = optuna.create_study(storage=f"sqlite:///{tmp_path / 'none.db'}", study_name="t")
     for t in study.trials:
         if not t.user_attrs.get("feasible"):
-            infeasible.add_trial(_trial(t.params, t.user_attrs.get("metrics"), feasible=False,
-                                        gates=t.user_attrs.get("gates"), fail_reason=t.user_attrs.get("fail_reason"),
-                                        ttft_violation=(t.user_attrs.get("violations") or {}).get("ttft", 0.0)))
+            infeasible.add_trial(
+                _trial(
+                    t.params,
+                    t.user_attrs.get("metrics"),
+                    feasible=False,
+                    gates=t.user_attrs.get("gates"),
+                    fail_reason=t.user_attrs.get("fail_reason"),
+                    ttft_violation=(t.user_attrs.get("violations") or {}).get("ttft", 0.0),
+                )
+            )
     paths = write_report(spec, infeasible, None, None, tmp_path)
     md = paths["md"].read_text()
     assert "## No feasible trial" in md and "## Winner" not in md

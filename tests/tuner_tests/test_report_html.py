@@ -18,14 +18,26 @@ from tests.tuner_tests.conftest import write_spec
 from tests.tuner_tests.test_report import made_study, remeasured
 
 CHROMIUM = shutil.which("chromium")
-needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (tests/setup_system.sh installs it)")
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None, reason="chromium is not installed (tests/setup_system.sh installs it)"
+)
 
 
 def chromium(page: Path, *args: str, profile: Path) -> str:
     """Run headless Chromium on `page` (no network: the page must carry its own JavaScript)."""
-    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--hide-scrollbars",
-           f"--user-data-dir={profile}", "--proxy-server=127.0.0.1:9", "--virtual-time-budget=15000", *args,
-           page.resolve().as_uri()]
+    cmd = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--hide-scrollbars",
+        f"--user-data-dir={profile}",
+        "--proxy-server=127.0.0.1:9",
+        "--virtual-time-budget=15000",
+        *args,
+        page.resolve().as_uri(),
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     return r.stdout
@@ -73,9 +85,18 @@ def drawn(dom: str) -> _Figures:
 def test_the_report_of_a_real_study_draws_in_a_browser(tmp_path, fake_trials):
     """A real study (`run_command`) whose trials are the stand-in measurement (fake_trials): its
     report.html draws the optimization history, the latency percentiles and the importances."""
-    spec = write_spec(tmp_path, budget={"n_trials": 4}, objective={"ttft_limit_s": 0.08}, search_space={
-        "name": "s", "knobs": [{"name": "max_num_seqs", "type": "int", "low": 1, "high": 16},  # the default (16) is trial 0
-                               {"name": "quantization", "type": "categorical", "choices": ["none", "int8"]}]})
+    spec = write_spec(
+        tmp_path,
+        budget={"n_trials": 4},
+        objective={"ttft_limit_s": 0.08},
+        search_space={
+            "name": "s",
+            "knobs": [
+                {"name": "max_num_seqs", "type": "int", "low": 1, "high": 16},  # the default (16) is trial 0
+                {"name": "quantization", "type": "categorical", "choices": ["none", "int8"]},
+            ],
+        },
+    )
     summary = run_command(spec, progress=False, trial_runner=fake_trials)
     page = tmp_path / "out" / "report.html"
     dom = chromium(page, "--dump-dom", profile=tmp_path / "profile")

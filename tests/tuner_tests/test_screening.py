@@ -17,12 +17,23 @@ from slotune.tuner.spec import TuningSpec
 from slotune.tuner.study import run_command
 from tests.tuner_tests.conftest import write_spec
 
-SPACE = {"name": "s", "knobs": [{"name": "max_num_seqs", "type": "int", "low": 1, "high": 16},
-                                {"name": "quantization", "type": "categorical", "choices": ["none", "int8"]}],
-         # enqueued in this order after the default: the best config first, then three worse ones
-         "starts": [{"name": f"s{i}", "why": "test order", "objectives": ["latency"],
-                     "params": {"max_num_seqs": n, "quantization": q}}
-                    for i, (n, q) in enumerate([(1, "int8"), (8, "none"), (4, "none"), (2, "int8")])]}
+SPACE = {
+    "name": "s",
+    "knobs": [
+        {"name": "max_num_seqs", "type": "int", "low": 1, "high": 16},
+        {"name": "quantization", "type": "categorical", "choices": ["none", "int8"]},
+    ],
+    # enqueued in this order after the default: the best config first, then three worse ones
+    "starts": [
+        {
+            "name": f"s{i}",
+            "why": "test order",
+            "objectives": ["latency"],
+            "params": {"max_num_seqs": n, "quantization": q},
+        }
+        for i, (n, q) in enumerate([(1, "int8"), (8, "none"), (4, "none"), (2, "int8")])
+    ],
+}
 WORKLOAD = {"num_requests": 8, "concurrency": 2}
 SCREENING = {"enabled": True, "fraction": 0.25, "min_requests": 2, "n_startup_trials": 1}
 
@@ -35,22 +46,32 @@ def test_configs_worse_than_the_median_on_the_short_replay_are_screened_out(tmp_
     """Budget 4 slots. (1, int8) passes screening (no trial measured in full yet) and is measured in
     full; the three worse starts replay 2 of 8 requests, are screened out at a quarter slot each,
     and the budget goes on to further configs."""
-    spec = write_spec(tmp_path, search_space=SPACE, workload=WORKLOAD, screening=SCREENING,
-                      budget={"n_trials": 4, "confirm_top_k": 1, "declare_repeats": 0})
+    spec = write_spec(
+        tmp_path,
+        search_space=SPACE,
+        workload=WORKLOAD,
+        screening=SCREENING,
+        budget={"n_trials": 4, "confirm_top_k": 1, "declare_repeats": 0},
+    )
     summary = run_command(spec, progress=False, trial_runner=fake_trials)
     study = _study(tmp_path / "out")
     by_start = {t.user_attrs.get("tag") or t.user_attrs.get("start"): t for t in study.trials}
     default, best = by_start["default"], by_start["s0"]
-    assert default.intermediate_values == {} and default.user_attrs["metrics"]["workload_requests"] == 8  # never screened
+    assert (
+        default.intermediate_values == {} and default.user_attrs["metrics"]["workload_requests"] == 8
+    )  # never screened
     assert best.state.name == "COMPLETE" and best.user_attrs["metrics"]["workload_requests"] == 8
-    assert best.user_attrs["screen"]["num_requests"] == 2 and best.intermediate_values[0] == pytest.approx(best.values[0])
+    assert best.user_attrs["screen"]["num_requests"] == 2 and best.intermediate_values[0] == pytest.approx(
+        best.values[0]
+    )
     for name in ("s1", "s2", "s3"):
         t = by_start[name]
         assert t.state.name == "PRUNED" and is_screened_out(t) and budget_share(t) == 0.25
         assert t.user_attrs["metrics"]["workload_requests"] == 2 and t.user_attrs["feasible"] is False
         assert t.user_attrs["fail_reason"].startswith("screened out after 2 of 8 requests: p95 TPOT ")
         assert t.user_attrs["fail_reason"].endswith(
-            "worse than the median (16.2 ms) of the 1 trials measured in full that met the SLO")
+            "worse than the median (16.2 ms) of the 1 trials measured in full that met the SLO"
+        )
         assert t.intermediate_values[0] > best.intermediate_values[0]
     measured = [t for t in study.trials if is_measured(t) and t.state.name != "RUNNING"]
     held = sum(budget_share(t) for t in measured)
@@ -64,9 +85,17 @@ def test_configs_worse_than_the_median_on_the_short_replay_are_screened_out(tmp_
     # it stays screened out with its reason, and holds no budget.
     worse = by_start["s1"]
     study.enqueue_trial(worse.params)
-    run_command(write_spec(tmp_path, search_space=SPACE, workload=WORKLOAD, screening=SCREENING,
-                           budget={"n_trials": 5, "confirm_top_k": 1, "declare_repeats": 0}),
-                progress=False, trial_runner=fake_trials)
+    run_command(
+        write_spec(
+            tmp_path,
+            search_space=SPACE,
+            workload=WORKLOAD,
+            screening=SCREENING,
+            budget={"n_trials": 5, "confirm_top_k": 1, "declare_repeats": 0},
+        ),
+        progress=False,
+        trial_runner=fake_trials,
+    )
     study = _study(tmp_path / "out")
     repeat = next(t for t in study.trials if t.user_attrs.get("repeat_of") == worse.number)
     assert repeat.state.name == "PRUNED" and budget_share(repeat) == 0
@@ -76,11 +105,13 @@ def test_configs_worse_than_the_median_on_the_short_replay_are_screened_out(tmp_
 
 def test_screening_refuses_what_it_cannot_screen(tmp_path):
     base = {"search_space": SPACE, "workload": WORKLOAD}
-    cases = [({"objective": {"pareto_with": ["output_tokens_per_s"]}}, "Optuna prunes single-objective studies only"),
-             ({"sampler": "grid", "search_space": {"name": "g", "knobs": [SPACE["knobs"][1]]}}, "use sampler tpe or random"),
-             ({"sampler": "gp"}, "learns nothing from screened-out"),
-             ({"workload": {**WORKLOAD, "num_requests": None, "duration_s": 5}}, "needs num_requests"),
-             ({"screening": {**SCREENING, "min_requests": 8}}, "the short replay would be the whole workload")]
+    cases = [
+        ({"objective": {"pareto_with": ["output_tokens_per_s"]}}, "Optuna prunes single-objective studies only"),
+        ({"sampler": "grid", "search_space": {"name": "g", "knobs": [SPACE["knobs"][1]]}}, "use sampler tpe or random"),
+        ({"sampler": "gp"}, "learns nothing from screened-out"),
+        ({"workload": {**WORKLOAD, "num_requests": None, "duration_s": 5}}, "needs num_requests"),
+        ({"screening": {**SCREENING, "min_requests": 8}}, "the short replay would be the whole workload"),
+    ]
     for i, (over, words) in enumerate(cases):
         d = tmp_path / str(i)
         d.mkdir()
@@ -93,12 +124,21 @@ def test_real_engine_screening_replays_the_head_of_the_workload(tmp_path):
     """Real trial processes and engine: with screening on, the first searched trial replays 2 of 6
     requests, passes (nothing to compare with yet) and is measured in full; the second either
     passes too or ends screened out with the short replay's own numbers, 2 requests measured."""
-    space = {"name": "s", "knobs": [{"name": "max_num_seqs", "type": "categorical", "choices": [1, 4]}],
-             "starts": [{"name": f"n{n}", "why": "test order", "objectives": ["latency"], "params": {"max_num_seqs": n}}
-                        for n in (1, 4)]}
-    spec = write_spec(tmp_path, search_space=space, screening={**SCREENING, "fraction": 0.3},
-                      workload={"num_requests": 6, "concurrency": 2, "output_len": {"kind": "fixed", "value": 4}},
-                      budget={"n_trials": 2, "confirm_top_k": 0, "declare_repeats": 0, "trial_timeout_s": 600})
+    space = {
+        "name": "s",
+        "knobs": [{"name": "max_num_seqs", "type": "categorical", "choices": [1, 4]}],
+        "starts": [
+            {"name": f"n{n}", "why": "test order", "objectives": ["latency"], "params": {"max_num_seqs": n}}
+            for n in (1, 4)
+        ],
+    }
+    spec = write_spec(
+        tmp_path,
+        search_space=space,
+        screening={**SCREENING, "fraction": 0.3},
+        workload={"num_requests": 6, "concurrency": 2, "output_len": {"kind": "fixed", "value": 4}},
+        budget={"n_trials": 2, "confirm_top_k": 0, "declare_repeats": 0, "trial_timeout_s": 600},
+    )
     run_command(spec, progress=False)
     study = _study(tmp_path / "out")
     first, second = (next(t for t in study.trials if t.user_attrs.get("start") == f"n{n}") for n in (1, 4))

@@ -10,8 +10,19 @@ from types import SimpleNamespace
 
 import pytest
 
-from slotune.tuner.slo import (CONSTRAINT_KEYS, SLOLimits, breaks_slo_early, certain_violations, constraint_values,
-                               is_feasible, judge, metric_key, parse_metric_key, percentile_label, slo_violations)
+from slotune.tuner.slo import (
+    CONSTRAINT_KEYS,
+    SLOLimits,
+    breaks_slo_early,
+    certain_violations,
+    constraint_values,
+    is_feasible,
+    judge,
+    metric_key,
+    parse_metric_key,
+    percentile_label,
+    slo_violations,
+)
 
 OBJ = {"percentile": 95, "ttft_limit_s": 1.0, "tpot_limit_s": 0.1, "min_output_tokens_per_s": 50.0}
 
@@ -39,17 +50,21 @@ def test_early_stop_needs_a_wide_margin_on_latency_only():
 
 
 def _seq(arrival, first=None, max_tokens=11):
-    return SimpleNamespace(metrics=SimpleNamespace(arrival_time=arrival, first_token_time=first),
-                           params=SimpleNamespace(max_tokens=max_tokens))
+    return SimpleNamespace(
+        metrics=SimpleNamespace(arrival_time=arrival, first_token_time=first),
+        params=SimpleNamespace(max_tokens=max_tokens),
+    )
 
 
 def test_in_flight_requests_that_must_miss_the_slo_are_counted():
     obj = {"ttft_limit_s": 1.0, "tpot_limit_s": 0.1}
     now = 100.0
-    seqs = [_seq(96.0),              # no token after 4 s > 3 x 1 s: certain TTFT miss
-            _seq(98.0),              # 2 s: may still make it
-            _seq(90.0, first=95.0),  # 5 s over 10 remaining steps = 0.5 s/token > 3 x 0.1: certain
-            _seq(99.0, first=99.5)]  # 0.05 s/token so far: fine
+    seqs = [
+        _seq(96.0),  # no token after 4 s > 3 x 1 s: certain TTFT miss
+        _seq(98.0),  # 2 s: may still make it
+        _seq(90.0, first=95.0),  # 5 s over 10 remaining steps = 0.5 s/token > 3 x 0.1: certain
+        _seq(99.0, first=99.5),
+    ]  # 0.05 s/token so far: fine
     assert certain_violations(seqs, now, obj, factor=3.0) == 2
     assert certain_violations(seqs, now, {}, factor=3.0) == 0
 
@@ -68,7 +83,12 @@ def test_judge_reasons_in_words_and_relative_violations():
 
 def test_judge_with_no_limits_passes_anything():
     v = judge({}, SLOLimits())
-    assert v.passed and v.checks == () and v.reasons == [] and v.violations == {"ttft": 0.0, "tpot": 0.0, "throughput": 0.0}
+    assert (
+        v.passed
+        and v.checks == ()
+        and v.reasons == []
+        and v.violations == {"ttft": 0.0, "tpot": 0.0, "throughput": 0.0}
+    )
 
 
 def test_judge_missing_metrics():
@@ -97,8 +117,14 @@ def test_metric_keys_round_trip():
 
 
 def test_spec_and_crd_name_the_same_limits():
-    objective = {"kind": "latency", "metric": "ttft", "percentile": 90, "ttft_limit_s": 0.5, "tpot_limit_s": 0.05,
-                 "min_output_tokens_per_s": None}
+    objective = {
+        "kind": "latency",
+        "metric": "ttft",
+        "percentile": 90,
+        "ttft_limit_s": 0.5,
+        "tpot_limit_s": 0.05,
+        "min_output_tokens_per_s": None,
+    }
     limits = SLOLimits.from_objective(objective)
     assert limits == SLOLimits(percentile=90, ttft_s=0.5, tpot_s=0.05)
     assert limits.to_crd() == {"percentile": 90, "ttftSeconds": 0.5, "tpotSeconds": 0.05}
@@ -120,7 +146,9 @@ def test_limits_from_the_spec_model():
 
 
 def test_slo_module_imports_no_torch_and_no_engine():
-    code = ("import sys, slotune.tuner.slo; "
-            "bad = [m for m in sys.modules if m == 'torch' or m.startswith(('slotune.engine', 'numpy'))]; "
-            "assert not bad, bad")
+    code = (
+        "import sys, slotune.tuner.slo; "
+        "bad = [m for m in sys.modules if m == 'torch' or m.startswith(('slotune.engine', 'numpy'))]; "
+        "assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, env=os.environ.copy())

@@ -11,10 +11,19 @@ from tests.tuner_tests.conftest import write_spec
 def test_failing_trials_say_why_in_words(tmp_path, fake_trials):
     """The fake measurement (fake_trials): unquantized max_num_seqs=4 has TTFT p95 = 0.0864 s, over
     the 0.08 s limit; int8 (0.0605 s) holds it."""
-    spec = write_spec(tmp_path, sampler="grid", budget={"n_trials": 2}, objective={"ttft_limit_s": 0.08},
-                      search_space={"name": "q", "knobs": [
-                          {"name": "max_num_seqs", "type": "categorical", "choices": [4]},
-                          {"name": "quantization", "type": "categorical", "choices": ["none", "int8"]}]})
+    spec = write_spec(
+        tmp_path,
+        sampler="grid",
+        budget={"n_trials": 2},
+        objective={"ttft_limit_s": 0.08},
+        search_space={
+            "name": "q",
+            "knobs": [
+                {"name": "max_num_seqs", "type": "categorical", "choices": [4]},
+                {"name": "quantization", "type": "categorical", "choices": ["none", "int8"]},
+            ],
+        },
+    )
     run_command(spec, progress=False, trial_runner=fake_trials)
     out = tmp_path / "out"
     runs = [r for r in tracking_summary(f"sqlite:///{out / 'mlflow.db'}", "t") if r["tags"].get("mlflow.parentRunId")]

@@ -9,12 +9,19 @@ from slotune.tuner.spec import TuningSpec
 
 def test_errors_name_every_field(tmp_path):
     p = tmp_path / "bad.yaml"
-    p.write_text("name: x\nobjective: {kind: latency, metric: goodput_rps, percentil: 95}\n"
-                 "engine: {max_num_seqs: 0}\nbudget: {n_trial: 3}\nwat: 1\n")
+    p.write_text(
+        "name: x\nobjective: {kind: latency, metric: goodput_rps, percentil: 95}\n"
+        "engine: {max_num_seqs: 0}\nbudget: {n_trial: 3}\nwat: 1\n"
+    )
     with pytest.raises(ValidationError) as exc:
         TuningSpec.from_yaml(p)
     msg = format_error(exc.value)
-    for needle in ("objective.percentil: unknown field", "budget.n_trial: unknown field", "wat: unknown field", "engine"):
+    for needle in (
+        "objective.percentil: unknown field",
+        "budget.n_trial: unknown field",
+        "wat: unknown field",
+        "engine",
+    ):
         assert needle in msg, msg
 
 
@@ -27,8 +34,13 @@ def test_metric_must_match_objective_kind():
 
 def test_unknown_knob_is_rejected_with_its_name():
     with pytest.raises(ValidationError, match="knob 'speculative.nope'"):
-        TuningSpec.model_validate({"name": "x", "objective": {"kind": "latency", "metric": "tpot"},
-                                   "search_space": {"knobs": [{"name": "speculative.nope", "type": "int", "low": 1, "high": 2}]}})
+        TuningSpec.model_validate(
+            {
+                "name": "x",
+                "objective": {"kind": "latency", "metric": "tpot"},
+                "search_space": {"knobs": [{"name": "speculative.nope", "type": "int", "low": 1, "high": 2}]},
+            }
+        )
 
 
 def test_validate_cli_exit_codes(tmp_path):
@@ -65,14 +77,24 @@ def test_references_are_resolved_once_into_typed_parts(tmp_path):
     from slotune.tuner.workload import WorkloadSpec
 
     (tmp_path / "wl.yaml").write_text("name: mine\nnum_requests: 5\nconcurrency: 2\n")
-    spec = TuningSpec.from_yaml(_write(tmp_path / "s.yaml", "name: x\nworkload: wl.yaml\nsearch_space: latency\n"
-                                       "objective: {kind: latency, metric: tpot}\n"
-                                       "quality_gates: [{name: agree, kind: agreement, min_top1: 0.9}]\n"))
+    spec = TuningSpec.from_yaml(
+        _write(
+            tmp_path / "s.yaml",
+            "name: x\nworkload: wl.yaml\nsearch_space: latency\n"
+            "objective: {kind: latency, metric: tpot}\n"
+            "quality_gates: [{name: agree, kind: agreement, min_top1: 0.9}]\n",
+        )
+    )
     assert isinstance(spec.workload, WorkloadSpec) and spec.workload.name == "mine" and spec.workload.num_requests == 5
     assert isinstance(spec.search_space, SearchSpace) and spec.search_space.name == "latency"
     assert [type(g) for g in spec.quality_gates] == [GateSpec] and spec.quality_gates[0].min_top1 == 0.9
-    again = TuningSpec(name="x", workload=spec.workload, search_space=spec.search_space,
-                       objective=spec.objective, quality_gates=spec.quality_gates)
+    again = TuningSpec(
+        name="x",
+        workload=spec.workload,
+        search_space=spec.search_space,
+        objective=spec.objective,
+        quality_gates=spec.quality_gates,
+    )
     assert again.model_dump() == spec.model_dump()
     with pytest.raises(ValidationError, match="workload"):
         TuningSpec.model_validate({"name": "x", "workload": 3, "objective": {"kind": "latency", "metric": "tpot"}})
@@ -111,14 +133,20 @@ def test_a_cost_objective_needs_a_price_and_names_both_fields():
     assert spec.cost.usd_per_hour == 2.5
     # a cost metric beside another objective needs the price too; the price must be a price
     with pytest.raises(ValidationError, match="pareto_with 'usd_per_1m_total_tokens' needs cost.usd_per_hour"):
-        TuningSpec.model_validate({"name": "x", "objective": {"kind": "latency", "metric": "tpot",
-                                                              "pareto_with": ["usd_per_1m_total_tokens"]}})
+        TuningSpec.model_validate(
+            {
+                "name": "x",
+                "objective": {"kind": "latency", "metric": "tpot", "pareto_with": ["usd_per_1m_total_tokens"]},
+            }
+        )
     for bad in (0, -1.0, "free"):
         with pytest.raises(ValidationError) as exc:
             TuningSpec.model_validate({**COST, "cost": {"usd_per_hour": bad}})
         assert "cost.usd_per_hour" in format_error(exc.value)
     with pytest.raises(ValidationError, match="not a cost metric"):
-        TuningSpec.model_validate({**COST, "objective": {"kind": "cost", "metric": "tpot"}, "cost": {"usd_per_hour": 1}})
+        TuningSpec.model_validate(
+            {**COST, "objective": {"kind": "cost", "metric": "tpot"}, "cost": {"usd_per_hour": 1}}
+        )
 
 
 def test_new_fields_at_their_defaults_keep_the_fingerprint():

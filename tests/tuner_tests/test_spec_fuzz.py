@@ -32,42 +32,92 @@ from slotune.tuner.workload import WorkloadSpec  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "80"))
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize="FUZZ_EXAMPLES" not in os.environ,  # CI: fixed
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize="FUZZ_EXAMPLES" not in os.environ,  # CI: fixed
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 FIELD_ERRORS = (ValidationError, SpecError)
 
-WORKLOAD = {"name": "w", "arrivals": "poisson", "rate": 2.0, "num_requests": 8, "duration_s": 10.0,
-            "prompt_len": {"kind": "lognormal", "mean": 64, "sigma": 0.5, "min": 8, "max": 256},
-            "output_len": {"kind": "uniform", "min": 4, "max": 32},
-            "shared_prefix": {"num_tokens": 32, "fraction": 0.5}, "seed": 3}
-SPACE = {"name": "s", "knobs": [
-    {"name": "quantization", "type": "categorical", "choices": ["none", "int8", "int4"]},
-    {"name": "quant_group_size", "type": "categorical", "choices": [32, 64], "when": {"quantization": ["int4"]}},
-    {"name": "max_num_seqs", "type": "int", "low": 1, "high": 16, "log": True},
-    {"name": "kv_cache_memory_gb", "type": "float", "low": 0.1, "high": 0.5, "step": 0.1},
-    {"name": "speculative.method", "type": "categorical", "choices": ["none", "ngram"]}],
-    "forbidden": [{"quantization": ["int4"], "max_num_seqs": [16]}]}
-ENGINE = {"max_num_seqs": 8, "quantization": "int8", "kv_dtype": "int8", "max_model_len": 1024,
-          "speculative": {"method": "ngram", "num_speculative_tokens": 3},
-          "admission": {"max_queued_requests": 4}, "kernels": {"decode_attention": {"num_splits": 4}}}
-RICH_SPEC = {"name": "fuzz", "engine": ENGINE, "workload": WORKLOAD, "search_space": SPACE,
-             "objective": {"kind": "latency", "metric": "ttft", "percentile": 90, "ttft_limit_s": 1.0,
-                           "min_output_tokens_per_s": 5.0, "pareto_with": ["output_tokens_per_s"]},
-             "quality_gates": [{"name": "a", "kind": "agreement", "min_top1": 0.9},
-                               {"name": "m", "kind": "lm_eval", "task": "slotune_arithmetic_1digit", "metric": "acc",
-                                "max_abs_drop": 0.1, "limit": 10}],
-             "budget": {"n_trials": 4, "timeout_s": 60.0, "trial_timeout_s": 30.0, "trial_memory_gb": 2.0},
-             "sampler": "nsga2", "seed": 7, "early_stop": {"min_requests": 2, "factor": 2.0}}
-SPECS = [RICH_SPEC] + [parse_yaml(p.read_text(), str(p)) for p in
-                       [*sorted((ROOT / "examples").glob("0[1-4]*/spec.yaml")), ROOT / "tuner" / "specs" / "quickstart.yaml"]]
+WORKLOAD = {
+    "name": "w",
+    "arrivals": "poisson",
+    "rate": 2.0,
+    "num_requests": 8,
+    "duration_s": 10.0,
+    "prompt_len": {"kind": "lognormal", "mean": 64, "sigma": 0.5, "min": 8, "max": 256},
+    "output_len": {"kind": "uniform", "min": 4, "max": 32},
+    "shared_prefix": {"num_tokens": 32, "fraction": 0.5},
+    "seed": 3,
+}
+SPACE = {
+    "name": "s",
+    "knobs": [
+        {"name": "quantization", "type": "categorical", "choices": ["none", "int8", "int4"]},
+        {"name": "quant_group_size", "type": "categorical", "choices": [32, 64], "when": {"quantization": ["int4"]}},
+        {"name": "max_num_seqs", "type": "int", "low": 1, "high": 16, "log": True},
+        {"name": "kv_cache_memory_gb", "type": "float", "low": 0.1, "high": 0.5, "step": 0.1},
+        {"name": "speculative.method", "type": "categorical", "choices": ["none", "ngram"]},
+    ],
+    "forbidden": [{"quantization": ["int4"], "max_num_seqs": [16]}],
+}
+ENGINE = {
+    "max_num_seqs": 8,
+    "quantization": "int8",
+    "kv_dtype": "int8",
+    "max_model_len": 1024,
+    "speculative": {"method": "ngram", "num_speculative_tokens": 3},
+    "admission": {"max_queued_requests": 4},
+    "kernels": {"decode_attention": {"num_splits": 4}},
+}
+RICH_SPEC = {
+    "name": "fuzz",
+    "engine": ENGINE,
+    "workload": WORKLOAD,
+    "search_space": SPACE,
+    "objective": {
+        "kind": "latency",
+        "metric": "ttft",
+        "percentile": 90,
+        "ttft_limit_s": 1.0,
+        "min_output_tokens_per_s": 5.0,
+        "pareto_with": ["output_tokens_per_s"],
+    },
+    "quality_gates": [
+        {"name": "a", "kind": "agreement", "min_top1": 0.9},
+        {
+            "name": "m",
+            "kind": "lm_eval",
+            "task": "slotune_arithmetic_1digit",
+            "metric": "acc",
+            "max_abs_drop": 0.1,
+            "limit": 10,
+        },
+    ],
+    "budget": {"n_trials": 4, "timeout_s": 60.0, "trial_timeout_s": 30.0, "trial_memory_gb": 2.0},
+    "sampler": "nsga2",
+    "seed": 7,
+    "early_stop": {"min_requests": 2, "factor": 2.0},
+}
+SPECS = [RICH_SPEC] + [
+    parse_yaml(p.read_text(), str(p))
+    for p in [*sorted((ROOT / "examples").glob("0[1-4]*/spec.yaml")), ROOT / "tuner" / "specs" / "quickstart.yaml"]
+]
 
 scalar_garbage = st.one_of(
-    st.none(), st.booleans(), st.integers(min_value=-(10**30), max_value=10**30),
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(10**30), max_value=10**30),
     st.sampled_from([math.nan, math.inf, -math.inf, 1e308, -1.0, 0, 2**63, 2**32, "", "auto", "../x", "a\x00b"]),
-    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=12))
-garbage = st.recursive(scalar_garbage, lambda inner: st.one_of(st.lists(inner, max_size=3),
-                                                                st.dictionaries(st.text(max_size=6), inner, max_size=3)),
-                       max_leaves=6)
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=12),
+)
+garbage = st.recursive(
+    scalar_garbage,
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=6), inner, max_size=3)),
+    max_leaves=6,
+)
 
 
 def _paths(doc: Any, prefix: tuple = ()) -> list[tuple]:
@@ -102,11 +152,32 @@ def mutated(draw, seeds: list[dict]) -> Any:
             parent = parent[p]
         value = parent[path[-1]] if path else doc
         if op == "nudge" and type(value) in (int, float):  # a plausible number: many of these validate
-            doc = _set(doc, path, draw(st.integers(-4, 2**33) if type(value) is int else
-                                       st.floats(-1.0, 1e4, allow_nan=False)))
+            doc = _set(
+                doc, path, draw(st.integers(-4, 2**33) if type(value) is int else st.floats(-1.0, 1e4, allow_nan=False))
+            )
         elif op == "nudge" and isinstance(value, str):
-            doc = _set(doc, path, draw(st.sampled_from(["auto", "none", "int8", "ngram", "tpot", "poisson", "random",
-                                                        "grid", "throughput", "chat-small", "low-memory", value[:-1]])))
+            doc = _set(
+                doc,
+                path,
+                draw(
+                    st.sampled_from(
+                        [
+                            "auto",
+                            "none",
+                            "int8",
+                            "ngram",
+                            "tpot",
+                            "poisson",
+                            "random",
+                            "grid",
+                            "throughput",
+                            "chat-small",
+                            "low-memory",
+                            value[:-1],
+                        ]
+                    )
+                ),
+            )
         elif op == "delete" and path:
             del parent[path[-1]]
         elif op == "unknown_key" and isinstance(parent, dict):
@@ -164,8 +235,15 @@ def test_engine_config_fuzz(doc):
 
 
 @FUZZ
-@given(doc=mutated([WORKLOAD, {"arrivals": "closed_loop", "concurrency": 2, "prompt_len": {"kind": "fixed", "value": 9}},
-                    {"shared_prefix": {"text": "hi", "fraction": 1.0}, "mode": "chat"}]))
+@given(
+    doc=mutated(
+        [
+            WORKLOAD,
+            {"arrivals": "closed_loop", "concurrency": 2, "prompt_len": {"kind": "fixed", "value": 9}},
+            {"shared_prefix": {"text": "hi", "fraction": 1.0}, "mode": "chat"},
+        ]
+    )
+)
 def test_workload_spec_fuzz(doc):
     check(WorkloadSpec.model_validate, doc)
 

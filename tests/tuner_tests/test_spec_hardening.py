@@ -51,8 +51,10 @@ def billion_laughs(levels: int = 9) -> str:
 HOSTILE_YAML = {
     "syntax": (BASE + "budget: {n_trials: 3\n", [":4:1: while parsing a flow mapping"]),
     "tabs": ("name: x\nobjective:\n\tkind: latency\n", [":3:1:", "not tabs"]),
-    "python-tag": (BASE + "sampler: !!python/object/apply:os.system ['echo pwned']\n",
-                   [":3:10: tag '!!python/object/apply:os.system' is not allowed"]),
+    "python-tag": (
+        BASE + "sampler: !!python/object/apply:os.system ['echo pwned']\n",
+        [":3:10: tag '!!python/object/apply:os.system' is not allowed"],
+    ),
     "nul": (BASE.encode() + b"seed: 1\x00\n", [":3: contains a NUL byte"]),
     "non-utf8": (BASE.encode() + b"description: \xff\n", [":3: not UTF-8"]),
     "deep-nesting": (BASE + "engine: " + "[" * 20000 + "]" * 20000 + "\n", ["nested more than 64 levels"]),
@@ -184,9 +186,12 @@ def _project(tmp_path: Path) -> Path:
 def test_every_relative_path_resolves_against_the_spec_folder(tmp_path, monkeypatch):
     d = _project(tmp_path)
     write(d / "models" / "tiny" / "config.json", "{}")
-    spec_path = write(d / "spec.yaml", BASE + "model: models/tiny\nsearch_space: spaces/s.yaml\nworkload: wl/w.yaml\n"
-                      "output_dir: out\nstorage: sqlite:///out/study.db\nmlflow_tracking_uri: sqlite:///out/ml.db\n"
-                      "sampler: grid\n")
+    spec_path = write(
+        d / "spec.yaml",
+        BASE + "model: models/tiny\nsearch_space: spaces/s.yaml\nworkload: wl/w.yaml\n"
+        "output_dir: out\nstorage: sqlite:///out/study.db\nmlflow_tracking_uri: sqlite:///out/ml.db\n"
+        "sampler: grid\n",
+    )
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
@@ -204,13 +209,14 @@ def test_every_relative_path_resolves_against_the_spec_folder(tmp_path, monkeypa
     assert inline.workload.trace == str(d / "data" / "inline.jsonl")
     # built-in names stay names, absolute paths stay absolute
     named = TuningSpec.from_yaml(write(d / "named.yaml", BASE + f"workload: chat-small\noutput_dir: {tmp_path}/abs\n"))
-    assert named.workload.name == "chat-small" and named.model == "smollm2-135m" and named.output_dir == f"{tmp_path}/abs"
+    assert (
+        named.workload.name == "chat-small" and named.model == "smollm2-135m" and named.output_dir == f"{tmp_path}/abs"
+    )
 
 
 def test_validate_cli_from_another_directory(tmp_path, monkeypatch):
     d = _project(tmp_path)
-    write(d / "spec.yaml", BASE + "search_space: spaces/s.yaml\nworkload: wl/w.yaml\nsampler: grid\n"
-                 "output_dir: out\n")
+    write(d / "spec.yaml", BASE + "search_space: spaces/s.yaml\nworkload: wl/w.yaml\nsampler: grid\noutput_dir: out\n")
     monkeypatch.chdir(tmp_path)
     code, out, err = cli("validate", "project/spec.yaml")
     assert code == 0, err
@@ -237,9 +243,16 @@ def test_engine_model_is_refused_not_replaced():
 # --- 6. numbers, seeds, gates, files -------------------------------------------------------------------
 NON_FINITE = [
     ("objective", {"kind": "latency", "metric": "ttft", "ttft_limit_s": float("nan")}, "objective.ttft_limit_s"),
-    ("objective", {"kind": "throughput", "metric": "goodput_rps", "tpot_limit_s": float("inf")}, "objective.tpot_limit_s"),
-    ("objective", {"kind": "latency", "metric": "ttft", "min_output_tokens_per_s": float("inf")},
-     "objective.min_output_tokens_per_s"),
+    (
+        "objective",
+        {"kind": "throughput", "metric": "goodput_rps", "tpot_limit_s": float("inf")},
+        "objective.tpot_limit_s",
+    ),
+    (
+        "objective",
+        {"kind": "latency", "metric": "ttft", "min_output_tokens_per_s": float("inf")},
+        "objective.min_output_tokens_per_s",
+    ),
     ("budget", {"trial_timeout_s": float("inf")}, "budget.trial_timeout_s"),
     ("budget", {"timeout_s": float("nan")}, "budget.timeout_s"),
     ("budget", {"trial_memory_gb": float("inf")}, "budget.trial_memory_gb"),
@@ -265,8 +278,10 @@ def test_nan_in_yaml_reaches_the_field_message(tmp_path):
     assert_clear_error(code, err, spec, "objective.ttft_limit_s: must be a finite number")
 
 
-@pytest.mark.parametrize("field,value", [("seed", -1), ("seed", 2**32), ("seed", 10**30), ("robustness_seed", -5),
-                                         ("robustness_seed", 2**40)])
+@pytest.mark.parametrize(
+    "field,value",
+    [("seed", -1), ("seed", 2**32), ("seed", 10**30), ("robustness_seed", -5), ("robustness_seed", 2**40)],
+)
 def test_seeds_are_bounded(field, value):
     with pytest.raises(ValidationError, match=field):
         TuningSpec.model_validate({**BASE_DICT, field: value})
@@ -278,12 +293,16 @@ def test_seeds_are_bounded(field, value):
 def test_gate_metrics_must_exist_and_gate_names_be_unique():
     gate = {"name": "g", "kind": "lm_eval", "task": "slotune_arithmetic_1digit", "max_abs_drop": 0.1}
     assert TuningSpec.model_validate({**BASE_DICT, "quality_gates": [{**gate, "metric": "acc_norm"}]})
-    with pytest.raises(ValidationError, match=r"metric 'accuracy' is not reported by task 'slotune_arithmetic_1digit' "
-                                              r"\(its metrics: acc, acc_norm\)"):
+    with pytest.raises(
+        ValidationError,
+        match=r"metric 'accuracy' is not reported by task 'slotune_arithmetic_1digit' "
+        r"\(its metrics: acc, acc_norm\)",
+    ):
         TuningSpec.model_validate({**BASE_DICT, "quality_gates": [{**gate, "metric": "accuracy"}]})
     with pytest.raises(ValidationError, match="metric 'acc' is not reported by task 'slotune_kjv_perplexity'"):
-        TuningSpec.model_validate({**BASE_DICT, "quality_gates": [
-            {"name": "p", "kind": "perplexity", "metric": "acc", "max_rel_drop": 0.1}]})
+        TuningSpec.model_validate(
+            {**BASE_DICT, "quality_gates": [{"name": "p", "kind": "perplexity", "metric": "acc", "max_rel_drop": 0.1}]}
+        )
     agree = {"name": "a", "kind": "agreement", "min_top1": 0.9}
     with pytest.raises(ValidationError, match=r"\[1\]: gate name 'a' used twice"):
         TuningSpec.model_validate({**BASE_DICT, "quality_gates": [agree, {**agree, "max_mean_kl": 0.1}]})
@@ -327,17 +346,30 @@ def test_missing_model_and_draft_are_refused_by_validate(tmp_path):
 def test_max_model_len_beyond_the_model_context(tmp_path):
     # the bundled GGUF: llama.context_length 8192, read from the header only
     spec = TuningSpec.model_validate({**BASE_DICT, "engine": {"max_model_len": 10000, "max_num_batched_tokens": 10000}})
-    with pytest.raises(SpecError, match=r"engine.max_model_len: max_model_len 10000, beyond the model's context of 8192 "
-                                        r"tokens \(SmolLM2-135M-Instruct.Q4_1.gguf: llama.context_length\)"):
+    with pytest.raises(
+        SpecError,
+        match=r"engine.max_model_len: max_model_len 10000, beyond the model's context of 8192 "
+        r"tokens \(SmolLM2-135M-Instruct.Q4_1.gguf: llama.context_length\)",
+    ):
         preflight(spec)
     preflight(TuningSpec.model_validate({**BASE_DICT, "engine": {"max_model_len": 8192}}))
     # an HF checkpoint dir: config.json's max_position_embeddings; a knob that can sample past it
     write(tmp_path / "m" / "config.json", json.dumps({"model_type": "llama", "max_position_embeddings": 1024}))
     space = {"knobs": [{"name": "max_model_len", "type": "categorical", "choices": [512, 4096]}]}
-    spec = TuningSpec.model_validate({**BASE_DICT, "model": str(tmp_path / "m"), "engine": {"max_model_len": 512},
-                                      "search_space": space, "output_dir": str(tmp_path / "out")})
-    with pytest.raises(SpecError, match=r"search_space: knob 'max_model_len' can sample 4096, beyond the model's "
-                                        r"context of 1024"):
+    spec = TuningSpec.model_validate(
+        {
+            **BASE_DICT,
+            "model": str(tmp_path / "m"),
+            "engine": {"max_model_len": 512},
+            "search_space": space,
+            "output_dir": str(tmp_path / "out"),
+        }
+    )
+    with pytest.raises(
+        SpecError,
+        match=r"search_space: knob 'max_model_len' can sample 4096, beyond the model's "
+        r"context of 1024",
+    ):
         preflight(spec)
 
 

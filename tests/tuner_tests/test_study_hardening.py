@@ -39,10 +39,24 @@ def _study(out: Path, name: str = "t"):
 def _tune_run(spec: Path, *args: str, sleep_s: float = 0.0) -> subprocess.Popen:
     """`tune run SPEC --no-progress ARGS` in its own session, with the fake measurement."""
     env = {**os.environ, "FAKE_TRIAL_SLEEP": str(sleep_s)}
-    return subprocess.Popen([sys.executable, "-m", "slotune.tuner.cli_main", "run", str(spec), "--no-progress",
-                             "--trial-runner", FAKE_RUNNER[-1], *args],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "slotune.tuner.cli_main",
+            "run",
+            str(spec),
+            "--no-progress",
+            "--trial-runner",
+            FAKE_RUNNER[-1],
+            *args,
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def _wait_until(predicate, timeout_s: float = 120.0, what: str = "condition"):
@@ -89,6 +103,7 @@ def _trial_runs(out: Path) -> list[dict]:
 
 # --- 1. a study remembers its spec ---------------------------------------------------------
 
+
 def test_a_changed_spec_is_refused_unless_forced_or_resumed(tmp_path, fake_trials):
     out = tmp_path / "out"
     run_command(write_spec(tmp_path, budget={"n_trials": 2}), progress=False, trial_runner=fake_trials)
@@ -122,6 +137,7 @@ def test_a_changed_spec_is_refused_unless_forced_or_resumed(tmp_path, fake_trial
 
 
 # --- 2. trial processes die with their parent; orphans are failed and logged ----------------
+
 
 def test_sigterm_of_tune_run_kills_its_trial_process(tmp_path):
     spec = write_spec(tmp_path, budget={"n_trials": 2})
@@ -164,11 +180,20 @@ def test_sigkill_of_tune_run_kills_its_trial_process_and_resume_logs_the_orphan(
 
 # --- 3. processes sharing one fresh storage ------------------------------------------------
 
+
 def test_two_tune_runs_on_one_fresh_storage_share_the_study_and_its_budget(tmp_path):
     # The default config (max_num_seqs=16, no quantization) is in this space: one reference trial.
-    spec = write_spec(tmp_path, budget={"n_trials": 4}, search_space={"name": "s", "knobs": [
-        {"name": "max_num_seqs", "type": "int", "low": 1, "high": 16},
-        {"name": "quantization", "type": "categorical", "choices": ["none", "int8"]}]})
+    spec = write_spec(
+        tmp_path,
+        budget={"n_trials": 4},
+        search_space={
+            "name": "s",
+            "knobs": [
+                {"name": "max_num_seqs", "type": "int", "low": 1, "high": 16},
+                {"name": "quantization", "type": "categorical", "choices": ["none", "int8"]},
+            ],
+        },
+    )
     procs = [_tune_run(spec, sleep_s=0.5) for _ in range(2)]
     try:
         logs = [p.communicate(timeout=400)[0] for p in procs]
@@ -182,7 +207,9 @@ def test_two_tune_runs_on_one_fresh_storage_share_the_study_and_its_budget(tmp_p
     trials = _study(out).trials
     # a config the random sampler proposes twice is a repeat: COMPLETE, but no measurement, no budget slot
     complete = [t for t in trials if t.state.name == "COMPLETE" and is_measured(t)]
-    states = [(t.number, t.state.name, t.user_attrs.get("unmeasured") or t.user_attrs.get("fail_reason")) for t in trials]
+    states = [
+        (t.number, t.state.name, t.user_attrs.get("unmeasured") or t.user_attrs.get("fail_reason")) for t in trials
+    ]
     assert len(complete) == 4, states  # never more than the budget, though two processes ran it
     assert [t.user_attrs.get("tag") for t in trials].count("default") == 1, states
     assert not [t for t in trials if t.state.name in ("RUNNING", "WAITING")], states
@@ -215,6 +242,7 @@ def test_budget_admits_a_trial_only_while_fewer_measured_trials_precede_it():
 
 # --- 4. outputs replaced whole; a full disk named --------------------------------------------
 
+
 @pytest.mark.parametrize("writer", ["finalize", "report"])
 def test_a_failed_write_leaves_the_previous_outputs_whole(tmp_path, fake_trials, writer):
     """A write that fails part-way (RLIMIT_FSIZE: the kernel refuses bytes past 64, as a full
@@ -224,10 +252,13 @@ def test_a_failed_write_leaves_the_previous_outputs_whole(tmp_path, fake_trials,
     out = tmp_path / "out"
     names = ("best.yaml", "best_metrics.json", "report.md", "report.html")
     before = {n: (out / n).read_bytes() for n in names}
-    call = ("finalize(spec, study)" if writer == "finalize" else
-            "trials = candidates(study, spec); c = confirm_round(spec, study.user_attrs['confirm'], trials); "
-            "best = next(t for t in trials if t.number == c.winner); "
-            "write_report(spec, study, best, c.remeasure(), spec.resolved_output_dir())")
+    call = (
+        "finalize(spec, study)"
+        if writer == "finalize"
+        else "trials = candidates(study, spec); c = confirm_round(spec, study.user_attrs['confirm'], trials); "
+        "best = next(t for t in trials if t.number == c.winner); "
+        "write_report(spec, study, best, c.remeasure(), spec.resolved_output_dir())"
+    )
     script = (
         "import resource, signal\n"
         "from slotune.tuner.report import write_report\n"
@@ -237,7 +268,8 @@ def test_a_failed_write_leaves_the_previous_outputs_whole(tmp_path, fake_trials,
         "study, _ = open_study(spec)\n"
         "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of death\n"
         "resource.setrlimit(resource.RLIMIT_FSIZE, (64, 64))\n"
-        f"{call}\n")
+        f"{call}\n"
+    )
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert r.returncode != 0, r.stderr
     failed = "best.yaml" if writer == "finalize" else "report.md"
@@ -265,6 +297,7 @@ def test_a_full_disk_while_writing_a_trial_input_fails_the_trial_naming_the_file
 
 # --- 5. the winner waits for running trials -------------------------------------------------
 
+
 def test_the_winner_is_declared_after_a_workers_running_trial_finished(tmp_path, fake_trials):
     """A worker's trial holds the only slot of the budget while the leader starts: the leader
     measures nothing itself and declares the winner once that trial has finished."""
@@ -273,8 +306,10 @@ def test_the_winner_is_declared_after_a_workers_running_trial_finished(tmp_path,
     open_study(TuningSpec.from_yaml(spec))  # created, as a leader would, for the worker to join
     worker = _tune_run(spec, "--worker", sleep_s=8)
     try:
-        _wait_until(lambda: [t for t in _study(out).trials if t.state.name == "RUNNING" and t.user_attrs.get("pid")],
-                    what="the worker's trial")
+        _wait_until(
+            lambda: [t for t in _study(out).trials if t.state.name == "RUNNING" and t.user_attrs.get("pid")],
+            what="the worker's trial",
+        )
         summary = run_command(spec, progress=False, trial_runner=fake_trials)
         log = worker.communicate(timeout=120)[0]
     finally:
@@ -289,11 +324,14 @@ def test_the_winner_is_declared_after_a_workers_running_trial_finished(tmp_path,
 
 # --- 6. invalid configs cost no budget -------------------------------------------------------
 
+
 def test_an_invalid_config_does_not_use_the_budget_and_its_reason_names_the_field(tmp_path, fake_trials):
     """Each knob value is valid alone (the spec checks that), but EngineConfig rejects a batch
     budget below max_model_len (2048) without chunked prefill: failed, named, and not counted."""
-    knobs = [{"name": "enable_chunked_prefill", "type": "categorical", "choices": [True, False]},
-             {"name": "max_num_batched_tokens", "type": "categorical", "choices": [512, 4096]}]
+    knobs = [
+        {"name": "enable_chunked_prefill", "type": "categorical", "choices": [True, False]},
+        {"name": "max_num_batched_tokens", "type": "categorical", "choices": [512, 4096]},
+    ]
     spec = write_spec(tmp_path, budget={"n_trials": 3}, search_space={"name": "inv", "knobs": knobs})
     run_command(spec, progress=False, trial_runner=fake_trials)
     trials = _study(tmp_path / "out").trials
@@ -301,6 +339,8 @@ def test_an_invalid_config_does_not_use_the_budget_and_its_reason_names_the_fiel
     assert invalid, "the seeded random sampler proposes the invalid combination in this space"
     for t in invalid:
         assert t.state.name == "FAIL" and t.user_attrs["unmeasured"] == "invalid_config"
-        assert t.user_attrs["fail_reason"].startswith("invalid config: max_num_batched_tokens (512) must be >= "
-                                                      "max_model_len (2048) when enable_chunked_prefill is false")
+        assert t.user_attrs["fail_reason"].startswith(
+            "invalid config: max_num_batched_tokens (512) must be >= "
+            "max_model_len (2048) when enable_chunked_prefill is false"
+        )
     assert sum(t.state.name == "COMPLETE" and is_measured(t) for t in trials) == 3  # repeats take no measurement

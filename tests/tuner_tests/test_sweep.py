@@ -18,8 +18,18 @@ from slotune.tuner.report import write_report
 from slotune.tuner.slo import SLOLimits
 from slotune.tuner.spec import TuningSpec
 from slotune.tuner.study import run_command
-from slotune.tuner.sweep import (LoadCurve, LoadPoint, SweepResult, concurrency_steps, num_requests, point_workload,
-                                 probe_workload, rate_steps, run_sweep, verdict)
+from slotune.tuner.sweep import (
+    LoadCurve,
+    LoadPoint,
+    SweepResult,
+    concurrency_steps,
+    num_requests,
+    point_workload,
+    probe_workload,
+    rate_steps,
+    run_sweep,
+    verdict,
+)
 from slotune.tuner.sweep_report import report_sections
 from slotune.tuner.traces import load_trace
 from slotune.tuner.workload import WorkloadSpec
@@ -36,12 +46,25 @@ def test_loads_rise_to_twice_the_batch_or_past_saturation_keeping_the_workloads_
     assert concurrency_steps(2, 3) == [1, 2, 4] and concurrency_steps(2, 8) == [1, 2, 3, 4]
     rates = rate_steps(10.0, 6)
     assert rates == sorted(rates) and rates[0] == pytest.approx(2.0) and rates[-1] == pytest.approx(12.0)
-    wl = WorkloadSpec(name="rag", arrivals="gamma", rate=3.0, burstiness=0.5, duration_s=30, mode="chat",
-                      shared_prefix={"num_tokens": 128, "fraction": 0.5}, prompt_len={"kind": "uniform", "min": 8, "max": 64})
+    wl = WorkloadSpec(
+        name="rag",
+        arrivals="gamma",
+        rate=3.0,
+        burstiness=0.5,
+        duration_s=30,
+        mode="chat",
+        shared_prefix={"num_tokens": 128, "fraction": 0.5},
+        prompt_len={"kind": "uniform", "min": 8, "max": 64},
+    )
     at = point_workload(wl, 7.5, num_requests(wl, 7.5, 8, 64))
     assert (at.arrivals, at.rate, at.burstiness, at.num_requests, at.duration_s) == ("gamma", 7.5, 0.5, 30, None)
     assert (at.prompt_len, at.output_len, at.shared_prefix, at.mode, at.seed) == (
-        wl.prompt_len, wl.output_len, wl.shared_prefix, wl.mode, wl.seed)
+        wl.prompt_len,
+        wl.output_len,
+        wl.shared_prefix,
+        wl.mode,
+        wl.seed,
+    )
     probe = probe_workload(wl, 16, 32)
     assert (probe.arrivals, probe.concurrency, probe.rate, probe.num_requests) == ("closed_loop", 16, None, 32)
     closed = point_workload(WorkloadSpec(**TINY_WORKLOAD), 8, num_requests(WorkloadSpec(**TINY_WORKLOAD), 8, 3, 64))
@@ -61,9 +84,25 @@ def swept(tmp_path_factory):
     d = tmp_path_factory.mktemp("sweep")
     (d / "best.yaml").write_text("max_num_seqs: 2\n")
     (d / "tiny.yaml").write_text(yaml.safe_dump({**TINY_WORKLOAD, "name": "tiny"}))
-    r = CliRunner().invoke(app, ["sweep", str(d / "best.yaml"), "-w", str(d / "tiny.yaml"), "--steps", "3",
-                                 "--ttft-limit", "30", "--peak-rps", str(PEAK_RPS),
-                                 "--json", str(d / "sweep.json"), "--html", str(d / "sweep.html")])
+    r = CliRunner().invoke(
+        app,
+        [
+            "sweep",
+            str(d / "best.yaml"),
+            "-w",
+            str(d / "tiny.yaml"),
+            "--steps",
+            "3",
+            "--ttft-limit",
+            "30",
+            "--peak-rps",
+            str(PEAK_RPS),
+            "--json",
+            str(d / "sweep.json"),
+            "--html",
+            str(d / "sweep.html"),
+        ],
+    )
     assert r.exit_code == 0, r.output
     return d, r.output, SweepResult.from_dict(json.loads((d / "sweep.json").read_text()))
 
@@ -94,8 +133,13 @@ def test_capacity_is_the_highest_load_within_the_slo_and_sets_the_replicas(swept
     ttfts = sorted(p.metrics["ttft_p95"] for p in curve.points)
     for limit in (ttfts[0] * 1.0001, ttfts[-1] * 0.9999, 1e-6):
         limits = SLOLimits(ttft_s=limit)
-        judged = LoadCurve(curve.name, curve.load, curve.config, tuple(
-            LoadPoint(p.offered, p.num_requests, p.metrics, *verdict(p.metrics, limits)) for p in curve.points), "")
+        judged = LoadCurve(
+            curve.name,
+            curve.load,
+            curve.config,
+            tuple(LoadPoint(p.offered, p.num_requests, p.metrics, *verdict(p.metrics, limits)) for p in curve.points),
+            "",
+        )
         within = [p.offered for p in judged.points if p.metrics["ttft_p95"] <= limit]
         assert (judged.capacity.offered if judged.capacity else None) == (max(within) if within else None)
         assert judged.replicas(PEAK_RPS) == (math.ceil(PEAK_RPS / judged.capacity.achieved_rps) if within else None)
@@ -104,12 +148,24 @@ def test_capacity_is_the_highest_load_within_the_slo_and_sets_the_replicas(swept
 def test_an_open_loop_sweep_offers_rates_up_to_past_the_measured_saturation(tmp_path):
     """Poisson arrivals: a closed-loop probe at max_num_seqs measures the saturation requests/s; the rates
     are fractions of it up to 1.2x."""
-    spec = TuningSpec.model_validate({"name": "s", "output_dir": str(tmp_path), "objective": {
-        "kind": "latency", "metric": "tpot", "ttft_limit_s": 30.0}, "workload": {
-        **TINY_WORKLOAD, "arrivals": "poisson", "rate": 1.0}})
+    spec = TuningSpec.model_validate(
+        {
+            "name": "s",
+            "output_dir": str(tmp_path),
+            "objective": {"kind": "latency", "metric": "tpot", "ttft_limit_s": 30.0},
+            "workload": {**TINY_WORKLOAD, "arrivals": "poisson", "rate": 1.0},
+        }
+    )
     probes = []
-    curve = run_sweep(spec, EngineConfig(max_num_seqs=2), name="c", steps=2, min_requests=3, max_requests=6,
-                      on_point=lambda name, load, p: probes.append(p) if math.isinf(p.offered) else None)
+    curve = run_sweep(
+        spec,
+        EngineConfig(max_num_seqs=2),
+        name="c",
+        steps=2,
+        min_requests=3,
+        max_requests=6,
+        on_point=lambda name, load, p: probes.append(p) if math.isinf(p.offered) else None,
+    )
     assert curve.load == "rate" and len(probes) == 1 and probes[0].num_requests == 4  # 2 x max_num_seqs
     assert curve.saturation_rps == probes[0].achieved_rps > 0
     assert [p.offered for p in curve.points] == pytest.approx([0.6 * curve.saturation_rps, 1.2 * curve.saturation_rps])

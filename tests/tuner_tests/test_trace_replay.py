@@ -16,17 +16,20 @@ from tests.tuner_tests.test_http_bench import KEY, MODEL, server, tokenizer  # n
 
 # Mooncake lines, 16-token blocks (the engine's default block size): req-1 shares req-0's first two blocks,
 # req-3 repeats req-0 (its last, partial block too: the engine caches full blocks only) and produced no tokens.
-LINES = [{"timestamp": 0, "input_length": 40, "output_length": 3, "hash_ids": [1, 2, 3]},
-         {"timestamp": 100, "input_length": 48, "output_length": 3, "hash_ids": [1, 2, 4]},
-         {"timestamp": 200, "input_length": 20, "output_length": 2, "hash_ids": [5, 6]},
-         {"timestamp": 300, "input_length": 40, "output_length": 0, "hash_ids": [1, 2, 3]}]
+LINES = [
+    {"timestamp": 0, "input_length": 40, "output_length": 3, "hash_ids": [1, 2, 3]},
+    {"timestamp": 100, "input_length": 48, "output_length": 3, "hash_ids": [1, 2, 4]},
+    {"timestamp": 200, "input_length": 20, "output_length": 2, "hash_ids": [5, 6]},
+    {"timestamp": 300, "input_length": 40, "output_length": 0, "hash_ids": [1, 2, 3]},
+]
 
 
 def _workload(tmp_path: Path) -> WorkloadSpec:
     path = tmp_path / "trace.jsonl"
     path.write_text("".join(json.dumps(line) + "\n" for line in LINES))
-    return WorkloadSpec.load({"name": "tiny-trace", "trace": {"path": str(path), "block_size": 16},
-                              "warmup_requests": 1})
+    return WorkloadSpec.load(
+        {"name": "tiny-trace", "trace": {"path": str(path), "block_size": 16}, "warmup_requests": 1}
+    )
 
 
 def _by_id(records):

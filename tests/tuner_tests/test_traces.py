@@ -6,12 +6,25 @@ from pathlib import Path
 import pytest
 
 from slotune.tuner.errors import MissingFileError, SpecError
-from slotune.tuner.traces import (RecordedRequest, Trace, TraceRequest, TraceSource, block_hash_ids, build_prompts,
-                                  detect_format, iter_prompts, load_trace)
+from slotune.tuner.traces import (
+    RecordedRequest,
+    Trace,
+    TraceRequest,
+    TraceSource,
+    block_hash_ids,
+    build_prompts,
+    detect_format,
+    iter_prompts,
+    load_trace,
+)
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "traces"
-SAMPLES = {"recorded": DATA / "recorded.jsonl", "mooncake": DATA / "mooncake.jsonl", "azure": DATA / "azure.csv",
-           "burstgpt": DATA / "burstgpt.csv"}
+SAMPLES = {
+    "recorded": DATA / "recorded.jsonl",
+    "mooncake": DATA / "mooncake.jsonl",
+    "azure": DATA / "azure.csv",
+    "burstgpt": DATA / "burstgpt.csv",
+}
 CORPUS = list(range(10_007))  # distinct ids: equal windows can only come from equal starts
 
 
@@ -64,7 +77,7 @@ def test_every_format_gives_the_same_requests():
     # the same blocks shared: recordings hash full blocks, Mooncake also the last, partial one
     assert traces["recorded"].block_size == traces["mooncake"].block_size == 512
     assert traces["azure"].block_size is None and traces["burstgpt"].block_size is None
-    mooncake_full = [r.hash_ids[:r.prompt_tokens // 512] for r in traces["mooncake"].requests]
+    mooncake_full = [r.hash_ids[: r.prompt_tokens // 512] for r in traces["mooncake"].requests]
     assert _canonical([r.hash_ids for r in ref]) == _canonical(mooncake_full)
     assert all(len(r.hash_ids) == math.ceil(r.prompt_tokens / 512) for r in traces["mooncake"].requests)
 
@@ -85,9 +98,18 @@ def test_recorded_lines_are_in_finish_order_and_load_in_arrival_order():
 
 def test_recorded_request_round_trips_and_is_the_line_format(tmp_path):
     ids = block_hash_ids(list(range(40)), 16, key=b"k")
-    rec = RecordedRequest(arrival=1_700_000_000.5, finish=1_700_000_002.0, prompt_tokens=40, max_tokens=64,
-                          output_tokens=64, finish_reason="length", chat=False, cached_tokens=16, block_size=16,
-                          hash_ids=ids)
+    rec = RecordedRequest(
+        arrival=1_700_000_000.5,
+        finish=1_700_000_002.0,
+        prompt_tokens=40,
+        max_tokens=64,
+        output_tokens=64,
+        finish_reason="length",
+        chat=False,
+        cached_tokens=16,
+        block_size=16,
+        hash_ids=ids,
+    )
     p = _write(tmp_path, "rec.jsonl", rec.model_dump_json() + "\n")
     [req] = load_trace(p).requests
     assert req == TraceRequest(0.0, 40, 64, tuple(ids), False, "length", 16, 1.5)
@@ -95,11 +117,16 @@ def test_recorded_request_round_trips_and_is_the_line_format(tmp_path):
 
 
 def test_azure_timestamps_with_seven_fraction_digits_and_zones(tmp_path):
-    p = _write(tmp_path, "a.csv", "\ufeffTIMESTAMP,ContextTokens,GeneratedTokens\n"  # with a BOM
-               "2023-11-16 18:15:46.6805900,10,2\n2023-11-16 18:15:47.0000001,11,3\n"
-               "2023-11-16T20:15:48+02:00,12,4\n2023-11-16 18:15:49Z,13,5\n")
-    assert [r.arrival_s for r in load_trace(p).requests] == pytest.approx([0, 0.3194101, 1.3194100, 2.3194100],
-                                                                          abs=1e-6)
+    p = _write(
+        tmp_path,
+        "a.csv",
+        "\ufeffTIMESTAMP,ContextTokens,GeneratedTokens\n"  # with a BOM
+        "2023-11-16 18:15:46.6805900,10,2\n2023-11-16 18:15:47.0000001,11,3\n"
+        "2023-11-16T20:15:48+02:00,12,4\n2023-11-16 18:15:49Z,13,5\n",
+    )
+    assert [r.arrival_s for r in load_trace(p).requests] == pytest.approx(
+        [0, 0.3194101, 1.3194100, 2.3194100], abs=1e-6
+    )
 
 
 # --- options ------------------------------------------------------------------------------------------------
@@ -126,33 +153,72 @@ def test_mooncake_block_size_is_a_parameter():
 
 
 # --- errors ----------------------------------------------------------------------------------------------
-REC = ('{"arrival": 1700000000.0, "prompt_tokens": 20, "output_tokens": 3, "finish_reason": "stop", "chat": true, '
-       '"block_size": 8, "hash_ids": [1, 2]}')
+REC = (
+    '{"arrival": 1700000000.0, "prompt_tokens": 20, "output_tokens": 3, "finish_reason": "stop", "chat": true, '
+    '"block_size": 8, "hash_ids": [1, 2]}'
+)
 BAD = [
-    ("r.jsonl", f"{REC}\n{REC}\n{{\"arrival\": 1,,}}\n", r"r.jsonl:3:15: not JSON"),
-    ("r.jsonl", f"{REC}\n" + REC.replace('"prompt_tokens": 20', '"prompt_tokens": -1') + "\n",
-     r"r.jsonl:2: prompt_tokens: .*greater than or equal to 1"),
-    ("r.jsonl", REC.replace("[1, 2]", "[1, 2, 3]") + "\n", r"r.jsonl:1: hash_ids has 3 ids, but 20 prompt tokens fill 2"),
+    ("r.jsonl", f'{REC}\n{REC}\n{{"arrival": 1,,}}\n', r"r.jsonl:3:15: not JSON"),
+    (
+        "r.jsonl",
+        f"{REC}\n" + REC.replace('"prompt_tokens": 20', '"prompt_tokens": -1') + "\n",
+        r"r.jsonl:2: prompt_tokens: .*greater than or equal to 1",
+    ),
+    (
+        "r.jsonl",
+        REC.replace("[1, 2]", "[1, 2, 3]") + "\n",
+        r"r.jsonl:1: hash_ids has 3 ids, but 20 prompt tokens fill 2",
+    ),
     ("r.jsonl", REC.replace("[1, 2]", "[1, 2.5]") + "\n", r"r.jsonl:1: hash_ids.1: .*integer"),
     ("r.jsonl", REC.replace("[1, 2]", "[1, -2]") + "\n", r"r.jsonl:1: hash_ids.1: .*greater than or equal to 0"),
     ("r.jsonl", REC.replace('"chat": true', '"chat": true, "tenant": "a"') + "\n", r"r.jsonl:1: tenant: unknown field"),
     ("r.jsonl", REC.replace('"stop"', '"eos"') + "\n", r"r.jsonl:1: finish_reason: .*'stop'"),
-    ("m.jsonl", '{"timestamp": 0, "input_length": 10, "output_length": 1}\n{"timestamp": 5, "input_length": 10}\n',
-     r"m.jsonl:2: missing output_length"),
-    ("m.jsonl", '{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [-4]}\n',
-     r"m.jsonl:1: hash_ids: must be a list of non-negative whole numbers, got -4"),
-    ("m.jsonl", '{"timestamp": "soon", "input_length": 10, "output_length": 1}\n', r"m.jsonl:1: timestamp: must be a number"),
-    ("a.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.1,5,1\nyesterday,5,1\n",
-     r"a.csv:3:1: TIMESTAMP: 'yesterday' is not a date"),
-    ("a.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.1,5,1\n2023-11-16 18:15:47,5.5,1\n",
-     r"a.csv:3:2: ContextTokens: must be a whole number"),
-    ("a.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.1,5\n", r"a.csv:2: 2 values, but the header"),
-    ("b.csv", "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n1,ChatGPT,5,1,6,API log\n"
-              "2,ChatGPT,5,-1,4,API log\n", r"b.csv:3:4: Response tokens: must be a whole number"),
-    ("b.csv", "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n1,ChatGPT,5,1,6,Chat\n",
-     r"b.csv:2:6: Log Type: must be 'Conversation log' or 'API log'"),
-    ("b.csv", "Timestamp,Model,Request tokens,Response tokens,Log Type\n1,ChatGPT,5,1,API log\n",
-     r"b.csv:1: missing column\(s\) Total tokens"),
+    (
+        "m.jsonl",
+        '{"timestamp": 0, "input_length": 10, "output_length": 1}\n{"timestamp": 5, "input_length": 10}\n',
+        r"m.jsonl:2: missing output_length",
+    ),
+    (
+        "m.jsonl",
+        '{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [-4]}\n',
+        r"m.jsonl:1: hash_ids: must be a list of non-negative whole numbers, got -4",
+    ),
+    (
+        "m.jsonl",
+        '{"timestamp": "soon", "input_length": 10, "output_length": 1}\n',
+        r"m.jsonl:1: timestamp: must be a number",
+    ),
+    (
+        "a.csv",
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.1,5,1\nyesterday,5,1\n",
+        r"a.csv:3:1: TIMESTAMP: 'yesterday' is not a date",
+    ),
+    (
+        "a.csv",
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.1,5,1\n2023-11-16 18:15:47,5.5,1\n",
+        r"a.csv:3:2: ContextTokens: must be a whole number",
+    ),
+    (
+        "a.csv",
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.1,5\n",
+        r"a.csv:2: 2 values, but the header",
+    ),
+    (
+        "b.csv",
+        "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n1,ChatGPT,5,1,6,API log\n"
+        "2,ChatGPT,5,-1,4,API log\n",
+        r"b.csv:3:4: Response tokens: must be a whole number",
+    ),
+    (
+        "b.csv",
+        "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n1,ChatGPT,5,1,6,Chat\n",
+        r"b.csv:2:6: Log Type: must be 'Conversation log' or 'API log'",
+    ),
+    (
+        "b.csv",
+        "Timestamp,Model,Request tokens,Response tokens,Log Type\n1,ChatGPT,5,1,API log\n",
+        r"b.csv:1: missing column\(s\) Total tokens",
+    ),
     ("x.csv", "time,prompt,output\n1,2,3\n", r"x.csv:1: CSV header .* matches no trace format"),
     ("x.jsonl", '{"t": 1}\n', r"x.jsonl:1: JSON lines with keys \['t'\] match no trace format"),
     ("e.jsonl", "\n\n", r"e.jsonl: the trace is empty"),
@@ -176,9 +242,14 @@ def test_wrong_explicit_format_names_missing_columns(tmp_path):
 def test_rotated_files_with_different_block_sizes(tmp_path):
     (tmp_path / "rec").mkdir()
     _write(tmp_path / "rec", "a.jsonl", REC + "\n")
-    _write(tmp_path / "rec", "b.jsonl", REC + "\n" + REC.replace('"block_size": 8', '"block_size": 4')
-           .replace("[1, 2]", "[1, 2, 3, 4, 5]") + "\n")
-    with pytest.raises(SpecError, match=r"rec/b.jsonl:2: block_size: block_size 4 differs from 8 \(.*a.jsonl, line 1\)"):
+    _write(
+        tmp_path / "rec",
+        "b.jsonl",
+        REC + "\n" + REC.replace('"block_size": 8', '"block_size": 4').replace("[1, 2]", "[1, 2, 3, 4, 5]") + "\n",
+    )
+    with pytest.raises(
+        SpecError, match=r"rec/b.jsonl:2: block_size: block_size 4 differs from 8 \(.*a.jsonl, line 1\)"
+    ):
         load_trace(tmp_path / "rec")
 
 
@@ -218,8 +289,14 @@ def _trace(requests, block_size=4) -> Trace:
 
 
 def test_same_hash_id_same_block_different_ids_different_blocks():
-    reqs = [TraceRequest(0, 10, 1, (1, 2, 3)), TraceRequest(1, 12, 1, (1, 2, 4)), TraceRequest(2, 9, 1, (5, 2)),
-            TraceRequest(3, 6, 1, None), TraceRequest(4, 6, 1, None), TraceRequest(5, 3, 1, (1,))]
+    reqs = [
+        TraceRequest(0, 10, 1, (1, 2, 3)),
+        TraceRequest(1, 12, 1, (1, 2, 4)),
+        TraceRequest(2, 9, 1, (5, 2)),
+        TraceRequest(3, 6, 1, None),
+        TraceRequest(4, 6, 1, None),
+        TraceRequest(5, 3, 1, (1,)),
+    ]
     p = build_prompts(_trace(reqs), CORPUS)
     assert [len(x) for x in p] == [r.prompt_tokens for r in reqs]
     assert p[0][:8] == p[1][:8]  # ids 1, 2
@@ -232,7 +309,7 @@ def test_same_hash_id_same_block_different_ids_different_blocks():
     blocks = {}
     for r, ids in zip(reqs, p):
         for j, h in enumerate(r.hash_ids or ()):
-            blocks.setdefault(h, set()).add(tuple(ids[4 * j:4 * j + 4]))
+            blocks.setdefault(h, set()).add(tuple(ids[4 * j : 4 * j + 4]))
     assert all(len(v) == 1 for h, v in blocks.items() if h != 1)  # one block per id (id 1 also cut to 3 tokens)
     assert len({next(iter(v)) for h, v in blocks.items() if h != 1}) == len(blocks) - 1  # distinct ids, distinct blocks
 
@@ -246,8 +323,12 @@ def test_build_prompts_is_deterministic_and_seeded():
     # another stream: the same blocks, other fresh parts (a recording hashes full blocks only: the tail is fresh)
     rec = load_trace(SAMPLES["recorded"])
     x, w = build_prompts(rec, CORPUS), list(iter_prompts(rec, CORPUS, stream=1))
-    assert all(wi[:512 * len(r.hash_ids)] == xi[:512 * len(r.hash_ids)] and wi[512 * len(r.hash_ids):] !=
-               xi[512 * len(r.hash_ids):] for wi, xi, r in zip(w, x, rec.requests) if r.prompt_tokens % 512)
+    assert all(
+        wi[: 512 * len(r.hash_ids)] == xi[: 512 * len(r.hash_ids)]
+        and wi[512 * len(r.hash_ids) :] != xi[512 * len(r.hash_ids) :]
+        for wi, xi, r in zip(w, x, rec.requests)
+        if r.prompt_tokens % 512
+    )
     # prompts longer than the corpus wrap around it
     [long] = build_prompts(_trace([TraceRequest(0, 25, 1, None)]), [1, 2, 3, 4, 5, 6, 7])
     assert len(long) == 25 and set(long) == set(range(1, 8))
@@ -257,5 +338,5 @@ def test_rebuilt_prompts_reproduce_the_traced_sharing():
     trace = load_trace(SAMPLES["mooncake"])
     prompts = build_prompts(trace, CORPUS)
     rehashed = [block_hash_ids(p, 512) for p in prompts]
-    full = [r.hash_ids[:r.prompt_tokens // 512] for r in trace.requests]
+    full = [r.hash_ids[: r.prompt_tokens // 512] for r in trace.requests]
     assert _canonical(rehashed) == _canonical(full)

@@ -13,16 +13,22 @@ from slotune.tuner.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, MLflowT
 from tests.tuner_tests.conftest import write_spec
 from tests.tuner_tests.test_report import DISTRIBUTIONS, GATE, SPACE, gate_report, measured
 
-GRID = {"name": "q", "knobs": [{"name": "max_num_seqs", "type": "categorical", "choices": [4]},
-                               {"name": "quantization", "type": "categorical", "choices": ["none", "int8"]}]}
+GRID = {
+    "name": "q",
+    "knobs": [
+        {"name": "max_num_seqs", "type": "categorical", "choices": [4]},
+        {"name": "quantization", "type": "categorical", "choices": ["none", "int8"]},
+    ],
+}
 
 
 def test_a_study_experiment_opens_on_runs_and_its_parent_run_holds_the_report(tmp_path, fake_trials):
     """A study (stand-in measurement: fake_trials) logging into an experiment an older slotune made
     without the kind tag: the tag is set on reopening; report.html and best.yaml are artifacts of
     the parent run, byte for byte; the infeasible trial's child run says why in words."""
-    spec = write_spec(tmp_path, sampler="grid", budget={"n_trials": 2}, objective={"ttft_limit_s": 0.08},
-                      search_space=GRID)
+    spec = write_spec(
+        tmp_path, sampler="grid", budget={"n_trials": 2}, objective={"ttft_limit_s": 0.08}, search_space=GRID
+    )
     uri = f"sqlite:///{tmp_path / 'out' / 'mlflow.db'}"
     (tmp_path / "out").mkdir()
     client = mlflow.tracking.MlflowClient(uri)
@@ -53,19 +59,32 @@ def test_a_child_run_names_the_failed_gate_and_the_failure(tmp_path):
     tracker = MLflowTracker(spec, study)
     params = {"quantization": "int8", "kv_dtype": "int8", "max_num_seqs": 1}
     gated = optuna.trial.create_trial(
-        state=optuna.trial.TrialState.COMPLETE, params=params, distributions=DISTRIBUTIONS, values=[0.04],
-        user_attrs={"metrics": measured(0.04, 1.1, 30.0), "feasible": False, "gates": gate_report(0.81),
-                    "violations": {"ttft": 0.0, "tpot": 0.0, "throughput": 0.0, "early_stop": 0.0, "quality_gates": 1.0}})
+        state=optuna.trial.TrialState.COMPLETE,
+        params=params,
+        distributions=DISTRIBUTIONS,
+        values=[0.04],
+        user_attrs={
+            "metrics": measured(0.04, 1.1, 30.0),
+            "feasible": False,
+            "gates": gate_report(0.81),
+            "violations": {"ttft": 0.0, "tpot": 0.0, "throughput": 0.0, "early_stop": 0.0, "quality_gates": 1.0},
+        },
+    )
     failed = optuna.trial.create_trial(
-        state=optuna.trial.TrialState.FAIL, params=params, distributions=DISTRIBUTIONS,
-        user_attrs={"fail_reason": "out of memory: trial exceeded budget.trial_memory_gb=8"})
+        state=optuna.trial.TrialState.FAIL,
+        params=params,
+        distributions=DISTRIBUTIONS,
+        user_attrs={"fail_reason": "out of memory: trial exceeded budget.trial_memory_gb=8"},
+    )
     for n, t in enumerate((gated, failed)):
         study.add_trial(t)
         tracker(study, study.trials[n])
     runs = [r for r in tracking_summary(spec.resolved_tracking_uri(), "t") if r["tags"].get("mlflow.parentRunId")]
     reasons = {r["tags"]["slotune.trial"]: r["tags"]["slotune.infeasible_reason"] for r in runs}
-    assert reasons == {"0": "gate agreement: top-1 agreement 0.81 < 0.9; mean KL 0.02 <= 0.1 nats",
-                       "1": "out of memory: trial exceeded budget.trial_memory_gb=8"}
+    assert reasons == {
+        "0": "gate agreement: top-1 agreement 0.81 < 0.9; mean KL 0.02 <= 0.1 nats",
+        "1": "out of memory: trial exceeded budget.trial_memory_gb=8",
+    }
 
 
 def test_the_printed_link_opens_the_runs_table(tmp_path, fake_trials, capsys):

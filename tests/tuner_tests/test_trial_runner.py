@@ -11,15 +11,34 @@ from slotune.tuner.objective import measure
 from slotune.tuner.spec import TuningSpec
 from tests.tuner_tests.conftest import TINY_WORKLOAD
 
-ENGINE_KEYS = ("num_engine_steps", "peak_kv_blocks", "prefix_cache_hit_rate", "spec_acceptance_rate",
-               "num_preemptions", "weight_bytes", "kv_bytes_per_token", "peak_memory_mb")
+ENGINE_KEYS = (
+    "num_engine_steps",
+    "peak_kv_blocks",
+    "prefix_cache_hit_rate",
+    "spec_acceptance_rate",
+    "num_preemptions",
+    "weight_bytes",
+    "kv_bytes_per_token",
+    "peak_memory_mb",
+)
 
 
 def _spec(tmp_path, measure_: str, *, workload: dict | None = None, objective: dict | None = None) -> TuningSpec:
-    return TuningSpec.model_validate({
-        "name": "t", "output_dir": str(tmp_path / "out"), "budget": {"measure": measure_},
-        "workload": {**TINY_WORKLOAD, **(workload or {})},
-        "objective": {"kind": "latency", "metric": "tpot", "percentile": 95, "ttft_limit_s": 30.0, **(objective or {})}})
+    return TuningSpec.model_validate(
+        {
+            "name": "t",
+            "output_dir": str(tmp_path / "out"),
+            "budget": {"measure": measure_},
+            "workload": {**TINY_WORKLOAD, **(workload or {})},
+            "objective": {
+                "kind": "latency",
+                "metric": "tpot",
+                "percentile": 95,
+                "ttft_limit_s": 30.0,
+                **(objective or {}),
+            },
+        }
+    )
 
 
 def test_served_trial_measures_over_http_and_keeps_engine_stats(tmp_path):
@@ -43,9 +62,12 @@ def test_served_watchdog_abort_ends_the_trial_early_stopped_not_failed(tmp_path)
     """One sequence at a time, four in flight, a 1 ms TTFT limit: the three queued requests are
     certain to miss it long before any finishes, so the server-side watchdog aborts everything in
     flight; the client sees aborted streams and the trial ends early-stopped."""
-    spec = _spec(tmp_path, "served", workload={"num_requests": 12, "concurrency": 4,
-                                               "output_len": {"kind": "fixed", "value": 8}},
-                 objective={"ttft_limit_s": 0.001})
+    spec = _spec(
+        tmp_path,
+        "served",
+        workload={"num_requests": 12, "concurrency": 4, "output_len": {"kind": "fixed", "value": 8}},
+        objective={"ttft_limit_s": 0.001},
+    )
     r = measure(spec, spec.base_config().with_updates({"max_num_seqs": 1}))
     m = r["metrics"]
     assert r["measure"] == "served" and r["early_stopped"] is True and r["violations"]["early_stop"] == 1.0

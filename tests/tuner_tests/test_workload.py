@@ -49,8 +49,13 @@ def test_same_seed_same_requests_other_seed_differs(tok):
 
 
 def test_measured_requests_do_not_depend_on_count_or_warmup(tok):
-    base = WorkloadSpec(arrivals="poisson", rate=5, num_requests=10, warmup_requests=0,
-                        prompt_len={"kind": "uniform", "min": 4, "max": 40})
+    base = WorkloadSpec(
+        arrivals="poisson",
+        rate=5,
+        num_requests=10,
+        warmup_requests=0,
+        prompt_len={"kind": "uniform", "min": 4, "max": 40},
+    )
     more = base.model_copy(update={"num_requests": 20, "warmup_requests": 3})
     a = generate_requests(base, tok)
     b = [r for r in generate_requests(more, tok) if not r.is_warmup]
@@ -58,8 +63,11 @@ def test_measured_requests_do_not_depend_on_count_or_warmup(tok):
 
 
 def test_lengths_follow_distribution_bounds(tok):
-    spec = WorkloadSpec(num_requests=50, prompt_len={"kind": "uniform", "min": 10, "max": 20},
-                        output_len={"kind": "lognormal", "mean": 30, "sigma": 1.0, "min": 5, "max": 40})
+    spec = WorkloadSpec(
+        num_requests=50,
+        prompt_len={"kind": "uniform", "min": 10, "max": 20},
+        output_len={"kind": "lognormal", "mean": 30, "sigma": 1.0, "min": 5, "max": 40},
+    )
     reqs = generate_requests(spec, tok)
     assert all(10 <= len(r.prompt_token_ids) <= 20 and 5 <= r.output_len <= 40 for r in reqs)
     assert len({r.output_len for r in reqs}) > 3
@@ -69,13 +77,17 @@ def test_stratified_lengths_cover_every_stratum_in_each_block_of_eight(tok):
     """Stratified (the default), each block of 8 requests takes one length from each eighth of the
     distribution: uniform 1..8 gives every value once per block, whatever the seed, so seeds differ
     in order, not in total tokens; independent draws repeat values and change the total."""
-    spec = WorkloadSpec(num_requests=24, warmup_requests=0, output_len={"kind": "uniform", "min": 1, "max": 8},
-                        prompt_len={"kind": "uniform", "min": 9, "max": 16})
+    spec = WorkloadSpec(
+        num_requests=24,
+        warmup_requests=0,
+        output_len={"kind": "uniform", "min": 1, "max": 8},
+        prompt_len={"kind": "uniform", "min": 9, "max": 16},
+    )
     orders = set()
     for seed in range(4):
         reqs = generate_requests(spec, tok, seed=seed)
         for b in range(0, 24, 8):
-            block = reqs[b:b + 8]
+            block = reqs[b : b + 8]
             assert sorted(r.output_len for r in block) == list(range(1, 9))
             assert sorted(len(r.prompt_token_ids) for r in block) == list(range(9, 17))
         orders.add(tuple(r.output_len for r in reqs))
@@ -88,8 +100,12 @@ def test_stratified_lengths_cover_every_stratum_in_each_block_of_eight(tok):
 def test_stratified_lognormal_lengths_keep_the_median(tok):
     """The quantile transform is the distribution's: the median of many stratified lognormal lengths
     is the spec's median (`mean`), and a short run (the screening head) is the long run's beginning."""
-    spec = WorkloadSpec(num_requests=400, warmup_requests=0, prompt_len={"kind": "fixed", "value": 4},
-                        output_len={"kind": "lognormal", "mean": 40, "sigma": 0.8, "min": 1, "max": 4000})
+    spec = WorkloadSpec(
+        num_requests=400,
+        warmup_requests=0,
+        prompt_len={"kind": "fixed", "value": 4},
+        output_len={"kind": "lognormal", "mean": 40, "sigma": 0.8, "min": 1, "max": 4000},
+    )
     lens = sorted(r.output_len for r in generate_requests(spec, tok))
     assert 38 <= lens[200] <= 42
     head = generate_requests(spec.model_copy(update={"num_requests": 12}), tok)
@@ -138,8 +154,9 @@ def test_shared_prefix_tokens_fraction_and_text(tok):
 
 
 def test_chat_mode_applies_the_template_with_prefix_as_system(tok):
-    spec = WorkloadSpec(mode="chat", num_requests=2, warmup_requests=0,
-                        shared_prefix={"text": "You are a terse assistant."})
+    spec = WorkloadSpec(
+        mode="chat", num_requests=2, warmup_requests=0, shared_prefix={"text": "You are a terse assistant."}
+    )
     for r in generate_requests(spec, tok):
         text = tok.decode(r.prompt_token_ids, skip_special_tokens=False)
         assert text.startswith("<|im_start|>system\nYou are a terse assistant.<|im_end|>\n<|im_start|>user\n")
@@ -147,7 +164,9 @@ def test_chat_mode_applies_the_template_with_prefix_as_system(tok):
 
 
 def test_trace_file_relative_to_the_workload_yaml(tok, tmp_path):
-    (tmp_path / "t.jsonl").write_text('{"prompt": "hello there", "output_len": 3}\n\n{"prompt_len": 7, "output_len": 5}\n')
+    (tmp_path / "t.jsonl").write_text(
+        '{"prompt": "hello there", "output_len": 3}\n\n{"prompt_len": 7, "output_len": 5}\n'
+    )
     (tmp_path / "w.yaml").write_text("trace: t.jsonl\nnum_requests: 4\nwarmup_requests: 0\n")
     reqs = generate_requests(WorkloadSpec.load(tmp_path / "w.yaml"), tok)
     assert reqs[0].prompt_token_ids == tok.encode("hello there") and [r.output_len for r in reqs] == [3, 5, 3, 5]

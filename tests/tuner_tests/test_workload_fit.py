@@ -32,16 +32,22 @@ class WordTokenizer:
 
 
 # A hand-made trace, block size 4: ids 1, 2 shared; id 3 reused at another position (2 tokens of it).
-HAND = [TraceRequest(0.0, 10, 5, (1, 2, 3), is_chat=True),  # blocks of 4, 4, 2 tokens
-        TraceRequest(1.0, 8, 3, (1, 2), is_chat=False),  # 8 cacheable
-        TraceRequest(1.5, 9, 0, (1, 5, 6)),  # 4 cacheable
-        TraceRequest(4.0, 6, 10, (7, 3)),  # 2 cacheable: id 3 covers the last 2 tokens
-        TraceRequest(4.2, 7, 2)]  # no hash ids: left out of the cacheable share
+HAND = [
+    TraceRequest(0.0, 10, 5, (1, 2, 3), is_chat=True),  # blocks of 4, 4, 2 tokens
+    TraceRequest(1.0, 8, 3, (1, 2), is_chat=False),  # 8 cacheable
+    TraceRequest(1.5, 9, 0, (1, 5, 6)),  # 4 cacheable
+    TraceRequest(4.0, 6, 10, (7, 3)),  # 2 cacheable: id 3 covers the last 2 tokens
+    TraceRequest(4.2, 7, 2),
+]  # no hash ids: left out of the cacheable share
 
 
 def _hand(**over) -> Trace:
-    reqs = [TraceRequest(r.arrival_s, r.prompt_tokens, r.output_tokens, r.hash_ids, r.is_chat,
-                         e2e_s=over.get("e2e", [None] * 5)[i]) for i, r in enumerate(HAND)]
+    reqs = [
+        TraceRequest(
+            r.arrival_s, r.prompt_tokens, r.output_tokens, r.hash_ids, r.is_chat, e2e_s=over.get("e2e", [None] * 5)[i]
+        )
+        for i, r in enumerate(HAND)
+    ]
     return Trace(reqs, "hand.jsonl", "mooncake", 4)
 
 
@@ -86,8 +92,9 @@ def test_recording_reports_measured_concurrency_others_estimate():
     assert rec.cached_share == pytest.approx(rec.cacheable_share) and moon.cached_share is None
 
 
-@pytest.mark.parametrize("name", ["recorded.jsonl", "recorded_rotated", "mooncake.jsonl", "azure.csv", "burstgpt.csv",
-                                  "mooncake_fit.jsonl"])
+@pytest.mark.parametrize(
+    "name", ["recorded.jsonl", "recorded_rotated", "mooncake.jsonl", "azure.csv", "burstgpt.csv", "mooncake_fit.jsonl"]
+)
 def test_fit_validates_as_a_workload_spec(name):
     trace = load_trace(DATA / name)
     doc = fit(trace)
@@ -158,6 +165,13 @@ def test_replayed_prompts_reproduce_the_cacheable_share():
     """build_prompts on the workload corpus, re-hashed: the same blocks shared as in the trace."""
     trace = load_trace(DATA / "mooncake.jsonl")
     prompts = build_prompts(trace, corpus_token_ids(WordTokenizer()))
-    rebuilt = Trace([TraceRequest(r.arrival_s, len(p), r.output_tokens, tuple(block_hash_ids(p, 512)))
-                     for r, p in zip(trace.requests, prompts)], "rebuilt", "recorded", 512)
+    rebuilt = Trace(
+        [
+            TraceRequest(r.arrival_s, len(p), r.output_tokens, tuple(block_hash_ids(p, 512)))
+            for r, p in zip(trace.requests, prompts)
+        ],
+        "rebuilt",
+        "recorded",
+        512,
+    )
     assert summarize(rebuilt).cacheable_share == pytest.approx(summarize(trace).cacheable_share, abs=0.01)

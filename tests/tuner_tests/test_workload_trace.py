@@ -47,8 +47,17 @@ def test_gamma_gaps_have_the_rate_and_the_cv(burstiness, sampling):
     (the default) or drawn independently. Enough gaps that 5% is 3 standard errors of independent
     gaps' mean (CV / sqrt(n)): 4000, 14400 at burstiness 0.25 (CV 2); stratified ones are closer."""
     n = max(4000, int(3600 / burstiness))
-    gaps = _gaps(WorkloadSpec(arrivals="gamma", rate=5.0, burstiness=burstiness, num_requests=n + 1,
-                              warmup_requests=0, prompt_len={"kind": "fixed", "value": 2}, arrival_sampling=sampling))
+    gaps = _gaps(
+        WorkloadSpec(
+            arrivals="gamma",
+            rate=5.0,
+            burstiness=burstiness,
+            num_requests=n + 1,
+            warmup_requests=0,
+            prompt_len={"kind": "fixed", "value": 2},
+            arrival_sampling=sampling,
+        )
+    )
     assert gaps.mean() == pytest.approx(1 / 5.0, rel=0.05)
     assert gaps.std() / gaps.mean() == pytest.approx(1 / np.sqrt(burstiness), rel=0.1)
 
@@ -60,8 +69,9 @@ def test_stratified_gaps_take_one_from_each_eighth_and_pin_the_rate(arrivals):
     200 seeds the span of 24 arrivals varies less than half as much as with independent gaps."""
     from scipy.special import gammainc
 
-    spec = WorkloadSpec(rate=2.0, num_requests=25, warmup_requests=0, prompt_len={"kind": "fixed", "value": 2},
-                        **arrivals)
+    spec = WorkloadSpec(
+        rate=2.0, num_requests=25, warmup_requests=0, prompt_len={"kind": "fixed", "value": 2}, **arrivals
+    )
     k = spec.burstiness or 1.0
     for seed in range(5):
         cdf = gammainc(k, _gaps(spec.model_copy(update={"seed": seed})) * spec.rate * k)
@@ -80,12 +90,21 @@ def test_prompts_and_lengths_do_not_depend_on_the_arrivals():
     """Gaps come from a generator of their own: the same seed gives the same prompts and lengths
     whether its requests arrive closed loop, at a fixed rate, or as stratified or independent
     Poisson or gamma arrivals; only the arrival offsets differ."""
-    base = WorkloadSpec(num_requests=12, warmup_requests=1, prompt_len={"kind": "uniform", "min": 4, "max": 40},
-                        output_len={"kind": "lognormal", "mean": 16, "sigma": 0.5, "min": 1, "max": 64},
-                        shared_prefix={"num_tokens": 8, "fraction": 0.5}, seed=7)
-    variants = [{}, {"arrivals": "fixed_rate", "rate": 3.0}, {"arrivals": "poisson", "rate": 3.0},
-                {"arrivals": "poisson", "rate": 3.0, "arrival_sampling": "independent"},
-                {"arrivals": "gamma", "rate": 3.0, "burstiness": 0.5}]
+    base = WorkloadSpec(
+        num_requests=12,
+        warmup_requests=1,
+        prompt_len={"kind": "uniform", "min": 4, "max": 40},
+        output_len={"kind": "lognormal", "mean": 16, "sigma": 0.5, "min": 1, "max": 64},
+        shared_prefix={"num_tokens": 8, "fraction": 0.5},
+        seed=7,
+    )
+    variants = [
+        {},
+        {"arrivals": "fixed_rate", "rate": 3.0},
+        {"arrivals": "poisson", "rate": 3.0},
+        {"arrivals": "poisson", "rate": 3.0, "arrival_sampling": "independent"},
+        {"arrivals": "gamma", "rate": 3.0, "burstiness": 0.5},
+    ]
     drawn = [generate_requests(WorkloadSpec(**(base.model_dump() | v)), WordTokenizer()) for v in variants]
     first = [(r.request_id, r.prompt_token_ids, r.output_len) for r in drawn[0]]
     for reqs in drawn[1:]:
@@ -93,14 +112,17 @@ def test_prompts_and_lengths_do_not_depend_on_the_arrivals():
     assert len({tuple(r.arrival_offset_s for r in reqs) for reqs in drawn}) == len(variants)
 
 
-@pytest.mark.parametrize(("doc", "needle"), [
-    ({"arrivals": "gamma", "rate": 2.0}, "burstiness is required when arrivals is 'gamma'"),
-    ({"arrivals": "gamma", "burstiness": 0.5}, "rate is required when arrivals is 'gamma'"),
-    ({"arrivals": "poisson", "rate": 2.0, "burstiness": 0.5}, "burstiness applies to arrivals 'gamma' only"),
-    ({"arrivals": "gamma", "rate": 2.0, "burstiness": 0}, "greater than 0"),
-    ({"arrivals": "trace"}, "arrivals 'trace' replays a trace's own arrival times"),
-    ({"arrivals": "trace", "trace": "lengths.jsonl"}, "got a lengths file"),
-])
+@pytest.mark.parametrize(
+    ("doc", "needle"),
+    [
+        ({"arrivals": "gamma", "rate": 2.0}, "burstiness is required when arrivals is 'gamma'"),
+        ({"arrivals": "gamma", "burstiness": 0.5}, "rate is required when arrivals is 'gamma'"),
+        ({"arrivals": "poisson", "rate": 2.0, "burstiness": 0.5}, "burstiness applies to arrivals 'gamma' only"),
+        ({"arrivals": "gamma", "rate": 2.0, "burstiness": 0}, "greater than 0"),
+        ({"arrivals": "trace"}, "arrivals 'trace' replays a trace's own arrival times"),
+        ({"arrivals": "trace", "trace": "lengths.jsonl"}, "got a lengths file"),
+    ],
+)
 def test_arrival_mistakes_are_named(doc, needle):
     with pytest.raises(ValidationError, match=needle):
         WorkloadSpec.load(doc)
@@ -123,22 +145,32 @@ def test_workloads_written_before_gamma_and_traces_fingerprint_the_same():
     assert WorkloadSpec.load({}).model_dump(mode="json", exclude_defaults=True) == {"num_requests": 16}
     old = {"arrivals": "poisson", "rate": 2.0, "trace": "t.jsonl", "prompt_len": {"kind": "fixed", "value": 8}}
     assert WorkloadSpec.load(old).model_dump(mode="json", exclude_defaults=True) == {
-        **old, "prompt_len": {"value": 8}, "num_requests": 16}  # kind: fixed is the default kind
+        **old,
+        "prompt_len": {"value": 8},
+        "num_requests": 16,
+    }  # kind: fixed is the default kind
 
 
-@pytest.mark.parametrize(("extra", "needles"), [
-    ({"prompt_len": {"kind": "fixed", "value": 8}}, ["prompt_len cannot be set beside a trace mapping",
-                                                     "its prompt lengths"]),
-    ({"rate": 2.0, "duration_s": 5}, ["rate, duration_s cannot be set", "trace.window"]),
-    ({"num_requests": 10}, ["num_requests", "trace.max_requests"]),
-    ({"shared_prefix": {"num_tokens": 8}, "output_len": {"kind": "fixed", "value": 8}},
-     ["output_len, shared_prefix", "block hash ids"]),
-    ({"arrivals": "poisson", "rate": 2.0}, ["arrivals 'poisson': a trace mapping replays", "--empirical"]),
-    ({"mode": "chat"}, ["mode 'chat' with a trace mapping"]),
-    ({"length_sampling": "independent"}, ["length_sampling cannot be set", "its lengths"]),
-    ({"arrival_sampling": "independent"}, ["arrival_sampling cannot be set", "its arrival times"]),
-    ({"trace": {"path": "x", "speed": 2}}, ["trace.speed\n  Extra inputs are not permitted"]),
-])
+@pytest.mark.parametrize(
+    ("extra", "needles"),
+    [
+        (
+            {"prompt_len": {"kind": "fixed", "value": 8}},
+            ["prompt_len cannot be set beside a trace mapping", "its prompt lengths"],
+        ),
+        ({"rate": 2.0, "duration_s": 5}, ["rate, duration_s cannot be set", "trace.window"]),
+        ({"num_requests": 10}, ["num_requests", "trace.max_requests"]),
+        (
+            {"shared_prefix": {"num_tokens": 8}, "output_len": {"kind": "fixed", "value": 8}},
+            ["output_len, shared_prefix", "block hash ids"],
+        ),
+        ({"arrivals": "poisson", "rate": 2.0}, ["arrivals 'poisson': a trace mapping replays", "--empirical"]),
+        ({"mode": "chat"}, ["mode 'chat' with a trace mapping"]),
+        ({"length_sampling": "independent"}, ["length_sampling cannot be set", "its lengths"]),
+        ({"arrival_sampling": "independent"}, ["arrival_sampling cannot be set", "its arrival times"]),
+        ({"trace": {"path": "x", "speed": 2}}, ["trace.speed\n  Extra inputs are not permitted"]),
+    ],
+)
 def test_fields_a_trace_decides_are_refused_by_name(extra, needles):
     doc = {"trace": {"path": str(RECORDED)}, **extra}
     with pytest.raises(ValidationError) as err:
@@ -172,8 +204,9 @@ def test_a_recording_given_as_a_lengths_file_says_how_to_replay_it(tmp_path):
 # --- trace workloads: generation -----------------------------------------------------------------------
 def test_replay_keeps_arrivals_lengths_and_prefix_sharing():
     src = load_trace(RECORDED, window=(0, 40), time_scale=0.5)
-    spec = WorkloadSpec.load({"trace": {"path": str(RECORDED), "window": [0, 40], "time_scale": 0.5},
-                              "warmup_requests": 3})
+    spec = WorkloadSpec.load(
+        {"trace": {"path": str(RECORDED), "window": [0, 40], "time_scale": 0.5}, "warmup_requests": 3}
+    )
     reqs = generate_requests(spec, WordTokenizer())
     warm, measured = [r for r in reqs if r.is_warmup], [r for r in reqs if not r.is_warmup]
     assert len(warm) == 3 and len(measured) == len(src) < 120
@@ -185,7 +218,9 @@ def test_replay_keeps_arrivals_lengths_and_prefix_sharing():
     assert rebuilt.cacheable_share == pytest.approx(summarize(src).cacheable_share, abs=0.01)
     # warm-up prompts share no block with a measured prompt, at the engine's block size as at the trace's
     for bs in (16, src.block_size):
-        warm_blocks = {tuple(r.prompt_token_ids[i:i + bs]) for r in warm for i in range(0, len(r.prompt_token_ids) - bs + 1, bs)}
+        warm_blocks = {
+            tuple(r.prompt_token_ids[i : i + bs]) for r in warm for i in range(0, len(r.prompt_token_ids) - bs + 1, bs)
+        }
         measured_firsts = {tuple(r.prompt_token_ids[:bs]) for r in measured}
         assert not warm_blocks & measured_firsts
     # another seed: other tokens, the same sharing and times
@@ -196,8 +231,9 @@ def test_replay_keeps_arrivals_lengths_and_prefix_sharing():
 
 
 def test_describe_replay_names_the_window():
-    spec = WorkloadSpec.load({"trace": {"path": str(RECORDED), "window": [10, 40], "time_scale": 2.0,
-                                        "max_requests": 30}})
+    spec = WorkloadSpec.load(
+        {"trace": {"path": str(RECORDED), "window": [10, 40], "time_scale": 2.0, "max_requests": 30}}
+    )
     n = len(load_trace(spec.trace_source))
     text = describe_replay(spec)
     assert f"trace {RECORDED} (recorded), window [10, 40) s, first 30 requests, time_scale 2" in text
@@ -232,7 +268,9 @@ def test_tuning_spec_resolves_the_nested_trace_path_and_preflights_it(tmp_path, 
         preflight(TuningSpec.from_yaml(bad))
     missing = _trace_project(tmp_path / "m", "{trace: {path: nowhere/}}")
     code, _, err = cli("validate", str(missing))
-    assert code == 2 and f"{missing}: workload: workload.trace.path: trace not found: {missing.parent / 'nowhere'}" in err
+    assert (
+        code == 2 and f"{missing}: workload: workload.trace.path: trace not found: {missing.parent / 'nowhere'}" in err
+    )
     refused = _trace_project(tmp_path / "r", "{trace: {path: recording}, rate: 3}")
     code, _, err = cli("validate", str(refused))
     assert code == 2 and "rate cannot be set beside a trace mapping" in err and "Traceback" not in err
@@ -252,8 +290,10 @@ def test_study_on_a_trace_workload_reports_the_traffic_window(tmp_path, fake_tri
     run_command(spec_path, progress=False, trial_runner=fake_trials)
     n = len(load_trace(tmp_path / "recording", window=(0, 30)))
     report = (tmp_path / "out" / "report.md").read_text()
-    assert (f"Traffic: tuned on trace {tmp_path / 'recording'} (recorded), window [0, 30) s, time_scale 0.5: "
-            f"{n} requests over") in report
+    assert (
+        f"Traffic: tuned on trace {tmp_path / 'recording'} (recorded), window [0, 30) s, time_scale 0.5: "
+        f"{n} requests over"
+    ) in report
     assert "replayed open loop at the traced times" in report
     assert "window [0, 30) s" in (tmp_path / "out" / "report.html").read_text()
 
@@ -261,11 +301,33 @@ def test_study_on_a_trace_workload_reports_the_traffic_window(tmp_path, fake_tri
 # --- `tune workload fit`, through the CLI ------------------------------------------------------------------
 def test_workload_fit_cli_prints_the_summary_and_writes_a_spec(tmp_path):
     out = tmp_path / "served.yaml"
-    code, stdout, err = cli("workload", "fit", str(RECORDED), "-o", str(out), "--window", "0", "40",
-                            "--time-scale", "2", "--max-requests", "60")
+    code, stdout, err = cli(
+        "workload",
+        "fit",
+        str(RECORDED),
+        "-o",
+        str(out),
+        "--window",
+        "0",
+        "40",
+        "--time-scale",
+        "2",
+        "--max-requests",
+        "60",
+    )
     assert code == 0, err
-    for needle in ("prompt", "output", "p95", "p99", "mean rate", "peak rate", "burstiness (inter-arrival CV)",
-                   "peak concurrency", "cacheable-prefix share", f"wrote {out}"):
+    for needle in (
+        "prompt",
+        "output",
+        "p95",
+        "p99",
+        "mean rate",
+        "peak rate",
+        "burstiness (inter-arrival CV)",
+        "peak concurrency",
+        "cacheable-prefix share",
+        f"wrote {out}",
+    ):
         assert needle in stdout, needle
     spec = WorkloadSpec.load(out)
     src = summarize(load_trace(RECORDED, window=(0, 40), time_scale=2.0, max_requests=60))
@@ -276,13 +338,16 @@ def test_workload_fit_cli_prints_the_summary_and_writes_a_spec(tmp_path):
     assert WorkloadSpec.load(tmp_path / "e.yaml").trace == str(tmp_path / "e.lengths.jsonl")
 
 
-@pytest.mark.parametrize(("args", "where", "needle"), [
-    (["--window", "30", "3"], "recorded.jsonl", "window: need 0 <= start_s < end_s"),
-    (["--block-size", "16"], "recorded.jsonl", "block_size applies to mooncake traces only"),
-    (["--max-requests", "1"], "recorded.jsonl", "needs two or more distinct arrival times"),
-    (["--format", "azure"], "recorded.jsonl", "missing column(s) TIMESTAMP"),
-    (["--time-scale", "-1"], "recorded.jsonl", "time_scale: Input should be greater than 0"),
-])
+@pytest.mark.parametrize(
+    ("args", "where", "needle"),
+    [
+        (["--window", "30", "3"], "recorded.jsonl", "window: need 0 <= start_s < end_s"),
+        (["--block-size", "16"], "recorded.jsonl", "block_size applies to mooncake traces only"),
+        (["--max-requests", "1"], "recorded.jsonl", "needs two or more distinct arrival times"),
+        (["--format", "azure"], "recorded.jsonl", "missing column(s) TIMESTAMP"),
+        (["--time-scale", "-1"], "recorded.jsonl", "time_scale: Input should be greater than 0"),
+    ],
+)
 def test_workload_fit_cli_errors_are_path_message_lines(tmp_path, args, where, needle):
     code, _, err = cli("workload", "fit", str(RECORDED), "-o", str(tmp_path / "w.yaml"), *args)
     assert code == 2 and "Traceback" not in err

@@ -62,9 +62,17 @@ def make_trace(num_requests: int, *, rate: float, seed: int) -> list[dict]:
         output = int(np.clip(rng.lognormal(np.log(180), 0.7), 1, 2000))
         if max_tokens is not None:
             output = min(output, max_tokens)
-        out.append({"arrival_ms": t_ms, "tokens": tokens, "output_tokens": output, "max_tokens": max_tokens,
-                    "is_chat": bool(rng.random() < 0.7), "e2e_s": round(0.2 + len(tokens) / 5000 + output * 0.03, 3),
-                    "model": "GPT-4" if rng.random() < 0.2 else "ChatGPT"})
+        out.append(
+            {
+                "arrival_ms": t_ms,
+                "tokens": tokens,
+                "output_tokens": output,
+                "max_tokens": max_tokens,
+                "is_chat": bool(rng.random() < 0.7),
+                "e2e_s": round(0.2 + len(tokens) / 5000 + output * 0.03, 3),
+                "model": "GPT-4" if rng.random() < 0.2 else "ChatGPT",
+            }
+        )
         t_ms += max(1, int(round(rng.exponential(1000.0 / rate))))
     return out
 
@@ -79,10 +87,25 @@ def recorded_lines(trace: list[dict]) -> list[str]:
         seen.update(ids)
         arrival = BASE_UNIX + r["arrival_ms"] / 1000
         reason = "length" if r["output_tokens"] == r["max_tokens"] else "stop"
-        lines.append((arrival + r["e2e_s"], json.dumps({
-            "arrival": arrival, "finish": round(arrival + r["e2e_s"], 6), "prompt_tokens": len(r["tokens"]),
-            "max_tokens": r["max_tokens"], "output_tokens": r["output_tokens"], "finish_reason": reason,
-            "chat": r["is_chat"], "cached_tokens": cached, "block_size": BLOCK_SIZE, "hash_ids": ids})))
+        lines.append(
+            (
+                arrival + r["e2e_s"],
+                json.dumps(
+                    {
+                        "arrival": arrival,
+                        "finish": round(arrival + r["e2e_s"], 6),
+                        "prompt_tokens": len(r["tokens"]),
+                        "max_tokens": r["max_tokens"],
+                        "output_tokens": r["output_tokens"],
+                        "finish_reason": reason,
+                        "chat": r["is_chat"],
+                        "cached_tokens": cached,
+                        "block_size": BLOCK_SIZE,
+                        "hash_ids": ids,
+                    }
+                ),
+            )
+        )
     return [line for _, line in sorted(lines, key=lambda x: x[0])]
 
 
@@ -94,8 +117,16 @@ def mooncake_lines(trace: list[dict]) -> list[str]:
         ids = [number.setdefault(h, len(number)) for h in block_hash_ids(r["tokens"], BLOCK_SIZE)]
         if len(r["tokens"]) % BLOCK_SIZE:
             ids.append(number.setdefault(-len(number) - 1, len(number)))  # a key no real block has
-        lines.append(json.dumps({"timestamp": r["arrival_ms"], "input_length": len(r["tokens"]),
-                                 "output_length": r["output_tokens"], "hash_ids": ids}))
+        lines.append(
+            json.dumps(
+                {
+                    "timestamp": r["arrival_ms"],
+                    "input_length": len(r["tokens"]),
+                    "output_length": r["output_tokens"],
+                    "hash_ids": ids,
+                }
+            )
+        )
     return lines
 
 
@@ -112,7 +143,9 @@ def burstgpt_lines(trace: list[dict]) -> list[str]:
     for r in trace:
         n_in, n_out = len(r["tokens"]), r["output_tokens"]
         log_type = "Conversation log" if r["is_chat"] else "API log"
-        rows.append(f"{BASE_BURSTGPT_S + r['arrival_ms'] / 1000:.3f},{r['model']},{n_in},{n_out},{n_in + n_out},{log_type}")
+        rows.append(
+            f"{BASE_BURSTGPT_S + r['arrival_ms'] / 1000:.3f},{r['model']},{n_in},{n_out},{n_in + n_out},{log_type}"
+        )
     return rows
 
 
@@ -120,12 +153,16 @@ def sample_files() -> dict[str, str]:
     """Relative path -> file text."""
     trace = make_trace(120, rate=2.0, seed=1)
     recorded = recorded_lines(trace)
-    files = {"recorded.jsonl": recorded, "mooncake.jsonl": mooncake_lines(trace), "azure.csv": azure_lines(trace),
-             "burstgpt.csv": burstgpt_lines(trace),
-             "mooncake_fit.jsonl": mooncake_lines(make_trace(400, rate=3.0, seed=2))}
+    files = {
+        "recorded.jsonl": recorded,
+        "mooncake.jsonl": mooncake_lines(trace),
+        "azure.csv": azure_lines(trace),
+        "burstgpt.csv": burstgpt_lines(trace),
+        "mooncake_fit.jsonl": mooncake_lines(make_trace(400, rate=3.0, seed=2)),
+    }
     size = -(-len(recorded) // NUM_ROTATED)
     for k in range(NUM_ROTATED):  # oldest first by finish time, as a recorder rotates
-        files[f"recorded_rotated/requests-{k:03d}.jsonl"] = recorded[k * size:(k + 1) * size]
+        files[f"recorded_rotated/requests-{k:03d}.jsonl"] = recorded[k * size : (k + 1) * size]
     return {name: "\n".join(lines) + "\n" for name, lines in files.items()}
 
 
