@@ -38,7 +38,7 @@ from slotune.evals.baseline import Baseline, default_cache_dir
 from slotune.evals.gate_spec import GateReport, GateResult, GateSpec
 from slotune.evals.stats import judge, paired_drop, paired_perplexity_drop
 from slotune.evals.tasks import run_task, task_fingerprint
-from slotune.tuner.errors import SpecError, load_yaml
+from slotune.tuner.spec.yaml_reader import SpecError, load_yaml
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ from typing import Any, Mapping
 from pydantic import ValidationError
 
 from slotune.operator import children, schedule, traffic
-from slotune.tuner.spec import TuningSpec
+from slotune.tuner.spec.tuning_spec import TuningSpec
 
 _NAME = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 # distribution's reference grammar, lower-case names; a registry port only before a '/'

@@ -14,8 +14,8 @@ from typing import Any
 import yaml
 
 from slotune.operator import api
-from slotune.tuner.slo import SLOLimits
-from slotune.tuner.spec import TuningSpec
+from slotune.tuner.spec.slo import SLOLimits
+from slotune.tuner.spec.tuning_spec import TuningSpec
 
 
 def render_tuning(

@@ -5,7 +5,7 @@ NeverReady); once ready it serves for `canaryDurationSeconds`, then its pods' hi
 hold the SLO (pXX TTFT and TPOT under their limits) over at least `minRequests` requests.
 Too little traffic is waited out for one more canary duration, then rolled back
 (InsufficientTraffic): a config that was never shown to hold the SLO is not promoted.
-The SLO itself is judged by `slotune.tuner.slo.judge`, the tuner's own rule, with limits read
+The SLO itself is judged by `slotune.tuner.spec.slo.judge`, the tuner's own rule, with limits read
 from the CRD by `SLOLimits.from_crd`; a limit the canary did not measure counts as missed.
 """
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from slotune.operator.metrics import Histogram
-from slotune.tuner.slo import SLOLimits, judge as judge_slo, metric_key
+from slotune.tuner.spec.slo import SLOLimits, judge as judge_slo, metric_key
 
 Action = Literal["wait", "promote", "rollback"]
 

@@ -24,8 +24,8 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from slotune.engine.config import EngineConfig
-from slotune.tuner.errors import SpecError, load_yaml_mapping
-from slotune.tuner.slo import METRICS_OF_KIND
+from slotune.tuner.spec.yaml_reader import SpecError, load_yaml_mapping
+from slotune.tuner.spec.slo import METRICS_OF_KIND
 
 MAX_GRID_VALUES = 10_000  # values of one knob in a grid
 MAX_GRID_SIZE = 1_000_000  # configs in a whole grid (Optuna's GridSampler lists them all)

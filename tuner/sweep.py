@@ -36,15 +36,15 @@ from rich.console import Console
 from rich.table import Table
 
 from slotune.engine.config import EngineConfig
-from slotune.tuner.objective import DEFAULT_TRIAL_RUNNER, TrialFailure, measure, trials_die_with_this_process
-from slotune.tuner.references import reference_configs
-from slotune.tuner.report import write_atomic
-from slotune.tuner.report_html import ReportSection
-from slotune.tuner.sweep_report import capacity_line, point_line, points_table, render_page, report_sections
-from slotune.tuner.slo import SLOLimits, judge, metric_key
-from slotune.tuner.spec import Objective, TuningSpec
-from slotune.tuner.traces import load_trace
-from slotune.tuner.workload import WorkloadSpec
+from slotune.tuner.search.objective import DEFAULT_TRIAL_RUNNER, TrialFailure, measure, trials_die_with_this_process
+from slotune.tuner.search.references import reference_configs
+from slotune.tuner.report.markdown import write_atomic
+from slotune.tuner.report.html import ReportSection
+from slotune.tuner.report.sweep_figures import capacity_line, point_line, points_table, render_page, report_sections
+from slotune.tuner.spec.slo import SLOLimits, judge, metric_key
+from slotune.tuner.spec.tuning_spec import Objective, TuningSpec
+from slotune.tuner.spec.traces import load_trace
+from slotune.tuner.spec.workload_spec import WorkloadSpec
 
 Load = Literal["concurrency", "rate"]
 PLATEAU_GAIN = 0.05  # under 5% more output tokens/s ...

@@ -16,9 +16,9 @@ from typing import Any
 
 import yaml
 
-from slotune.tuner.reasons import infeasible_reasons
-from slotune.tuner.references import trial_label
-from slotune.tuner.slo import SLOLimits, judge
+from slotune.tuner.report.reasons import infeasible_reasons
+from slotune.tuner.search.references import trial_label
+from slotune.tuner.spec.slo import SLOLimits, judge
 
 PARENT_ATTR = "mlflow_parent_run_id"
 # MLflow 3 opens an experiment on the view its kind names; without the tag it guesses, and a

@@ -36,8 +36,8 @@ import torch
 from slotune.engine import LLM, EngineConfig, SamplingParams
 from slotune.engine.llm_engine import LLMEngine
 from slotune.engine.loader import resolve_model_path
-from slotune.tuner.bench import run_benchmark
-from slotune.tuner.workload import WorkloadSpec, generate_requests
+from slotune.tuner.measure.in_process import run_benchmark
+from slotune.tuner.spec.workload_spec import WorkloadSpec, generate_requests
 
 MACHINE = "2-core Intel Xeon (AVX-512/AMX), no GPU"
 COMMAND = ".venv/bin/python bench/engine/run.py --repeats 3"

@@ -361,8 +361,8 @@ def engine_section(res: dict, d: Path) -> None:
     import transformers
 
     from slotune.engine import LLM, EngineConfig, SamplingParams
-    from slotune.tuner.bench import run_benchmark
-    from slotune.tuner.workload import WorkloadSpec
+    from slotune.tuner.measure.in_process import run_benchmark
+    from slotune.tuner.spec.workload_spec import WorkloadSpec
 
     out = res.setdefault("engine", {})
     base = dict(model=str(d), num_kv_blocks=8192, max_model_len=2048)
@@ -444,7 +444,7 @@ def engine_section(res: dict, d: Path) -> None:
         output_len={"kind": "lognormal", "mean": 128, "sigma": 0.7, "min": 8, "max": 512},
     )
     r = run_benchmark(llm.config, wl, llm=llm)
-    from slotune.tuner.workload import generate_requests
+    from slotune.tuner.spec.workload_spec import generate_requests
 
     reqs = [q for q in generate_requests(wl, llm.tokenizer) if not q.request_id.startswith("warmup")]
     t = time.perf_counter()

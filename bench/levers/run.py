@@ -41,7 +41,7 @@ from slotune.engine.model_runner import ModelRunner
 from slotune.engine.scheduler import ScheduledSeq
 from slotune.engine.sequence import Sequence
 from slotune.engine.tokenizer import Tokenizer
-from slotune.tuner.workload import corpus_token_ids
+from slotune.tuner.spec.workload_spec import corpus_token_ids
 
 MACHINE = "2-core Intel Xeon (AVX-512/AMX), no GPU"
 BASE = {"max_model_len": 1024, "max_num_seqs": 16, "kv_cache_memory_gb": 0.25}

@@ -23,7 +23,7 @@ Usage: python bench/peers/overhead.py [--configs int8-bf16-int8act] [--concurren
 Writes overhead-DATE-MACHINE.{json,md} beside this file.
        python bench/peers/overhead.py --pool overhead-*.json
 Pools the pairs of stored runs per config and point: the geometric mean of the per-pair ratios and
-its 95% interval (`slotune.tuner.metrics.ratio_interval`).
+its 95% interval (`slotune.tuner.measure.metrics.ratio_interval`).
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ from run import (
 from slotune.engine import LLM, EngineConfig
 from slotune.engine.loader import resolve_model_path
 from slotune.engine.tokenizer import Tokenizer
-from slotune.tuner.metrics import ratio_interval
+from slotune.tuner.measure.metrics import ratio_interval
 
 GOAL = 0.95
 

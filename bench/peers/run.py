@@ -69,9 +69,9 @@ from slotune.engine import EngineConfig, LLMEngine
 from slotune.engine.config import load_yaml
 from slotune.engine.loader import resolve_model_path
 from slotune.engine.tokenizer import Tokenizer
-from slotune.tuner import machine
-from slotune.tuner.http_bench import run_http_benchmark
-from slotune.tuner.workload import WorkloadSpec
+from slotune.tuner.measure import machine
+from slotune.tuner.measure.http_replay import run_http_benchmark
+from slotune.tuner.spec.workload_spec import WorkloadSpec
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -349,7 +349,7 @@ IN_PROCESS = "@in-process"  # suffix of a config's in-process rows
 
 def measure_in_process(llm, point: Point, num_requests: int | None, seed: int) -> dict[str, Any]:
     """`measure`'s row for one point replayed on `llm` in this process (`tune bench` without HTTP)."""
-    from slotune.tuner.bench import run_benchmark
+    from slotune.tuner.measure.in_process import run_benchmark
 
     wl = WorkloadSpec.load(point.workload(num_requests, seed))
     res = run_benchmark(None, wl, llm=llm)
@@ -416,7 +416,7 @@ def machine_info() -> dict[str, Any]:
 
 
 def machine_label(info: dict[str, Any]) -> str:
-    """File-name slug, as slotune.tuner.machine.label: 'intel-r-xeon-r-processor-2c'."""
+    """File-name slug, as slotune.tuner.measure.machine.label: 'intel-r-xeon-r-processor-2c'."""
     return machine.label({"cpu": info.get("model_name", "cpu"), "cpus": info["cpu_count"]})
 
 

@@ -20,8 +20,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from slotune.engine import LLM, EngineConfig
-from slotune.tuner.bench import run_benchmark
-from slotune.tuner.workload import WorkloadSpec
+from slotune.tuner.measure.in_process import run_benchmark
+from slotune.tuner.spec.workload_spec import WorkloadSpec
 
 POLICIES = ("fcfs", "shortest_prompt_first")
 KEYS = ("ttft_p50", "ttft_p95", "ttft_p99", "ttft_mean", "tpot_p50", "e2e_p95", "output_tokens_per_s")

@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run import _replay, _serve, _stop  # noqa: E402
 
-from slotune.tuner import machine  # noqa: E402
+from slotune.tuner.measure import machine  # noqa: E402
 
 KEYS = ("output_tokens_per_s", "goodput_rps", "tpot_p50", "tpot_p95", "ttft_p50", "ttft_p95", "idle_cores")
 
@@ -62,7 +62,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=None, help="workload seed (default: the spec's)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
-    from slotune.tuner.spec import TuningSpec
+    from slotune.tuner.spec.tuning_spec import TuningSpec
 
     spec = TuningSpec.from_yaml(args.spec)
     seed = spec.workload.seed if args.seed is None else args.seed

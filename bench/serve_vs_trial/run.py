@@ -37,9 +37,9 @@ from datetime import date
 from pathlib import Path
 
 
-from slotune.tuner import machine
-from slotune.tuner.http_bench import wait_ready
-from slotune.tuner.metrics import ratio_interval
+from slotune.tuner.measure import machine
+from slotune.tuner.measure.http_replay import wait_ready
+from slotune.tuner.measure.metrics import ratio_interval
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -85,9 +85,9 @@ def _replay(url: str, spec, out: Path, seed: int) -> dict:
     """One replay in a client process of its own (as a user's client is)."""
     code = (
         "import json, sys\n"
-        "from slotune.tuner.spec import TuningSpec\n"
-        "from slotune.tuner.bench import load_tokenizer\n"
-        "from slotune.tuner.http_bench import run_http_benchmark\n"
+        "from slotune.tuner.spec.tuning_spec import TuningSpec\n"
+        "from slotune.tuner.measure.in_process import load_tokenizer\n"
+        "from slotune.tuner.measure.http_replay import run_http_benchmark\n"
         "spec = TuningSpec.from_yaml(sys.argv[1]); o = spec.objective\n"
         "res = run_http_benchmark(sys.argv[2], spec.workload, tokenizer=load_tokenizer(spec.model),\n"
         "    ttft_limit_s=o.ttft_limit_s, tpot_limit_s=o.tpot_limit_s, seed=int(sys.argv[4]), percentiles=(o.percentile,))\n"
@@ -111,8 +111,8 @@ def main() -> int:
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
     from slotune.engine.config import EngineConfig
-    from slotune.tuner.objective import TrialFailure, measure
-    from slotune.tuner.spec import TuningSpec
+    from slotune.tuner.search.objective import TrialFailure, measure
+    from slotune.tuner.spec.tuning_spec import TuningSpec
 
     rows, raw = [], []
     for spec_path in args.specs.split(","):

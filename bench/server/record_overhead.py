@@ -24,9 +24,9 @@ from pathlib import Path
 
 from slotune.engine.loader import resolve_model_path
 from slotune.engine.tokenizer import Tokenizer
-from slotune.tuner.http_bench import run_http_benchmark, wait_ready
-from slotune.tuner.traces import load_trace
-from slotune.tuner.workload import WorkloadSpec
+from slotune.tuner.measure.http_replay import run_http_benchmark, wait_ready
+from slotune.tuner.spec.traces import load_trace
+from slotune.tuner.spec.workload_spec import WorkloadSpec
 
 CONFIG = (
     "quantization: int8\ndtype: bfloat16\nkernels: {int8_activations: true}\nmax_num_seqs: 16\n"

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import httpx
 
-from slotune.tuner.http_bench import wait_ready
+from slotune.tuner.measure.http_replay import wait_ready
 
 MODEL = "smollm2-135m"
 SERVER_CONFIG = """\

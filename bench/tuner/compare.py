@@ -23,9 +23,9 @@ HERE = Path(__file__).resolve().parent
 
 def main() -> None:
     from slotune.engine.config import EngineConfig
-    from slotune.tuner.objective import TrialFailure, measure
-    from slotune.tuner.slo import metric_key
-    from slotune.tuner.spec import TuningSpec
+    from slotune.tuner.search.objective import TrialFailure, measure
+    from slotune.tuner.spec.slo import metric_key
+    from slotune.tuner.spec.tuning_spec import TuningSpec
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("spec", type=Path)

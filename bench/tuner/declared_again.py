@@ -24,7 +24,7 @@ from goals import relative_to_default  # this folder is sys.path[0]
 
 def values(study, key: str, trial: int | None) -> dict[int, float]:
     """Seed -> the objective `key` of `trial`'s (None: the default's) declaration measurements."""
-    from slotune.tuner.confirm import DECLARE_ATTR
+    from slotune.tuner.decide.confirm import DECLARE_ATTR
 
     record = study.user_attrs.get(DECLARE_ATTR) or {}
     return {
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("runs", type=Path, help="its --runs folder")
     args = ap.parse_args(argv)
     result = json.loads(args.result.read_text())
-    from slotune.tuner.units import format_value
+    from slotune.tuner.measure.units import format_value
 
     key = result["objective"].split()[1]
     print(f"{args.result.name} ({key}); declared / re-measured (goal 0.9-1.1)\n")

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import yaml
 
-from slotune.tuner import machine
+from slotune.tuner.measure import machine
 
 HERE = Path(__file__).resolve().parent
 MAJOR_LEVERS = ("quantization", "kv_dtype", "scheduling")
@@ -104,9 +104,9 @@ def relative_to_default(
 
 def main() -> None:
     from slotune.engine.config import EngineConfig
-    from slotune.tuner.metrics import ci_keys
-    from slotune.tuner.objective import TrialFailure, measure, omp_wait_policy
-    from slotune.tuner.spec import TuningSpec
+    from slotune.tuner.measure.metrics import ci_keys
+    from slotune.tuner.search.objective import TrialFailure, measure, omp_wait_policy
+    from slotune.tuner.spec.tuning_spec import TuningSpec
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("spec", type=Path)
@@ -228,7 +228,7 @@ def judged(r: dict) -> dict:
     standard the confirmation round holds a winner to: a config that misses it in one of five is
     no answer, however fast), and tuned / best.
     A pure function of `r`, so `--render` can judge a stored result again."""
-    from slotune.tuner.slo import SLO_KEYS
+    from slotune.tuner.spec.slo import SLO_KEYS
 
     direction, key = r["objective"].split()
     lo_key, hi_key = f"{key}_ci_low", f"{key}_ci_high"
@@ -299,7 +299,7 @@ def judged(r: dict) -> dict:
 
 
 def markdown(r: dict) -> str:
-    from slotune.tuner.units import format_value
+    from slotune.tuner.measure.units import format_value
 
     key = r["objective"].split()[1]
     lines = [
@@ -360,7 +360,7 @@ def markdown(r: dict) -> str:
 def _same_config_lines(r: dict, key: str) -> list[str]:
     """A line for winners that are the same config: their re-measures (same seeds, interleaved) are
     then two replicates of one config, and how far apart they land is the re-measure's own spread."""
-    from slotune.tuner.units import format_value
+    from slotune.tuner.measure.units import format_value
 
     groups: dict[str, list[str]] = {}
     for w in r["winners"]:

@@ -42,8 +42,8 @@ def main() -> None:
 
     from slotune.engine import LLM, SamplingParams
     from slotune.engine.config import EngineConfig
-    from slotune.tuner.bench import run_benchmark
-    from slotune.tuner.spec import TuningSpec
+    from slotune.tuner.measure.in_process import run_benchmark
+    from slotune.tuner.spec.tuning_spec import TuningSpec
 
     spec = TuningSpec.from_yaml(args.spec)
     obj, key = spec.objective, spec.objective.metric_key()

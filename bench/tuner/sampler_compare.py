@@ -20,7 +20,7 @@ import statistics
 import warnings
 from pathlib import Path
 
-from slotune.tuner.spec import TuningSpec
+from slotune.tuner.spec.tuning_spec import TuningSpec
 
 HERE = Path(__file__).resolve().parent
 KNOBS = ("max_num_seqs", "max_num_batched_tokens", "dtype")
@@ -59,7 +59,7 @@ def trials_to_target(
     """
     import optuna
 
-    from slotune.tuner.objective import earlier_measurement, enqueue_unexplored
+    from slotune.tuner.search.objective import earlier_measurement, enqueue_unexplored
 
     lookup = {tuple(r["params"][k] for k in KNOBS): r["value"] for r in table["rows"]}
     with warnings.catch_warnings():

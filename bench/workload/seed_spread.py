@@ -24,7 +24,7 @@ import numpy as np
 
 def totals(wl, seeds: int, mode: str) -> tuple[np.ndarray, np.ndarray]:
     """Total prompt and output tokens of the measured requests, one per seed."""
-    from slotune.tuner.workload import length_streams
+    from slotune.tuner.spec.workload_spec import length_streams
 
     n, wl = wl.num_requests, wl.model_copy(update={"length_sampling": mode})
     prompt, output = [], []
@@ -37,7 +37,7 @@ def totals(wl, seeds: int, mode: str) -> tuple[np.ndarray, np.ndarray]:
 
 def spans(wl, seeds: int, mode: str) -> tuple[np.ndarray, np.ndarray]:
     """Seconds from the first measured arrival to the last, one per seed, and every gap drawn."""
-    from slotune.tuner.workload import arrival_gaps
+    from slotune.tuner.spec.workload_spec import arrival_gaps
 
     n, wl = wl.num_requests, wl.model_copy(update={"arrival_sampling": mode})
     gaps = np.array([list(itertools.islice(arrival_gaps(wl, seed), n - 1)) for seed in range(seeds)])
@@ -45,8 +45,8 @@ def spans(wl, seeds: int, mode: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def main() -> None:
-    from slotune.tuner.spec import TuningSpec
-    from slotune.tuner.workload import WorkloadSpec
+    from slotune.tuner.spec.tuning_spec import TuningSpec
+    from slotune.tuner.spec.workload_spec import WorkloadSpec
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("spec", type=Path, help="a tuning spec or a workload YAML")

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from slotune.tuner.traces import RecordedRequest, block_hash_ids
+from slotune.tuner.spec.traces import RecordedRequest, block_hash_ids
 
 KEY_ENV = "SLOTUNE_TRAFFIC_KEY"
 KEY_FILE = ".traffic-key"

@@ -2,7 +2,7 @@ import pytest
 from pydantic import ValidationError
 
 from slotune.engine.config import EngineConfig
-from slotune.tuner.errors import format_error
+from slotune.tuner.spec.yaml_reader import format_error
 
 
 def test_yaml_roundtrip(tmp_path):

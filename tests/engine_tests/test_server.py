@@ -18,7 +18,7 @@ import pytest
 
 from slotune.engine import EngineConfig
 from slotune.engine.serving.async_llm import AsyncLLM
-from slotune.tuner.http_bench import wait_ready
+from slotune.tuner.measure.http_replay import wait_ready
 
 openai = pytest.importorskip("openai")
 MODEL = "smollm2-135m"

@@ -9,7 +9,7 @@ import pytest
 
 from slotune.engine.outputs import RequestMetrics, RequestOutput
 from slotune.engine.serving.traffic_recorder import KEY_ENV, TrafficRecorder
-from slotune.tuner.traces import block_hash_ids, load_trace
+from slotune.tuner.spec.traces import block_hash_ids, load_trace
 
 SYSTEM = list(range(1000, 1128))  # a 128-token shared start: two full 64-token blocks
 
@@ -92,8 +92,8 @@ def test_tune_serve_records_what_tune_bench_url_sent(tmp_path):
 
     from slotune.engine.loader import resolve_model_path
     from slotune.engine.tokenizer import Tokenizer
-    from slotune.tuner.http_bench import run_http_benchmark, wait_ready
-    from slotune.tuner.workload import WorkloadSpec
+    from slotune.tuner.measure.http_replay import run_http_benchmark, wait_ready
+    from slotune.tuner.spec.workload_spec import WorkloadSpec
 
     with __import__("socket").socket() as s:
         s.bind(("127.0.0.1", 0))

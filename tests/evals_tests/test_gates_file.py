@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from slotune.evals.gates import load_gates
 from slotune.tuner.cli import app
-from slotune.tuner.errors import MissingFileError, SpecError
+from slotune.tuner.spec.yaml_reader import MissingFileError, SpecError
 
 ONE = "- {name: a, kind: agreement, min_top1: 0.9}\n"
 

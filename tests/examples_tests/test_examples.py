@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from slotune.search_spaces.schema import SearchSpace, builtin_spaces
-from slotune.tuner.spec import TuningSpec, default_spec_path
+from slotune.tuner.spec.tuning_spec import TuningSpec, default_spec_path
 
 ROOT = Path(__file__).resolve().parents[2]
 SPECS = (

@@ -12,7 +12,7 @@ import yaml
 
 from slotune.operator import admission, api, children, tuning
 from slotune.operator.admission import Admission
-from slotune.tuner.spec import Objective
+from slotune.tuner.spec.tuning_spec import Objective
 
 from .resources import TUNING_SPEC
 

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from slotune.operator.rollout import Policy, judge
-from slotune.tuner.slo import SLOLimits
+from slotune.tuner.spec.slo import SLOLimits
 
 POLICY = Policy(canary_duration_s=60, ready_deadline_s=120, slo=SLOLimits(ttft_s=0.5, tpot_s=0.05), min_requests=10)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from slotune.operator import admission, children, publish, traffic
-from slotune.tuner.traces import RecordedRequest
+from slotune.tuner.spec.traces import RecordedRequest
 
 T0 = 1_763_000_000.0
 OWNER = {"apiVersion": "slotune.dev/v1alpha1", "kind": "SLOTuning", "name": "t", "uid": "u"}

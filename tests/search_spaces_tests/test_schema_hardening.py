@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from slotune.engine.config import EngineConfig
 from slotune.search_spaces.schema import MAX_GRID_SIZE, SearchSpace, builtin_spaces
-from slotune.tuner.errors import SpecError
+from slotune.tuner.spec.yaml_reader import SpecError
 
 
 def space(*knobs: dict, forbidden: list | None = None) -> SearchSpace:

@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from slotune.engine.config import EngineConfig
-from slotune.tuner import trial_runner
-from slotune.tuner.slo import is_feasible, slo_violations
+from slotune.tuner.measure import trial_runner
+from slotune.tuner.spec.slo import is_feasible, slo_violations
 
 FAKE_RUNNER = (sys.executable, str(Path(__file__).resolve()))
 

@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from slotune.tuner.bench import parse_overrides, run_benchmark
-from slotune.tuner.metrics import BenchResult
+from slotune.tuner.measure.in_process import parse_overrides, run_benchmark
+from slotune.tuner.measure.metrics import BenchResult
 from slotune.tuner.cli import app
-from slotune.tuner.workload import WorkloadSpec
+from slotune.tuner.spec.workload_spec import WorkloadSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = {

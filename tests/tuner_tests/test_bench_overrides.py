@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from slotune.tuner.bench import parse_overrides
+from slotune.tuner.measure.in_process import parse_overrides
 from slotune.tuner.cli import app
-from slotune.tuner.errors import SpecError
+from slotune.tuner.spec.yaml_reader import SpecError
 
 
 def test_override_values_are_plain_yaml():

@@ -14,10 +14,10 @@ import optuna
 import pytest
 
 from slotune.engine.config import EngineConfig
-from slotune.tuner.confirm import CONFIRM_ATTR, confirm_round, near_misses
-from slotune.tuner.slo import SLOLimits
-from slotune.tuner.spec import TuningSpec
-from slotune.tuner.study import finalize, run_command
+from slotune.tuner.decide.confirm import CONFIRM_ATTR, confirm_round, near_misses
+from slotune.tuner.spec.slo import SLOLimits
+from slotune.tuner.spec.tuning_spec import TuningSpec
+from slotune.tuner.search.study import finalize, run_command
 from slotune.tuner.tracking import tracking_summary
 from tests.tuner_tests.conftest import write_spec
 
@@ -217,8 +217,8 @@ def test_the_declarations_interval_decides_from_three_values_on():
     """Two values that agree say little about the spread: with a precision asked, a third seed is
     measured however close they are. A winner that failed on its seeds is not measured further;
     the cap and declare_precision: null end it at once."""
-    from slotune.tuner.confirm import is_declared
-    from slotune.tuner.spec import Budget
+    from slotune.tuner.decide.confirm import is_declared
+    from slotune.tuner.spec.tuning_spec import Budget
 
     b = Budget()  # 2 seeds at least, +-10%, at most 6
     assert not is_declared(b, [4.49], 1)
@@ -232,7 +232,7 @@ def test_the_declarations_interval_decides_from_three_values_on():
 
 
 def test_a_declaration_cap_below_its_minimum_is_refused_by_name():
-    from slotune.tuner.spec import Budget
+    from slotune.tuner.spec.tuning_spec import Budget
 
     with pytest.raises(ValueError, match=r"budget.declare_max_repeats \(2\) is below budget.declare_repeats \(3\)"):
         Budget(declare_repeats=3, declare_max_repeats=2)
@@ -247,8 +247,8 @@ def test_a_declared_median_carries_the_spread_of_its_measurements():
     measurements' intervals and values; a counter gets none; one measurement keeps what it had. Of
     three, one taken while the host slowed moves the declared value by nothing, and stays in its
     interval."""
-    from slotune.tuner.confirm import median_metrics
-    from slotune.tuner.units import value_with_ci
+    from slotune.tuner.decide.confirm import median_metrics
+    from slotune.tuner.measure.units import value_with_ci
 
     m = median_metrics([{"goodput_rps": 7.46, "num_steps": 170.0}, {"goodput_rps": 6.83, "num_steps": 173.0}])
     assert m["goodput_rps"] == pytest.approx(7.145)
@@ -437,7 +437,7 @@ def test_candidates_the_passes_cannot_tell_apart_are_named_after_the_last_pass(t
 def test_pooled_passes_narrow_when_they_agree_and_widen_when_they_drift():
     """Three passes that agree: the interval of their mean is their own half-widths pooled (1/sqrt 3 of
     one); three that disagree by more than that: 1.96 standard errors of their values."""
-    from slotune.tuner.confirm import pooled_metrics
+    from slotune.tuner.decide.confirm import pooled_metrics
 
     def m(v, h):
         return {"tpot_p95": v, "tpot_p95_ci_low": v - h, "tpot_p95_ci_high": v + h, "num_requests": 8.0}

@@ -27,11 +27,11 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from slotune.tuner.bench import load_tokenizer, print_result
-from slotune.tuner.metrics import BenchResult
+from slotune.tuner.measure.in_process import load_tokenizer, print_result
+from slotune.tuner.measure.metrics import BenchResult
 from slotune.tuner.cli import app
-from slotune.tuner.http_bench import run_http_benchmark, split_itls, wait_ready
-from slotune.tuner.workload import WorkloadSpec
+from slotune.tuner.measure.http_replay import run_http_benchmark, split_itls, wait_ready
+from slotune.tuner.spec.workload_spec import WorkloadSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "smollm2-135m"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 
-from slotune.tuner import machine
+from slotune.tuner.measure import machine
 
 
 def test_this_machine_is_described_from_proc():

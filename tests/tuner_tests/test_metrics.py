@@ -5,8 +5,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from slotune.tuner import metrics
-from slotune.tuner.metrics import (
+from slotune.tuner.measure import metrics
+from slotune.tuner.measure.metrics import (
     MemoryTracker,
     RequestRecord,
     bootstrap_intervals,
@@ -14,7 +14,7 @@ from slotune.tuner.metrics import (
     engine_stats_delta,
     summarize,
 )
-from slotune.tuner.slo import SLOLimits, meets_slo, metric_key
+from slotune.tuner.spec.slo import SLOLimits, meets_slo, metric_key
 
 
 def _r(i, ttft, tpot, n=10, reason="length"):
@@ -144,7 +144,7 @@ def test_memory_tracker_on_cpu():
 
 
 def test_metrics_module_does_not_import_torch():
-    code = "import sys, slotune.tuner.metrics, slotune.tuner.workload; assert 'torch' not in sys.modules"
+    code = "import sys, slotune.tuner.measure.metrics, slotune.tuner.spec.workload_spec; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -254,7 +254,7 @@ def test_ratio_interval_brackets_the_geometric_mean_of_paired_ratios():
     import math
     import statistics
 
-    from slotune.tuner.metrics import ratio_interval
+    from slotune.tuner.measure.metrics import ratio_interval
 
     assert ratio_interval([0.9, 1.1]) is None
     spread = [0.93, 0.97, 0.99, 1.01, 0.95, 0.98]

@@ -71,8 +71,8 @@ def test_two_workers_share_one_study_without_loss_or_duplicates(tmp_path, postgr
         storage=postgres_url,
         search_space={"name": "grid8", "knobs": [{"name": "max_num_seqs", "type": "int", "low": 1, "high": 64}]},
     )
-    from slotune.tuner.study import open_study
-    from slotune.tuner.spec import TuningSpec
+    from slotune.tuner.search.study import open_study
+    from slotune.tuner.spec.tuning_spec import TuningSpec
 
     open_study(TuningSpec.from_yaml(spec))  # create it once, as the leader would
     env = {**os.environ, "FAKE_TRIAL_SLEEP": "0.3"}

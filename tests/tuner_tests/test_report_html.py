@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from slotune.tuner.report import write_report
-from slotune.tuner.study import run_command
+from slotune.tuner.report.markdown import write_report
+from slotune.tuner.search.study import run_command
 from tests.tuner_tests.conftest import write_spec
 from tests.tuner_tests.test_report import made_study, remeasured
 

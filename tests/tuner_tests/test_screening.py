@@ -12,9 +12,9 @@ import optuna
 import pytest
 from pydantic import ValidationError
 
-from slotune.tuner.objective import budget_share, is_measured, is_screened_out
-from slotune.tuner.spec import TuningSpec
-from slotune.tuner.study import run_command
+from slotune.tuner.search.objective import budget_share, is_measured, is_screened_out
+from slotune.tuner.spec.tuning_spec import TuningSpec
+from slotune.tuner.search.study import run_command
 from tests.tuner_tests.conftest import write_spec
 
 SPACE = {

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from slotune.tuner.slo import (
+from slotune.tuner.spec.slo import (
     CONSTRAINT_KEYS,
     SLOLimits,
     breaks_slo_early,
@@ -137,7 +137,7 @@ def test_spec_and_crd_name_the_same_limits():
 
 
 def test_limits_from_the_spec_model():
-    from slotune.tuner.spec import Objective
+    from slotune.tuner.spec.tuning_spec import Objective
 
     obj = Objective(kind="throughput", metric="output_tokens_per_s", percentile=99, ttft_limit_s=2.0)
     assert SLOLimits.from_objective(obj) == SLOLimits(99, ttft_s=2.0)
@@ -147,7 +147,7 @@ def test_limits_from_the_spec_model():
 
 def test_slo_module_imports_no_torch_and_no_engine():
     code = (
-        "import sys, slotune.tuner.slo; "
+        "import sys, slotune.tuner.spec.slo; "
         "bad = [m for m in sys.modules if m == 'torch' or m.startswith(('slotune.engine', 'numpy'))]; "
         "assert not bad, bad"
     )

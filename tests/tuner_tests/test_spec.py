@@ -3,8 +3,8 @@ from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from slotune.tuner.cli import app
-from slotune.tuner.errors import format_error
-from slotune.tuner.spec import TuningSpec
+from slotune.tuner.spec.yaml_reader import format_error
+from slotune.tuner.spec.tuning_spec import TuningSpec
 
 
 def test_errors_name_every_field(tmp_path):
@@ -74,7 +74,7 @@ def test_references_are_resolved_once_into_typed_parts(tmp_path):
     (as the operator and tests do) is the same spec."""
     from slotune.evals.gate_spec import GateSpec
     from slotune.search_spaces.schema import SearchSpace
-    from slotune.tuner.workload import WorkloadSpec
+    from slotune.tuner.spec.workload_spec import WorkloadSpec
 
     (tmp_path / "wl.yaml").write_text("name: mine\nnum_requests: 5\nconcurrency: 2\n")
     spec = TuningSpec.from_yaml(
@@ -106,8 +106,8 @@ def test_study_fingerprints_survive_the_typed_spec():
     was typed (commit faf0a4e), so a refactor that changes them would refuse every existing study."""
     from pathlib import Path
 
-    from slotune.tuner.spec import default_spec_path
-    from slotune.tuner.study import spec_fingerprint
+    from slotune.tuner.spec.tuning_spec import default_spec_path
+    from slotune.tuner.search.study import spec_fingerprint
 
     root = Path(__file__).resolve().parents[2] / "examples"
     pinned = {
@@ -151,7 +151,7 @@ def test_a_cost_objective_needs_a_price_and_names_both_fields():
 
 def test_new_fields_at_their_defaults_keep_the_fingerprint():
     """budget.confirm_top_k is not part of what a trial's numbers mean; a price is, once set."""
-    from slotune.tuner.study import spec_fingerprint
+    from slotune.tuner.search.study import spec_fingerprint
 
     base = {"name": "x", "objective": {"kind": "throughput", "metric": "output_tokens_per_s"}}
     plain = spec_fingerprint(TuningSpec.model_validate(base))

@@ -14,9 +14,9 @@ from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from slotune.tuner.cli import app
-from slotune.tuner.errors import MAX_YAML_NODES, MissingFileError, SpecError, error_lines, parse_yaml
-from slotune.tuner.spec import TuningSpec, preflight
-from slotune.tuner.workload import WorkloadSpec, read_trace
+from slotune.tuner.spec.yaml_reader import MAX_YAML_NODES, MissingFileError, SpecError, error_lines, parse_yaml
+from slotune.tuner.spec.tuning_spec import TuningSpec, preflight
+from slotune.tuner.spec.workload_spec import WorkloadSpec, read_trace
 
 BASE = "name: h\nobjective: {kind: latency, metric: ttft}\n"
 BASE_DICT = {"name": "h", "objective": {"kind": "latency", "metric": "ttft"}}
@@ -140,7 +140,7 @@ def test_traceback_only_with_debug(tmp_path):
 
 
 def test_an_internal_error_is_one_line_and_exit_1(monkeypatch, tmp_path):
-    import slotune.tuner.spec as spec_mod
+    import slotune.tuner.spec.tuning_spec as spec_mod
 
     def boom(_):
         raise ZeroDivisionError("bug")
@@ -202,7 +202,7 @@ def test_every_relative_path_resolves_against_the_spec_folder(tmp_path, monkeypa
     assert spec.mlflow_tracking_uri == f"sqlite:///{d / 'out' / 'ml.db'}"
     assert spec.search_space.grid() == {"max_num_seqs": [1, 2]}
     assert spec.workload.trace == str(d / "wl" / "t.jsonl")
-    from slotune.tuner.study import make_sampler
+    from slotune.tuner.search.study import make_sampler
 
     assert type(make_sampler(spec)).__name__ == "GridSampler"  # sampler: grid from another directory
     inline = TuningSpec.from_yaml(write(d / "inline.yaml", BASE + "workload: {trace: data/inline.jsonl}\n"))
@@ -383,7 +383,7 @@ def test_example_and_builtin_specs_pass_preflight(tmp_path, monkeypatch):
 
 def test_run_passes_force_new_and_resume_anyway(tmp_path, monkeypatch):
     """The flags StudySpecChanged's message names exist on `tune run` (the study itself is study.py's tests)."""
-    import slotune.tuner.study as study
+    import slotune.tuner.search.study as study
 
     seen = {}
     monkeypatch.setattr(study, "run_command", lambda spec, **kw: seen.update(kw))

@@ -13,9 +13,9 @@ import pytest
 import yaml
 
 from slotune.engine.config import EngineConfig
-from slotune.tuner import machine
-from slotune.tuner.objective import is_measured
-from slotune.tuner.study import run_command
+from slotune.tuner.measure import machine
+from slotune.tuner.search.objective import is_measured
+from slotune.tuner.search.study import run_command
 from slotune.tuner.tracking import tracking_summary
 from tests.tuner_tests.conftest import write_spec
 
@@ -280,7 +280,7 @@ def test_reference_metrics_read_the_naive_config_of_studies_made_before_its_rena
     resumed old study still finds it, and a new study's "naive" tag is read the same way."""
     import optuna
 
-    from slotune.tuner.references import reference_metrics
+    from slotune.tuner.search.references import reference_metrics
 
     def trial(tag, tps):
         return optuna.trial.create_trial(value=tps, user_attrs={"tag": tag, "metrics": {"output_tokens_per_s": tps}})
@@ -337,7 +337,7 @@ def test_a_start_that_misses_an_slo_limit_is_repaired_next(tmp_path, fake_trials
     once and measured next after the starts already queued: (2, int8) meets the limit, so the second
     repair (4, int8) is never tried. Start 'plain' meets the limit and is not repaired; neither is a
     trial that failed its quality gates (`_missed_slo`)."""
-    from slotune.tuner.study import _missed_slo
+    from slotune.tuner.search.study import _missed_slo
 
     monkeypatch.setenv("FAKE_TRIAL_LUCKY", "max_num_seqs=1,quantization=int8")
     monkeypatch.setenv("FAKE_TRIAL_LUCK", "2")

@@ -24,9 +24,9 @@ import psutil
 import pytest
 
 from slotune.engine.config import EngineConfig
-from slotune.tuner.objective import is_measured
-from slotune.tuner.spec import TuningSpec
-from slotune.tuner.study import StudySpecChanged, TrialBudget, open_study, run_command
+from slotune.tuner.search.objective import is_measured
+from slotune.tuner.spec.tuning_spec import TuningSpec
+from slotune.tuner.search.study import StudySpecChanged, TrialBudget, open_study, run_command
 from slotune.tuner.tracking import tracking_summary
 from tests.tuner_tests.conftest import write_spec
 from tests.tuner_tests.fake_trial_runner import FAKE_RUNNER
@@ -261,9 +261,9 @@ def test_a_failed_write_leaves_the_previous_outputs_whole(tmp_path, fake_trials,
     )
     script = (
         "import resource, signal\n"
-        "from slotune.tuner.report import write_report\n"
-        "from slotune.tuner.spec import TuningSpec\n"
-        "from slotune.tuner.confirm import candidates, confirm_round\nfrom slotune.tuner.study import finalize, open_study\n"
+        "from slotune.tuner.report.markdown import write_report\n"
+        "from slotune.tuner.spec.tuning_spec import TuningSpec\n"
+        "from slotune.tuner.decide.confirm import candidates, confirm_round\nfrom slotune.tuner.search.study import finalize, open_study\n"
         f"spec = TuningSpec.from_yaml({str(spec)!r})\n"
         "study, _ = open_study(spec)\n"
         "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of death\n"

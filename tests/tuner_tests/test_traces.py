@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from slotune.tuner.errors import MissingFileError, SpecError
-from slotune.tuner.traces import (
+from slotune.tuner.spec.yaml_reader import MissingFileError, SpecError
+from slotune.tuner.spec.traces import (
     RecordedRequest,
     Trace,
     TraceRequest,

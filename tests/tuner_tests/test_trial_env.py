@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from slotune.tuner import objective
-from slotune.tuner.objective import omp_wait_policy, trial_env
+from slotune.tuner.search import objective
+from slotune.tuner.search.objective import omp_wait_policy, trial_env
 
 
 def test_explicit_policy_and_threads_reach_the_child(monkeypatch):

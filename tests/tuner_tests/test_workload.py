@@ -4,7 +4,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from slotune.tuner.workload import WorkloadSpec, builtin_workloads, generate_requests, iter_requests
+from slotune.tuner.spec.workload_spec import WorkloadSpec, builtin_workloads, generate_requests, iter_requests
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE_WORKLOADS = sorted((ROOT / "examples" / "workloads").glob("*.yaml"))

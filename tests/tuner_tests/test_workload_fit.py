@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import yaml
 
-from slotune.tuner.traces import Trace, TraceRequest, block_hash_ids, build_prompts, load_trace
-from slotune.tuner.workload import WorkloadSpec, corpus_token_ids, generate_requests
-from slotune.tuner.workload_fit import fit, fit_command, requests_to_trace, summarize
+from slotune.tuner.spec.traces import Trace, TraceRequest, block_hash_ids, build_prompts, load_trace
+from slotune.tuner.spec.workload_spec import WorkloadSpec, corpus_token_ids, generate_requests
+from slotune.tuner.workload.fit import fit, fit_command, requests_to_trace, summarize
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "traces"
 FIT_SAMPLE = DATA / "mooncake_fit.jsonl"  # 400 requests, Poisson arrivals, system prompts and follow-ups

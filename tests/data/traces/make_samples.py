@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from slotune.tuner.traces import block_hash_ids
+from slotune.tuner.spec.traces import block_hash_ids
 
 HERE = Path(__file__).resolve().parent
 BLOCK_SIZE = 512

@@ -29,9 +29,9 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict
 
-from slotune.tuner.errors import SpecError
-from slotune.tuner.traces import Trace, TraceRequest, block_hash_ids, load_trace
-from slotune.tuner.workload import BenchRequest, LogNormal, WorkloadSpec
+from slotune.tuner.spec.yaml_reader import SpecError
+from slotune.tuner.spec.traces import Trace, TraceRequest, block_hash_ids, load_trace
+from slotune.tuner.spec.workload_spec import BenchRequest, LogNormal, WorkloadSpec
 
 POISSON_CV_TOLERANCE = 0.25  # |CV - 1| within this: Poisson (CV 1) describes the arrivals
 EVEN_CV = 0.05  # CV below this: fixed rate (gamma's shape would be 1/CV^2 > 400, i.e. even gaps)

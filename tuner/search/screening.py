@@ -15,7 +15,7 @@ import numpy as np
 import optuna
 from optuna.trial import TrialState
 
-from slotune.tuner.objective import is_measured
+from slotune.tuner.search.objective import is_measured
 
 
 def screened_in(study, before: int | None = None) -> list:

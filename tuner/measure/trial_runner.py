@@ -1,7 +1,7 @@
 """One trial in its own process: build the engine, replay the workload, check the SLO, run the
 quality gates.
 
-Run as `python -m slotune.tuner.trial_runner IN.json OUT.json`. A crash, an OOM kill or a
+Run as `python -m slotune.tuner.measure.trial_runner IN.json OUT.json`. A crash, an OOM kill or a
 hang takes down only this process; the parent (`tuner/objective.py`) records the trial as
 failed with the reason and the study goes on. Progress is written to the request's
 `phase_file` so the parent can show the current phase.
@@ -10,7 +10,7 @@ How the replay is measured (`budget.measure`, the request's `measure`):
 - served (default): the numbers a client of `tune serve` gets. The engine is loaded and served
   as `tune serve` does it (`AsyncLLM` + `build_app` on a free loopback port, `serve_in_thread`)
   and the workload is replayed by a client in its own process (`python -m
-  slotune.tuner.http_bench`), which measures latency and throughput on its clock and applies
+  slotune.tuner.measure.http_replay`), which measures latency and throughput on its clock and applies
   the early-stop rule. Between the client's warm-up and its measured run the two processes
   hand-shake, so the engine counters (prefix cache, speculation, preemptions, KV peak, steps,
   rejections) and peak memory, which HTTP does not show, cover the measured requests only.
@@ -38,10 +38,10 @@ from typing import Any
 from slotune.engine.config import EngineConfig
 from slotune.evals.gate_spec import GateSpec
 from slotune.evals.gates import evaluate_gates
-from slotune.tuner.bench import EngineWindow, run_benchmark
-from slotune.tuner.metrics import CI_PERCENTILES, BenchResult, bootstrap_intervals, breaks_slo_so_far
-from slotune.tuner.slo import certain_violations, is_feasible, slo_violations
-from slotune.tuner.workload import WorkloadSpec
+from slotune.tuner.measure.in_process import EngineWindow, run_benchmark
+from slotune.tuner.measure.metrics import CI_PERCENTILES, BenchResult, bootstrap_intervals, breaks_slo_so_far
+from slotune.tuner.spec.slo import certain_violations, is_feasible, slo_violations
+from slotune.tuner.spec.workload_spec import WorkloadSpec
 
 
 class _InFlightWatchdog:
@@ -229,7 +229,7 @@ def _replay_served(cfg, req: dict[str, Any], phase: Callable[[str], None]):
 def _run_client(
     url: str, req: dict[str, Any], tokenizer, on_measured_start: Callable[[], None], on_poll: Callable[[], None]
 ):
-    """Run `python -m slotune.tuner.http_bench` against `url` with the server's `tokenizer`;
+    """Run `python -m slotune.tuner.measure.http_replay` against `url` with the server's `tokenizer`;
     returns its BenchResult.
 
     Handshake: the client creates its `warm_file` after its warm-up and waits for a line on its
@@ -255,7 +255,7 @@ def _run_client(
         )
         with open(Path(d) / "log.txt", "w+") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "slotune.tuner.http_bench", str(src), str(dst)],
+                [sys.executable, "-m", "slotune.tuner.measure.http_replay", str(src), str(dst)],
                 stdin=subprocess.PIPE,
                 stdout=log,
                 stderr=subprocess.STDOUT,

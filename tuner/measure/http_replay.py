@@ -40,7 +40,7 @@ streamed chunk against a bare ASGI SSE server on the 2-core AVX2 EPYC (2026-11-2
 httpx 350 us at 1 stream / 170 us at 16, aiohttp 171 / 67 us; on two cores every client
 microsecond is taken from the server it measures (twice over: bench/peers/colocated-*.md).
 
-`python -m slotune.tuner.http_bench IN.json OUT.json` (`main`) is a served trial's client process.
+`python -m slotune.tuner.measure.http_replay IN.json OUT.json` (`main`) is a served trial's client process.
 """
 
 from __future__ import annotations
@@ -62,8 +62,8 @@ from typing import Any
 import aiohttp
 
 from slotune.engine.serving import event_loop
-from slotune.tuner.metrics import PERCENTILES, BenchResult, RequestRecord, breaks_slo_so_far, summarize
-from slotune.tuner.workload import BenchRequest, WorkloadSpec, iter_requests
+from slotune.tuner.measure.metrics import PERCENTILES, BenchResult, RequestRecord, breaks_slo_so_far, summarize
+from slotune.tuner.spec.workload_spec import BenchRequest, WorkloadSpec, iter_requests
 
 APIS = ("completions", "chat")
 DEFAULT_TIMEOUT_S = 600.0
@@ -551,7 +551,7 @@ def run_http_benchmark(
 
 
 def main(argv: list[str]) -> int:
-    """`python -m slotune.tuner.http_bench IN.json OUT.json`: a trial's client, in its own process.
+    """`python -m slotune.tuner.measure.http_replay IN.json OUT.json`: a trial's client, in its own process.
 
     A served trial (tuner/trial_runner.py) serves the config under test as `tune serve` does and
     runs this as its client, as a real client runs: another process, loopback HTTP.

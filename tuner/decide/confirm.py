@@ -77,13 +77,13 @@ from typing import Any
 
 from slotune.engine.config import EngineConfig
 from slotune.evals.gate_spec import GateSpec
-from slotune.tuner.metrics import CI_RATES, ci_keys, mean_half_width
-from slotune.tuner.objective import DEFAULT_TRIAL_RUNNER, TrialFailure, by_first_objective, measure, ranked_feasible
-from slotune.tuner.reasons import failed_gates
-from slotune.tuner.references import DEFAULT_TAG
-from slotune.tuner.report_html import ReportSection
-from slotune.tuner.slo import COST_RATES, Check, SLOLimits, judge
-from slotune.tuner.units import format_value, interval, metric_label, overlaps, value_with_ci
+from slotune.tuner.measure.metrics import CI_RATES, ci_keys, mean_half_width
+from slotune.tuner.search.objective import DEFAULT_TRIAL_RUNNER, TrialFailure, by_first_objective, measure, ranked_feasible
+from slotune.tuner.report.reasons import failed_gates
+from slotune.tuner.search.references import DEFAULT_TAG
+from slotune.tuner.report.html import ReportSection
+from slotune.tuner.spec.slo import COST_RATES, Check, SLOLimits, judge
+from slotune.tuner.measure.units import format_value, interval, metric_label, overlaps, value_with_ci
 
 CONFIRM_ATTR = "confirm"
 DECLARE_ATTR = "declare"
@@ -247,7 +247,7 @@ def declaration_seeds(spec) -> list[int]:
     """The workload seeds the declaration measurements may use, in order, as many as it may take
     (`Budget.declare_cap`): fresh ones after the round's, skipping the study's own workload seed
     (its trials' numbers favour their configs too)."""
-    from slotune.tuner.workload import MAX_SEED
+    from slotune.tuner.spec.workload_spec import MAX_SEED
 
     seeds, seed = [], spec.robustness_seed
     while len(seeds) < spec.budget.declare_cap:

@@ -19,15 +19,15 @@ from pathlib import Path
 from typing import Any
 
 from slotune.evals.gate_spec import GateSpec
-from slotune.tuner.confirm import declared_as
-from slotune.tuner.objective import is_screened_out
-from slotune.tuner.spec import COST_METRICS
-from slotune.tuner.references import DEFAULT_TAG, reference_metrics, reference_results, trial_label
-from slotune.tuner.reasons import gate_words, infeasible_reasons
-from slotune.tuner.report_html import ReportSection, render_html
-from slotune.tuner.slo import SLOLimits, judge, metric_key
-from slotune.tuner.units import format_value, interval, metric_label, number, overlaps, seeds_words, value_with_ci
-from slotune.tuner.workload import describe_replay
+from slotune.tuner.decide.confirm import declared_as
+from slotune.tuner.search.objective import is_screened_out
+from slotune.tuner.spec.tuning_spec import COST_METRICS
+from slotune.tuner.search.references import DEFAULT_TAG, reference_metrics, reference_results, trial_label
+from slotune.tuner.report.reasons import gate_words, infeasible_reasons
+from slotune.tuner.report.html import ReportSection, render_html
+from slotune.tuner.spec.slo import SLOLimits, judge, metric_key
+from slotune.tuner.measure.units import format_value, interval, metric_label, number, overlaps, seeds_words, value_with_ci
+from slotune.tuner.spec.workload_spec import describe_replay
 
 MIN_TRIALS_FOR_IMPORTANCE = 4  # fANOVA on fewer complete trials says nothing
 
@@ -520,7 +520,7 @@ def gather(spec, study, best, remeasure) -> ReportData:
         f"{states.count('FAIL')} failed, {states.count('PRUNED')} pruned).",
     ]
     if spec.screening.enabled:
-        from slotune.tuner.screening import screened_in  # optuna: only where a study exists
+        from slotune.tuner.search.screening import screened_in  # optuna: only where a study exists
 
         out = [t for t in study.trials if is_screened_out(t) and t.user_attrs.get("repeat_of") is None]
         summary.append(

@@ -9,9 +9,9 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from slotune.tuner.report_html import ReportSection
-from slotune.tuner.slo import SLOLimits, metric_key
-from slotune.tuner.units import axis_unit, format_value, metric_label, number
+from slotune.tuner.report.html import ReportSection
+from slotune.tuner.spec.slo import SLOLimits, metric_key
+from slotune.tuner.measure.units import axis_unit, format_value, metric_label, number
 
 if TYPE_CHECKING:
     from slotune.tuner.sweep import Load, LoadCurve, LoadPoint, SweepResult

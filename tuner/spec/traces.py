@@ -34,7 +34,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
 
-from slotune.tuner.errors import MissingFileError, SpecError
+from slotune.tuner.spec.yaml_reader import MissingFileError, SpecError
 
 TraceFormat = Literal["recorded", "mooncake", "azure", "burstgpt"]
 FinishReason = Literal["stop", "length", "abort", "rejected"]  # the engine's (engine/outputs.py)

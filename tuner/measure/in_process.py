@@ -20,8 +20,8 @@ from rich.console import Console
 from rich.table import Table
 
 from slotune.engine.config import EngineConfig
-from slotune.tuner.errors import parse_yaml
-from slotune.tuner.metrics import (
+from slotune.tuner.spec.yaml_reader import parse_yaml
+from slotune.tuner.measure.metrics import (
     CI_PERCENTILES,
     LATENCY_SERIES,
     PERCENTILES,
@@ -34,8 +34,8 @@ from slotune.tuner.metrics import (
     engine_stats_delta,
     summarize,
 )
-from slotune.tuner.slo import metric_key
-from slotune.tuner.workload import BenchRequest, WorkloadSpec, iter_requests
+from slotune.tuner.spec.slo import metric_key
+from slotune.tuner.spec.workload_spec import BenchRequest, WorkloadSpec, iter_requests
 
 DEFAULT_WORKLOAD = "chat-small"
 
@@ -335,7 +335,7 @@ def bench_command(
             )
         else:
             # Imported here: aiohttp is only needed with --url.
-            from slotune.tuner.http_bench import run_http_benchmark
+            from slotune.tuner.measure.http_replay import run_http_benchmark
 
             status.update(f"loading the tokenizer of {tokenizer or cfg.model}")
             tok = load_tokenizer(tokenizer or cfg.model)

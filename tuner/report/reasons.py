@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from slotune.evals.gate_spec import GateSpec
-from slotune.tuner.slo import SLO_KEYS, SLOLimits, judge
+from slotune.tuner.spec.slo import SLO_KEYS, SLOLimits, judge
 
 GATE_METRIC_WORDS = {
     "top1": "top-1 agreement",

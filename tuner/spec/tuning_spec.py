@@ -32,10 +32,10 @@ from slotune.engine.config import DEFAULT_MODEL, EngineConfig
 from slotune.evals.gate_spec import GateSpec
 from slotune.evals.tasks import data_dir as tasks_data_dir
 from slotune.search_spaces.schema import SearchSpace, builtin_spaces
-from slotune.tuner.errors import Problem, SpecError, load_yaml_mapping, parse_yaml
-from slotune.tuner.slo import COST_METRICS, LATENCY_METRICS, METRICS_OF_KIND, THROUGHPUT_METRICS, metric_key
-from slotune.tuner.traces import load_trace
-from slotune.tuner.workload import (
+from slotune.tuner.spec.yaml_reader import Problem, SpecError, load_yaml_mapping, parse_yaml
+from slotune.tuner.spec.slo import COST_METRICS, LATENCY_METRICS, METRICS_OF_KIND, THROUGHPUT_METRICS, metric_key
+from slotune.tuner.spec.traces import load_trace
+from slotune.tuner.spec.workload_spec import (
     MAX_SEED,
     WorkloadSpec,
     builtin_workloads,

@@ -11,8 +11,8 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from slotune.tuner.metrics import LATENCY_SERIES, ci_keys
-from slotune.tuner.slo import parse_metric_key, percentile_label
+from slotune.tuner.measure.metrics import LATENCY_SERIES, ci_keys
+from slotune.tuner.spec.slo import parse_metric_key, percentile_label
 
 _LABELS = {
     "output_tokens_per_s": "output tokens/s",

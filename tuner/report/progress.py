@@ -7,9 +7,9 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from slotune.tuner.objective import best_trial, budget_share
-from slotune.tuner.references import trial_label
-from slotune.tuner.slo import metric_key
+from slotune.tuner.search.objective import best_trial, budget_share
+from slotune.tuner.search.references import trial_label
+from slotune.tuner.spec.slo import metric_key
 
 
 class Progress:

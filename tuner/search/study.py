@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from slotune.engine.config import EngineConfig
-from slotune.tuner.confirm import candidates, confirm_round, run_declaration, run_round
-from slotune.tuner.objective import (
+from slotune.tuner.decide.confirm import candidates, confirm_round, run_declaration, run_round
+from slotune.tuner.search.objective import (
     DEFAULT_TRIAL_RUNNER,
     UNMEASURED_OVER_BUDGET,
     Objective,
@@ -40,14 +40,14 @@ from slotune.tuner.objective import (
     trial_constraints,
     trials_die_with_this_process,
 )
-from slotune.tuner.progress import Progress
-from slotune.tuner.references import DEFAULT_TAG, reference_configs, reference_metrics, side_measurement, trial_tag
-from slotune.tuner.report import write_atomic, write_report
-from slotune.tuner.slo import SLO_KEYS
-from slotune.tuner.spec import TuningSpec, default_spec_path
+from slotune.tuner.report.progress import Progress
+from slotune.tuner.search.references import DEFAULT_TAG, reference_configs, reference_metrics, side_measurement, trial_tag
+from slotune.tuner.report.markdown import write_atomic, write_report
+from slotune.tuner.spec.slo import SLO_KEYS
+from slotune.tuner.spec.tuning_spec import TuningSpec, default_spec_path
 from slotune.tuner.sweep import sweep_after_study
 from slotune.tuner.tracking import MLflowTracker
-from slotune.tuner.units import seeds_words
+from slotune.tuner.measure.units import seeds_words
 
 # Optuna heartbeat: a running trial whose process has not written for GRACE_S is failed by the
 # next process that asks for a trial (`optuna.storages.fail_stale_trials`).
@@ -93,7 +93,7 @@ def make_pruner(spec: TuningSpec):
     else none."""
     import optuna
 
-    from slotune.tuner.screening import ScreeningPruner
+    from slotune.tuner.search.screening import ScreeningPruner
 
     s = spec.screening
     return ScreeningPruner(s.percentile, s.n_startup_trials) if s.enabled else optuna.pruners.NopPruner()

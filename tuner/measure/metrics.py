@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from slotune.tuner.slo import COST_RATES, SLOLimits, breaks_slo_early, meets_slo, metric_key
+from slotune.tuner.spec.slo import COST_RATES, SLOLimits, breaks_slo_early, meets_slo, metric_key
 
 PERCENTILES: tuple[float, ...] = (50, 90, 95, 99)
 LATENCY_SERIES = ("ttft", "tpot", "itl", "e2e", "queue_time")

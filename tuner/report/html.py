@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
-from slotune.tuner.slo import metric_key, parse_metric_key
-from slotune.tuner.units import axis_title, format_value, metric_label
+from slotune.tuner.spec.slo import metric_key, parse_metric_key
+from slotune.tuner.measure.units import axis_title, format_value, metric_label
 
 if TYPE_CHECKING:
-    from slotune.tuner.report import ReportData, TrialFacts
+    from slotune.tuner.report.markdown import ReportData, TrialFacts
 
 COLORS = {
     "feasible": "#1f77b4",

@@ -52,8 +52,8 @@ from pydantic import (
     model_validator,
 )
 
-from slotune.tuner.errors import MissingFileError, SpecError, load_yaml_mapping
-from slotune.tuner.traces import Trace, TraceSource, iter_prompts, load_trace
+from slotune.tuner.spec.yaml_reader import MissingFileError, SpecError, load_yaml_mapping
+from slotune.tuner.spec.traces import Trace, TraceSource, iter_prompts, load_trace
 
 BUILTIN_DIR = "workloads"
 CORPUS_FILE = "corpus.txt"

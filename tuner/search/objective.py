@@ -1,7 +1,7 @@
 """Parent side of a trial: sample a config, measure it in an isolated child process, score it.
 
 The lifecycle of one trial (`Objective.__call__`):
-  sample -> build EngineConfig -> run `slotune.tuner.trial_runner` in a child process under a
+  sample -> build EngineConfig -> run `slotune.tuner.measure.trial_runner` in a child process under a
   timeout and a memory cap -> record metrics, SLO constraints, gates as user attributes ->
   return the objective value(s).
 With `screening` on, a searched trial first measures a short replay (`Objective._screen`) and
@@ -33,10 +33,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from slotune.tuner import machine
-from slotune.tuner.errors import format_error
-from slotune.tuner.metrics import cost_metrics
-from slotune.tuner.slo import CONSTRAINT_KEYS, constraint_values, is_feasible
+from slotune.tuner.measure import machine
+from slotune.tuner.spec.yaml_reader import format_error
+from slotune.tuner.measure.metrics import cost_metrics
+from slotune.tuner.spec.slo import CONSTRAINT_KEYS, constraint_values, is_feasible
 
 
 class TrialFailure(Exception):
@@ -248,10 +248,10 @@ def trial_env(threads: int | None = None, wait_policy: str = "auto") -> dict[str
     return env
 
 
-# The trial process: `python -m slotune.tuner.trial_runner IN.json OUT.json`. Tests of study
+# The trial process: `python -m slotune.tuner.measure.trial_runner IN.json OUT.json`. Tests of study
 # mechanics supply another command with the same contract (tests/tuner_tests/fake_trial_runner.py,
 # a cheap stand-in measurement) through `runner=` / `tune run --trial-runner`.
-DEFAULT_TRIAL_RUNNER: tuple[str, ...] = (sys.executable, "-m", "slotune.tuner.trial_runner")
+DEFAULT_TRIAL_RUNNER: tuple[str, ...] = (sys.executable, "-m", "slotune.tuner.measure.trial_runner")
 
 
 def trial_runner_command(runner: str | None) -> tuple[str, ...]:
@@ -551,7 +551,7 @@ class Objective:
 
     def _screen_reason(self, trial, key: str, value, early_stopped: bool, wl) -> str:
         """Why the study's pruner screened `trial` out, with the bar and peers it decided on."""
-        from slotune.tuner.units import format_value, metric_label
+        from slotune.tuner.measure.units import format_value, metric_label
 
         screen = self.spec.screening
         n = screen.describe(wl)
