@@ -23,11 +23,18 @@ DEFAULT_MODEL = "smollm2-135m"
 DEFAULT_MAX_PENDING_REQUESTS = 256
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+class StrictModel(BaseModel):
+    """Base of every user-written config (engine, tuning spec, workload): unknown fields and
+    non-finite numbers are refused with the field's name."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
-class KernelConfig(_Strict):
+class _EngineModel(StrictModel):
+    model_config = ConfigDict(validate_assignment=True)  # cfg.field = value is validated too
+
+
+class KernelConfig(_EngineModel):
     """Which operator implementation runs, and the tile sizes of our Triton kernels (their types, values
     and defaults are the kernels' own: kernels/tiles.py)."""
 
@@ -50,7 +57,7 @@ class KernelConfig(_Strict):
     matmul: MatmulConfig = MatmulConfig()
 
 
-class SpeculativeConfig(_Strict):
+class SpeculativeConfig(_EngineModel):
     """Speculative decoding: a cheap draft proposes tokens, the target verifies them in one pass."""
 
     method: Literal["none", "ngram", "early_exit", "quantized", "model"] = "none"
@@ -70,7 +77,7 @@ class SpeculativeConfig(_Strict):
         return self
 
 
-class AdmissionConfig(_Strict):
+class AdmissionConfig(_EngineModel):
     """Bounds that turn overload into fast, explicit rejections instead of unbounded queues.
 
     Without any of these set, a request is still bounded: prompt <= max_model_len - 1 tokens,
@@ -97,7 +104,7 @@ class AdmissionConfig(_Strict):
     )
 
 
-class EngineConfig(_Strict):
+class EngineConfig(_EngineModel):
     """The full serving configuration of one engine instance."""
 
     model: str = Field(DEFAULT_MODEL, description="'smollm2-135m' (bundled GGUF), a .gguf file or an HF checkpoint dir")

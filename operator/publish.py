@@ -37,7 +37,8 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from slotune.operator import traffic
-from slotune.tuner.spec.traces import RecordedRequest, TraceSource, load_trace
+from slotune.tuner.spec.traces import RecordedRequest, TraceSource
+from slotune.tuner.spec.trace_reader import load_trace
 from slotune.tuner.workload.fit import TraceSummary, summarize
 
 RESULT_KEYS = ("best.yaml", "best_metrics.json", "mlflow_run_id", "error", "traffic.json", "skipped")

@@ -10,7 +10,7 @@ from pathlib import Path
 from tokenizers import AddedToken, Tokenizer, trainers
 from tokenizers.pre_tokenizers import ByteLevel
 
-from slotune.tuner.spec.workload_spec import corpus_text
+from slotune.tuner.workload.requests import corpus_text
 
 # Text the GPL corpus lacks, so that merges cover code, digit runs and multi-byte characters.
 EXTRA_TEXT = """

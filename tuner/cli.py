@@ -20,7 +20,6 @@ from typing import Annotated, Literal, Optional
 import click
 import typer
 import yaml
-
 from slotune.tuner.spec.yaml_reader import error_lines, load_yaml
 
 app = typer.Typer(
@@ -136,7 +135,7 @@ def bench(
     """Replay a workload against the engine (or a server, --url) and report TTFT/TPOT/ITL/e2e, tokens/s, goodput."""
     with _reading(config):
         _check_yaml(config)  # a workload file is read by WorkloadSpec.load, which uses the same reader
-        from slotune.tuner.measure.in_process import bench_command  # per command
+        from slotune.tuner.commands import bench_command  # per command
 
         bench_command(
             config=config,
@@ -157,7 +156,7 @@ def bench(
 def validate(spec: Annotated[Path, typer.Argument(help="tuning spec YAML")]) -> None:
     """Check a tuning spec and print what it resolves to."""
     with _reading(spec):
-        from slotune.tuner.spec.tuning_spec import validate_command  # per command
+        from slotune.tuner.commands import validate_command  # per command
 
         validate_command(spec)
 
@@ -199,7 +198,8 @@ def run(
 ) -> None:
     """Run (or resume) the tuning study of SPEC and write best.yaml and the report."""
     with _reading(spec):
-        from slotune.tuner.spec.tuning_spec import TuningSpec, default_spec_path, preflight  # per command
+        from slotune.tuner.spec.preflight import preflight  # per command
+        from slotune.tuner.spec.tuning_spec import TuningSpec, default_spec_path
 
         # Every check `tune validate` makes, before a study is opened or a trial is spent.
         checked = TuningSpec.from_yaml(spec if spec is not None else default_spec_path())
@@ -208,8 +208,8 @@ def run(
         if storage:
             checked.storage = storage
         preflight(checked)
-        from slotune.tuner.search.objective import trial_runner_command  # per command
-        from slotune.tuner.search.study import run_command  # per command
+        from slotune.tuner.measure.trial_process import trial_runner_command  # per command
+        from slotune.tuner.run import run_command  # per command
 
         run_command(
             spec,
@@ -299,7 +299,7 @@ def sweep(
     and the capacity within the limits."""
     with _reading(config):
         _check_yaml(config)  # a workload file is read by WorkloadSpec.load, which uses the same reader
-        from slotune.tuner.sweep import sweep_command  # per command
+        from slotune.tuner.commands import sweep_command  # per command
 
         sweep_command(
             config,
@@ -356,7 +356,7 @@ def workload_fit(
 ) -> None:
     """Summarize TRACE (lengths, rates, burstiness, concurrency, prefix sharing) and write a WorkloadSpec like it."""
     with _reading(trace):
-        from slotune.tuner.workload.fit import fit_command  # per command
+        from slotune.tuner.commands import fit_command  # per command
 
         fit_command(
             trace,

@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
-from slotune.tuner.report.reasons import infeasible_reasons
+from slotune.tuner.measure.reasons import infeasible_reasons
 from slotune.tuner.search.references import trial_label
 from slotune.tuner.spec.slo import SLOLimits, judge
 

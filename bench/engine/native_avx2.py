@@ -22,9 +22,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.engine.run import copy_bandwidth_gbs  # noqa: E402
 from slotune.engine import EngineConfig, SamplingParams  # noqa: E402
 from slotune.engine.llm_engine import LLMEngine  # noqa: E402
+
+from bench.engine.run import copy_bandwidth_gbs  # noqa: E402
 
 CONFIGS = {
     "int8-act": {"dtype": "bfloat16", "quantization": "int8", "kernels": {"int8_activations": True}},

@@ -32,12 +32,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-
 from slotune.engine import LLM, EngineConfig, SamplingParams
 from slotune.engine.llm_engine import LLMEngine
 from slotune.engine.loader import resolve_model_path
-from slotune.tuner.measure.in_process import run_benchmark
-from slotune.tuner.spec.workload_spec import WorkloadSpec, generate_requests
+from slotune.tuner.measure.in_process_replay import run_benchmark
+from slotune.tuner.spec.workload_spec import WorkloadSpec
+from slotune.tuner.workload.requests import generate_requests
 
 MACHINE = "2-core Intel Xeon (AVX-512/AMX), no GPU"
 COMMAND = ".venv/bin/python bench/engine/run.py --repeats 3"

@@ -120,7 +120,6 @@ def _paged(B, ctx_len, Hkv, D, BS, dev, dtype=torch.bfloat16):
 
 def decode_attention_section(out: dict, dev: str) -> None:
     import torch.nn.functional as F
-
     from slotune.engine.config import EngineConfig
     from slotune.kernels import reference as ref
     from slotune.kernels.decode_attention import configs, paged_decode_attention
@@ -182,7 +181,6 @@ def decode_attention_section(out: dict, dev: str) -> None:
 
 def prefill_attention_section(out: dict, dev: str) -> None:
     import torch.nn.functional as F
-
     from slotune.engine.config import EngineConfig
     from slotune.kernels import reference as ref
     from slotune.kernels.prefill_attention import configs, paged_prefill_attention
@@ -242,7 +240,6 @@ def prefill_attention_section(out: dict, dev: str) -> None:
 
 def quant_matmul_section(out: dict, dev: str) -> None:
     import torch.nn.functional as F
-
     from slotune.engine.config import EngineConfig
     from slotune.kernels import quant_matmul as qm
     from slotune.kernels import reference as ref
@@ -294,7 +291,6 @@ def quant_matmul_section(out: dict, dev: str) -> None:
 
 def kernels_section(res: dict, dev: str = "cuda") -> None:
     import torch.nn.functional as F
-
     from slotune.kernels import reference as ref
     from slotune.kernels.activation import silu_and_mul
     from slotune.kernels.kv_store import store_kv
@@ -359,9 +355,8 @@ def kernels_section(res: dict, dev: str = "cuda") -> None:
 
 def engine_section(res: dict, d: Path) -> None:
     import transformers
-
     from slotune.engine import LLM, EngineConfig, SamplingParams
-    from slotune.tuner.measure.in_process import run_benchmark
+    from slotune.tuner.measure.in_process_replay import run_benchmark
     from slotune.tuner.spec.workload_spec import WorkloadSpec
 
     out = res.setdefault("engine", {})
@@ -444,7 +439,7 @@ def engine_section(res: dict, d: Path) -> None:
         output_len={"kind": "lognormal", "mean": 128, "sigma": 0.7, "min": 8, "max": 512},
     )
     r = run_benchmark(llm.config, wl, llm=llm)
-    from slotune.tuner.spec.workload_spec import generate_requests
+    from slotune.tuner.workload.requests import generate_requests
 
     reqs = [q for q in generate_requests(wl, llm.tokenizer) if not q.request_id.startswith("warmup")]
     t = time.perf_counter()

@@ -34,14 +34,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
-
 from slotune.engine import LLM, EngineConfig, SamplingParams
 from slotune.engine.llm_engine import LLMEngine
 from slotune.engine.model_runner import ModelRunner
 from slotune.engine.scheduler import ScheduledSeq
 from slotune.engine.sequence import Sequence
 from slotune.engine.tokenizer import Tokenizer
-from slotune.tuner.spec.workload_spec import corpus_token_ids
+from slotune.tuner.workload.requests import corpus_token_ids
 
 MACHINE = "2-core Intel Xeon (AVX-512/AMX), no GPU"
 BASE = {"max_model_len": 1024, "max_num_seqs": 16, "kv_cache_memory_gb": 0.25}

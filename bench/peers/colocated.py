@@ -46,7 +46,6 @@ from run import (
     slotune_config,
     versions,
 )
-
 from slotune.engine import LLM, EngineConfig
 
 CONDITIONS = ("none", "thread", "process")

@@ -65,11 +65,10 @@ from run import (
     tune_serve,
     versions,
 )
-
 from slotune.engine import LLM, EngineConfig
 from slotune.engine.loader import resolve_model_path
 from slotune.engine.tokenizer import Tokenizer
-from slotune.tuner.measure.metrics import ratio_interval
+from slotune.tuner.measure.intervals import ratio_interval
 
 GOAL = 0.95
 

@@ -49,7 +49,6 @@ import gguf
 import httpx
 import torch
 import yaml
-
 from report import fmt_ms, medians, to_markdown  # bench/peers/report.py (this folder is sys.path[0])
 
 
@@ -349,7 +348,7 @@ IN_PROCESS = "@in-process"  # suffix of a config's in-process rows
 
 def measure_in_process(llm, point: Point, num_requests: int | None, seed: int) -> dict[str, Any]:
     """`measure`'s row for one point replayed on `llm` in this process (`tune bench` without HTTP)."""
-    from slotune.tuner.measure.in_process import run_benchmark
+    from slotune.tuner.measure.in_process_replay import run_benchmark
 
     wl = WorkloadSpec.load(point.workload(num_requests, seed))
     res = run_benchmark(None, wl, llm=llm)

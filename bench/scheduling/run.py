@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from slotune.engine import LLM, EngineConfig
-from slotune.tuner.measure.in_process import run_benchmark
+from slotune.tuner.measure.in_process_replay import run_benchmark
 from slotune.tuner.spec.workload_spec import WorkloadSpec
 
 POLICIES = ("fcfs", "shortest_prompt_first")

@@ -28,7 +28,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run import _replay, _serve, _stop  # noqa: E402
-
 from slotune.tuner.measure import machine  # noqa: E402
 
 KEYS = ("output_tokens_per_s", "goodput_rps", "tpot_p50", "tpot_p95", "ttft_p50", "ttft_p95", "idle_cores")

@@ -11,7 +11,7 @@ winning trial's own measurement (`best_metrics.json` `metrics`). Goal: within 10
 The trial was measured minutes to hours earlier, and it is the best of many, so that ratio carries
 the machine's drift and the selection's bias as well as any difference between the two paths. The
 paths themselves are compared side by side: each repeat is a pair, one replay against `tune serve`
-and one measurement of the same config on the same seed by the trial harness (`objective.measure`,
+and one measurement of the same config on the same seed by the trial harness (`trial_process.measure`,
 an isolated trial process serving it as `tune run` does), in alternating order (S T, T S, ...);
 served / harness is the median of the per-pair ratios.
 
@@ -36,10 +36,9 @@ import time
 from datetime import date
 from pathlib import Path
 
-
 from slotune.tuner.measure import machine
 from slotune.tuner.measure.http_replay import wait_ready
-from slotune.tuner.measure.metrics import ratio_interval
+from slotune.tuner.measure.intervals import ratio_interval
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -86,7 +85,7 @@ def _replay(url: str, spec, out: Path, seed: int) -> dict:
     code = (
         "import json, sys\n"
         "from slotune.tuner.spec.tuning_spec import TuningSpec\n"
-        "from slotune.tuner.measure.in_process import load_tokenizer\n"
+        "from slotune.tuner.measure.in_process_replay import load_tokenizer\n"
         "from slotune.tuner.measure.http_replay import run_http_benchmark\n"
         "spec = TuningSpec.from_yaml(sys.argv[1]); o = spec.objective\n"
         "res = run_http_benchmark(sys.argv[2], spec.workload, tokenizer=load_tokenizer(spec.model),\n"
@@ -111,7 +110,7 @@ def main() -> int:
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
     from slotune.engine.config import EngineConfig
-    from slotune.tuner.search.objective import TrialFailure, measure
+    from slotune.tuner.measure.trial_process import TrialFailure, measure
     from slotune.tuner.spec.tuning_spec import TuningSpec
 
     rows, raw = [], []

@@ -21,11 +21,10 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-
 from slotune.engine.loader import resolve_model_path
 from slotune.engine.tokenizer import Tokenizer
 from slotune.tuner.measure.http_replay import run_http_benchmark, wait_ready
-from slotune.tuner.spec.traces import load_trace
+from slotune.tuner.spec.trace_reader import load_trace
 from slotune.tuner.spec.workload_spec import WorkloadSpec
 
 CONFIG = (

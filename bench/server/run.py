@@ -29,7 +29,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import httpx
-
 from slotune.tuner.measure.http_replay import wait_ready
 
 MODEL = "smollm2-135m"

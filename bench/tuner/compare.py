@@ -23,7 +23,7 @@ HERE = Path(__file__).resolve().parent
 
 def main() -> None:
     from slotune.engine.config import EngineConfig
-    from slotune.tuner.search.objective import TrialFailure, measure
+    from slotune.tuner.measure.trial_process import TrialFailure, measure
     from slotune.tuner.spec.slo import metric_key
     from slotune.tuner.spec.tuning_spec import TuningSpec
 

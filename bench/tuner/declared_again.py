@@ -24,7 +24,7 @@ from goals import relative_to_default  # this folder is sys.path[0]
 
 def values(study, key: str, trial: int | None) -> dict[int, float]:
     """Seed -> the objective `key` of `trial`'s (None: the default's) declaration measurements."""
-    from slotune.tuner.decide.confirm import DECLARE_ATTR
+    from slotune.tuner.decide.declare import DECLARE_ATTR
 
     record = study.user_attrs.get(DECLARE_ATTR) or {}
     return {

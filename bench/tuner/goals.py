@@ -40,7 +40,6 @@ from datetime import date
 from pathlib import Path
 
 import yaml
-
 from slotune.tuner.measure import machine
 
 HERE = Path(__file__).resolve().parent
@@ -105,7 +104,7 @@ def relative_to_default(
 def main() -> None:
     from slotune.engine.config import EngineConfig
     from slotune.tuner.measure.metrics import ci_keys
-    from slotune.tuner.search.objective import TrialFailure, measure, omp_wait_policy
+    from slotune.tuner.measure.trial_process import TrialFailure, measure, omp_wait_policy
     from slotune.tuner.spec.tuning_spec import TuningSpec
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -39,10 +39,9 @@ def main() -> None:
     args = ap.parse_args()
 
     import torch
-
     from slotune.engine import LLM, SamplingParams
     from slotune.engine.config import EngineConfig
-    from slotune.tuner.measure.in_process import run_benchmark
+    from slotune.tuner.measure.in_process_replay import run_benchmark
     from slotune.tuner.spec.tuning_spec import TuningSpec
 
     spec = TuningSpec.from_yaml(args.spec)

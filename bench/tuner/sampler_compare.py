@@ -58,8 +58,7 @@ def trials_to_target(
     unexplored config is enqueued. repeats=False: every proposal is measured (as before).
     """
     import optuna
-
-    from slotune.tuner.search.objective import earlier_measurement, enqueue_unexplored
+    from slotune.tuner.search.trials import earlier_measurement, enqueue_unexplored
 
     lookup = {tuple(r["params"][k] for k in KNOBS): r["value"] for r in table["rows"]}
     with warnings.catch_warnings():

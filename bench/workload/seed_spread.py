@@ -24,7 +24,7 @@ import numpy as np
 
 def totals(wl, seeds: int, mode: str) -> tuple[np.ndarray, np.ndarray]:
     """Total prompt and output tokens of the measured requests, one per seed."""
-    from slotune.tuner.spec.workload_spec import length_streams
+    from slotune.tuner.workload.requests import length_streams
 
     n, wl = wl.num_requests, wl.model_copy(update={"length_sampling": mode})
     prompt, output = [], []
@@ -37,7 +37,7 @@ def totals(wl, seeds: int, mode: str) -> tuple[np.ndarray, np.ndarray]:
 
 def spans(wl, seeds: int, mode: str) -> tuple[np.ndarray, np.ndarray]:
     """Seconds from the first measured arrival to the last, one per seed, and every gap drawn."""
-    from slotune.tuner.spec.workload_spec import arrival_gaps
+    from slotune.tuner.workload.requests import arrival_gaps
 
     n, wl = wl.num_requests, wl.model_copy(update={"arrival_sampling": mode})
     gaps = np.array([list(itertools.islice(arrival_gaps(wl, seed), n - 1)) for seed in range(seeds)])

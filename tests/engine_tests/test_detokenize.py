@@ -14,7 +14,7 @@ import random
 
 from slotune.engine.loader import resolve_model_path
 from slotune.engine.tokenizer import Tokenizer
-from slotune.tuner.spec.workload_spec import corpus_text
+from slotune.tuner.workload.requests import corpus_text
 from tests.tokenizer_files import EXTRA_TEXT
 
 

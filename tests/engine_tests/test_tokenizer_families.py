@@ -29,7 +29,7 @@ from slotune.engine.serving.async_llm import AsyncLLM
 from slotune.engine.chat_template import ChatTemplateError
 from slotune.engine.llm_engine import LLMEngine
 from slotune.engine.tokenizer import Tokenizer
-from slotune.tuner.spec.workload_spec import corpus_text
+from slotune.tuner.workload.requests import corpus_text
 from tests.engine_driver import generate
 from tests.tokenizer_files import (
     BYTE_LEVEL_GPT2,

@@ -9,7 +9,8 @@ import pytest
 
 from slotune.engine.outputs import RequestMetrics, RequestOutput
 from slotune.engine.serving.traffic_recorder import KEY_ENV, TrafficRecorder
-from slotune.tuner.spec.traces import block_hash_ids, load_trace
+from slotune.tuner.spec.traces import block_hash_ids
+from slotune.tuner.spec.trace_reader import load_trace
 
 SYSTEM = list(range(1000, 1128))  # a 128-token shared start: two full 64-token blocks
 

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from slotune.engine import LLM
-from slotune.tuner.measure.in_process import run_benchmark
+from slotune.tuner.measure.in_process_replay import run_benchmark
 from slotune.tuner.spec.tuning_spec import TuningSpec, resolved_dict
 from tests.tokenizer_files import GPT2_PIPELINE, train_bpe, write_hf_tokenizer
 

@@ -12,7 +12,7 @@ import yaml
 
 from slotune.operator import admission, api, children, tuning
 from slotune.operator.admission import Admission
-from slotune.tuner.spec.tuning_spec import Objective
+from slotune.tuner.spec.sections import ObjectiveSpec
 
 from .resources import TUNING_SPEC
 
@@ -208,7 +208,7 @@ def test_a_cost_objective_is_admitted_with_a_price_and_refused_without_naming_th
     tuning_schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"][
         "tuning"
     ]
-    kinds = set(get_args(Objective.model_fields["kind"].annotation))
+    kinds = set(get_args(ObjectiveSpec.model_fields["kind"].annotation))
     assert (
         set(tuning_schema["properties"]["objective"]["properties"]["kind"]["enum"])
         == kinds

@@ -4,12 +4,12 @@ import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
-
-from slotune.tuner.measure.in_process import parse_overrides, run_benchmark
-from slotune.tuner.measure.metrics import BenchResult
 from slotune.tuner.cli import app
+from slotune.tuner.commands import parse_overrides
+from slotune.tuner.measure.in_process_replay import run_benchmark
+from slotune.tuner.measure.metrics import BenchResult
 from slotune.tuner.spec.workload_spec import WorkloadSpec
+from typer.testing import CliRunner
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = {

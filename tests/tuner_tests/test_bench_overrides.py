@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from typer.testing import CliRunner
-
-from slotune.tuner.measure.in_process import parse_overrides
 from slotune.tuner.cli import app
+from slotune.tuner.commands import parse_overrides
 from slotune.tuner.spec.yaml_reader import SpecError
+from typer.testing import CliRunner
 
 
 def test_override_values_are_plain_yaml():

@@ -12,13 +12,15 @@ from types import SimpleNamespace
 
 import optuna
 import pytest
-
 from slotune.engine.config import EngineConfig
-from slotune.tuner.decide.confirm import CONFIRM_ATTR, confirm_round, near_misses
+from slotune.tuner.decide.candidates import near_misses
+from slotune.tuner.decide.confirm import CONFIRM_ATTR, confirm_round
+from slotune.tuner.report.confirmation import confirmation_section
+from slotune.tuner.run import finalize, run_command
 from slotune.tuner.spec.slo import SLOLimits
 from slotune.tuner.spec.tuning_spec import TuningSpec
-from slotune.tuner.search.study import finalize, run_command
 from slotune.tuner.tracking import tracking_summary
+
 from tests.tuner_tests.conftest import write_spec
 
 GRID = {
@@ -217,8 +219,8 @@ def test_the_declarations_interval_decides_from_three_values_on():
     """Two values that agree say little about the spread: with a precision asked, a third seed is
     measured however close they are. A winner that failed on its seeds is not measured further;
     the cap and declare_precision: null end it at once."""
-    from slotune.tuner.decide.confirm import is_declared
-    from slotune.tuner.spec.tuning_spec import Budget
+    from slotune.tuner.decide.declare import is_declared
+    from slotune.tuner.spec.sections import Budget
 
     b = Budget()  # 2 seeds at least, +-10%, at most 6
     assert not is_declared(b, [4.49], 1)
@@ -232,7 +234,7 @@ def test_the_declarations_interval_decides_from_three_values_on():
 
 
 def test_a_declaration_cap_below_its_minimum_is_refused_by_name():
-    from slotune.tuner.spec.tuning_spec import Budget
+    from slotune.tuner.spec.sections import Budget
 
     with pytest.raises(ValueError, match=r"budget.declare_max_repeats \(2\) is below budget.declare_repeats \(3\)"):
         Budget(declare_repeats=3, declare_max_repeats=2)
@@ -247,7 +249,7 @@ def test_a_declared_median_carries_the_spread_of_its_measurements():
     measurements' intervals and values; a counter gets none; one measurement keeps what it had. Of
     three, one taken while the host slowed moves the declared value by nothing, and stays in its
     interval."""
-    from slotune.tuner.decide.confirm import median_metrics
+    from slotune.tuner.decide.aggregate import median_metrics
     from slotune.tuner.measure.units import value_with_ci
 
     m = median_metrics([{"goodput_rps": 7.46, "num_steps": 170.0}, {"goodput_rps": 6.83, "num_steps": 173.0}])
@@ -334,7 +336,7 @@ def test_the_slo_is_judged_again_on_the_re_measured_numbers(tmp_path):
     record["measurements"][2] = {"trial": 3, **m(0.05, 0.9)}
     c = confirm_round(spec, record, trials)
     assert (c.winner, c.is_confirmed) == (7, False)
-    assert "No candidate met the SLO when measured again: the winner is trial 7" in c.section({}).text
+    assert "No candidate met the SLO when measured again: the winner is trial 7" in confirmation_section(c, {}).text
 
 
 def test_the_report_names_the_candidates_the_round_cannot_tell_from_the_winner(tmp_path):
@@ -376,7 +378,7 @@ def test_the_report_names_the_candidates_the_round_cannot_tell_from_the_winner(t
     assert (c.winner, c.is_confirmed) == (3, True)
     assert [r.trial for r in c.rivals()] == [7]  # 9: apart; 5: overlaps but missed the TTFT limit
     assert c.differences(7) == ["quantization int8 (the winner: int4)", "max_num_batched_tokens 512 (the winner: 2048)"]
-    section = c.section({7: 0.0078, 3: 0.0081, 9: 0.0092, 5: 0.0077})
+    section = confirmation_section(c, {7: 0.0078, 3: 0.0081, 9: 0.0092, 5: 0.0077})
     assert (
         "Within noise of the winner in this round (the intervals overlap, and the SLO held): trial 7, p95 TPOT "
         "7.93 ms ± 0.38 against the winner's 7.82 ms ± 0.68, with quantization int8 (the winner: int4), "
@@ -388,7 +390,7 @@ def test_the_report_names_the_candidates_the_round_cannot_tell_from_the_winner(t
     # Apart: nothing is said.
     record["measurements"][1] = {"trial": 7, **m(0.0095, 0.0003)}
     c = confirm_round(spec, record, trials)
-    assert c.rivals() == [] and "Within noise" not in c.section({}).text
+    assert c.rivals() == [] and "Within noise" not in confirmation_section(c, {}).text
 
 
 def test_candidates_the_passes_cannot_tell_apart_are_named_after_the_last_pass(tmp_path, fake_trials):
@@ -437,7 +439,7 @@ def test_candidates_the_passes_cannot_tell_apart_are_named_after_the_last_pass(t
 def test_pooled_passes_narrow_when_they_agree_and_widen_when_they_drift():
     """Three passes that agree: the interval of their mean is their own half-widths pooled (1/sqrt 3 of
     one); three that disagree by more than that: 1.96 standard errors of their values."""
-    from slotune.tuner.decide.confirm import pooled_metrics
+    from slotune.tuner.decide.aggregate import pooled_metrics
 
     def m(v, h):
         return {"tpot_p95": v, "tpot_p95_ci_low": v - h, "tpot_p95_ci_high": v + h, "num_requests": 8.0}
@@ -520,7 +522,7 @@ def test_a_near_miss_wins_the_round_only_with_the_slo_met_and_its_gates_passed(t
     assert c.near == {4: ["p95 TTFT 520 ms > limit 500 ms (+4%); its interval 470 ms-560 ms"]}
     declared = c.remeasure()
     assert declared["near"] == c.near[4] and declared["gates"]["passed"] and declared["reasons"] == []
-    section = c.section({4: 0.02, 7: 0.03})
+    section = confirmation_section(c, {4: 0.02, 7: 0.03})
     assert (
         "The best 1 feasible trial, and 1 that missed the SLO by less than its own measurement's noise," in section.text
     )
@@ -533,7 +535,7 @@ def test_a_near_miss_wins_the_round_only_with_the_slo_met_and_its_gates_passed(t
     assert c.of(4)[0].reasons == ["gate agreement: top-1 agreement 0.8 < 0.9"]
     assert (
         "trial 4, first there, did not qualify when measured again: gate agreement: top-1 agreement 0.8 < 0.9"
-        in c.section({}).text
+        in confirmation_section(c, {}).text
     )
     c = confirm_round(spec, record(held), trials)  # the SLO held, yet no gate report: never declared on faith
     assert c.winner == 7 and c.of(4)[0].reasons == ["quality gates not run"]

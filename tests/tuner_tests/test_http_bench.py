@@ -25,13 +25,14 @@ from pathlib import Path
 
 import httpx
 import pytest
-from typer.testing import CliRunner
-
-from slotune.tuner.measure.in_process import load_tokenizer, print_result
-from slotune.tuner.measure.metrics import BenchResult
 from slotune.tuner.cli import app
-from slotune.tuner.measure.http_replay import run_http_benchmark, split_itls, wait_ready
+from slotune.tuner.measure.http_replay import run_http_benchmark, wait_ready
+from slotune.tuner.measure.http_stream import split_itls
+from slotune.tuner.measure.in_process_replay import load_tokenizer
+from slotune.tuner.measure.metrics import BenchResult
+from slotune.tuner.report.terminal import print_result
 from slotune.tuner.spec.workload_spec import WorkloadSpec
+from typer.testing import CliRunner
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "smollm2-135m"

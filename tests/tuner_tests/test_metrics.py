@@ -4,16 +4,10 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-
-from slotune.tuner.measure import metrics
-from slotune.tuner.measure.metrics import (
-    MemoryTracker,
-    RequestRecord,
-    bootstrap_intervals,
-    cost_metrics,
-    engine_stats_delta,
-    summarize,
-)
+from slotune.tuner.measure import intervals
+from slotune.tuner.measure.intervals import bootstrap_intervals
+from slotune.tuner.measure.memory import MemoryTracker
+from slotune.tuner.measure.metrics import RequestRecord, cost_metrics, engine_stats_delta, summarize
 from slotune.tuner.spec.slo import SLOLimits, meets_slo, metric_key
 
 
@@ -144,7 +138,9 @@ def test_memory_tracker_on_cpu():
 
 
 def test_metrics_module_does_not_import_torch():
-    code = "import sys, slotune.tuner.measure.metrics, slotune.tuner.spec.workload_spec; assert 'torch' not in sys.modules"
+    code = (
+        "import sys, slotune.tuner.measure.metrics, slotune.tuner.spec.workload_spec; assert 'torch' not in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -221,8 +217,8 @@ def test_pooled_itl_percentile_is_the_weighted_percentile_of_each_resample():
     checked against pooling each resample's gaps explicitly."""
     rng = np.random.default_rng(3)
     groups = [list(rng.lognormal(-4, 0.4 + 0.1 * (i % 5), int(rng.integers(1, 60)))) for i in range(30)]
-    got = metrics._pooled_percentiles(groups, [50, 95, 99], 50, np.random.default_rng(11))
-    counts = metrics._draw_counts(len(groups), 50, np.random.default_rng(11))
+    got = intervals._pooled_percentiles(groups, [50, 95, 99], 50, np.random.default_rng(11))
+    counts = intervals._draw_counts(len(groups), 50, np.random.default_rng(11))
     for b in range(50):
         pooled = np.concatenate([np.repeat(g, int(c)) for g, c in zip(groups, counts[b]) if c])
         want = np.percentile(pooled, [50, 95, 99], method="inverted_cdf")
@@ -254,7 +250,7 @@ def test_ratio_interval_brackets_the_geometric_mean_of_paired_ratios():
     import math
     import statistics
 
-    from slotune.tuner.measure.metrics import ratio_interval
+    from slotune.tuner.measure.intervals import ratio_interval
 
     assert ratio_interval([0.9, 1.1]) is None
     spread = [0.93, 0.97, 0.99, 1.01, 0.95, 0.98]

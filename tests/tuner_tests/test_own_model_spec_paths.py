@@ -9,9 +9,8 @@ import json
 import shutil
 from pathlib import Path
 
-from typer.testing import CliRunner
-
 from slotune.tuner.cli import app
+from typer.testing import CliRunner
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "05-own-model"
 

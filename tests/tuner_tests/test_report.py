@@ -10,17 +10,17 @@ engine runs for no more report code covered.
 from __future__ import annotations
 
 import html
-
 import re
 
 import optuna
 import pytest
-
-from slotune.tuner.report.markdown import gather, write_report
-from slotune.tuner.report.html import ReportSection
-from slotune.tuner.spec.tuning_spec import TuningSpec
-from slotune.tuner.search.objective import best_trial
 from slotune.tuner.measure.units import format_value, metric_label
+from slotune.tuner.report.facts import ReportSection
+from slotune.tuner.report.gather import gather
+from slotune.tuner.report.markdown import write_report
+from slotune.tuner.search.trials import best_trial
+from slotune.tuner.spec.tuning_spec import TuningSpec
+
 from tests.tuner_tests.conftest import write_spec
 
 GATE = {"name": "agreement", "kind": "agreement", "min_top1": 0.9, "max_mean_kl": 0.1, "limit": 8}

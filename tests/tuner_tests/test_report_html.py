@@ -11,9 +11,9 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-
 from slotune.tuner.report.markdown import write_report
-from slotune.tuner.search.study import run_command
+from slotune.tuner.run import run_command
+
 from tests.tuner_tests.conftest import write_spec
 from tests.tuner_tests.test_report import made_study, remeasured
 

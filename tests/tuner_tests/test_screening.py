@@ -1,4 +1,4 @@
-"""Multi-fidelity screening (spec `screening`, tuner/objective.py `Objective._screen`): a short replay
+"""Multi-fidelity screening (spec `screening`, tuner/objective.py `TrialObjective._screen`): a short replay
 first, the full replay only for configs Optuna's pruner finds promising.
 
 Study-mechanics tests measure with the stand-in trial process (fake_trials:
@@ -11,10 +11,10 @@ from __future__ import annotations
 import optuna
 import pytest
 from pydantic import ValidationError
-
-from slotune.tuner.search.objective import budget_share, is_measured, is_screened_out
+from slotune.tuner.run import run_command
+from slotune.tuner.search.trials import budget_share, is_measured, is_screened_out
 from slotune.tuner.spec.tuning_spec import TuningSpec
-from slotune.tuner.search.study import run_command
+
 from tests.tuner_tests.conftest import write_spec
 
 SPACE = {

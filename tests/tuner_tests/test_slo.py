@@ -9,7 +9,6 @@ import sys
 from types import SimpleNamespace
 
 import pytest
-
 from slotune.tuner.spec.slo import (
     CONSTRAINT_KEYS,
     SLOLimits,
@@ -137,9 +136,9 @@ def test_spec_and_crd_name_the_same_limits():
 
 
 def test_limits_from_the_spec_model():
-    from slotune.tuner.spec.tuning_spec import Objective
+    from slotune.tuner.spec.sections import ObjectiveSpec
 
-    obj = Objective(kind="throughput", metric="output_tokens_per_s", percentile=99, ttft_limit_s=2.0)
+    obj = ObjectiveSpec(kind="throughput", metric="output_tokens_per_s", percentile=99, ttft_limit_s=2.0)
     assert SLOLimits.from_objective(obj) == SLOLimits(99, ttft_s=2.0)
     assert SLOLimits.from_objective(obj).describe() == "p99 TTFT <= 2 s"
     assert SLOLimits().describe() == "none"

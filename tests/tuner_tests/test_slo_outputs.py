@@ -3,8 +3,9 @@ child runs' `slotune.slo_pass` / `slotune.slo_reasons` tags. One `judge` (tuner/
 
 from __future__ import annotations
 
-from slotune.tuner.search.study import run_command
+from slotune.tuner.run import run_command
 from slotune.tuner.tracking import tracking_summary
+
 from tests.tuner_tests.conftest import write_spec
 
 

@@ -1,10 +1,9 @@
 import pytest
 from pydantic import ValidationError
-from typer.testing import CliRunner
-
 from slotune.tuner.cli import app
-from slotune.tuner.spec.yaml_reader import format_error
 from slotune.tuner.spec.tuning_spec import TuningSpec
+from slotune.tuner.spec.yaml_reader import format_error
+from typer.testing import CliRunner
 
 
 def test_errors_name_every_field(tmp_path):
@@ -106,8 +105,8 @@ def test_study_fingerprints_survive_the_typed_spec():
     was typed (commit faf0a4e), so a refactor that changes them would refuse every existing study."""
     from pathlib import Path
 
-    from slotune.tuner.spec.tuning_spec import default_spec_path
     from slotune.tuner.search.study import spec_fingerprint
+    from slotune.tuner.spec.tuning_spec import default_spec_path
 
     root = Path(__file__).resolve().parents[2] / "examples"
     pinned = {

@@ -23,12 +23,11 @@ from pydantic import ValidationError
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-
 from slotune.engine.config import EngineConfig  # noqa: E402
 from slotune.search_spaces.schema import SearchSpace  # noqa: E402
-from slotune.tuner.spec.yaml_reader import SpecError, error_lines, parse_yaml  # noqa: E402
 from slotune.tuner.spec.tuning_spec import TuningSpec, resolved_dict  # noqa: E402
 from slotune.tuner.spec.workload_spec import WorkloadSpec  # noqa: E402
+from slotune.tuner.spec.yaml_reader import SpecError, error_lines, parse_yaml  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "80"))

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
-from typer.testing import CliRunner
-
 from slotune.tuner.cli import app
-from slotune.tuner.spec.yaml_reader import MAX_YAML_NODES, MissingFileError, SpecError, error_lines, parse_yaml
-from slotune.tuner.spec.tuning_spec import TuningSpec, preflight
+from slotune.tuner.spec.preflight import preflight
+from slotune.tuner.spec.tuning_spec import TuningSpec
 from slotune.tuner.spec.workload_spec import WorkloadSpec, read_trace
+from slotune.tuner.spec.yaml_reader import MAX_YAML_NODES, MissingFileError, SpecError, error_lines, parse_yaml
+from typer.testing import CliRunner
 
 BASE = "name: h\nobjective: {kind: latency, metric: ttft}\n"
 BASE_DICT = {"name": "h", "objective": {"kind": "latency", "metric": "ttft"}}
@@ -383,10 +383,10 @@ def test_example_and_builtin_specs_pass_preflight(tmp_path, monkeypatch):
 
 def test_run_passes_force_new_and_resume_anyway(tmp_path, monkeypatch):
     """The flags StudySpecChanged's message names exist on `tune run` (the study itself is study.py's tests)."""
-    import slotune.tuner.search.study as study
+    import slotune.tuner.run as run
 
     seen = {}
-    monkeypatch.setattr(study, "run_command", lambda spec, **kw: seen.update(kw))
+    monkeypatch.setattr(run, "run_command", lambda spec, **kw: seen.update(kw))
     spec = write(tmp_path / "spec.yaml", BASE + f"output_dir: {tmp_path / 'out'}\n")
     code, _, err = cli("run", str(spec), "--force-new", "--resume-anyway", "--no-progress")
     assert code == 0, err

@@ -11,12 +11,12 @@ import time
 import optuna
 import pytest
 import yaml
-
 from slotune.engine.config import EngineConfig
 from slotune.tuner.measure import machine
-from slotune.tuner.search.objective import is_measured
-from slotune.tuner.search.study import run_command
+from slotune.tuner.run import run_command
+from slotune.tuner.search.trials import is_measured
 from slotune.tuner.tracking import tracking_summary
+
 from tests.tuner_tests.conftest import write_spec
 
 
@@ -166,9 +166,8 @@ def test_real_trial_end_to_end(tmp_path):
 
 def test_plain_progress_lines_and_summary_table(tmp_path, fake_trials):
     """`tune run --no-progress`: one line per trial and the final summary (fake measurement)."""
-    from typer.testing import CliRunner
-
     from slotune.tuner.cli import app
+    from typer.testing import CliRunner
 
     r = CliRunner().invoke(
         app,
@@ -279,7 +278,6 @@ def test_reference_metrics_read_the_naive_config_of_studies_made_before_its_rena
     """The naive reference config was tagged "baseline" (now the quality gates' word only): a
     resumed old study still finds it, and a new study's "naive" tag is read the same way."""
     import optuna
-
     from slotune.tuner.search.references import reference_metrics
 
     def trial(tag, tps):
@@ -337,7 +335,7 @@ def test_a_start_that_misses_an_slo_limit_is_repaired_next(tmp_path, fake_trials
     once and measured next after the starts already queued: (2, int8) meets the limit, so the second
     repair (4, int8) is never tried. Start 'plain' meets the limit and is not repaired; neither is a
     trial that failed its quality gates (`_missed_slo`)."""
-    from slotune.tuner.search.study import _missed_slo
+    from slotune.tuner.search.starts import _missed_slo
 
     monkeypatch.setenv("FAKE_TRIAL_LUCKY", "max_num_seqs=1,quantization=int8")
     monkeypatch.setenv("FAKE_TRIAL_LUCK", "2")

@@ -22,12 +22,14 @@ from pathlib import Path
 import optuna
 import psutil
 import pytest
-
 from slotune.engine.config import EngineConfig
-from slotune.tuner.search.objective import is_measured
+from slotune.tuner.run import run_command
+from slotune.tuner.search.budget import TrialBudget
+from slotune.tuner.search.study import StudySpecChanged, open_study
+from slotune.tuner.search.trials import is_measured
 from slotune.tuner.spec.tuning_spec import TuningSpec
-from slotune.tuner.search.study import StudySpecChanged, TrialBudget, open_study, run_command
 from slotune.tuner.tracking import tracking_summary
+
 from tests.tuner_tests.conftest import write_spec
 from tests.tuner_tests.fake_trial_runner import FAKE_RUNNER
 

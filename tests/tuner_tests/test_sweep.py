@@ -10,15 +10,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from typer.testing import CliRunner
-
 from slotune.engine.config import EngineConfig
 from slotune.tuner.cli import app
-from slotune.tuner.report.markdown import write_report
-from slotune.tuner.spec.slo import SLOLimits
-from slotune.tuner.spec.tuning_spec import TuningSpec
-from slotune.tuner.search.study import run_command
-from slotune.tuner.sweep import (
+from slotune.tuner.measure.load_sweep import (
     LoadCurve,
     LoadPoint,
     SweepResult,
@@ -30,9 +24,15 @@ from slotune.tuner.sweep import (
     run_sweep,
     verdict,
 )
+from slotune.tuner.report.markdown import write_report
 from slotune.tuner.report.sweep_figures import report_sections
-from slotune.tuner.spec.traces import load_trace
+from slotune.tuner.run import run_command
+from slotune.tuner.spec.slo import SLOLimits
+from slotune.tuner.spec.trace_reader import load_trace
+from slotune.tuner.spec.tuning_spec import TuningSpec
 from slotune.tuner.spec.workload_spec import WorkloadSpec
+from typer.testing import CliRunner
+
 from tests.tuner_tests.conftest import TINY_WORKLOAD, write_spec
 from tests.tuner_tests.test_report import made_study, remeasured
 from tests.tuner_tests.test_report_html import chromium, drawn, needs_chromium

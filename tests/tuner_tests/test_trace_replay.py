@@ -8,10 +8,10 @@ import json
 from pathlib import Path
 
 import pytest
-
-from slotune.tuner.measure.in_process import run_benchmark
 from slotune.tuner.measure.http_replay import run_http_benchmark
+from slotune.tuner.measure.in_process_replay import run_benchmark
 from slotune.tuner.spec.workload_spec import WorkloadSpec
+
 from tests.tuner_tests.test_http_bench import KEY, MODEL, server, tokenizer  # noqa: F401 (fixtures)
 
 # Mooncake lines, 16-token blocks (the engine's default block size): req-1 shares req-0's first two blocks,

@@ -4,19 +4,10 @@ import math
 from pathlib import Path
 
 import pytest
-
+from slotune.tuner.spec.trace_reader import detect_format, load_trace
+from slotune.tuner.spec.traces import RecordedRequest, Trace, TraceRequest, TraceSource, block_hash_ids
 from slotune.tuner.spec.yaml_reader import MissingFileError, SpecError
-from slotune.tuner.spec.traces import (
-    RecordedRequest,
-    Trace,
-    TraceRequest,
-    TraceSource,
-    block_hash_ids,
-    build_prompts,
-    detect_format,
-    iter_prompts,
-    load_trace,
-)
+from slotune.tuner.workload.prompts import build_prompts, iter_prompts
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "traces"
 SAMPLES = {

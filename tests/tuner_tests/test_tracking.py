@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import mlflow
 import optuna
-
+from slotune.tuner.run import run_command
+from slotune.tuner.search.study import open_study
 from slotune.tuner.spec.tuning_spec import TuningSpec
-from slotune.tuner.search.study import open_study, run_command
 from slotune.tuner.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, MLflowTracker, tracking_summary
+
 from tests.tuner_tests.conftest import write_spec
 from tests.tuner_tests.test_report import DISTRIBUTIONS, GATE, SPACE, gate_report, measured
 

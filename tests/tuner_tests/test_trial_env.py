@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
-from slotune.tuner.search import objective
-from slotune.tuner.search.objective import omp_wait_policy, trial_env
+from slotune.tuner.measure import trial_process
+from slotune.tuner.measure.trial_process import omp_wait_policy, trial_env
 
 
 def test_explicit_policy_and_threads_reach_the_child(monkeypatch):
@@ -24,10 +23,10 @@ def test_the_users_own_setting_wins(monkeypatch):
 def test_auto_follows_the_cpu_use_once_per_process(monkeypatch, busy, expected):
     """The CPU reading is patched: a test cannot make the machine idle or busy on demand."""
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    monkeypatch.setattr(objective, "_AUTO_POLICY", None)
-    monkeypatch.setattr(objective, "machine_busy_fraction", lambda: busy)
+    monkeypatch.setattr(trial_process, "_AUTO_POLICY", None)
+    monkeypatch.setattr(trial_process, "machine_busy_fraction", lambda: busy)
     assert omp_wait_policy("auto") == expected
     # decided once: a later change of load does not split one run's trials across policies
-    monkeypatch.setattr(objective, "machine_busy_fraction", lambda: 1 - busy)
+    monkeypatch.setattr(trial_process, "machine_busy_fraction", lambda: 1 - busy)
     assert omp_wait_policy("auto") == expected
     assert omp_wait_policy("active") == "active"

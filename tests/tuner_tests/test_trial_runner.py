@@ -7,8 +7,9 @@ engine driven directly. Workloads are tiny (3 requests of 4 tokens); no timing i
 
 from __future__ import annotations
 
-from slotune.tuner.search.objective import measure
+from slotune.tuner.measure.trial_process import measure
 from slotune.tuner.spec.tuning_spec import TuningSpec
+
 from tests.tuner_tests.conftest import TINY_WORKLOAD
 
 ENGINE_KEYS = (

@@ -3,8 +3,8 @@ from pathlib import Path
 import pytest
 import yaml
 from pydantic import ValidationError
-
-from slotune.tuner.spec.workload_spec import WorkloadSpec, builtin_workloads, generate_requests, iter_requests
+from slotune.tuner.spec.workload_spec import WorkloadSpec, builtin_workloads
+from slotune.tuner.workload.requests import generate_requests, iter_requests
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE_WORKLOADS = sorted((ROOT / "examples" / "workloads").glob("*.yaml"))

@@ -5,10 +5,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-
-from slotune.tuner.spec.traces import Trace, TraceRequest, block_hash_ids, build_prompts, load_trace
-from slotune.tuner.spec.workload_spec import WorkloadSpec, corpus_token_ids, generate_requests
-from slotune.tuner.workload.fit import fit, fit_command, requests_to_trace, summarize
+from slotune.tuner.commands import fit_command
+from slotune.tuner.spec.trace_reader import load_trace
+from slotune.tuner.spec.traces import Trace, TraceRequest, block_hash_ids
+from slotune.tuner.spec.workload_spec import WorkloadSpec
+from slotune.tuner.workload.fit import fit, requests_to_trace, summarize
+from slotune.tuner.workload.prompts import build_prompts
+from slotune.tuner.workload.requests import corpus_token_ids, generate_requests
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "traces"
 FIT_SAMPLE = DATA / "mooncake_fit.jsonl"  # 400 requests, Poisson arrivals, system prompts and follow-ups

@@ -13,14 +13,17 @@ import numpy as np
 import pytest
 import yaml
 from pydantic import ValidationError
+from slotune.tuner.cli import app
+from slotune.tuner.spec.preflight import preflight
+from slotune.tuner.spec.trace_reader import load_trace
+from slotune.tuner.spec.traces import TraceSource
+from slotune.tuner.spec.tuning_spec import TuningSpec
+from slotune.tuner.spec.workload_spec import WorkloadSpec
+from slotune.tuner.spec.yaml_reader import MissingFileError, SpecError
+from slotune.tuner.workload.fit import requests_to_trace, summarize
+from slotune.tuner.workload.requests import describe_replay, generate_requests
 from typer.testing import CliRunner
 
-from slotune.tuner.cli import app
-from slotune.tuner.spec.yaml_reader import MissingFileError, SpecError
-from slotune.tuner.spec.tuning_spec import TuningSpec, preflight
-from slotune.tuner.spec.traces import TraceSource, load_trace
-from slotune.tuner.spec.workload_spec import WorkloadSpec, describe_replay, generate_requests
-from slotune.tuner.workload.fit import requests_to_trace, summarize
 from tests.tuner_tests.conftest import write_spec
 from tests.tuner_tests.test_workload_fit import WordTokenizer
 
@@ -285,7 +288,7 @@ def test_study_on_a_trace_workload_reports_the_traffic_window(tmp_path, fake_tri
     (tmp_path / "recording").mkdir()
     (tmp_path / "recording" / "requests-000.jsonl").write_text(RECORDED.read_text())
     spec_path.write_text(yaml.safe_dump(doc))
-    from slotune.tuner.search.study import run_command
+    from slotune.tuner.run import run_command
 
     run_command(spec_path, progress=False, trial_runner=fake_trials)
     n = len(load_trace(tmp_path / "recording", window=(0, 30)))

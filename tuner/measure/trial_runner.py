@@ -38,8 +38,9 @@ from typing import Any
 from slotune.engine.config import EngineConfig
 from slotune.evals.gate_spec import GateSpec
 from slotune.evals.gates import evaluate_gates
-from slotune.tuner.measure.in_process import EngineWindow, run_benchmark
-from slotune.tuner.measure.metrics import CI_PERCENTILES, BenchResult, bootstrap_intervals, breaks_slo_so_far
+from slotune.tuner.measure.in_process_replay import EngineWindow, run_benchmark
+from slotune.tuner.measure.intervals import bootstrap_intervals
+from slotune.tuner.measure.metrics import CI_PERCENTILES, BenchResult, breaks_slo_so_far
 from slotune.tuner.spec.slo import certain_violations, is_feasible, slo_violations
 from slotune.tuner.spec.workload_spec import WorkloadSpec
 
@@ -229,7 +230,7 @@ def _replay_served(cfg, req: dict[str, Any], phase: Callable[[str], None]):
 def _run_client(
     url: str, req: dict[str, Any], tokenizer, on_measured_start: Callable[[], None], on_poll: Callable[[], None]
 ):
-    """Run `python -m slotune.tuner.measure.http_replay` against `url` with the server's `tokenizer`;
+    """Run `python -m slotune.tuner.measure.replay_client` against `url` with the server's `tokenizer`;
     returns its BenchResult.
 
     Handshake: the client creates its `warm_file` after its warm-up and waits for a line on its
@@ -255,7 +256,7 @@ def _run_client(
         )
         with open(Path(d) / "log.txt", "w+") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "slotune.tuner.measure.http_replay", str(src), str(dst)],
+                [sys.executable, "-m", "slotune.tuner.measure.replay_client", str(src), str(dst)],
                 stdin=subprocess.PIPE,
                 stdout=log,
                 stderr=subprocess.STDOUT,

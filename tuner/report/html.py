@@ -9,17 +9,12 @@ caller adds (`write_report(..., sections=[...])`) are laid out by the same templ
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from importlib import resources
-from typing import TYPE_CHECKING, Any
 
-from slotune.tuner.spec.slo import metric_key, parse_metric_key
 from slotune.tuner.measure.units import axis_title, format_value, metric_label
-
-if TYPE_CHECKING:
-    from slotune.tuner.report.markdown import ReportData, TrialFacts
+from slotune.tuner.report.facts import ReportData, ReportSection, TrialFacts
+from slotune.tuner.spec.slo import metric_key, parse_metric_key
 
 COLORS = {
     "feasible": "#1f77b4",
@@ -30,32 +25,6 @@ COLORS = {
     "front": "#d62728",
     "other": "#9e9e9e",
 }
-
-
-@dataclass(frozen=True)
-class ReportSection:
-    """A section of both reports: a title, text, a table, plotly figures.
-
-    The built-in plots are sections, and so is anything another part adds (`write_report(...,
-    sections=[...])`): both renderers lay out every section the same way.
-
-    Attributes:
-        title: the heading.
-        text: plain text; each line a paragraph.
-        table: rows of cells, the header first (empty: none).
-        figures: plotly figures (`plotly.graph_objects.Figure`); drawn in report.html, counted in report.md.
-        anchor: the HTML id of the section (default: from the title).
-    """
-
-    title: str
-    text: str = ""
-    table: Sequence[Sequence[str]] = ()
-    figures: Sequence[Any] = ()
-    anchor: str = ""
-
-    @property
-    def id(self) -> str:
-        return self.anchor or re.sub(r"[^a-z0-9]+", "-", self.title.lower()).strip("-")
 
 
 def _layout(fig, height: int = 380) -> None:

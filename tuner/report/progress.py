@@ -6,9 +6,8 @@ from __future__ import annotations
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
-
-from slotune.tuner.search.objective import best_trial, budget_share
 from slotune.tuner.search.references import trial_label
+from slotune.tuner.search.trials import best_trial, budget_share
 from slotune.tuner.spec.slo import metric_key
 
 

@@ -7,14 +7,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-from slotune.tuner.report.html import ReportSection
-from slotune.tuner.spec.slo import SLOLimits, metric_key
+from slotune.tuner.measure.load_sweep import Load, LoadCurve, LoadPoint, SweepResult
 from slotune.tuner.measure.units import axis_unit, format_value, metric_label, number
-
-if TYPE_CHECKING:
-    from slotune.tuner.sweep import Load, LoadCurve, LoadPoint, SweepResult
+from slotune.tuner.report.facts import ReportSection
+from slotune.tuner.spec.slo import SLOLimits, metric_key
 
 COLORS = ("#1f77b4", "#7f7f7f", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b")  # winner, default, naive, ...
 

@@ -1,10 +1,10 @@
 """Parent side of a trial: sample a config, measure it in an isolated child process, score it.
 
-The lifecycle of one trial (`Objective.__call__`):
+The lifecycle of one trial (`TrialObjective.__call__`):
   sample -> build EngineConfig -> run `slotune.tuner.measure.trial_runner` in a child process under a
   timeout and a memory cap -> record metrics, SLO constraints, gates as user attributes ->
   return the objective value(s).
-With `screening` on, a searched trial first measures a short replay (`Objective._screen`) and
+With `screening` on, a searched trial first measures a short replay (`TrialObjective._screen`) and
 goes on to the full one only when Optuna's pruner finds it promising; else it ends PRUNED,
 "screened out", holding its share of a budget slot (`budget_share`).
 A child that crashes, hangs, runs out of memory or raises is recorded as a FAIL trial with the
@@ -19,399 +19,25 @@ parent-death signal (set by the child, `trial_runner.die_with_parent`).
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import signal
 import socket
-import subprocess
-import sys
-import tempfile
-import threading
-import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 from slotune.tuner.measure import machine
-from slotune.tuner.spec.yaml_reader import format_error
-from slotune.tuner.measure.metrics import cost_metrics
+from slotune.tuner.measure.trial_process import DEFAULT_TRIAL_RUNNER, TrialFailure, measure
+from slotune.tuner.search.trials import (
+    ORPHANED_REASON,
+    REPEAT_ATTRS,
+    UNMEASURED_REPEAT,
+    earlier_measurement,
+    enqueue_unexplored,
+    is_screened_out,
+)
 from slotune.tuner.spec.slo import CONSTRAINT_KEYS, constraint_values, is_feasible
-
-
-class TrialFailure(Exception):
-    """A trial that produced no measurement; `reason` is recorded on the trial."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-class Interrupted(KeyboardInterrupt):
-    """`tune run` got SIGTERM or SIGINT. A KeyboardInterrupt, so Optuna records the running
-    trial as FAIL before it re-raises, as it does for Ctrl-C."""
-
-
-# Why a trial with no outcome ended: set when the trial starts, replaced by the real outcome.
-# A trial left RUNNING by a killed process is failed later by another (`fail_orphaned_trials`,
-# Optuna's heartbeat), and Optuna has no public API to set a user attribute on another
-# process's trial, so the reason is written in advance.
-ORPHANED_REASON = "orphaned: its tune run process stopped before the trial finished"
+from slotune.tuner.spec.yaml_reader import format_error
 
 # User attribute `unmeasured`: why a trial cost no measurement, so the budget does not count it.
 UNMEASURED_FORBIDDEN, UNMEASURED_INVALID, UNMEASURED_OVER_BUDGET = "forbidden", "invalid_config", "over_budget"
-# A config the sampler proposed again: it gets the earlier measurement's values, not a new one.
-UNMEASURED_REPEAT = "repeat"
-# The `start` label of a config enqueued because the sampler repeated itself (see `unexplored_params`).
-EXPLORE_START = "explore"
-# What a repeat trial copies from the trial that measured its config (not `latencies`: per-request
-# arrays, kept once, on the trial that measured them).
-REPEAT_ATTRS = ("config", "metrics", "violations", "feasible", "early_stopped", "gates", "screen", "screened_out")
-
-
-def is_measured(trial) -> bool:
-    """Whether a trial holds a slot of the budget (forbidden, invalid and surplus trials do not)."""
-    ua = trial.user_attrs
-    return not (ua.get("forbidden") or ua.get("unmeasured"))
-
-
-def budget_share(trial) -> float:
-    """How much of a budget slot `trial` holds: 0 unmeasured, its short replay's share when it was
-    screened out (`Screening.share`), else 1 (a running trial too: it may go on to the full replay)."""
-    if not is_measured(trial):
-        return 0.0
-    return float(trial.user_attrs.get("screen", {}).get("share", 1.0)) if is_screened_out(trial) else 1.0
-
-
-def is_screened_out(trial) -> bool:
-    """A trial ended on its short replay (`Objective._screen`)."""
-    return bool(trial.user_attrs.get("screened_out"))
-
-
-def earlier_measurement(study, params: dict[str, Any], before: int | None = None, screened_out: bool = False):
-    """The first measured trial of `study` (numbered below `before`) with exactly these params,
-    complete (or, with `screened_out`, screened out: the study screens now), or None. Samplers
-    re-propose configs on small spaces (TPE on a 30-config grid proposed a measured config in about
-    one trial of three): a repeat takes this trial's outcome instead of a measurement, and does not
-    count against the budget."""
-    from optuna.trial import TrialState  # optuna: the [tune] extra, imported where a study exists
-
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
-        if (
-            (before is None or t.number < before)
-            and is_measured(t)
-            and t.params == params
-            and (t.state == TrialState.COMPLETE or (screened_out and is_screened_out(t)))
-        ):
-            return t
-    return None
-
-
-def unexplored_params(space, study, seed: int | None = None, tries: int = 64) -> dict[str, Any] | None:
-    """Params of a random config of `space` that no trial of `study` has taken and no `forbidden`
-    rule refuses, or None (after `tries` draws: the space is about exhausted). Enqueued after a
-    sampler repeats itself, so the next trial measures something new."""
-    import optuna
-
-    taken = [t.params for t in study.get_trials(deepcopy=False)]
-    draw = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
-    for _ in range(tries):
-        params = space.sample(draw.ask())
-        if params not in taken and space.forbidden_reason(params) is None:
-            return params
-    return None
-
-
-def enqueue_unexplored(space, study, seed: int | None = None) -> dict[str, Any] | None:
-    """After a repeat: enqueue `unexplored_params` (labelled `EXPLORE_START`); returns them, or None."""
-    params = unexplored_params(space, study, seed)
-    if params is not None:
-        study.enqueue_trial(params, user_attrs={"start": EXPLORE_START}, skip_if_exists=True)
-    return params
-
-
-def by_first_objective(spec) -> Callable[[Any], tuple[float, int]]:
-    """The sort key that puts completed trials best first on the first objective (ties: the earlier trial)."""
-    sign = 1 if spec.objective.direction() == "minimize" else -1
-    return lambda t: (sign * t.values[0], t.number)
-
-
-def ranked_feasible(study, spec) -> list:
-    """The feasible completed trials, best first on the first objective (`by_first_objective`)."""
-    from optuna.trial import TrialState  # optuna: the [tune] extra, imported where a study exists
-
-    return sorted(
-        (t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if t.user_attrs.get("feasible")),
-        key=by_first_objective(spec),
-    )
-
-
-def best_trial(study, spec):
-    """Best feasible completed trial (first objective), or None."""
-    ranked = ranked_feasible(study, spec)
-    return ranked[0] if ranked else None
-
-
-# Process groups (pgid == the trial process's pid) of the trial processes running now.
-_live_groups: set[int] = set()
-
-
-def kill_trial_processes() -> None:
-    """SIGKILL every running trial process group (the trial process and its HTTP client)."""
-    for pgid in list(_live_groups):
-        _kill_group(pgid)
-
-
-def _kill_group(pgid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
-
-
-@contextlib.contextmanager
-def trials_die_with_this_process() -> Iterator[None]:
-    """While inside: SIGTERM or SIGINT kills the trial processes, then raises `Interrupted`.
-
-    Trial processes run in their own process group (so a terminal's Ctrl-C reaches only this
-    process); this handler is what stops them. Only the main thread can set signal handlers:
-    elsewhere this does nothing.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def on_signal(signum, frame) -> None:
-        kill_trial_processes()
-        raise Interrupted(signal.Signals(signum).name)
-
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-
-
-def _rss_bytes(pid: int) -> int:
-    try:
-        import psutil
-
-        p = psutil.Process(pid)
-        return p.memory_info().rss + sum(c.memory_info().rss for c in p.children(recursive=True))
-    except Exception:
-        return 0
-
-
-_AUTO_POLICY: str | None = None
-
-
-def machine_busy_fraction(interval_s: float = 0.5) -> float:
-    """Fraction of all cores busy right now (any process), 0..1."""
-    import psutil
-
-    return psutil.cpu_percent(interval=interval_s) / 100.0
-
-
-def omp_wait_policy(setting: str = "auto") -> str:
-    """The OpenMP wait policy trials run with ("active" or "passive"); see `trial_env`.
-
-    A user's own OMP_WAIT_POLICY wins over `setting`. "auto" is decided once per process,
-    from the CPU use of the whole machine over half a second before the first trial (not the
-    load average, which still remembers the previous run for minutes), so every trial of a
-    run is measured under the same policy.
-    """
-    global _AUTO_POLICY
-    if os.environ.get("OMP_WAIT_POLICY"):
-        return os.environ["OMP_WAIT_POLICY"].lower()
-    if setting != "auto":
-        return setting
-    if _AUTO_POLICY is None:
-        _AUTO_POLICY = "passive" if machine_busy_fraction() > 0.5 else "active"
-    return _AUTO_POLICY
-
-
-def trial_env(threads: int | None = None, wait_policy: str = "auto") -> dict[str, str]:
-    """Environment of a trial process.
-
-    The OpenMP wait policy decides what idle worker threads do between torch ops. Spinning
-    (active) is fastest on a dedicated
-    machine: passive costs a thread wake-up per op, measured on the 2-core Xeon as 59.8 ->
-    88.7 ms p95 TPOT (fp32, chat-small). But spinning threads collapse when the CPU is shared
-    (other trials, workers, CI jobs): under load one trial ran at 2.8 tokens/s spinning and 28
-    tokens/s passive. Hence `budget.trial_omp_wait_policy` (auto: passive only on a loaded
-    machine). A user's own OMP_WAIT_POLICY wins. Note: `tune serve` sets no policy, so it runs
-    with libgomp's default (spin briefly, then sleep), which is neither of the two.
-    """
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    env["OMP_WAIT_POLICY"] = omp_wait_policy(wait_policy).upper()
-    if threads is not None:
-        env["OMP_NUM_THREADS"] = str(threads)
-    return env
-
-
-# The trial process: `python -m slotune.tuner.measure.trial_runner IN.json OUT.json`. Tests of study
-# mechanics supply another command with the same contract (tests/tuner_tests/fake_trial_runner.py,
-# a cheap stand-in measurement) through `runner=` / `tune run --trial-runner`.
-DEFAULT_TRIAL_RUNNER: tuple[str, ...] = (sys.executable, "-m", "slotune.tuner.measure.trial_runner")
-
-
-def trial_runner_command(runner: str | None) -> tuple[str, ...]:
-    """`tune run --trial-runner`'s value -> the command: a .py file runs as a script, anything
-    else as a module (`python -m`); None = DEFAULT_TRIAL_RUNNER."""
-    if not runner:
-        return DEFAULT_TRIAL_RUNNER
-    return (sys.executable, str(Path(runner).resolve())) if runner.endswith(".py") else (sys.executable, "-m", runner)
-
-
-def run_trial_process(
-    request: dict[str, Any],
-    *,
-    timeout_s: float,
-    memory_gb: float,
-    on_phase: Callable[[str], None] | None = None,
-    threads: int | None = None,
-    wait_policy: str = "auto",
-    runner: tuple[str, ...] = DEFAULT_TRIAL_RUNNER,
-) -> dict[str, Any]:
-    """Run the trial process (`runner IN.json OUT.json`) on `request`; raise TrialFailure on any fault.
-
-    Args:
-        request: JSON-able trial request (see `trial_request`).
-        timeout_s: wall-clock limit; the child is killed past it.
-        memory_gb: resident-set limit of the child (and its children); killed past it.
-        on_phase: called with the child's current phase ("loading model", "replay 5/48", ...).
-        threads: CPU threads of the child (OMP_NUM_THREADS); None = torch's default.
-        runner: the trial process's command, before IN.json OUT.json.
-
-    Returns:
-        The child's result dict: metrics, violations, early_stopped, gates, latencies, measure.
-    """
-    try:
-        tmp = tempfile.TemporaryDirectory(prefix="slotune-trial-")
-    except OSError as exc:  # a full disk fails the trial with a reason, not the study with a traceback
-        raise TrialFailure(
-            f"could not create a trial directory in {tempfile.gettempdir()}: {exc.strerror or exc}"
-        ) from None
-    with tmp as d:
-        src, dst, phase_file = Path(d) / "in.json", Path(d) / "out.json", Path(d) / "phase.txt"
-        try:
-            src.write_text(json.dumps({**request, "phase_file": str(phase_file), "parent_pid": os.getpid()}))
-        except OSError as exc:
-            raise TrialFailure(f"could not write the trial input {src}: {exc.strerror or exc}") from None
-        with open(Path(d) / "log.txt", "w+") as log:
-            # Its own process group (session): killed as a whole, and out of reach of a
-            # terminal's Ctrl-C, which `trials_die_with_this_process` handles for it.
-            proc = subprocess.Popen(
-                [*runner, str(src), str(dst)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=trial_env(threads, wait_policy),
-                start_new_session=True,
-            )
-            _live_groups.add(proc.pid)
-            try:
-                reason, last_phase = _watch(proc, phase_file, timeout_s, memory_gb, on_phase)
-            finally:  # any exit (done, limit, Ctrl-C, SIGTERM): nothing of the trial outlives it
-                _kill_group(proc.pid)
-                proc.wait()
-                _live_groups.discard(proc.pid)
-            if reason:
-                raise TrialFailure(f"{reason} (during: {last_phase})" if last_phase else reason)
-            if proc.returncode != 0 or not dst.exists():
-                log.seek(0)
-                tail = log.read()[-800:].strip()
-                how = (
-                    f"killed by signal {-proc.returncode}"
-                    if proc.returncode < 0
-                    else f"exited with code {proc.returncode}"
-                )
-                raise TrialFailure(f"trial process {how}" + (f": {tail}" if tail else ""))
-        result = json.loads(dst.read_text())
-        if result.get("status") != "ok":
-            raise TrialFailure(result.get("error", "unknown error"))
-        return result
-
-
-def _watch(
-    proc: subprocess.Popen, phase_file: Path, timeout_s: float, memory_gb: float, on_phase: Callable[[str], None] | None
-) -> tuple[str | None, str]:
-    """Poll the trial process until it exits or breaks a limit. Returns (limit broken or None, last phase)."""
-    deadline = time.monotonic() + timeout_s
-    limit = memory_gb * 2**30
-    last_phase = ""
-    while proc.poll() is None:
-        if time.monotonic() > deadline:
-            return f"timeout: trial exceeded budget.trial_timeout_s={timeout_s:g}", last_phase
-        if _rss_bytes(proc.pid) > limit:
-            return f"out of memory: trial exceeded budget.trial_memory_gb={memory_gb:g}", last_phase
-        if on_phase is not None and phase_file.exists():
-            phase = phase_file.read_text().strip()
-            if phase and phase != last_phase:
-                on_phase(phase)
-                last_phase = phase
-        time.sleep(0.2)
-    return None, last_phase
-
-
-def trial_request(
-    spec, config, seed: int | None = None, early_stop: bool = True, gates: bool = True, workload=None
-) -> dict[str, Any]:
-    """Everything the child needs, as JSON: config, workload (the spec's unless given: a screening
-    replay's), objective, gates (none with `gates=False`), early stop, and how to measure
-    (`budget.measure`: served over HTTP or in process)."""
-    es = spec.early_stop.model_dump(mode="json")
-    es["enabled"] = es["enabled"] and early_stop
-    return {
-        "config": config.model_dump(mode="json"),
-        "workload": (workload or spec.workload).model_dump(mode="json"),
-        "objective": spec.objective.model_dump(mode="json"),
-        "gates": [g.model_dump(mode="json") for g in spec.quality_gates] if gates else [],
-        "early_stop": es,
-        "seed": seed,
-        "cache_dir": str(spec.resolved_output_dir() / "cache"),
-        "measure": spec.budget.measure,
-    }
-
-
-def measure(
-    spec,
-    config,
-    seed: int | None = None,
-    on_phase=None,
-    early_stop: bool = True,
-    runner: tuple[str, ...] = DEFAULT_TRIAL_RUNNER,
-    gates: bool = True,
-    workload=None,
-) -> dict[str, Any]:
-    """Measure `config` on the spec's workload in a child process; raises TrialFailure.
-
-    Args:
-        spec: the TuningSpec (workload, objective, gates, budget limits, price).
-        config: the EngineConfig to measure.
-        seed: workload seed override (the confirmation round's fresh requests).
-        on_phase: progress callback, see `run_trial_process`.
-        early_stop: allow the cheap early stop (off for reference measurements, which must be
-            complete to compare against).
-        runner: the trial process's command (see `run_trial_process`).
-        gates: run the quality gates (off for a re-measurement: they do not depend on the workload).
-        workload: replay this WorkloadSpec instead of the spec's (a screening replay).
-
-    Returns:
-        The child's result (see `run_trial_process`); with a price (`spec.cost`), its metrics
-        carry the cost per 1M tokens (`metrics.cost_metrics`, intervals included).
-    """
-    b = spec.budget
-    result = run_trial_process(
-        trial_request(spec, config, seed, early_stop, gates, workload),
-        timeout_s=b.trial_timeout_s,
-        memory_gb=b.trial_memory_gb,
-        on_phase=on_phase,
-        threads=b.trial_threads,
-        wait_policy=b.trial_omp_wait_policy,
-        runner=runner,
-    )
-    if spec.cost is not None:  # priced here, after any trial process: the same price for every measurement
-        result["metrics"].update(cost_metrics(result["metrics"], spec.cost.usd_per_hour))
-    return result
 
 
 def trial_constraints(trial) -> list[float]:
@@ -420,7 +46,7 @@ def trial_constraints(trial) -> list[float]:
     return list(constraint_values(v).values())
 
 
-class Objective:
+class TrialObjective:
     """The Optuna objective: claim a budget slot -> sample -> build config -> measure in a child
     process -> score.
 

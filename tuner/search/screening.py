@@ -1,5 +1,5 @@
 """Multi-fidelity screening's decision (spec `screening`); the short replay itself is
-`Objective._screen` (tuner/objective.py), what it replays `Screening.short_workload` (tuner/spec.py).
+`TrialObjective._screen` (tuner/objective.py), what it replays `Screening.short_workload` (tuner/spec.py).
 
 A searched trial reports its short replay's objective value to Optuna as step 0. `ScreeningPruner`,
 the study's pruner, lets it go on to the full replay when that value is as good as the
@@ -14,8 +14,7 @@ from __future__ import annotations
 import numpy as np
 import optuna
 from optuna.trial import TrialState
-
-from slotune.tuner.search.objective import is_measured
+from slotune.tuner.search.trials import is_measured
 
 
 def screened_in(study, before: int | None = None) -> list:

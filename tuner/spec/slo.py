@@ -25,13 +25,13 @@ THROUGHPUT_KEY = "output_tokens_per_s"
 # The price metrics (tuner/metrics.py: cost_metrics): $ per 1M tokens -> the throughput they are priced at.
 COST_RATES = {"usd_per_1m_output_tokens": "output_tokens_per_s", "usd_per_1m_total_tokens": "total_tokens_per_s"}
 
-# The objective's metrics by kind (`Objective.metric`; a search space's `Start.metrics` names them too).
+# The objective's metrics by kind (`ObjectiveSpec.metric`; a search space's `Start.metrics` names them too).
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
 THROUGHPUT_METRICS = ("output_tokens_per_s", "goodput_rps", "requests_per_s")
 COST_METRICS = tuple(COST_RATES)  # usd_per_1m_output_tokens, usd_per_1m_total_tokens (need cost.usd_per_hour)
 METRICS_OF_KIND = {"latency": LATENCY_METRICS, "throughput": THROUGHPUT_METRICS, "cost": COST_METRICS}
 
-# SLOLimits field -> the spec's Objective field, and -> the CRD's `rollout.slo` field. The CRD
+# SLOLimits field -> the spec's ObjectiveSpec field, and -> the CRD's `rollout.slo` field. The CRD
 # has no throughput floor: a canary serves whatever traffic comes, so its tokens/s says nothing.
 OBJECTIVE_FIELDS = {
     "percentile": "percentile",
@@ -78,7 +78,7 @@ class SLOLimits:
 
     @classmethod
     def from_objective(cls, objective: Mapping[str, Any] | Any) -> "SLOLimits":
-        """From the spec's `Objective` (the model, or it dumped to a dict)."""
+        """From the spec's `ObjectiveSpec` (the model, or it dumped to a dict)."""
         d = objective if isinstance(objective, Mapping) else objective.model_dump()
         return cls._from(d, OBJECTIVE_FIELDS)
 
@@ -246,7 +246,7 @@ def meets_slo(r: RequestTimes, limits: SLOLimits) -> bool:
 
 
 def slo_violations(metrics: Mapping[str, float], objective: Mapping[str, Any]) -> dict[str, float]:
-    """`{ttft, tpot, throughput}` violations of an Objective dumped to a dict (see `judge`)."""
+    """`{ttft, tpot, throughput}` violations of an ObjectiveSpec dumped to a dict (see `judge`)."""
     return judge(metrics, SLOLimits.from_objective(objective)).violations
 
 

@@ -26,12 +26,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-import yaml
 from pydantic import BaseModel, ConfigDict
-
+from slotune.tuner.spec.traces import Trace, TraceRequest, block_hash_ids
+from slotune.tuner.spec.workload_spec import LogNormal, WorkloadSpec
 from slotune.tuner.spec.yaml_reader import SpecError
-from slotune.tuner.spec.traces import Trace, TraceRequest, block_hash_ids, load_trace
-from slotune.tuner.spec.workload_spec import BenchRequest, LogNormal, WorkloadSpec
+from slotune.tuner.workload.requests import BenchRequest
 
 POISSON_CV_TOLERANCE = 0.25  # |CV - 1| within this: Poisson (CV 1) describes the arrivals
 EVEN_CV = 0.05  # CV below this: fixed rate (gamma's shape would be 1/CV^2 > 400, i.e. even gaps)
@@ -237,74 +236,6 @@ def fit(
     doc["description"] = " ".join(notes)
     WorkloadSpec.load(doc)  # raises if this module and WorkloadSpec disagree
     return doc
-
-
-def fit_command(trace_path: Path, out: Path, *, empirical: bool = False, **options) -> TraceSummary:
-    """`tune workload fit TRACE -o workload.yaml`: load, summarize, fit, write the YAML; print the summary.
-
-    Args:
-        trace_path: a trace file, or a directory of recorded *.jsonl files.
-        out: the WorkloadSpec YAML to write.
-        empirical: replay the traced lengths (written beside `out` as NAME.lengths.jsonl) instead of lognormals.
-        options: load_trace's (format, block_size, time_scale, window, max_requests); None ones are left out.
-    Returns:
-        The source's TraceSummary. Raises SpecError / MissingFileError for the trace, ValueError when it
-        cannot be fitted, OSError when `out` cannot be written.
-    """
-    from rich.console import Console
-
-    trace = load_trace(trace_path, **{k: v for k, v in options.items() if v is not None})
-    summary = summarize(trace)
-    lengths = out.with_suffix(".lengths.jsonl") if empirical else None
-    doc = fit(trace, name=out.stem, lengths_path=lengths)
-    if lengths is not None:
-        doc["trace"] = lengths.name  # WorkloadSpec.load resolves it against the YAML's folder
-    out.write_text(yaml.safe_dump(doc, sort_keys=False, width=100))
-    console = Console()
-    console.print(summary_table(summary, title=f"{trace.source} ({trace.format} trace)"))
-    console.print(
-        f"wrote {out}"
-        + (f" and {lengths}" if lengths is not None else "")
-        + f": {doc['arrivals']} arrivals at {doc['rate']:g}/s",
-        highlight=False,
-        soft_wrap=True,
-    )
-    return summary
-
-
-def summary_table(s: TraceSummary, title: str = "trace"):
-    """The capacity-planning numbers of a trace as rich renderables: lengths by percentile, then rates,
-    burstiness, concurrency and prefix sharing (rich imported here: CLI output only)."""
-    from rich.console import Group
-    from rich.table import Table
-
-    def num(v: float | None, fmt: str = ".3g") -> str:
-        return "-" if v is None else format(v, fmt)
-
-    lengths = Table(title=title)
-    lengths.add_column("tokens")
-    for c in ("p50", "p95", "p99", "mean", "min", "max"):
-        lengths.add_column(c, justify="right")
-    for label, st in (("prompt", s.prompt_tokens), ("output", s.output_tokens)):
-        lengths.add_row(label, *(num(v, ".0f") for v in (st.p50, st.p95, st.p99, st.mean, st.min, st.max)))
-    traffic = Table(show_header=False, box=None)
-    for label, value in (
-        ("requests", f"{s.num_requests} over {s.duration_s:.1f} s"),
-        ("mean rate", f"{num(s.mean_rate)} req/s"),
-        ("peak rate", f"{s.peak_rate_1s:.3g} req/s over 1 s, {s.peak_rate_10s:.3g} req/s over 10 s"),
-        ("burstiness (inter-arrival CV)", f"{num(s.interarrival_cv, '.2f')} (Poisson: 1)"),
-        ("peak concurrency", f"{s.peak_concurrency} ({s.concurrency_source})"),
-        (
-            "cacheable-prefix share",
-            num(s.cacheable_share, ".1%")
-            + (f" (blocks of {s.block_size} tokens)" if s.block_size else " (no hash ids)"),
-        ),
-        ("cached share (served)", num(s.cached_share, ".1%")),
-        ("chat share", num(s.chat_share, ".0%")),
-        ("no-output requests", str(s.num_zero_output)),
-    ):
-        traffic.add_row(label, value)
-    return Group(lengths, traffic)
 
 
 # --- helpers -----------------------------------------------------------------------------------------

@@ -1,11 +1,4 @@
-"""Why a trial is not a candidate, in words: its failure, its missed SLO limits, its failed gates.
-
-One place for the words the report's trials table and the MLflow child runs' tags both show
-("p95 TTFT 2.31 s > limit 2 s (+15%)", "gate agreement: top-1 agreement 0.81 < 0.9"). The SLO
-checks are `slo.judge`'s own words; this module only adds the gates' and puts them in order.
-Reads the trial's user attributes as tuner/objective.py stores them (`metrics`, `violations`,
-`gates`, `early_stopped`, `fail_reason`). No engine, no torch.
-"""
+"""Why a trial misses its SLO or its quality gates, in words (report, MLflow tags, the round's judgement)."""
 
 from __future__ import annotations
 

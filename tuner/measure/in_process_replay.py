@@ -9,33 +9,14 @@ run first, to completion, and are excluded from every metric.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
-from pathlib import Path
-from typing import Any
 
-from rich.console import Console
-from rich.table import Table
-
-from slotune.engine.config import EngineConfig
-from slotune.tuner.spec.yaml_reader import parse_yaml
-from slotune.tuner.measure.metrics import (
-    CI_PERCENTILES,
-    LATENCY_SERIES,
-    PERCENTILES,
-    BenchResult,
-    MemoryTracker,
-    RequestRecord,
-    bootstrap_intervals,
-    ci_keys,
-    cost_metrics,
-    engine_stats_delta,
-    summarize,
-)
-from slotune.tuner.spec.slo import metric_key
-from slotune.tuner.spec.workload_spec import BenchRequest, WorkloadSpec, iter_requests
+from slotune.tuner.measure.memory import MemoryTracker
+from slotune.tuner.measure.metrics import PERCENTILES, BenchResult, RequestRecord, engine_stats_delta, summarize
+from slotune.tuner.spec.workload_spec import WorkloadSpec
+from slotune.tuner.workload.requests import BenchRequest, iter_requests
 
 DEFAULT_WORKLOAD = "chat-small"
 
@@ -200,80 +181,6 @@ def run_benchmark(
     )
 
 
-def _fmt(v: float | None, scale: float = 1.0) -> str:
-    if v is None:
-        return "-"
-    v *= scale
-    return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}" if abs(v) < 10 else f"{v:.1f}"
-
-
-def _fmt_ci(m: dict[str, float], key: str, scale: float = 1.0) -> str:
-    """The value, and its 95% interval when measured: '63.9 (61.2-66.0)'."""
-    lo, hi = (m.get(k) for k in ci_keys(key))
-    text = _fmt(m.get(key), scale)
-    return text if lo is None or hi is None else f"{text} ({_fmt(lo, scale)}-{_fmt(hi, scale)})"
-
-
-def print_result(res: BenchResult, title: str = "benchmark", percentiles: tuple[float, ...] = PERCENTILES) -> None:
-    """Rich tables: latency percentiles (ms), then throughput, goodput, cost (with a price), engine
-    stats and failures; the rates and costs with their 95% intervals when measured.
-
-    Rows whose metric the run did not produce (engine stats over HTTP, cost without a price) are left out.
-    """
-    m = res.metrics
-    flag = ", early-stopped" if res.early_stopped else ""
-    t = Table(title=f"{title} ({res.device}, {int(m['num_completed'])}/{int(m['num_requests'])} completed{flag})")
-    t.add_column("latency (ms)")
-    for p in (*percentiles, "mean"):
-        t.add_column(f"p{p:g}" if p != "mean" else "mean", justify="right")
-    for name in LATENCY_SERIES:
-        keys = [metric_key(name, p) for p in percentiles] + [f"{name}_mean"]
-        t.add_row(name, *[_fmt(m.get(k), 1e3) for k in keys])
-    console = Console()
-    console.print(t)
-    s = Table(show_header=False, box=None)
-    rows = [
-        ("output tokens/s", "output_tokens_per_s", 1),
-        ("total tokens/s", "total_tokens_per_s", 1),
-        ("requests/s", "requests_per_s", 1),
-        ("goodput (req/s)", "goodput_rps", 1),
-        ("$ per 1M output tokens", "usd_per_1m_output_tokens", 1),
-        ("$ per 1M tokens", "usd_per_1m_total_tokens", 1),
-        ("SLO attainment", "slo_attainment", 1),
-        ("duration (s)", "duration_s", 1),
-        ("peak KV blocks", "peak_kv_blocks", 1),
-        ("KV blocks total", "num_kv_blocks", 1),
-        ("prefix-cache hit rate", "prefix_cache_hit_rate", 1),
-        ("spec acceptance rate", "spec_acceptance_rate", 1),
-        ("spec mean accepted length", "spec_mean_accepted_length", 1),
-        ("preemptions", "num_preemptions", 1),
-        ("rejected", "num_rejected", 1),
-        ("peak memory (MB)", "peak_memory_mb", 1),
-        ("weights (MB)", "weight_bytes", 1e-6),
-        ("short outputs (ignore_eos not honoured?)", "num_short_outputs", 1),
-        ("client CPU (s)", "client_cpu_s", 1),
-        ("failed", "num_failed", 1),
-    ]
-    for label, key, scale in rows:
-        if key in m:
-            s.add_row(label, _fmt_ci(m, key, scale))
-    for key in sorted(k for k in m if k.startswith("num_failed_")):  # by HTTP status or cause (tuner/http_bench.py)
-        s.add_row(f"  failed: {key.removeprefix('num_failed_')}", _fmt(m[key]))
-    console.print(s)
-
-
-def parse_overrides(items: list[str]) -> dict[str, Any]:
-    """`key=value` items -> {dotted.key: value}, values parsed as plain YAML (8 -> int, true -> bool) by the
-    one YAML reader (tuner/errors.py: no tags; a problem names `--set KEY`)."""
-    out: dict[str, Any] = {}
-    for item in items:
-        k, sep, v = item.partition("=")
-        if not sep or not k.strip():
-            raise ValueError(f"--set expects key=value (e.g. max_num_seqs=8 or speculative.method=ngram), got '{item}'")
-        out[k.strip()] = parse_yaml(v, f"--set {k.strip()}")
-    return out
-
-
 def load_tokenizer(model: str):
     """The tokenizer of a model reference as `EngineConfig.model` takes it, without the weights."""
     # engine.loader imports torch (it also reads weights): only `tune bench --url` pays for it here.
@@ -281,89 +188,3 @@ def load_tokenizer(model: str):
     from slotune.engine.tokenizer import Tokenizer
 
     return Tokenizer.from_model_path(resolve_model_path(model))
-
-
-def bench_command(
-    config: Path | None,
-    workload: Path | str | None,
-    json_out: Path | None,
-    overrides: list[str],
-    seed: int | None,
-    ttft_limit_s: float | None = None,
-    tpot_limit_s: float | None = None,
-    *,
-    url: str | None = None,
-    api_key: str | None = None,
-    model: str | None = None,
-    api: str | None = None,
-    tokenizer: str | None = None,
-    usd_per_hour: float | None = None,
-) -> BenchResult:
-    """`tune bench`: load config (+ overrides) and workload, replay, print tables, write JSON.
-
-    With `url`, no engine is built: the workload is replayed against that OpenAI-compatible
-    server (tuner/http_bench.py), its prompts made with the tokenizer of `tokenizer` (a model
-    reference), else of CONFIG's model, else of the default model. The metrics carry their 95%
-    intervals (`metrics.bootstrap_intervals`) and, with `usd_per_hour` (the server's price per
-    hour), the cost per 1M output and total tokens (`metrics.cost_metrics`).
-    """
-    if usd_per_hour is not None and not 0 < usd_per_hour < float("inf"):
-        raise ValueError(f"--usd-per-hour: must be a price > 0, got {usd_per_hour}")
-    if url is None:
-        for flag, value in (("--model", model), ("--api", api), ("--tokenizer", tokenizer)):
-            if value is not None:
-                raise ValueError(f"{flag}: only applies with --url (measuring a running server)")
-    elif overrides:
-        raise ValueError(
-            f"--set: changes the engine config, but --url measures a running server; configure that "
-            f"server instead (got {', '.join(overrides)})"
-        )
-    cfg = EngineConfig.from_yaml(config) if config else EngineConfig()
-    if overrides:
-        cfg = cfg.with_updates(parse_overrides(overrides))
-    wl = WorkloadSpec.load(workload if workload else DEFAULT_WORKLOAD)
-    total = wl.num_requests
-    where = f" @ {url}" if url else ""
-    with Console(stderr=True).status(f"replaying {wl.name}{where}") as status:
-
-        def progress(done: int, n: int | None) -> None:
-            status.update(f"replaying {wl.name}{where}: {done}/{n if n else '?'} requests")
-
-        if url is None:
-            res = run_benchmark(
-                cfg, wl, seed=seed, ttft_limit_s=ttft_limit_s, tpot_limit_s=tpot_limit_s, on_progress=progress
-            )
-        else:
-            # Imported here: aiohttp is only needed with --url.
-            from slotune.tuner.measure.http_replay import run_http_benchmark
-
-            status.update(f"loading the tokenizer of {tokenizer or cfg.model}")
-            tok = load_tokenizer(tokenizer or cfg.model)
-            res = run_http_benchmark(
-                url,
-                wl,
-                tokenizer=tok,
-                api_key=api_key,
-                model=model,
-                api=api or "completions",
-                seed=seed,
-                ttft_limit_s=ttft_limit_s,
-                tpot_limit_s=tpot_limit_s,
-                on_progress=progress,
-            )
-    res.metrics.update(
-        bootstrap_intervals(
-            res.records,
-            res.metrics["duration_s"],
-            ttft_limit_s=ttft_limit_s,
-            tpot_limit_s=tpot_limit_s,
-            percentiles=CI_PERCENTILES,
-        )
-    )
-    if usd_per_hour is not None:
-        res.metrics.update(cost_metrics(res.metrics, usd_per_hour))
-    print_result(res, title=f"tune bench: {wl.name}" + (f" ({total} requests)" if total else "") + where)
-    if json_out:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps(res.to_dict(), indent=1))
-    return res

@@ -1,0 +1,272 @@
+"""The winner's card: its declared numbers against the default and naive configs, in words and units."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from slotune.tuner.decide.aggregate import declared_as
+from slotune.tuner.measure.units import (
+    format_value,
+    interval,
+    metric_label,
+    number,
+    overlaps,
+    seeds_words,
+    value_with_ci,
+)
+from slotune.tuner.report.facts import GateFacts, WinnerFacts, gate_facts
+from slotune.tuner.search.references import DEFAULT_TAG
+from slotune.tuner.spec.slo import SLOLimits, judge, metric_key
+from slotune.tuner.spec.tuning_spec import COST_METRICS
+
+_KNOB_WORDS = {
+    "quantization": lambda v: "unquantized weights" if v == "none" else f"{v} weights",
+    "kv_dtype": lambda v: "model-dtype KV" if v == "auto" else f"{v} KV",
+    "dtype": lambda v: "model dtype" if v == "auto" else f"{v} compute",
+    "max_num_seqs": lambda v: f"{v} sequence{'s' if v != 1 else ''} per step",
+    "max_num_batched_tokens": lambda v: f"{v} tokens per step",
+    "enable_prefix_caching": lambda v: "prefix caching" if v else "no prefix caching",
+    "scheduling": lambda v: "static batches" if v == "static" else f"{v} scheduling",
+    "scheduling_policy": lambda v: f"{str(v).replace('_', '-')} scheduling",
+    "speculative.method": lambda v: "no speculation" if v == "none" else f"{str(v).replace('_', '-')} speculation",
+    "speculative.num_speculative_tokens": lambda v: f"{v} draft tokens",
+}
+
+
+def config_words(params: Mapping[str, Any], default: Mapping[str, Any]) -> str:
+    """The knobs where `params` differ from the default config, in words:
+    'int8 weights + int8 KV + 2 sequences per step'; 'the default config' when none differ."""
+    changed = [(k, v) for k, v in params.items() if default.get(k, object()) != v]
+    if not changed:
+        return "the default config"
+    return " + ".join(_KNOB_WORDS[k](v) if k in _KNOB_WORDS else f"{k}={v}" for k, v in changed)
+
+
+def _config_value(config: Mapping[str, Any], dotted: str) -> Any:
+    v: Any = config
+    for part in dotted.split("."):
+        if not isinstance(v, Mapping) or part not in v:
+            return None
+        v = v[part]
+    return v
+
+
+def _ratio(winner: float, ref: float, direction: str) -> float | None:
+    """How many times better the winner is (> 1: better), or None when undefined."""
+    if not winner or not ref:
+        return None
+    return ref / winner if direction == "minimize" else winner / ref
+
+
+def _times(r: float) -> str:
+    """1.9x, 2.45x -> '2.5x': two significant digits, as a reader compares them; three below 1.1x,
+    where two would print a small win or loss (1.04x, 0.97x) as '1x'."""
+    return f"{number(r, 3 if 0.9 < r < 1.1 else 2)}x"
+
+
+def _claims(
+    key: str,
+    direction: str,
+    bm: dict,
+    default: dict | None,
+    limits: SLOLimits,
+    gates: list[GateFacts],
+    is_default: bool = False,
+) -> list[str]:
+    first = f"{metric_label(key)} {value_with_ci(bm, key)}"
+    r = _ratio(bm.get(key), (default or {}).get(key), direction)
+    if is_default:  # compared with itself, a ratio would only measure the machine's drift
+        first += ": the default config itself; no searched config beat it"
+    elif r is not None:
+        misses = "" if judge(default, limits).passed else ", which misses the SLO"
+        first += f" (default {value_with_ci(default, key)}{misses}), {_times(r)} {'better' if r >= 1 else 'worse'}"
+    out = [first]
+    for c in judge(bm, limits).checks:
+        if c.key == key or c.value is None:
+            continue
+        limit = format_value(c.key, c.limit)
+        if c.name == "throughput":
+            out.append(
+                f"{c.label} {format_value(c.key, c.value)} {'above' if c.passed else 'below'} the {limit} minimum"
+            )
+        else:
+            out.append(f"{c.label} {format_value(c.key, c.value)} {'within' if c.passed else 'over'} the {limit} limit")
+    out += [g.words for g in gates]
+    return out
+
+
+def _noise_note(key: str, direction: str, bm: dict, default: dict | None) -> str | None:
+    """Say plainly when the win over the default is small: within noise (intervals overlap) when
+    both have intervals; without intervals, only that it is small and unproven."""
+    if not default or default.get(key) is None or bm.get(key) is None:
+        return None
+    a, b = interval(bm, key), interval(default, key)
+    if a is not None and b is not None:
+        if overlaps(a, b):
+            return (
+                f"The improvement over the default on {metric_label(key)} is within noise: the intervals "
+                f"overlap ({value_with_ci(bm, key)} vs {value_with_ci(default, key)})."
+            )
+        return None
+    r = _ratio(bm[key], default[key], direction)
+    if r is not None and 1 <= r < 1.05:
+        return (
+            f"The improvement over the default on {metric_label(key)} is small ({r - 1:.0%}); the measurements "
+            f"carry no uncertainty intervals, so whether it is more than noise is unknown."
+        )
+    return None
+
+
+def _attainment(m: Mapping[str, Any]) -> str:
+    share, n = m.get("slo_attainment"), m.get("num_requests")
+    if share is None:
+        return "not measured"
+    return format_value("slo_attainment", share) + (
+        f" of requests ({share * n:.0f} of {n:.0f})" if n else " of requests"
+    )
+
+
+def winner_facts(
+    spec, best, remeasure, refs: dict[str, dict | None], default_latencies, limits: SLOLimits
+) -> WinnerFacts:
+    obj = spec.objective
+    key, direction = obj.metric_key(), obj.direction()
+    bm = best.user_attrs["metrics"]
+    rm = (remeasure or {}).get("metrics") or {}
+    seed = (remeasure or {}).get("seed", spec.robustness_seed)
+    # declared on the declaration measurements' seeds (tuner/confirm.py), else on the round's
+    seeds = (remeasure or {}).get("seeds") or [seed]
+    on_seeds = f"workload {seeds_words(seeds)}"
+    default = refs.get(DEFAULT_TAG)
+    # Measured together in the confirmation round (tuner/confirm.py), the winner and the default
+    # are compared on those numbers: same seed, same moment; else on their trials.
+    rdefault = (remeasure or {}).get("default") or {}
+    card, card_default = (rm, rdefault) if rm and rdefault else (bm, default)
+    # A near miss (tuner/confirm.py) ran its gates in the confirmation round, not on its trial.
+    gates = gate_facts((remeasure or {}).get("gates") or best.user_attrs.get("gates"), spec.quality_gates)
+    base = spec.base_config().model_dump(mode="json")
+    defaults = {k: _config_value(base, k) for k in best.params}
+
+    # The default config won: its trial and its measurements in the round are the same config, so
+    # the card claims no improvement over it (a ratio between them is the machine's drift).
+    is_default = best.user_attrs.get("tag") == DEFAULT_TAG or best.user_attrs.get("config") == base
+    notes = []
+    for name, m in refs.items():
+        if is_default and name == DEFAULT_TAG:
+            continue
+        r = _ratio(bm.get(key), (m or {}).get(key), direction)
+        if r is not None:
+            notes.append(
+                f"{_times(r)} improvement over {name} on {metric_label(key)} "
+                f"({format_value(key, m[key])} -> {format_value(key, bm[key])})"
+            )
+    if (remeasure or {}).get("near"):
+        notes.append(
+            f"Its own trial missed the SLO, by less than that measurement's noise "
+            f"({'; '.join(remeasure['near'])}); so it was measured again in the confirmation round and "
+            f"met the SLO there"
+            + (", and passed the quality gates run there" if spec.quality_gates else "")
+            + " (the confirmation section)."
+        )
+    noise = None if is_default else _noise_note(key, direction, card, card_default)
+    if noise:
+        notes.append(noise)
+    if rm and card is rm and (remeasure or {}).get("seeds"):
+        notes.append(
+            f"Declared on {len(seeds)} measurement{'s' if len(seeds) > 1 else ''} after the confirmation "
+            f"round, each beside the default config, on {on_seeds}: {metric_label(key)} "
+            f"{value_with_ci(rm, key)} (their {declared_as(len(seeds))}; default {value_with_ci(rdefault, key)}"
+            + (
+                ""
+                if (remeasure or {}).get("default_seeds") == seeds
+                else f", measured in the round on workload seed {seed}: its declaration measurements failed"
+            )
+            + "); the comparison above "
+            "is on these numbers."
+        )
+    elif rm and card is rm:
+        notes.append(
+            f"Measured again on workload seed {seed} in one round with the default config: "
+            f"{metric_label(key)} {value_with_ci(rm, key)} (default {value_with_ci(rdefault, key)}); "
+            f"the comparison above is on these numbers."
+        )
+    elif rm:
+        notes.append(f"Re-measured on {on_seeds}: {metric_label(key)} {value_with_ci(rm, key)}.")
+    elif remeasure and "error" in remeasure:
+        notes.append(f"The re-measurement on workload seed {seed} failed: {remeasure['error']}")
+    if (remeasure or {}).get("declare_error"):
+        notes.append(
+            f"The declaration measurements after the round failed ({remeasure['declare_error']}): the "
+            f"numbers above are the round's, which picked this config and so favour it."
+        )
+    if (remeasure or {}).get("reasons"):
+        notes.append(f"Its declared numbers miss the SLO: {'; '.join(remeasure['reasons'])}.")
+    for k in COST_METRICS:
+        if card.get(k) is not None:
+            d = (card_default or {}).get(k)
+            notes.append(
+                f"{metric_label(k)}: {value_with_ci(card, k)}"
+                + (f" (default {value_with_ci(card_default, k)})" if d is not None else "")
+            )
+
+    keys = dict.fromkeys(
+        (
+            key,
+            *(obj.metric_key(m) for m in obj.pareto_with),
+            metric_key("ttft", 50),
+            metric_key("ttft", obj.percentile),
+            metric_key("tpot", 50),
+            metric_key("tpot", obj.percentile),
+            "output_tokens_per_s",
+            "goodput_rps",
+            "slo_attainment",
+            *COST_METRICS,
+            "weight_bytes",
+            "peak_kv_blocks",
+            "peak_memory_mb",
+        )
+    )
+    columns = {"winner": bm, f"re-measured ({seeds_words(seeds)})": rm, **refs}
+    if rdefault:
+        columns[f"default re-measured ({seeds_words((remeasure or {}).get('default_seeds') or [seed])})"] = rdefault
+    comparison = [["metric", *columns]]
+    for k in keys:
+        row = [value_with_ci(m, k) if m else "–" for m in columns.values()]
+        if any(c != "–" for c in row):
+            comparison.append([metric_label(k), *row])
+
+    slo = [["check", "limit", "winner", "pass", "re-measured", "pass"]]
+    again = {c.key: c for c in judge(rm, limits).checks} if rm else {}
+    for c in judge(bm, limits).checks:
+        r = again.get(c.key)
+        slo.append(
+            [
+                c.label,
+                f"{'>=' if c.name == 'throughput' else '<='} {format_value(c.key, c.limit)}",
+                format_value(c.key, c.value),
+                "yes" if c.passed else "no",
+                format_value(c.key, r.value) if r else "–",
+                ("yes" if r.passed else "no") if r else "–",
+            ]
+        )
+    attainment = f"{_attainment(bm)} met the per-request limits"
+    if rm:
+        attainment += f"; re-measured: {_attainment(rm)}"
+
+    params = [["parameter", "winner", "default"]] + [[k, str(v), str(defaults.get(k))] for k, v in best.params.items()]
+    return WinnerFacts(
+        number=best.number,
+        config_words=config_words(best.params, defaults),
+        claims=_claims(key, direction, card, card_default, limits, gates, is_default),
+        notes=notes,
+        comparison=comparison,
+        attainment=attainment + ".",
+        slo=slo,
+        gates=gates,
+        params=params,
+        metrics=bm,
+        references=refs,
+        default=default,
+        default_latencies=default_latencies,
+    )

@@ -1,0 +1,292 @@
+"""`tune run`: open or resume the study, run trials until the budget is spent, then `finalize`: confirm and
+declare the winner, write best.yaml, best_metrics.json and the report, close the MLflow run."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from slotune.engine.config import EngineConfig
+from slotune.tuner.decide.candidates import candidates
+from slotune.tuner.decide.confirm import confirm_round, run_round
+from slotune.tuner.decide.declare import run_declaration
+from slotune.tuner.measure.trial_process import (
+    DEFAULT_TRIAL_RUNNER,
+    TrialFailure,
+    measure,
+    omp_wait_policy,
+    trials_die_with_this_process,
+)
+from slotune.tuner.measure.units import seeds_words
+from slotune.tuner.report.confirmation import confirmation_section
+from slotune.tuner.report.markdown import write_atomic, write_report
+from slotune.tuner.report.progress import Progress
+from slotune.tuner.search.budget import TrialBudget
+from slotune.tuner.search.objective import TrialObjective
+from slotune.tuner.search.references import (
+    reference_configs,
+    reference_metrics,
+    side_measurement,
+    trial_tag,
+)
+from slotune.tuner.search.starts import StartRepairs, enqueue_reference_trials
+from slotune.tuner.search.study import (
+    HEARTBEAT_GRACE_S,
+    HEARTBEAT_INTERVAL_S,
+    WINNER_ATTR,
+    FailedTrialCallback,
+    fail_orphaned_trials,
+    open_study,
+)
+from slotune.tuner.spec.tuning_spec import TuningSpec, default_spec_path
+from slotune.tuner.sweep import sweep_after_study
+from slotune.tuner.tracking import MLflowTracker
+
+
+def run_command(
+    spec_path: Path | None,
+    n_trials: int | None = None,
+    storage: str | None = None,
+    output_dir: Path | None = None,
+    worker: bool = False,
+    progress: bool = True,
+    force_new: bool = False,
+    resume_anyway: bool = False,
+    trial_runner: tuple[str, ...] = DEFAULT_TRIAL_RUNNER,
+) -> dict[str, Any] | None:
+    """`tune run`: run (or resume) the study, then confirm the best trials and write best.yaml + report.
+
+    Args:
+        spec_path: tuning spec YAML; None = the built-in quickstart spec.
+        n_trials: overrides budget.n_trials (the total over all runs and workers of this study).
+        storage: Optuna storage URL override (e.g. a PostgreSQL URL shared by several workers).
+        output_dir: overrides the spec's output_dir.
+        worker: join an existing study: run trials only (no reference trials, no report).
+        progress: live display (True) or plain log lines (False).
+        force_new: `--force-new`: start a fresh study under the spec's name (see `open_study`).
+        resume_anyway: `--resume-anyway`: continue a study made for a different spec.
+        trial_runner: the trial process's command (tests supply a stand-in; see
+            `trial_process.run_trial_process`).
+
+    Returns:
+        The winner summary (also written to best_metrics.json), or None for a worker or when
+        no trial met the SLO and the gates.
+
+    Raises:
+        StudySpecChanged: the stored study was made for a different spec (see `open_study`).
+    """
+    import optuna
+
+    if worker and force_new:
+        raise ValueError("--force-new replaces the study, which a --worker only joins: run it without --worker")
+    spec = TuningSpec.from_yaml(spec_path if spec_path is not None else default_spec_path())
+    if output_dir is not None:
+        spec.output_dir = str(output_dir)
+    if storage:
+        spec.storage = storage
+    if n_trials is not None:
+        spec.budget.n_trials = n_trials
+    spec.resolved_output_dir().mkdir(parents=True, exist_ok=True)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # our progress lines report failed trials
+    on_failed = _Relay()  # trials failed for a dead process (heartbeat or pid) -> MLflow
+    study, is_new = open_study(spec, force_new=force_new, resume_anyway=resume_anyway, failed_trial_callback=on_failed)
+    if is_new and not worker:
+        enqueue_reference_trials(study, spec)
+    total = spec.budget.n_trials
+    # Resolve "auto" (and a user's OMP_WAIT_POLICY) now: every trial of this run, the progress
+    # line and the MLflow tag then show the one policy the trials really ran with.
+    spec.budget.trial_omp_wait_policy = omp_wait_policy(spec.budget.trial_omp_wait_policy)
+    tracker = None
+    if not worker or spec.mlflow_tracking_uri:
+        tracker = MLflowTracker(spec, study)
+        on_failed.targets.append(tracker)
+    if not worker:
+        fail_orphaned_trials(study, on_failed)
+    with Progress(spec, total, enabled=progress) as prog, trials_die_with_this_process():
+        prog.seed_rows(study)
+        prog.say(
+            f"trials run with OMP_WAIT_POLICY={spec.budget.trial_omp_wait_policy}"
+            f" (budget.trial_omp_wait_policy; {os.cpu_count()} cores)"
+        )
+        # The budget counts every measured trial of the study (resumed runs and all processes
+        # together), not forbidden combinations or invalid configs, rejected before any measurement.
+        budget = TrialBudget(total)
+        objective = TrialObjective(spec, prog, budget, runner=trial_runner)
+        callbacks = [c for c in (tracker, prog.callback) if c is not None] + [budget, StartRepairs(spec)]
+        if not budget.exhausted(study):
+            try:
+                study.optimize(
+                    objective,
+                    n_trials=None,
+                    timeout=spec.budget.timeout_s,
+                    callbacks=callbacks,
+                    catch=(TrialFailure,),
+                    gc_after_trial=True,
+                )
+            except KeyboardInterrupt:  # Optuna failed the trial and skipped the callbacks
+                _log_interrupted_trial(study, objective.current, tracker)
+                raise
+        if worker:
+            return None
+        wait_for_running_trials(study, spec, prog.say, on_failed)
+        prog.phase(None, "confirming the best trials on a fresh workload seed")
+        return finalize(spec, study, tracker, prog, runner=trial_runner)
+
+
+class _Relay:
+    """One (study, FrozenTrial) callback handed to the storage before its targets exist."""
+
+    def __init__(self) -> None:
+        self.targets: list[FailedTrialCallback] = []
+
+    def __call__(self, study, trial) -> None:
+        for target in self.targets:
+            target(study, trial)
+
+
+def _log_interrupted_trial(study, number: int | None, tracker) -> None:
+    if tracker is None or number is None:
+        return
+    for t in study.get_trials(deepcopy=False):
+        if t.number == number and t.state.name == "FAIL":
+            tracker(study, t)
+
+
+def wait_for_running_trials(
+    study,
+    spec: TuningSpec,
+    say: Callable[[str], None],
+    on_failed: FailedTrialCallback | None = None,
+    poll_s: float = 1.0,
+) -> list[int]:
+    """Block until no trial of the study is running, so the winner is declared over all of them.
+
+    Other processes' trials end within budget.trial_timeout_s while their process lives (it kills
+    a trial past that); a trial whose process died is failed here (same host, at once) or by
+    Optuna's heartbeat (after HEARTBEAT_GRACE_S). Past both, waiting stops.
+
+    Returns:
+        The numbers of trials still running when waiting stopped (normally none).
+    """
+    import optuna
+    from optuna.trial import TrialState
+
+    deadline = time.monotonic() + spec.budget.trial_timeout_s + HEARTBEAT_GRACE_S + 2 * HEARTBEAT_INTERVAL_S
+    is_announced = False
+    while True:
+        fail_orphaned_trials(study, on_failed)
+        optuna.storages.fail_stale_trials(study)
+        running = [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))]
+        if not running:
+            return []
+        if time.monotonic() > deadline:
+            say(f"trials {running} are still running past budget.trial_timeout_s: the winner is declared without them")
+            return running
+        if not is_announced:
+            say(
+                f"waiting for {len(running)} running trial(s) of other processes ({running}) before declaring the winner"
+            )
+            is_announced = True
+        time.sleep(poll_s)
+
+
+def finalize(
+    spec: TuningSpec, study, tracker=None, prog=None, runner: tuple[str, ...] = DEFAULT_TRIAL_RUNNER
+) -> dict[str, Any] | None:
+    """Confirm the best trials on a fresh workload seed (tuner/confirm.py), declare the winner on
+    those numbers, write best.yaml, best_metrics.json and the report."""
+    out = spec.resolved_output_dir()
+    say = prog.say if prog is not None else print
+    trials = candidates(study, spec)
+    _measure_references_if_missing(spec, study, runner)
+    if not trials:
+        for stale in ("best.yaml", "best_metrics.json"):  # never leave an older winner behind
+            (out / stale).unlink(missing_ok=True)
+        report = write_report(spec, study, None, None, out)
+        if tracker is not None:
+            tracker.log_study_end(None, None, report, out)
+        if prog is not None:
+            prog.finish()
+        say("no trial met the SLO and the quality gates; see the report for why: " + str(report["md"]))
+        return None
+    confirmation = confirm_round(spec, run_round(spec, study, trials, runner=runner, say=say), trials)
+    best = next(t for t in trials if t.number == confirmation.winner)
+    if spec.budget.declare_repeats:
+        confirmation = confirmation.with_declaration(run_declaration(spec, study, best, runner=runner, say=say))
+    study.set_user_attr(WINNER_ATTR, best.number)  # the declared winner, for later studies' warm starts
+    remeasure = confirmation.remeasure()
+    config = EngineConfig.model_validate(best.user_attrs["config"])
+    obj = spec.objective
+    how = ("confirmed" if confirmation.is_confirmed else "unconfirmed") + (
+        f" among the best {len(trials)} re-measured" if confirmation.is_round else ""
+    )
+    if remeasure["reasons"]:
+        how += "; its declared numbers miss the SLO"
+    header = (
+        f"# slotune best config for study '{spec.name}' (trial {best.number}, {how}); "
+        f"{obj.metric_key()} = {best.values[0]:.6g}, re-measured on "
+        f"{seeds_words(remeasure.get('seeds') or [spec.robustness_seed])}: "
+        f"{_fmt_metric(remeasure, obj.metric_key())}; metrics in best_metrics.json\n"
+    )
+    write_atomic(out / "best.yaml", header + config.to_yaml())
+    summary = {
+        "study": spec.name,
+        "trial": best.number,
+        "objective": obj.metric_key(),
+        "direction": obj.direction(),
+        "value": best.values[0],
+        "metrics": best.user_attrs["metrics"],
+        "remeasured": remeasure,
+        "confirmed": confirmation.is_confirmed,
+        "best_by_trial": confirmation.best_by_trial,
+        "confirm": confirmation.to_json(),
+        "declared": list(confirmation.declared),
+        "params": best.params,
+        "machine": best.user_attrs.get("machine"),
+        "references": reference_metrics(study),
+        "mlflow_run_id": tracker.parent_run_id if tracker is not None else None,
+    }
+    write_atomic(out / "best_metrics.json", json.dumps(summary, indent=1))
+    report = write_report(
+        spec,
+        study,
+        best,
+        remeasure,
+        out,
+        sections=[
+            confirmation_section(confirmation, {t.number: t.values[0] for t in trials}),
+            *sweep_after_study(spec, study, best, runner=runner, say=say),
+        ],
+    )
+    if tracker is not None:
+        tracker.log_study_end(best, config, report, out, confirmation=confirmation)
+    if prog is not None:
+        prog.summary(best, remeasure, summary["references"], out)
+    if tracker is not None:
+        say(tracker.ui_hint())
+    return summary
+
+
+def _fmt_metric(remeasure: dict, key: str) -> str:
+    v = (remeasure.get("metrics") or {}).get(key)
+    return f"{v:.6g}" if v is not None else f"failed ({remeasure.get('error', 'not measured')})"
+
+
+def _measure_references_if_missing(spec: TuningSpec, study, runner: tuple[str, ...] = DEFAULT_TRIAL_RUNNER) -> None:
+    """Measure the default / naive config beside the study when no trial is tagged with it."""
+    tagged = {trial_tag(t) for t in study.trials if t.state.name == "COMPLETE"}
+    base = spec.base_config()
+    for tag, cfg in reference_configs(base):
+        if tag in tagged or side_measurement(study, tag) is not None:
+            continue
+        try:
+            r = measure(spec, cfg, early_stop=False, runner=runner)
+            study.set_user_attr(
+                tag, {"metrics": r["metrics"], "latencies": r.get("latencies"), "config": cfg.model_dump(mode="json")}
+            )
+        except TrialFailure as exc:
+            study.set_user_attr(tag, {"error": exc.reason})

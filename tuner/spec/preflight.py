@@ -1,0 +1,134 @@
+"""Checks that need the file system or the model, run before a study: the model and its context length,
+the trace rows, and that output and storage locations can be written."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from slotune.engine.config import EngineConfig
+from slotune.engine.gguf_header import read_gguf_header
+from slotune.tuner.spec.trace_reader import load_trace
+from slotune.tuner.spec.tuning_spec import TuningSpec
+from slotune.tuner.spec.workload_spec import (
+    read_trace,
+)
+from slotune.tuner.spec.yaml_reader import Problem, SpecError
+
+
+def preflight(spec: TuningSpec) -> None:
+    """Checks a spec needs before a study runs, beyond its own text: the model (and draft) can be found,
+    max_model_len fits the model's context, the trace rows are well formed, and the output and storage
+    locations can be written. Reads model metadata only (no weights).
+
+    Raises:
+        SpecError with one problem per failed check.
+    """
+    problems: list[Problem] = []
+
+    def run(field: str, check, *args) -> None:
+        try:
+            check(*args)
+        except (SpecError, ValueError, OSError) as exc:
+            msgs = [str(p) for p in exc.problems] if isinstance(exc, SpecError) else [str(exc)]
+            problems.extend(Problem(m, field=field) for m in msgs)
+
+    run("output_dir", _check_writable_dir, spec.resolved_output_dir())
+    for field, url in (("storage", spec.resolved_storage()), ("mlflow_tracking_uri", spec.resolved_tracking_uri())):
+        if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
+            run(field, _check_writable_file, Path(url[len("sqlite:///") :]))
+    wl = spec.workload
+    if wl.trace_source is not None:
+        run("workload.trace", load_trace, wl.trace_source)
+    elif wl.trace:
+        run("workload.trace", read_trace, wl.trace)
+    base = spec.base_config()
+    try:
+        problems += _check_context(spec, base)
+    except (SpecError, ValueError, OSError) as exc:
+        problems.append(Problem(str(exc), field="model"))
+    if base.speculative.method == "model":
+        run("engine.speculative.draft_model", _model_context, base.speculative.draft_model)
+    if problems:
+        raise SpecError(problems=problems)
+
+
+def _first_existing(path: Path) -> Path:
+    p = path.absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p
+
+
+def _check_writable_dir(path: Path) -> None:
+    anc = _first_existing(path)
+    if not anc.is_dir():
+        raise ValueError(f"cannot create {path}: {anc} is a file")
+    try:
+        fd, probe = tempfile.mkstemp(dir=anc, prefix=".slotune-probe-")
+    except OSError as exc:
+        raise ValueError(f"cannot write {path}: {anc} is not writable ({exc.strerror or exc})") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def _check_writable_file(path: Path) -> None:
+    if path.is_dir():
+        raise ValueError(f"{path} is a directory, not a database file")
+    if path.exists():
+        try:
+            with path.open("ab"):
+                pass
+        except OSError as exc:
+            raise ValueError(f"cannot write {path} ({exc.strerror or exc})") from None
+        return
+    _check_writable_dir(path.parent)
+
+
+def _check_context(spec: TuningSpec, base: EngineConfig) -> list[Problem]:
+    """max_model_len (the engine's, and every value the space can sample) within the model's context."""
+    limit, source = _model_context(spec.model)
+    if limit is None:
+        return []
+    lens = {"engine.max_model_len": [base.max_model_len]}
+    for k in spec.search_space.knobs:
+        if k.name == "max_model_len":
+            lens["search_space"] = list(k.choices) if k.type == "categorical" else [int(k.high)]
+    problems = []
+    for field, values in lens.items():
+        over = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool) and v > limit]
+        if over:
+            what = "max_model_len" if field.startswith("engine") else "knob 'max_model_len' can sample"
+            problems.append(
+                Problem(
+                    f"{what} {max(over)}, beyond the model's context of {limit} tokens ({source}); use at most {limit}",
+                    field=field,
+                )
+            )
+    return problems
+
+
+def _model_context(model: str) -> tuple[int | None, str]:
+    """The model's context length from its metadata (GGUF `<arch>.context_length`, HF config.json
+    `max_position_embeddings`), without loading weights. Raises FileNotFoundError if the model is absent."""
+    from slotune.engine.loader import resolve_model_path  # imports torch: only when checking the model
+
+    path = resolve_model_path(model)
+    if path.is_dir():
+        cfg = _load_json(path / "config.json")
+        n = cfg.get("max_position_embeddings") if isinstance(cfg, dict) else None
+        return (n if isinstance(n, int) else None), f"{path / 'config.json'}: max_position_embeddings"
+    meta = read_gguf_header(path, ("general.architecture",))
+    key = f"{meta.get('general.architecture')}.context_length"
+    n = read_gguf_header(path, (key,)).get(key)
+    return (n if isinstance(n, int) else None), f"{path.name}: {key}"
+
+
+def _load_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise SpecError(f"cannot read: {exc}", source=path) from None
