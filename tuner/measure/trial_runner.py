@@ -38,46 +38,12 @@ from typing import Any
 from slotune.engine.config import EngineConfig
 from slotune.evals.gate_spec import GateSpec
 from slotune.evals.gates import evaluate_gates
-from slotune.tuner.measure.in_process_replay import EngineWindow, run_benchmark
+from slotune.tuner.measure.in_process_replay import run_benchmark
 from slotune.tuner.measure.intervals import bootstrap_intervals
 from slotune.tuner.measure.metrics import CI_PERCENTILES, BenchResult, breaks_slo_so_far
-from slotune.tuner.spec.slo import certain_violations, is_feasible, slo_violations
+from slotune.tuner.measure.server import BundledServer, InFlightWatchdog, TrialServer
+from slotune.tuner.spec.slo import is_feasible, slo_violations
 from slotune.tuner.spec.workload_spec import WorkloadSpec
-
-
-class _InFlightWatchdog:
-    """Early stop for requests that have not finished yet.
-
-    The replay asks `should_stop` only when a request finishes; a static batch or a long
-    prefill can keep that from happening for minutes while the SLO is already lost. This is an
-    engine step hook: once `min_requests` in-flight requests are certain to miss a limit by
-    `factor` x, it aborts everything in flight. In process, the aborted outputs reach
-    `should_stop`, which then ends the replay as early-stopped; served, they reach the client as
-    aborted streams, which end its replay, and the trial reads `is_hopeless`.
-    """
-
-    def __init__(self, engine, objective: dict[str, Any], es: dict[str, Any]) -> None:
-        self.engine, self.objective, self.es = engine, objective, es
-        self.is_hopeless = False
-        self._remove = None
-
-    def install(self) -> None:
-        self._remove = self.engine.add_step_hook(self._check)
-
-    def uninstall(self) -> None:
-        if self._remove is not None:
-            self._remove()
-            self._remove = None
-
-    def _check(self, engine, outputs) -> list | None:
-        if self.is_hopeless or not (self.objective.get("ttft_limit_s") or self.objective.get("tpot_limit_s")):
-            return None
-        seqs = [q for q in engine.seqs.values() if not q.request_id.startswith("warmup-")]
-        if certain_violations(seqs, time.perf_counter(), self.objective, self.es["factor"]) < self.es["min_requests"]:
-            return None
-        self.is_hopeless = True
-        done = {o.request_id for o in outputs if o.finished}
-        return [o for rid in list(engine.seqs) if rid not in done for o in [engine.abort_request(rid)] if o is not None]
 
 
 def run_trial(req: dict[str, Any]) -> dict[str, Any]:
@@ -98,8 +64,10 @@ def run_trial(req: dict[str, Any]) -> dict[str, Any]:
 
     phase("loading model")
     t0 = time.perf_counter()
-    if measure == "served":  # the server's engine thread loads it: see engine/serving/async_llm.py for why
-        llm, res, load_s = _replay_served(cfg, req, phase)
+    if measure == "served":
+        server = BundledServer(cfg, objective, req.get("early_stop") or {})
+        res, load_s = _replay_served(server, req, phase)
+        llm = server.llm
     else:
         llm = LLM(cfg)
         load_s = time.perf_counter() - t0
@@ -139,7 +107,7 @@ def run_trial(req: dict[str, Any]) -> dict[str, Any]:
 def _replay_in_process(llm, req: dict[str, Any], phase: Callable[[str], None]):
     """`run_benchmark` on the loaded engine (budget.measure: in_process)."""
     objective, es = req["objective"], req.get("early_stop") or {}
-    watchdog = _InFlightWatchdog(llm.engine, objective, es) if es.get("enabled") else None
+    watchdog = InFlightWatchdog(llm.engine, objective, es) if es.get("enabled") else None
 
     def should_stop(records) -> bool:
         if not es.get("enabled"):
@@ -166,65 +134,31 @@ def _replay_in_process(llm, req: dict[str, Any], phase: Callable[[str], None]):
             watchdog.uninstall()
 
 
-def _replay_served(cfg, req: dict[str, Any], phase: Callable[[str], None]):
-    """Load and serve `cfg` as `tune serve` does; replay from a client process over HTTP.
+def _replay_served(server: TrialServer, req: dict[str, Any], phase: Callable[[str], None]) -> tuple[BenchResult, float]:
+    """Start `server`, replay the workload from a client process over HTTP, stop it.
 
-    Latency and throughput metrics (and the records) are the client's; the engine counters and
-    peak memory are this process's, taken over the client's measured run only (see
-    `_run_client`), as `run_benchmark` takes them. Returns (llm, result, seconds to ready).
+    Latency and throughput metrics (and the records) are the client's; what the server saw over
+    the client's measured run (engine counters, peak memory) is `server.window_metrics()`, as
+    `run_benchmark` takes it in process. Returns (result, seconds from start to ready).
     """
-    from slotune.engine.serving.async_llm import AsyncLLM  # the serving stack: only a served trial needs it
-    from slotune.engine.serving.server import build_app, serve_in_thread  # imports the engine, hence torch
-
-    t0 = time.perf_counter()
-    objective, es = req["objective"], req.get("early_stop") or {}
-    served = AsyncLLM(cfg)
-    window: EngineWindow | None = None
-    watchdog = None
-
-    def on_measured_start() -> None:
-        # The client's warm-up has finished and nothing is in flight; its clock starts next.
-        nonlocal window
-        window = EngineWindow(engine)
-        if watchdog is not None:  # installed after the warm-up: HTTP request ids do not mark it
-            watchdog.install()
-
-    def on_poll() -> None:
-        if window is not None:
-            window.sample()
-
     phase("starting server")
-    try:
-        with serve_in_thread(served, build_app(served)) as url:
-            load_s = time.perf_counter() - t0
-            llm = served.llm
-            engine = llm.engine
-            watchdog = _InFlightWatchdog(engine, objective, es) if es.get("enabled") else None
-            client = _run_client(url, req, llm.tokenizer, on_measured_start, on_poll)
-    finally:
-        if watchdog is not None:
-            watchdog.uninstall()
-    if served.error is not None:
-        raise RuntimeError(f"the engine loop died while serving: {type(served.error).__name__}: {served.error}")
-    is_hopeless = watchdog is not None and watchdog.is_hopeless
+    with server:
+        client = _run_client(server.url, req, server.tokenizer, server.begin_window, server.sample)
+    server.check()
     num_broken = client.metrics.get("num_errors", 0.0)
-    if num_broken and not is_hopeless:  # loopback to our own server: a bug, not a measurement
+    if num_broken and not server.is_hopeless:  # loopback to our own server: a bug, not a measurement
         causes = {k: v for k, v in client.metrics.items() if k.startswith("num_failed_") and not k[11:].isdigit()}
         raise RuntimeError(f"{num_broken:g} requests broke over HTTP without an early stop: {causes}")
-    metrics = {**client.metrics, **window.metrics()}  # _run_client raised unless the measured run started
-    return (
-        llm,
-        BenchResult(
-            config=llm.config.model_dump(mode="json"),
-            workload=client.workload,
-            metrics=metrics,
-            records=client.records,
-            early_stopped=client.early_stopped or is_hopeless,
-            device=client.device,
-            started_at=client.started_at,
-        ),
-        load_s,
+    result = BenchResult(
+        config=req["config"],
+        workload=client.workload,
+        metrics={**client.metrics, **server.window_metrics()},  # _run_client raised unless the window began
+        records=client.records,
+        early_stopped=client.early_stopped or server.is_hopeless,
+        device=client.device,
+        started_at=client.started_at,
     )
+    return result, server.load_time_s
 
 
 def _run_client(
