@@ -40,17 +40,13 @@ class KernelConfig(_EngineModel):
 
     backend: Literal["auto", "torch", "triton", "native"] = Field(
         "auto",
-        description="auto = Triton on CUDA; on CPU, decode steps in one native call "
-        "(kernels/cpu_decode.c) where the machine and model allow it, torch otherwise. "
-        "native = the same, required (an error says why it cannot run)",
+        description="auto: Triton on CUDA, the native CPU step where it runs, else torch; native: that step or error",
     )
+    # Integer dot products as llama.cpp's Q4/Q8 x Q8; faster, most at larger batches. The error against
+    # float32 logits is measured in docs/design/engine-quantization.md: a lever for the quality gates to judge.
     int8_activations: bool = Field(
         False,
-        description="CPU native decode, int4 and int8 layers (the LM head included): quantize "
-        "activations to int8 per 32 inputs and multiply with VNNI integer dot products (llama.cpp's Q4/Q8 x "
-        "Q8). Faster, most at larger batches; less exact than float activations (SmolLM2 logits vs the same "
-        "weights in float32: int8 max error 0.6x, mean 1.3x the bf16 torch path's; int4 2.3x and 3.3x): a "
-        "lever for the quality gates to judge",
+        description="CPU native step, int4/int8 layers and LM head: quantize activations to int8 per 32 inputs",
     )
     decode_attention: DecodeAttentionConfig = DecodeAttentionConfig()
     prefill_attention: PrefillAttentionConfig = PrefillAttentionConfig()
@@ -95,12 +91,11 @@ class AdmissionConfig(_EngineModel):
         "beyond which add_request refuses (queue_full); None = unbounded",
     )
     max_tokens_in_flight: int | None = Field(None, ge=1)
+    # Held: being tokenized, waiting in the engine queue or being admitted; the 429 carries Retry-After.
     max_pending_requests: int | None = Field(
         DEFAULT_MAX_PENDING_REQUESTS,
         ge=0,
-        description="served: requests the HTTP server holds beyond max_num_seqs "
-        "(being tokenized, waiting in the engine queue, being admitted) before it answers 429 queue_full with "
-        "Retry-After; None = unbounded",
+        description="served: requests the HTTP server holds beyond max_num_seqs, then 429 queue_full; None = unbounded",
     )
 
 
@@ -113,13 +108,12 @@ class EngineConfig(_EngineModel):
         "auto", description="activation/compute dtype; auto = bfloat16 on CUDA, float32 on CPU"
     )
     seed: int = Field(0, ge=0, le=2**32 - 1)
+    # Fewer threads than cores leave cores to the HTTP server and its clients.
     num_threads: int | None = Field(
         None,
         ge=1,
         le=1024,
-        description="CPU: intra-op threads of the engine process "
-        "(torch.set_num_threads); None = torch's default (one per core). Fewer leave "
-        "cores to the HTTP server and its clients",
+        description="CPU: the engine's intra-op threads (torch.set_num_threads); None = torch's default, one per core",
     )
 
     # Weight quantization (weight-only unless fp8).
@@ -137,10 +131,10 @@ class EngineConfig(_EngineModel):
 
     # Batching.
     scheduling: Literal["continuous", "static"] = "continuous"
+    # shortest_prompt_first passes a request over at most 64 times (scheduler.MAX_BYPASS), so none waits forever.
     scheduling_policy: SchedulingPolicy = Field(
         "fcfs",
-        description="admission order of waiting requests: fcfs, or shortest_prompt_first (lower TTFT on "
-        "mixed prompt lengths; a request is passed over at most 64 times)",
+        description="admission order: fcfs, or shortest_prompt_first (lower TTFT on mixed prompt lengths)",
     )
     max_num_seqs: int = Field(16, ge=1, le=1024)
     max_num_batched_tokens: int = Field(2048, ge=16, le=2**24)
@@ -149,14 +143,13 @@ class EngineConfig(_EngineModel):
 
     speculative: SpeculativeConfig = SpeculativeConfig()
     admission: AdmissionConfig = AdmissionConfig()
+    # vLLM's and SGLang's --stream-interval: fewer events, socket writes and client parses per token at high
+    # concurrency, burstier arrival between them. First and last tokens go at once, so TTFT and E2E do not change.
     stream_interval: int = Field(
         1,
         ge=1,
         le=64,
-        description="served streams: send a stream's tokens once this many have accumulated, in one "
-        "SSE event (the first token and the last are always sent at once, so TTFT and end-to-end latency keep "
-        "their values): fewer events, socket writes and client parses per token at high concurrency, burstier "
-        "arrival between them (vLLM's and SGLang's --stream-interval); 1 = every step's tokens as they come",
+        description="served streams: tokens accumulated per SSE event; 1 = every step's tokens as they come",
     )
     kernels: KernelConfig = KernelConfig()
     use_cuda_graph: bool = Field(True, description="capture decode steps as CUDA graphs (CUDA only)")

@@ -1,35 +1,16 @@
 """Weight-only quantization (int8 per-channel, int4 group-wise) and FP8 (e4m3, per-channel).
 
-gpt-fast's two steps: quantize each dense `Linear` once at load into a compact state, then
-swap in a module with the same `forward(x)`. Quantized weights stay quantized in memory —
-the point is fewer bytes moved per decode step.
+gpt-fast's two steps: quantize each dense `Linear` once at load into a compact state, then swap in a
+module with the same `forward(x)`. Weights stay quantized in memory: fewer bytes moved per decode step.
 
-CPU: steps of up to a few dozen rows (decodes, short prefill chunks) run in the native step
-(kernels/cpu_decode.c), which reads these same buffers in place; the torch paths below serve
-longer prefill chunks and the larger batches. int8/int4 use torch's packed CPU kernels (`_weight_int8pack_mm`,
-`_weight_int4pack_mm_for_cpu`), which are fast with bfloat16 activations, so activations are
-cast to bf16 around the call. Those kernels are GEMV loops: their cost grows linearly with
-the rows, so at prefill sizes (128 rows: 8-9x slower than a bf16 GEMM of the same shape) the weight
-is dequantized to bf16 per call and multiplied by oneDNN's GEMM instead (AMX where present).
-The switch is by row count (`CPU_GEMM_MIN_ROWS`), measured on the 2-core Xeon: int8 gate_up
-at 128 rows 3.3 ms packed -> 0.66 ms; int4 2.9 ms -> 1.45 ms. Decode-sized batches keep the
-packed kernels, which read 2x/4x fewer bytes. FP8 on CPU is emulated (dequantize per call): correct, for
-quality studies, not faster. CUDA: int8/int4 dequantize in the matmul path (the Triton
-kernel in kernels/quant_matmul.py when kernels.backend is triton); FP8 uses
-`torch._scaled_mm` on compute capability >= 8.9, except decode-sized batches (<= 16 rows)
-under the Triton backend, which run the weight-only fp8 kernel (no activation quantization).
-
-Int4 math: q in [0, 15], w = q * scale + min per group of `group_size` input channels. On
-CPU the codes live in torch's packed CPU layout; on CUDA in ours (see Int4Linear), which
-kernels/quant_matmul.py reads. When in_features is not a multiple of the group size (576 =
-4.5 x 128 in SmolLM2), K is zero-padded to the next multiple and activations are padded per
-call, so every `quant_group_size` works on every model.
-
-LM head: always int8 per-channel, whatever the method. The tied head is 28M of SmolLM2-135M's
-135M parameters, so it dominates batch-1 bytes once the layers are small. Measured (top-1
-agreement with fp32 over 16 x 63 corpus positions): int4-g32 layers with an int4 head 0.81,
-with an int8 head 0.96 (+14 MB), with a dense fp32 head 0.99 (+85 MB); fp8 layers with an fp8
-head 0.83, with an int8 head 0.91 at the same bytes. int8 is the knee.
+CPU: small steps run in the native step (kernels/cpu_decode.c), reading these buffers in place; here
+int8/int4 use torch's packed kernels (bf16 activations) below `CPU_GEMM_MIN_ROWS` rows and a per-call
+bf16 dequantize + GEMM from there; FP8 is emulated (correct, not faster). CUDA: int8/int4 dequantize in
+the matmul (kernels/quant_matmul.py under the Triton backend); FP8 uses `torch._scaled_mm` on compute
+capability >= 8.9, except decode-sized batches (<= 16 rows) under the Triton backend (weight-only fp8).
+Int4: w = q * scale + min, q in [0, 15], per group of `group_size` input channels, K zero-padded to a
+multiple of the group. The LM head is always int8 per-channel: it dominates batch-1 bytes once the layers
+are small, and int8 is the knee of bytes against agreement. Measurements: docs/design/engine-quantization.md.
 """
 
 from __future__ import annotations
@@ -42,8 +23,8 @@ from slotune.engine.layers.linear import Linear
 from slotune.kernels.tiles import MatmulConfig
 
 FP8_MAX = 448.0
-# Rows from which dequantize-then-GEMM beats torch's packed CPU kernels (crossovers measured
-# on SmolLM2 shapes on the 2-core Xeon: int8 ~16 rows, int4 ~48 rows).
+# Rows from which dequantize-then-GEMM beats torch's packed CPU kernels (their cost grows linearly with
+# the rows); crossovers on SmolLM2 shapes: docs/design/engine-quantization.md.
 CPU_GEMM_MIN_ROWS = {"int8": 16, "int4": 48}
 
 
@@ -254,7 +235,7 @@ def quantize_linear(lin: Linear, method: str, group_size: int, tiles: MatmulConf
     raise ValueError(f"unknown quantization '{method}' (none|int8|int4|fp8)")
 
 
-LM_HEAD_METHOD = "int8"  # see the module docstring
+LM_HEAD_METHOD = "int8"  # why int8: docs/design/engine-quantization.md
 
 
 def quantize_model(

@@ -1,15 +1,11 @@
 """Baseline-agreement gate: top-1 next-token agreement and mean KL(baseline || candidate).
 
-Prompts: `evals/data/agreement_prompts.jsonl`, 32 passages of real English (16 King James
-Version, 16 GNU GPL v3; see tasks/SOURCES.md), each cut to its first PROMPT_LEN tokens. Every
-position after the first token is compared, through the paged KV cache (`PagedScorer`), so
-KV-cache precision counts as well as weights.
-
-The baseline's top-K log-probs per position are cached (K=32) and KL is computed over those
-K tokens plus one bucket for the remaining mass. Merging tokens never increases KL, so this
-is a lower bound of the full KL, tight when the top 32 hold nearly all the mass (they do for
-a 49k vocabulary), and it keeps the cache at ~1 MB instead of 49k floats per position.
-The standard errors treat prompts (not positions, which are correlated) as the unit.
+Prompts: `evals/data/agreement_prompts.jsonl` (32 passages of real English, tasks/SOURCES.md), each
+cut to its first PROMPT_LEN tokens; every position after the first is compared through the paged KV
+cache (`PagedScorer`), so KV-cache precision counts as well as weights. KL is computed over the
+baseline's cached top-K tokens plus one bucket for the rest: a lower bound of the full KL, tight for
+a 49k vocabulary, at ~1 MB of cache (docs/design/evals-gates.md). Prompts, not positions, are the
+unit of the standard errors (positions are correlated).
 """
 
 from __future__ import annotations

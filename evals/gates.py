@@ -1,24 +1,15 @@
 """Quality gates: a candidate config must not lose quality against its unquantized baseline.
 
-Kinds (a tuning spec embeds a list of these under `quality_gates:`):
-- agreement: top-1 next-token agreement and mean KL(baseline || candidate) on a fixed set of
-  real-text prompts (evals/agreement.py). Sensitive where a 135M model's task accuracy is too
-  noisy to tell.
-- lm_eval: a bundled lm-eval task run through our engine; the drop in its metric (higher is
-  better) is judged against the margin, with a paired standard error.
-- perplexity: a bundled loglikelihood_rolling task; the increase in perplexity is judged.
-
-The baseline is the same config with 16-bit-or-better everything and no drafts
-(`baseline_config`). Its numbers are computed once per (model identity, gate, task data,
-limit, scorer version, baseline dtype/device) and cached on disk as JSON, per item, so later
-candidates are compared pairwise on the same items.
-
-Records: evals/gate_spec.py (GateSpec, GateResult, GateReport); the baseline and its cache:
-evals/baseline.py; gate kinds: `_task_gate` here, `agreement_gate` in evals/agreement.py.
+Kinds (a tuning spec lists them under `quality_gates:`): agreement (top-1 agreement and mean KL on
+real-text prompts, evals/agreement.py), lm_eval (the drop in a bundled task's metric, with a paired
+standard error) and perplexity (the increase on a bundled loglikelihood_rolling task). The baseline is
+the same config with 16-bit-or-better everything and no drafts (`baseline_config`), cached per item
+(evals/baseline.py) so candidates are compared pairwise on the same items.
 
 Lifecycle: `evaluate_gates(config, gates, llm=trial_llm)` -> for each gate: baseline from the
 cache (or computed on a lazily loaded baseline engine) -> candidate on `llm` -> `stats.judge`.
 A gate that raises is recorded as failed with the error as its reason, never raised.
+More on the kinds and the cache key: docs/design/evals-gates.md.
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
  * rows, each one token of a sequence at its position (decode tokens, and the tokens of short
  * prefill chunks), with logits for the rows that sample.
  *
- * Why: on the 2-core dev VM a batch-1 decode step through torch's eager ops spent ~9 of its
- * ~20 ms dispatching ~1,200 small ops; here the step is one OpenMP parallel region whose
- * work-sharing loops read each weight once per step (5-7 ms for int4-g32 SmolLM2-135M).
+ * Why: through torch's eager ops a small decode step spends much of its time dispatching ~1,200
+ * small ops; here the step is one OpenMP parallel region whose work-sharing loops read each weight
+ * once per step (measurements: docs/design/kernels-cpu-decode.md).
  *
  * Two instruction sets from this one source, chosen at compile time (-march=native): AVX-512
  * (F/BW/VL/DQ; 16-lane vectors, the VNNI kernels where AVX512-VNNI/VBMI exist) and AVX2 + FMA
@@ -21,9 +21,8 @@
  *   bytes (0-15, 16-31). Each build reads its ISA's layout (INT4_BLOCK; cpu_decode.py refuses a
  *   mismatch). scales_and_zeros bf16 [K/g, N, 2] with w = (q - 8) * scale + zero.
  *   int8 VNNI (only with int8_activations, AVX-512 VNNI builds): an int8 weight repacked once by
- *   cpu_decode.py into [N/16, K/4, 16, 4] bytes w + 128, and the same per-channel scales. (The same
- *   repack of int4 codes measured 1.3-1.6x faster alone, in cache, but 5-10% slower inside whole
- *   steps: dropped.)
+ *   cpu_decode.py into [N/16, K/4, 16, 4] bytes w + 128, and the same per-channel scales (int4
+ *   codes stay in torch's pack: docs/design/kernels-cpu-decode.md says why).
  *   int8 AVX2 (only with int8_activations, AVX2 builds): [N/8, K/4, 8, 4] signed bytes, the same scales.
  *   KV cache [L, num_blocks, block_size, Hkv, D] in fp32 or bf16 (the model dtype).
  * Activations are fp32 throughout and weights are widened in registers, except that with

@@ -1,21 +1,13 @@
 """A whole decode step in one native call on CPU (kernels/cpu_decode.c), for small batches.
 
-The C source is compiled once per machine with the system gcc (`-O3 -march=native -fopenmp`)
-into ~/.cache/slotune/native/ and loaded with ctypes. torch is imported first, so the library's
-`libgomp.so.1` resolves to the one torch already loaded: one OpenMP thread pool in the process
-(two pools spinning against each other made steps 2x slower on 2 cores). ctypes releases the GIL
-for the call, so the HTTP event loop runs while a step computes.
-
-The source builds for AVX-512 or for AVX2 + FMA, whichever `-march=native` offers; `isa()` is
-what the loaded build reports it holds (its float vector width and which int8 kernels), and
-weights are repacked for exactly that build.
-
-The kernel reads plain tensors in place: `NativeModel` / `NativeLayer` / `NativeLinear` name
-them (the engine reads its own layer classes into these: engine/native_step.py; kernels import
-nothing from the engine). `CpuDecoder.unsupported(model, k_cache)` says whether a model can run
-here; the reason when not (no AVX2/FMA, no gcc, a weight format or KV dtype the kernel does not
-read) is logged by the runner, which then keeps the torch path. Prefill, chunked prefill,
-speculative verification and draft steps stay on the torch path; they share the same KV cache.
+The C source is compiled once per machine with the system gcc (`-O3 -march=native -fopenmp`: AVX-512 or
+AVX2 + FMA, as `isa()` reports) into ~/.cache/slotune/native/ and loaded with ctypes; weights are repacked
+for exactly that build. torch is imported first, so the library's `libgomp.so.1` is torch's: one OpenMP
+thread pool in the process. ctypes releases the GIL, so the HTTP event loop runs while a step computes.
+`NativeModel` / `NativeLayer` / `NativeLinear` name the plain tensors the kernel reads in place (the engine
+fills them: engine/native_step.py); `CpuDecoder.unsupported` says why a model cannot run here, and the
+runner then keeps the torch path. Speculative verification and draft steps stay on torch, over the same
+KV cache. Measurements behind the row limits: docs/design/kernels-cpu-decode.md.
 """
 
 from __future__ import annotations
@@ -334,26 +326,16 @@ def _unreadable(w: NativeLinear) -> str | None:
     return f"weight kind {w.kind}"
 
 
-# Steps of up to this many rows (decode rows + prefill-chunk rows) run natively, larger ones
-# through torch's GEMMs (oneDNN, bf16 dot products). Crossovers measured on the 2-core EPYC
-# (SmolLM2-135M decode, ms per step, native vs torch): dense bf16 16 rows 55 vs 67, 32 rows 119
-# vs 95; int8 32 rows 97 vs 111, 64 rows 196 vs 193; int4 64 rows 157 vs 242; dense float32 runs
-# MKL's sgemm, slower than native at every size. int8 with int8_activations (the VNNI kernel): 64
-# rows 58 ms vs 146 for the float kernel above. None: every step up to the decoder's capacity.
-# Per build ISA (slotune_isa()): the numbers above are the AVX-512 build's. AVX2 build, 2-core AMD
-# EPYC (family 25 model 1, avx2 fma f16c bmi2, no AVX-512/AVX-VNNI), 2026-11-24, shared and loaded
-# (load average 1.4-7.5), medians of 20 interleaved steps, `bench/engine/native_avx2.py`: native won
-# at every row count measured, by more than on AVX-512 (torch's oneDNN bf16/int8 GEMMs have no
-# AVX512-BF16/VNNI here): int8 + int8 activations 16 rows 178 vs 2082 ms, 64 rows 518 vs 4400; int4-g32
-# + int8 activations 16 rows 40 vs 195; bf16 16 rows 1361 vs 4736 (load 7.5). So no limit on AVX2;
-# bf16 and the float int8 kernel past 16 rows were not measured on a quiet machine (re-measure there).
+# Steps of up to this many rows (decode rows + prefill-chunk rows) run natively, larger ones through torch's
+# GEMMs (oneDNN, bf16 dot products), per build ISA (slotune_isa()) and weight kind; None: every step up to the
+# decoder's capacity. The limits are measured crossovers (docs/design/kernels-cpu-decode.md); on AVX2 native
+# won at every row count measured, so there is none.
 MAX_NATIVE_ROWS = {
     ISA_AVX512: {W_BF16: 16, W_INT8: 32, W_INT4: None, W_F32: None, W_INT8_VNNI: None},
     ISA_AVX2: {W_BF16: None, W_INT8: None, W_INT4: None, W_F32: None, W_INT8_AVX2: None},
 }
-# Rows of capacity beyond max_num_seqs: a short prompt's prefill chunk runs in the same native
-# call as the running decodes (TTFT p50 of a 32-token prompt, int4-g32 bf16, served at concurrency 1:
-# 117 ms with the prefill on torch, 56 ms native; bench/peers).
+# Rows of capacity beyond max_num_seqs: a short prompt's prefill chunk runs in the same native call as the
+# running decodes, which about halves a short prompt's TTFT (docs/design/kernels-cpu-decode.md).
 PREFILL_ROWS = 64
 
 

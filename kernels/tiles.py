@@ -9,7 +9,7 @@ with the allowed values in the message.
 Torch- and Triton-free (pydantic only): `engine/config.py` imports it, and the operator image
 validates configs with neither installed.
 
-Defaults: the best measured at batch 64 on an H100 (bench/gpu/results-2026-11-22-h100.md).
+Defaults: the best measured at batch 64 on an H100 (bench/gpu/README.md lists the committed results).
 """
 
 from __future__ import annotations

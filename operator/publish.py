@@ -4,24 +4,12 @@
         [--traffic-dir DIR --traffic-window-s S --traffic-snapshot FILE --drift-threshold X
          [--tuned-traffic JSON]] -- tune run ...
 
-The operator pre-creates the (empty, owned) result ConfigMap; this fills it with `best.yaml`,
-`best_metrics.json` and, when the study logged one, `mlflow_run_id` -- or with `error` when
-the command failed or found no config meeting the SLO. Each write replaces what an earlier
-attempt of the Job published (a retry that succeeds clears the first attempt's `error`), and
-result files left in the result dir by an earlier run (a persistent /work) are removed before
-the command runs. Only `get`/`patch` on that one ConfigMap is needed: the operator creates a
-Role for it per run (children.publish_rbac). Exit status: the command's own.
-
-With `--traffic-dir` (a SLOTuning's spec.traffic, see traffic.py), before the command: the
-last `--traffic-window-s` seconds of every recording under the folder (one sub-folder per
-serving pod; the window ends at the newest request recorded) are copied into
-`--traffic-snapshot`, the file the tuning spec's workload replays, and summarized
-(`traffic.json`, published at once, so status shows it while the study runs). When that
-summary has not drifted from `--tuned-traffic` by `--drift-threshold`, the command does not
-run: `skipped` ("NoDrift: traffic drift 4% < threshold 15% ...") is published instead, exit 0.
-No recorded request in the window publishes `error` ("NoTraffic: ..."), exit 1. Lines that are
-not a RecordedRequest (a pod killed mid-write leaves half a line) are left out and counted
-(`invalidLines`).
+Fills the operator's pre-created result ConfigMap with `best.yaml`, `best_metrics.json` and, when the
+study logged one, `mlflow_run_id` -- or with `error` when the command failed or found no config meeting
+the SLO; each write replaces what an earlier attempt published. Exit status: the command's own. With
+`--traffic-dir` (spec.traffic, traffic.py) the recorded window is first snapshotted and summarized
+(`traffic.json`): without drift the command does not run and `skipped` is published (exit 0); an empty
+window publishes `error` (exit 1). The details: docs/design/operator-tuning.md.
 """
 
 from __future__ import annotations

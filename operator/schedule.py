@@ -1,9 +1,7 @@
 """Re-tuning schedules: standard 5-field cron ("0 3 * * 1") or "@every 6h" / "@every 30s".
 
-Scheduling is done by the operator's timer instead of a batch/v1 CronJob: the CronJob would
-only start `tune run`, while every later step (result -> canary -> promote) is the operator's
-anyway, and Kubernetes 1.20 (the API server the tests build) serves CronJob only as
-batch/v1beta1. Times are UTC.
+The operator's timer schedules, not a CronJob, since every step after `tune run` is the operator's
+anyway (docs/design/operator-tuning.md). Times are UTC.
 
 A cron expression that can never fire (`0 0 30 2 *`: February 30) is refused by `parse`, so
 the operator rejects it at validation; `next_after` searches a bounded window (longer than

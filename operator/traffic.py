@@ -1,24 +1,13 @@
 """Tuning on the traffic a SLOServing actually serves: `spec.traffic` of a SLOTuning, and drift.
 
-Where the traffic lives: a SLOServing with `spec.recordTraffic` mounts its claim at /traffic and
-every pod of both tracks records into /traffic/<serving>/<pod name>/ (rotated *.jsonl files of
-tuner/traces.py `RecordedRequest` lines), so no two writers share a file. A SLOTuning with
-`spec.traffic.fromServing` mounts the same claim read-only in its tuning Job, whose publisher
-(publish.py) first copies the last `window` of all pods' recordings -- ending at the newest
-request recorded -- into one snapshot file under /work, and summarizes it; the tuning spec's
-workload replays that snapshot (`trace: {path: SNAPSHOT}`). A snapshot, not the live folder:
-recorders keep rotating files away while a study runs, and every trial must replay the same
-requests.
-
-Drift of a summary from the tuned-on traffic: the largest of the relative changes of meanRate,
-promptP50, promptP95, outputP50 and outputP95, and the absolute change of cacheableShare (a
-share is a fraction already). The inter-arrival CV is reported, not compared: over a window of
-bursty traffic it swings while the config that serves the traffic best does not.
-
-The tuned-on traffic (`status.tunedTraffic`) is the traffic the last result was tuned on -- not the last run's, which may have
-been skipped -- so a slow creep, too small to notice run by run, still adds up to a re-tune. A
-changed tuning spec or traffic source (window, time scale, serving) is a new reference: the next
-run tunes whatever the drift. Pure functions; the operator and the Job share them.
+A SLOServing with `spec.recordTraffic` records every pod into /traffic/<serving>/<pod name>/ on its
+claim; a SLOTuning with `spec.traffic.fromServing` mounts the claim read-only, and its Job's publisher
+(publish.py) snapshots the last `window` of all pods' recordings into one file that the tuning spec's
+workload replays, so every trial replays the same requests. Drift of a summary from the tuned-on
+traffic (`status.tunedTraffic`, what the last result was tuned on) is the largest of the relative
+changes of meanRate and the prompt/output P50/P95 and the absolute change of cacheableShare; the
+inter-arrival CV is reported, not compared. Pure functions; the operator and the Job share them.
+Why each of these choices: docs/design/operator-traffic.md.
 """
 
 from __future__ import annotations

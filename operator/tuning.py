@@ -4,24 +4,11 @@
                      \\-> Failed
                      \\-> Skipped (spec.traffic: the recorded traffic has not drifted)
 
-Every fact lives in the API (status, the run's Job and result ConfigMap, the target
-SLOServing's `spec.canary`), every child has a deterministic name and creation is
-idempotent: an operator restarted at any step recomputes the same next step, and a step that
-ran twice creates nothing twice. A schedule starts run n+1 once run n has finished (or waits
-for approval), keeping `historyLimit` runs' Jobs and result ConfigMaps and history entries.
-
-A run ends with its Job: an attempt that failed (and published `error`) while the Job still
-has retries left (backoffLimit) is waited out, and a retry that publishes a result wins.
-A spec the operator refuses (admission.check_tuning) fails the run with the `Valid`
-condition and creates nothing.
-
-With `spec.traffic` a run tunes on the traffic its SLOServing recorded (traffic.py): the Job
-publishes the summary of the window it snapshotted (`traffic.json`, copied into
-`status.traffic`) and, when it has not drifted from `status.tunedTraffic` (the traffic the
-last result was tuned on) by `driftThreshold`, `skipped` instead of a result: the run ends
-`Skipped` with the `Retuned=False` condition. A run that tunes makes its traffic the tuned-on traffic;
-a result rolled back or superseded before approval leaves none, so the next run tunes
-whatever the drift.
+Every fact lives in the API (status, the run's Job and result ConfigMap, the target SLOServing's
+`spec.canary`), every child has a deterministic name and creation is idempotent: an operator
+restarted at any step recomputes the same next step, and a step that ran twice creates nothing twice.
+A run ends with its Job (a retry that publishes a result wins); a refused spec fails the run with the
+`Valid` condition and creates nothing. Schedules, retries and drift skips: docs/design/operator-tuning.md.
 """
 
 from __future__ import annotations

@@ -229,11 +229,11 @@ class Start(BaseModel):
         "it is a good start for, within those kinds; empty = every metric",
     )
     params: dict[str, Scalar] = Field(min_length=1, description="knob values; knobs not named keep the base config's")
+    # Each repair is enqueued when the one before it missed (the tuner's StartRepairs); say [{max_num_seqs: 2}]
+    # for a batch-1 start whose queue may push TTFT past its limit.
     then: list[dict[str, Scalar]] = Field(
         default_factory=list,
-        description="repairs, tried in turn while this start misses an SLO limit: each is "
-        "`params` with these knob values on top (`rung`), enqueued when the one before it missed (tuner/study.py "
-        "StartRepairs); say [{max_num_seqs: 2}] for a batch-1 start whose queue may push TTFT past its limit",
+        description="repairs tried in turn while this start misses an SLO limit: `params` with these values on top",
     )
 
     def rung(self, i: int) -> dict[str, Scalar]:

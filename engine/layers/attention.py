@@ -153,8 +153,7 @@ class TorchAttentionBackend:
             o = F.scaled_dot_product_attention(q.unsqueeze(2), kk, vv, attn_mask=mask, scale=scale, enable_gqa=True)
             return o.squeeze(2)
         # Two batched matmuls, the GQA group as the row dimension. For one query row, SDPA's CPU
-        # kernel is slow: bf16 at batch 16 / 64 it took 777 / 5,111 us a layer against 125 / 420 us
-        # here; fp32 at batch 64, 1,215 against 770 us (2-core EPYC, context 96-160).
+        # kernel is slow (timings: docs/design/engine-attention.md).
         scores = torch.matmul(q.reshape(b, hkv, h // hkv, d), kk.transpose(-1, -2)).float()  # [B, Hkv, G, L]
         scores = torch.where(mask, scores * scale, float("-inf"))  # mask [B, 1, 1, L]
         return torch.matmul(scores.softmax(-1).to(vv.dtype), vv).view(b, h, d)

@@ -1,18 +1,12 @@
 """OpenAI-compatible request bodies and error responses for `tune serve`.
 
-Validated once, here, so nothing a client sends can reach the engine loop in a shape that
-would crash it (an out-of-range seed or top_k used to kill the loop for every request).
-The body is parsed here too, as strict JSON (UTF-8, no NaN, bounded nesting, no lone UTF-16
-surrogates anywhere: a JSON escape like "\\ud800" decodes to a str that no tokenizer or
-encoder takes), so every malformed body is a 400 naming the field.
-
-Every field of OpenAI's completions and chat-completions requests (openai-python 3.57's
-`CompletionCreateParams` and `chat.CompletionCreateParams`) is either honoured (declared on
-the models below), rejected by name unless it holds the value that asks for nothing
-(`REJECTED_UNLESS_DEFAULT`), or accepted and ignored because it cannot change what is
-generated (`IGNORED`: identifiers and caching hints). A top-level field outside all three
-is an error too, so a typo (`max_token`) never silently falls back to a default. Message
-objects keep their extra fields (`name`, `tool_calls`, ...): chat templates read them.
+Validated once, here, so nothing a client sends reaches the engine loop in a shape that would crash
+it. Bodies are parsed as strict JSON (UTF-8, no NaN, bounded nesting, no lone UTF-16 surrogates), so
+every malformed body is a 400 naming the field. Every field of OpenAI's completions and chat-completions
+requests (openai-python 3.57) is honoured (declared below), rejected by name unless it asks for nothing
+(`REJECTED_UNLESS_DEFAULT`), or ignored because it cannot change what is generated (`IGNORED`); any
+other top-level field is an error, so a typo (`max_token`) never silently falls back to a default.
+Message objects keep their extra fields (`name`, `tool_calls`, ...): chat templates read them.
 """
 
 from __future__ import annotations

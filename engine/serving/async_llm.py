@@ -1,17 +1,11 @@
 """AsyncLLM: the engine loop in a background thread, streaming outputs into asyncio queues.
 
-The loop thread owns the engine, from loading and warm-up on: every torch op runs in that one
-thread. With libgomp (torch's OpenMP), each thread that runs a parallel region gets its own
-pool of workers, and once the pools together hold more threads than there are cores, every
-worker spins ~300x less before sleeping. Loading in one thread and stepping in another did
-that on 2 cores: a batch-1 int4 step took 44-54 ms in a second thread against 22 ms in the
-first (measured 2026-11-23, 2-core EPYC); with load, warm-up and steps all in the loop thread,
-AsyncLLM streams a token every ~25 ms (it was ~55).
-Requests and aborts go into an inbox the loop drains
-before every step (admission answers through a future), so a handler waits at most one
-step and never on the lock: with a lock, the loop re-took it right after each step and a
-caller could starve for several steps under load. The loop never waits on the network.
-Each request's deltas go to its own asyncio.Queue via call_soon_threadsafe.
+The loop thread owns the engine from loading and warm-up on, so every torch op runs in that one
+thread: with libgomp each thread that runs a parallel region gets its own worker pool, and pools
+that together hold more threads than there are cores slow every step (docs/design/engine-serving.md).
+Requests and aborts go into an inbox the loop drains before every step (admission answers through
+a future), so a handler waits at most one step and never on the lock. The loop never waits on the
+network; each request's deltas go to its own asyncio.Queue via call_soon_threadsafe.
 """
 
 from __future__ import annotations

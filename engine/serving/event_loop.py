@@ -1,13 +1,9 @@
 """The event loop our HTTP processes run on: uvloop (libuv), as uvicorn's `standard` extra and vLLM's
 API server choose it.
 
-Both sides of a served replay run on it: `tune serve`'s event loop (`server.py`) and the replay
-client (`tuner/http_bench.py`). On a CPU host the engine's OpenMP threads keep every core busy, and
-any other CPU work on the machine stalls their parallel regions: Python work beside the engine
-costs about twice its share of the machine in tokens/s (`bench/peers/colocated-*.md`), whether it
-runs in the engine's process or in another one. So every microsecond the event loops spend per
-streamed token is taken from the engine, twice over (`bench/peers/README.md`, "Where the server's
-cost comes from").
+Both sides of a served replay run on it: `tune serve`'s event loop (`server.py`) and the replay client
+(`tuner/measure/http_replay.py`). On a CPU host the time the event loops spend per streamed token is
+taken from the engine's OpenMP threads, about twice over (docs/design/engine-serving.md).
 Standard library and uvloop only: the client process imports this without torch.
 """
 
