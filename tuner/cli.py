@@ -1,11 +1,9 @@
 """`tune`: the command-line entry point.
 
-Only this layer turns errors into exit codes: every problem with a user's input becomes one
-`path: field: message` line on stderr and exit code 2; an unexpected error is one line and exit
-code 1. A traceback is printed only with `tune --debug ...` (or SLOTUNE_DEBUG=1). Every heavy
-import (torch, mlflow, lm_eval, optuna) happens inside a command, so `tune --help` stays fast: each
-command imports its own module when it runs (all of them at the top would take `tune --help` from
-0.35 s to 0.8 s on the dev machine). Those imports carry `# per command` and nothing else is lazy here.
+Only this layer turns errors into exit codes: a problem with the user's input is one `path: field:
+message` line on stderr and exit code 2; an unexpected error is one line and exit code 1 (the
+traceback with `tune --debug` or SLOTUNE_DEBUG=1). Each command imports its own module when it runs,
+marked `# per command`, so `tune --help` loads no torch, mlflow, lm_eval or optuna (docs/design/tuner-cli.md).
 """
 
 from __future__ import annotations
@@ -295,8 +293,7 @@ def sweep(
         Optional[Path], typer.Option("--html", help="write a page with the latency-throughput curve here")
     ] = None,
 ) -> None:
-    """Measure CONFIG at rising load (concurrency or arrival rate) up to saturation: latency against throughput,
-    and the capacity within the limits."""
+    """Measure CONFIG at rising load up to saturation: latency against throughput, capacity within the limits."""
     with _reading(config):
         _check_yaml(config)  # a workload file is read by WorkloadSpec.load, which uses the same reader
         from slotune.tuner.commands import sweep_command  # per command

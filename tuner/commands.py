@@ -15,7 +15,7 @@ from slotune.engine.config import EngineConfig
 from slotune.tuner.measure.in_process_replay import DEFAULT_WORKLOAD, load_tokenizer, run_benchmark
 from slotune.tuner.measure.intervals import bootstrap_intervals
 from slotune.tuner.measure.load_sweep import SweepResult, run_sweep
-from slotune.tuner.measure.metrics import CI_PERCENTILES, BenchResult, cost_metrics, summarize
+from slotune.tuner.measure.metrics import CI_PERCENTILES, BenchResult, cost_metrics
 from slotune.tuner.measure.trial_process import trials_die_with_this_process
 from slotune.tuner.report.markdown import write_atomic
 from slotune.tuner.report.sweep_figures import capacity_line, point_line, points_table, render_page, report_sections
@@ -28,7 +28,7 @@ from slotune.tuner.spec.tuning_spec import TuningSpec, resolved_dict
 from slotune.tuner.spec.workload_spec import WorkloadSpec
 from slotune.tuner.spec.yaml_reader import parse_yaml
 from slotune.tuner.sweep import write_json
-from slotune.tuner.workload.fit import TraceSummary, fit
+from slotune.tuner.workload.fit import TraceSummary, fit, summarize
 from slotune.tuner.workload.requests import describe_replay
 
 

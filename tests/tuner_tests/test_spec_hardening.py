@@ -140,12 +140,12 @@ def test_traceback_only_with_debug(tmp_path):
 
 
 def test_an_internal_error_is_one_line_and_exit_1(monkeypatch, tmp_path):
-    import slotune.tuner.spec.tuning_spec as spec_mod
+    import slotune.tuner.commands as commands
 
     def boom(_):
         raise ZeroDivisionError("bug")
 
-    monkeypatch.setattr(spec_mod, "validate_command", boom)
+    monkeypatch.setattr(commands, "validate_command", boom)
     code, _, err = cli("validate", str(tmp_path / "x.yaml"))
     assert code == 1 and "Traceback" not in err and "internal error: ZeroDivisionError" in err and "--debug" in err
 

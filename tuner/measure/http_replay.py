@@ -1,46 +1,11 @@
 """Replay a workload against any OpenAI-compatible endpoint and measure it (`tune bench --url`).
 
-The same `WorkloadSpec` in and the same `BenchResult` out as the in-process bench
-(tuner/bench.py), measured on the client's clock, so `tune serve`, llama.cpp's llama-server
-and vLLM are compared on equal terms. Every request streams (SSE) greedy output with
-`ignore_eos` and `max_tokens = output_len`, so the workload, not the model, decides how long
-each answer is. `api="completions"` sends the prompt as token ids (exact prompt lengths);
-`api="chat"` sends the decoded text as one user message, and the server's chat template adds
-its own tokens (the record's prompt_tokens then come from the server's `usage`).
-
-Per request, on `time.perf_counter`:
-  arrival        the scheduled arrival (open loop) or the send time (closed loop), so waiting
-                 for the server counts in TTFT, as in the in-process bench
-  ttft           first chunk carrying text - arrival (the role-only chat opener and a final
-                 text-less finish chunk carry no token)
-  output_tokens  the final `usage.completion_tokens` when the server sends it, else the number
-                 of text chunks
-  tpot           (last text chunk - first text chunk) / (output_tokens - 1)
-  itls           gaps between consecutive text chunks; a chunk may carry several tokens
-                 (speculative decoding, a token whose text only completes with the next), so when
-                 usage reports more tokens than chunks, the output_tokens - 1 tokens after the
-                 first are spread over the later chunks as evenly as whole numbers allow and each
-                 gap is split evenly over its chunk's tokens (the ITLs then sum to last - first)
-  e2e            end of the stream - arrival
-  queue_time     None: the server's queue is not visible over HTTP
-
-Failures are recorded, never dropped and never retried (a 429 is a result, not a retry):
-  finish_reason "rejected"  the server answered with a non-2xx status (429 overload, 401 key, ...)
-  finish_reason "error"     the request broke: connection error, timeout, an error object or
-                            malformed JSON in the stream, a stream that ended without [DONE] or a
-                            finish_reason, or a server-side abort
-and each is counted by cause as `num_failed_<cause>`: the HTTP status (`num_failed_429`), or
-`connection`, `timeout`, `stream_error`, `incomplete`, `abort`; `num_failed` is their sum.
-
-The client is built to sit beside the server it measures on a small machine: one aiohttp
-session (its HTTP parser is C) on uvloop (`engine/serving/event_loop.py`) with HTTP/1.1
-keep-alive connections, SSE parsed line by line with `json.loads` only on `data:` lines, nothing
-logged per token. `client_cpu_s` reports what the measurement itself cost. Client CPU per
-streamed chunk against a bare ASGI SSE server on the 2-core AVX2 EPYC (2026-11-24, medians of 3):
-httpx 350 us at 1 stream / 170 us at 16, aiohttp 171 / 67 us; on two cores every client
-microsecond is taken from the server it measures (twice over: bench/peers/colocated-*.md).
-
-`python -m slotune.tuner.measure.replay_client IN.json OUT.json` (`main`) is a served trial's client process.
+The same `WorkloadSpec` in and `BenchResult` out as the in-process replay (in_process_replay.py),
+on the client's clock, so `tune serve`, llama.cpp's llama-server and vLLM compare on equal terms.
+Every request streams greedy output with `ignore_eos` and `max_tokens = output_len`, so the workload
+decides each answer's length. Failures are recorded and counted by cause (`num_failed_<cause>`),
+never dropped or retried. The client is lean (aiohttp on uvloop), because on a small machine its CPU
+is taken from the server it measures. Per-request timing and client cost: docs/design/tuner-measure.md.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ class EngineWindow:
     counters (prefix cache, speculation, preemptions, steps, rejections by reason), the KV-block
     peak of this run, peak memory, weight and KV bytes. Open it when the measured run starts
     (after warm-up, nothing in flight), `sample()` as it goes, read `metrics()` at the end.
-    Used by the in-process replay and by a served trial (tuner/trial_runner.py) alike.
+    Used by the in-process replay and by a served trial (tuner/measure/trial_runner.py) alike.
     """
 
     def __init__(self, engine) -> None:

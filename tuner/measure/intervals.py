@@ -30,20 +30,13 @@ def bootstrap_intervals(
     level: float = CI_LEVEL,
     seed: int = CI_SEED,
 ) -> dict[str, float]:
-    """Bootstrap confidence intervals of a run's metrics, over its requests.
+    """Bootstrap confidence intervals of a run's metrics, over its requests (percentile bootstrap).
 
-    The requests are resampled with replacement `num_resamples` times (a fixed `seed`: the same
-    records give the same interval); each statistic is computed on every resample, and the
-    interval is the middle `level` of those values (percentile bootstrap). The resampling unit is
-    the request: TTFT, TPOT and e2e percentiles resample the per-request values; ITL resamples
-    requests with all their gaps (the pooled percentile, each gap weighted by how often its request
-    was drawn); the rates resample every record, rejected and aborted ones included, and divide
-    the resample's sum by the run's `duration_s` (the point estimate's denominator too).
-    Vectorised: some 20 ms for 100 requests of 64 tokens on a 2-core machine, ITL the most.
-
-    What it sees is the spread across requests, not across runs: when every request adds the
-    same (equal lengths, all completed) a token rate gets no interval at all, and drift between
-    runs shows only in a re-measurement (the study's confirmation round, tuner/confirm.py).
+    The resampling unit is the request (ITL: a request with all its gaps; the rates: every record,
+    rejected and aborted ones included, over the run's `duration_s`); a fixed `seed` gives the same
+    interval for the same records. It sees the spread across requests, not across runs: drift
+    between runs shows only in a re-measurement (tuner/decide/confirm.py). Details and cost:
+    docs/design/tuner-measure.md.
 
     Args:
         records: every measured request (as for `summarize`).
@@ -135,7 +128,7 @@ def _pooled_percentiles(
 
     Per resample, the weighted inverted-CDF percentile: the first of the sorted values whose
     cumulative weight reaches p% of the resample's total. Exact, in two steps so no [B, all values]
-    array is made (100 ms for 100 requests of 128 tokens): the cumulative weight at the start of
+    array is made (docs/design/tuner-measure.md): the cumulative weight at the start of
     each block of sorted values (one product) finds the block, a cumulative sum inside it the value.
     """
     values = np.concatenate([np.asarray(g, dtype=float) for g in groups])  # [M]

@@ -1,10 +1,9 @@
 """The machine a measurement was taken on, in the words its numbers need.
 
-A TTFT measured on one CPU is not a promise on another: the same config ran 1.45x llama-server's
-batch-1 rate on a 2-core Xeon and 1.92x on a 2-core EPYC (bench/peers/). Every trial records
-`describe()`'s words (user attribute `machine`, beside `host`), so best_metrics.json, the MLflow
-runs and the report say which machine measured what; the bench scripts label their results with
-the same words. Read from /proc (Linux); elsewhere, what `platform` knows.
+A TTFT measured on one CPU is not a promise on another (the same config's lead over llama-server
+differs between two 2-core CPUs: docs/design/tuner-measure.md). Every trial records `describe()`'s
+words (user attribute `machine`, beside `host`), so best_metrics.json, the MLflow runs, the report
+and the bench scripts say which machine measured what. Read from /proc (Linux); else `platform`.
 """
 
 from __future__ import annotations

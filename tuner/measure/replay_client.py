@@ -19,17 +19,17 @@ from slotune.tuner.spec.workload_spec import WorkloadSpec
 def main(argv: list[str]) -> int:
     """`python -m slotune.tuner.measure.replay_client IN.json OUT.json`: a trial's client, in its own process.
 
-    A served trial (tuner/trial_runner.py) serves the config under test as `tune serve` does and
-    runs this as its client, as a real client runs: another process, loopback HTTP.
+    A served trial (tuner/measure/trial_runner.py) serves the config under test as `tune serve` does
+    and runs this as its client, as a real client runs: another process, loopback HTTP.
 
     IN.json: url; workload (a WorkloadSpec dict); tokenizer_file (the served engine's Tokenizer,
-    pickled by the trial: prompts are tokenized exactly as the server does, and unpickling took
-    0.4 s without importing torch, where `load_tokenizer` from the GGUF took 6-11 s on the
-    2-core box); seed; objective (percentile and limits, as in a trial request); early_stop
-    ({enabled, min_requests, factor}); optional phase_file (progress, 'replay 5/48') and
-    warm_file. With warm_file, the client creates that file once its warm-up has finished and
-    waits for a line on stdin before it starts the clock, so the trial can snapshot the engine's
-    counters in between; stdin closing (the trial died) ends this process.
+    pickled by the trial: prompts are tokenized exactly as the server does, and unpickling is much
+    quicker than loading it from the GGUF, docs/design/tuner-measure.md); seed; objective
+    (percentile and limits, as in a trial request); early_stop ({enabled, min_requests, factor});
+    optional phase_file (progress, 'replay 5/48') and warm_file. With warm_file, the client creates
+    that file once its warm-up has finished and waits for a line on stdin before it starts the
+    clock, so the trial can snapshot the engine's counters in between; stdin closing (the trial
+    died) ends this process.
     OUT.json: {"status": "ok", "result": BenchResult dict} or {"status": "error", "error": ...}.
 
     Early stop: the trial's rule on the requests finished so far (`breaks_slo_so_far`), and at

@@ -1,21 +1,11 @@
-"""One trial in its own process: build the engine, replay the workload, check the SLO, run the
-quality gates.
+"""One trial in its own process: build the engine, replay the workload, check the SLO, run the gates.
 
 Run as `python -m slotune.tuner.measure.trial_runner IN.json OUT.json`. A crash, an OOM kill or a
-hang takes down only this process; the parent (`tuner/objective.py`) records the trial as
-failed with the reason and the study goes on. Progress is written to the request's
-`phase_file` so the parent can show the current phase.
-
-How the replay is measured (`budget.measure`, the request's `measure`):
-- served (default): the numbers a client of `tune serve` gets. The engine is loaded and served
-  as `tune serve` does it (`AsyncLLM` + `build_app` on a free loopback port, `serve_in_thread`)
-  and the workload is replayed by a client in its own process (`python -m
-  slotune.tuner.measure.http_replay`), which measures latency and throughput on its clock and applies
-  the early-stop rule. Between the client's warm-up and its measured run the two processes
-  hand-shake, so the engine counters (prefix cache, speculation, preemptions, KV peak, steps,
-  rejections) and peak memory, which HTTP does not show, cover the measured requests only.
-- in_process: `run_benchmark` drives the engine directly, with no server, HTTP or second
-  process (quicker trials, but without the serving cost users pay).
+hang takes down only this process; the parent (tuner/measure/trial_process.py) records it as a
+failed trial with the reason. Progress goes to the request's `phase_file`. `budget.measure`:
+served (default) serves the engine as `tune serve` does and replays from a client process
+(tuner/measure/replay_client.py), the two hand-shaking so engine counters and peak memory cover the
+measured requests only; in_process drives the engine directly (`run_benchmark`: quicker, no serving cost).
 """
 
 from __future__ import annotations
@@ -59,7 +49,7 @@ def run_trial(req: dict[str, Any]) -> dict[str, Any]:
 
     cfg = EngineConfig.model_validate(req["config"])
     objective = req["objective"]
-    measure = req.get("measure", "served")  # validated as budget.measure (tuner/spec.py)
+    measure = req.get("measure", "served")  # validated as budget.measure (tuner/spec/sections.py)
     from slotune.engine import LLM  # imports torch (the trial process's own import; the parent never loads it)
 
     phase("loading model")
@@ -230,7 +220,7 @@ def die_with_parent(parent_pid: int | None) -> None:
     """Get SIGKILL when `tune run` (our parent) dies, even by SIGKILL (Linux PR_SET_PDEATHSIG).
 
     The backstop for what the parent cannot do itself: a SIGTERM or SIGINT makes it kill our
-    process group (tuner/objective.py), a SIGKILL does not. Set here rather than in a Popen
+    process group (tuner/measure/trial_process.py), a SIGKILL does not. Set here rather than in a Popen
     preexec_fn, which is unsafe in the parent's threads (Optuna's heartbeat runs one); a parent
     that died before this call is caught by the getppid check.
     """

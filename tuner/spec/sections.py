@@ -1,4 +1,8 @@
-"""The sections of a TuningSpec besides workload and search space: objective (the SLO), cost, budget, early stop, sweep, screening."""
+"""The sections of a TuningSpec besides workload and search space.
+
+Objective (the SLO), cost, budget (trials, the confirmation round, declaration, how a trial is
+measured), early stop, sweep and screening. Rationale: docs/design/tuner-spec.md.
+"""
 
 from __future__ import annotations
 
@@ -60,7 +64,7 @@ class ObjectiveSpec(StrictModel):
 
 
 class Cost(StrictModel):
-    """The price the cost metrics are computed at (tuner/metrics.py: cost_metrics)."""
+    """The price the cost metrics are computed at (tuner/measure/metrics.py: cost_metrics)."""
 
     usd_per_hour: float = Field(
         gt=0,
@@ -69,42 +73,46 @@ class Cost(StrictModel):
 
 
 class Budget(StrictModel):
+    """How much a study measures: trials, the confirmation round and declaration, each trial's limits.
+
+    The winner is re-measured beside the default config before it is declared, because the best of
+    several noisy measurements is partly the luckiest (docs/design/tuner-spec.md, docs/design/confirmation.md).
+    """
+
     n_trials: int = Field(12, ge=1)
+    # The round re-measures the candidates on robustness_seed, between two measurements of the default,
+    # and judges the SLO again; 0: the best trial wins on its own measurement and is re-measured once, alone.
     confirm_top_k: int = Field(
         3,
         ge=0,
-        description="before declaring the winner, re-measure the best k feasible trials on a fresh "
-        "workload seed (robustness_seed) in one round, beside the default config measured first and last, and pick "
-        "the winner on those numbers (SLO judged again); 0 = off: the best trial wins on its own measurement and "
-        "is re-measured once, alone",
+        description="the best k feasible trials, re-measured together on robustness_seed to pick the winner; 0 = off",
     )
+    # Each further pass measures the winner and the candidates whose re-measured interval overlaps its own
+    # again, on the same seed, in reverse order; they are compared on their mean over the passes.
     confirm_passes: int = Field(
         3,
         ge=1,
         le=8,
-        description="the most passes of the confirmation round: after the first, while another "
-        "candidate that met the SLO has a re-measured interval overlapping the winner's, the winner and those "
-        "candidates are measured again on the same seed, in reverse order each pass, and compared on their mean "
-        "over the passes; 1 = one pass, whatever the overlap",
+        description="most passes of the confirmation round while a candidate's interval overlaps the winner's; 1 = one pass",
     )
+    # Seeds robustness_seed + 1, + 2, ..., winner and default one after the other on each; the declared
+    # numbers are the winner's median there (of two, their mean), beside the default's on the same seeds.
+    # The round's own numbers picked the winner, so they favour it.
     declare_repeats: int = Field(
         2,
         ge=0,
         le=8,
-        description="after the confirmation round, the winner and the default config measured on at "
-        "least this many fresh workload seeds (robustness_seed + 1, + 2, ...; more while declare_precision asks), one "
-        "after the other on each; the winner's declared numbers are its median there (of two, their mean), "
-        "compared with the default's on the same seeds. The round's own numbers picked the winner, so they favour "
-        "it (the best of several noisy measurements is partly the luckiest); 0 = declare the round's numbers",
+        description="at least this many fresh seeds measure the winner and the default for its declared numbers; "
+        "0 = declare the round's numbers",
     )
+    # The interval is Student's t over the winner's measurements: a quiet machine stops at
+    # declare_repeats, a noisy one measures more, up to declare_max_repeats.
     declare_precision: float | None = Field(
         0.10,
         gt=0,
         lt=1,
-        description="after declare_repeats, keep measuring the winner and the default on further "
-        "fresh seeds until the 95% interval of the winner's mean (Student's t over its measurements) is within +- "
-        "this fraction of it (a quiet machine stops at declare_repeats, a noisy one measures more), up to "
-        "declare_max_repeats; null = exactly declare_repeats",
+        description="measure further seeds until the winner's 95% interval is within +- this fraction of its mean; "
+        "null = exactly declare_repeats",
     )
     declare_max_repeats: int | None = Field(
         None,
@@ -121,18 +129,18 @@ class Budget(StrictModel):
         le=1024,
         description="CPU threads per trial process (OMP_NUM_THREADS); None = torch's default, one per core",
     )
+    # active spins, as `tune serve` runs (fastest on a dedicated machine); passive sleeps (robust on a
+    # shared CPU); auto picks passive when more than half the CPU is busy before the first trial.
     trial_omp_wait_policy: Literal["auto", "active", "passive"] = Field(
         "auto",
-        description="OpenMP idle threads of a trial: active (spin, as `tune serve` runs; fastest on a "
-        "dedicated machine) or passive (sleep; robust when the CPU is shared); auto = passive when more than "
-        "half the CPU is busy before the first trial",
+        description="OpenMP idle threads of a trial: active (spin), passive (sleep) or auto (passive on a busy CPU)",
     )
+    # served: the engine behind the OpenAI-compatible HTTP server, replayed over loopback by a client in its
+    # own process (the numbers `tune serve` delivers); in_process: replayed on the engine directly (faster
+    # trials without HTTP or client cost, so its numbers can be better than what serving delivers).
     measure: Literal["served", "in_process"] = Field(
         "served",
-        description="how a trial measures its config: served = as a client of `tune serve` sees it (the "
-        "engine behind the OpenAI-compatible HTTP server, the workload replayed over loopback by a client in its own "
-        "process: the numbers `tune serve` delivers); in_process = the workload replayed on the engine directly "
-        "(faster trials, no HTTP or client cost: its numbers can be better than what serving delivers)",
+        description="how a trial measures its config: served (as a client of `tune serve` sees it) or in_process",
     )
 
     @model_validator(mode="after")
@@ -159,8 +167,8 @@ class EarlyStop(StrictModel):
 
 
 class Sweep(StrictModel):
-    """The load sweep after a study (tuner/sweep.py): the winner, the default and the naive config
-    measured at rising load up to saturation; their latency-throughput curves and capacity in the report."""
+    """The load sweep after a study (tuner/sweep.py, tuner/measure/load_sweep.py): the winner, the default
+    and the naive config measured at rising load up to saturation; their curves and capacity in the report."""
 
     enabled: bool = Field(False, description="sweep after the study (each point a measurement: minutes)")
     steps: int = Field(6, ge=2, le=16, description="load points per config, at most")
@@ -168,18 +176,12 @@ class Sweep(StrictModel):
 
 
 class Screening(StrictModel):
-    """Multi-fidelity screening (tuner/screening.py decides, `ObjectiveSpec._screen` replays).
+    """Multi-fidelity screening (tuner/search/screening.py decides, `TrialObjective._screen` replays).
 
-    Every searched trial first replays the head of the workload (the same requests, same seed; a
-    share of them, at least `min_requests` and, closed loop, at least `concurrency`). Only a config
-    whose short-replay value is as good as the `percentile` of its peers' (the trials before it that
-    passed screening, were measured in full and met the SLO) goes on to the full replay and the
-    quality gates. A trial screened out holds its share of a slot of `budget.n_trials`, so the same
-    budget measures more configs; a trial starts while fewer than n_trials slots are held, so one
-    that passes last can take the study past n_trials by less than a slot. The default and naive
-    configs are measured in full, never screened. Single-objective studies with TPE or random
-    search only: Optuna prunes single-objective studies only, and the other samplers learn nothing
-    from pruned trials.
+    Every searched trial first replays the head of the workload; only a config whose short-replay
+    value is within the `percentile` of its peers' goes on to the full replay and the gates. A
+    screened-out trial holds its share of a `budget.n_trials` slot, so the same budget measures more
+    configs. Single-objective TPE or random studies only. Details: docs/design/tuner-spec.md.
     """
 
     enabled: bool = Field(False, description="screen each searched trial on a short replay first")

@@ -1,14 +1,11 @@
 """The SLO, in one place: metric keys, the limits, and the verdict.
 
 Everything that judges latency or throughput against a limit calls `judge`: the trial's Optuna
-constraints, the report, the MLflow tags, and the operator's canary. The spec's `Objective`
-and the CRD's `rollout.slo` name the same limits differently; `SLOLimits.from_objective` and
-`SLOLimits.from_crd` are the only translations.
-
-Violations are relative to each limit (0.5 = 50% over; <= 0 met), so one scale serves TTFT,
-TPOT and throughput alike, and they follow Optuna's convention for constraint values.
-Standard library only: the operator imports this without numpy or torch, and
-`tuner/metrics.py` builds on it (metric keys, the per-request check behind goodput).
+constraints, the report, the MLflow tags and the operator's canary. `SLOLimits.from_objective` and
+`SLOLimits.from_crd` are the only translations from the spec's `ObjectiveSpec` and the CRD's
+`rollout.slo`. Violations are relative to each limit (0.5 = 50% over; <= 0 met), one scale for TTFT,
+TPOT and throughput, as Optuna's constraint values. Standard library only, so the operator imports
+it without numpy or torch; tuner/measure/metrics.py builds on it.
 """
 
 from __future__ import annotations
@@ -22,7 +19,7 @@ from typing import Any, Protocol
 CONSTRAINT_KEYS = ("ttft", "tpot", "throughput", "early_stop", "quality_gates")
 SLO_KEYS = ("ttft", "tpot", "throughput")  # the constraints `judge` decides
 THROUGHPUT_KEY = "output_tokens_per_s"
-# The price metrics (tuner/metrics.py: cost_metrics): $ per 1M tokens -> the throughput they are priced at.
+# The price metrics (tuner/measure/metrics.py: cost_metrics): $ per 1M tokens -> the throughput they are priced at.
 COST_RATES = {"usd_per_1m_output_tokens": "output_tokens_per_s", "usd_per_1m_total_tokens": "total_tokens_per_s"}
 
 # The objective's metrics by kind (`ObjectiveSpec.metric`; a search space's `Start.metrics` names them too).
@@ -225,7 +222,7 @@ def judge(metrics: Mapping[str, float], limits: SLOLimits, *, require_measured: 
 
 
 class RequestTimes(Protocol):
-    """What the per-request check reads (tuner/metrics.py: RequestRecord)."""
+    """What the per-request check reads (tuner/measure/metrics.py: RequestRecord)."""
 
     ttft: float | None
     tpot: float | None

@@ -342,8 +342,8 @@ _DATETIME = re.compile(r"(\d{4}-\d\d-\d\d)[ T](\d\d):(\d\d):(\d\d)(?:\.(\d+))?\s
 
 
 def _datetime_s(text: str) -> float | None:
-    """Seconds since the epoch of `2023-11-16 18:15:46.6805900` (any number of fraction digits, optional
-    zone; none means UTC)."""
+    """Seconds since the epoch of `YYYY-MM-DD HH:MM:SS.fffffff`, the Azure trace's timestamps (any number
+    of fraction digits, optional zone; none means UTC)."""
     m = _DATETIME.fullmatch(text)
     if m is None:
         return None

@@ -1,21 +1,10 @@
-"""Request traces: what a server actually served, read from our own recording or a public trace format.
+"""Request traces: what a server actually served, from our own recording or a public trace format.
 
-A trace is a list of `TraceRequest`s (arrival time, prompt and output lengths, optionally the
-hash ids of the prompt's blocks), whatever file it came from. Four formats load:
-
-- `recorded`: our own recording, one JSON line per *finished* request (`RecordedRequest` below is
-  the one definition of a line); a directory of rotated `*.jsonl` files loads as one trace;
-- `mooncake`: Mooncake JSONL (`timestamp` in ms, `input_length`, `output_length`, `hash_ids`; one id
-  per block of `block_size` tokens, 512 by Mooncake's convention, the last, partial block included);
-- `azure`: Azure LLM inference trace CSV (`TIMESTAMP` datetime, `ContextTokens`, `GeneratedTokens`);
-- `burstgpt`: BurstGPT CSV (`Timestamp` seconds, `Model`, `Request tokens`, `Response tokens`,
-  `Total tokens`, `Log Type`; `Log Type` "Conversation log" marks chat requests, `Model` and
-  `Total tokens` are not used).
-
-Requests are always sorted by arrival (a recorder writes a line when a request *finishes*, so its
-lines are in finish order), then windowed, capped, re-based so that the first kept request arrives at
-0, and scaled. Hash ids let a replay rebuild prompts that share exactly the blocks the traced ones
-shared (`build_prompts`). Problems in a file are `SpecError`s naming the file, line and column.
+A trace is a list of `TraceRequest`s (arrival, prompt and output lengths, optionally the hash ids of
+the prompt's blocks), whatever file it came from: `recorded` (ours, `RecordedRequest` is one line),
+`mooncake`, `azure` or `burstgpt`. tuner/spec/trace_reader.py reads the files; hash ids let a replay
+rebuild prompts that share exactly the blocks the traced ones shared (tuner/workload/prompts.py).
+Each format's columns: docs/design/tuner-spec.md.
 """
 
 from __future__ import annotations
@@ -31,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 TraceFormat = Literal["recorded", "mooncake", "azure", "burstgpt"]
 FinishReason = Literal["stop", "length", "abort", "rejected"]  # the engine's (engine/outputs.py)
 MOONCAKE_BLOCK_SIZE = 512  # tokens per hash id in Mooncake's published traces
-MAX_TOKENS_PER_REQUEST = 2**24  # the bound WorkloadSpec puts on lengths (workload.MAX_LEN)
+MAX_TOKENS_PER_REQUEST = 2**24  # the bound WorkloadSpec puts on lengths (workload_spec.MAX_LEN)
 _HASH_BYTES = 8  # ids are 63-bit non-negative ints: exact in JSON, int64 and numpy
 
 
@@ -152,15 +141,3 @@ class TraceSource(BaseModel):
         if self.window is not None and not 0 <= self.window[0] < self.window[1]:
             raise ValueError(f"window: need 0 <= start_s < end_s, got {list(self.window)}")
         return self
-
-
-# --- rebuilding prompts ------------------------------------------------------------------------
-
-
-# --- readers ---------------------------------------------------------------------------------------
-
-
-# --- values ----------------------------------------------------------------------------------------
-
-
-# --- selection -------------------------------------------------------------------------------------

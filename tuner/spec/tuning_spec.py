@@ -1,17 +1,10 @@
 """TuningSpec: the one YAML file a user writes (model, workload, SLO objective, gates, space, budget).
 
-Validated and resolved once, at load; every problem is reported as `field.path: message`, unknown
-keys are errors, NaN and inf are refused, and the file is read by `tuner.errors.load_yaml` (plain
-YAML: no tags, no duplicate keys, bounded alias expansion). References are resolved in the same pass:
-`workload` becomes a WorkloadSpec, `search_space` a SearchSpace, `quality_gates` GateSpecs (a
-built-in name, a file or the mapping itself), so the rest of the code gets objects, never names.
-`engine` stays the user's overrides (checked as an EngineConfig); `base_config()` merges them.
-
-Paths in a spec (model, workload, search_space, workload.trace or workload.trace.path, output_dir,
-a sqlite storage or MLflow URL, speculative.draft_model) are relative to the spec file's folder:
-`from_yaml` resolves them while validating, so the spec means the same from any working directory.
-`preflight` then checks what needs the file system or the model: the model and its context
-length, the trace rows, and that the output and storage locations can be written.
+Validated and resolved once, at load (tuner/spec/yaml_reader.py reads the file): every problem is
+reported as `field.path: message`, and `workload`, `search_space` and `quality_gates` become objects,
+whatever the user wrote (a built-in name, a file or the mapping), so the rest of the code never sees
+names. Relative paths resolve against the spec file's folder, so a spec means the same from any
+working directory. Checks that need the file system or the model: tuner/spec/preflight.py.
 """
 
 from __future__ import annotations
@@ -359,6 +352,3 @@ def _task_metrics(task: str) -> list[str]:
     tmpl = tasks_data_dir() / task.removeprefix("slotune_") / "task.yaml.tmpl"
     data = parse_yaml(tmpl.read_text(), str(tmpl))
     return [m["metric"] for m in data.get("metric_list") or []]
-
-
-# --- preflight: what needs the file system or the model --------------------------------------------

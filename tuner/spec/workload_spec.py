@@ -1,29 +1,10 @@
 """Workloads as data: arrivals, prompt/output length distributions, shared prefixes; seeded.
 
-A `WorkloadSpec` expands into a reproducible stream of `BenchRequest`s: the same spec and seed
-give the same token ids, arrival offsets and output lengths on any machine. Each request draws
-its values from one generator per stream in a fixed order, so request i does not depend on how
-many requests follow it, and warm-up requests (a separate stream) never shift the measured ones.
-
-Or a workload replays a recorded trace (`trace: {path: ...}`, tuner/traces.py): the traced
-arrival times (open loop), prompt and output lengths, and prompts rebuilt from the trace's block
-hash ids so that requests share exactly the prefixes the traced ones shared.
-
-Lengths are stratified by default (`length_sampling`): each block of 8 requests takes one length
-from each eighth of the distribution, in a random order, so that a seed changes which requests are
-long but hardly the workload's total tokens. Independent draws of example 02's 24 lognormal
-(sigma 0.6) output lengths vary the total by 11.7% (coefficient of variation over 300 seeds), and
-with it every throughput a trial measures; stratified, by 2.6% (bench/workload/seed_spread.py).
-
-Open-loop gaps are stratified the same way (`arrival_sampling`): each block of 8 gaps takes one
-from each eighth of the exponential (Poisson) or gamma distribution, so every gap keeps the
-distribution asked for, bursts included, while a seed moves the replay's mean rate much less.
-Independent gaps make example 06's 24 Poisson arrivals span 11.6 s +- 21% (coefficient of
-variation over 300 seeds), and its queueing-bound TTFT moves with the span; stratified, +- 8%
-(bench/workload/seed_spread.py).
-
-Prompts are windows of real English text (`workloads/corpus.txt`, see `workloads/SOURCES.md`),
-so the tokenizer, prefix cache and n-gram speculation see realistic token statistics.
+A `WorkloadSpec` expands (tuner/workload/requests.py) into a reproducible stream of requests: the
+same spec and seed give the same token ids, arrivals and output lengths on any machine. Or it
+replays a recorded trace (`trace: {path: ...}`, tuner/spec/traces.py). Lengths and open-loop gaps
+are stratified by default, so a seed changes which requests are long or bursty but hardly the
+workload's total tokens or mean rate. Measurements: docs/design/tuner-workload.md.
 """
 
 from __future__ import annotations
@@ -118,22 +99,11 @@ _TRACE_DECIDES = {
 class WorkloadSpec(StrictModel):
     """What traffic a benchmark or trial replays.
 
-    Arrivals: `closed_loop` keeps `concurrency` requests in flight; open loop sends each request at
-    its arrival time whatever is in flight: `poisson` (exponential gaps at `rate`), `fixed_rate`,
-    `gamma` (gamma gaps with shape `burstiness` and mean 1/rate: coefficient of variation
-    1/sqrt(burstiness), so burstiness 1 is Poisson, below 1 burstier, above 1 more even; as vLLM's
-    `--burstiness`), or `trace` (the arrival times of `trace: {path: ...}`).
-
-    Stop rule: `num_requests`, `duration_s`, or both (whichever comes first). Open loop stops
-    generating arrivals after `duration_s`; closed loop stops issuing new requests once
-    `duration_s` has passed and lets the in-flight ones finish. A trace replay sends every request
-    of the trace (after `trace.window` and `trace.max_requests`).
-
-    `trace` as a string is a lengths file (JSONL, one {prompt | prompt_len, output_len} per line,
-    cycled) that replaces prompt_len/output_len under any arrivals; as a mapping (`TraceSource`) it
-    is a recorded, Mooncake, Azure or BurstGPT trace replayed whole: arrivals, lengths and prefix
-    sharing all come from it, so prompt_len, output_len, shared_prefix, rate, duration_s and
-    num_requests are refused beside it.
+    Arrivals: `closed_loop` keeps `concurrency` requests in flight; open loop (`poisson`,
+    `fixed_rate`, `gamma` as vLLM's `--burstiness`, `trace`) sends each request at its arrival time.
+    Stop rule: `num_requests`, `duration_s`, or whichever comes first. `trace` as a string is a
+    lengths file; as a mapping (`TraceSource`) a trace replayed whole, so the fields it decides are
+    refused beside it. Each rule in full: docs/design/tuner-workload.md.
     """
 
     name: str = "custom"
@@ -162,26 +132,26 @@ class WorkloadSpec(StrictModel):
     warmup_requests: int = Field(1, ge=0, description="run first, excluded from metrics")
     prompt_len: Length = Field(default_factory=lambda: Fixed(value=64), discriminator="kind")
     output_len: Length = Field(default_factory=lambda: Fixed(value=32), discriminator="kind")
+    # Stratified (in a random order within each block), seeds differ in which requests are long, hardly in
+    # total tokens, and so hardly in the throughput a trial measures.
     length_sampling: Literal["stratified", "independent"] = Field(
         "stratified",
-        description=f"stratified: each block of {STRATUM_BLOCK} requests draws one prompt and one "
-        f"output length from each 1/{STRATUM_BLOCK} of its distribution (in a random "
-        "order), so seeds differ in which requests are long, hardly in total tokens; "
-        "independent: every length drawn on its own",
+        description=f"stratified: each block of {STRATUM_BLOCK} requests takes one length from each 1/{STRATUM_BLOCK} "
+        "of the distribution; independent: every length drawn on its own",
     )
+    # Stratified, every gap keeps the distribution asked for, bursts included, while seeds differ less
+    # in the replay's mean rate (and so in a queueing-bound TTFT).
     arrival_sampling: Literal["stratified", "independent"] = Field(
         "stratified",
-        description=f"poisson and gamma arrivals; stratified: each block of {STRATUM_BLOCK} gaps draws "
-        f"one from each 1/{STRATUM_BLOCK} of the gaps' distribution (in a random order), "
-        "so every gap keeps that distribution while seeds differ less in the replay's "
-        "mean rate (24 Poisson arrivals span +-8% from seed to seed, independent +-21%); "
-        "independent: every gap drawn on its own",
+        description=f"poisson and gamma gaps; stratified: each block of {STRATUM_BLOCK} takes one from each "
+        f"1/{STRATUM_BLOCK} of the distribution; independent: each drawn on its own",
     )
+    # A lengths file has one {prompt | prompt_len, output_len} per line, cycled if shorter, under any
+    # arrivals; a mapping {path, format, block_size, time_scale, window, max_requests} is a TraceSource.
     trace: str | TraceSource | None = Field(
         None,
-        description="a lengths file (JSONL: one {prompt | prompt_len, output_len} per line; replaces "
-        "prompt_len/output_len, cycled if shorter), or a mapping {path, format, block_size, "
-        "time_scale, window, max_requests}: a recorded/Mooncake/Azure/BurstGPT trace to replay",
+        description="a lengths file (JSONL, replaces prompt_len/output_len), or a mapping {path, ...}: "
+        "a recorded/Mooncake/Azure/BurstGPT trace to replay",
     )
     shared_prefix: SharedPrefix | None = None
     seed: int = Field(0, ge=0, le=MAX_SEED)

@@ -1,21 +1,8 @@
 """What a trace looks like (`summarize`), and a WorkloadSpec that looks like it (`fit`).
 
-Definitions, used for a source trace and for requests generated from a fitted spec alike:
-- mean rate: (n - 1) / (last arrival - first arrival), i.e. 1 / mean inter-arrival gap, the
-  estimate of a Poisson rate;
-- peak rate over W seconds (W = 1 and 10): the most arrivals in any window [t_i, t_i + W) that
-  starts at an arrival, divided by W (a trace shorter than W still divides by W);
-- burstiness: coefficient of variation (population std / mean) of the inter-arrival gaps; Poisson
-  arrivals give 1, evenly spaced ones 0, bursts more than 1;
-- peak concurrency: the most requests in flight at once, each in flight over [arrival, arrival +
-  service). Service time is the measured arrival -> last token (`e2e_s`) when *every* request has one
-  (recordings with `finish`), else an estimate for all: prompt / prefill_tokens_per_s + output x tpot_s
-  (`concurrency_source` says which); a few measured times mixed with estimates would mean neither;
-- cacheable share: of the prompt tokens of requests that carry hash ids, the fraction in blocks whose
-  id appeared in an earlier request (a prefix cache that never evicts could serve them). None when no
-  request carries hash ids;
-- cached share (recordings): of all prompt tokens, the fraction the server's prefix cache did serve;
-  below the cacheable share by what eviction (or a finer block size) cost.
+The same definitions (rates, burstiness, peak concurrency, cacheable share) serve a source trace and
+the requests generated from a fitted spec, so the two can be compared line by line (`tune workload
+fit`). Each definition in full: docs/design/tuner-workload.md.
 """
 
 from __future__ import annotations
@@ -51,7 +38,7 @@ class LengthStats(BaseModel):
 
 
 class TraceSummary(BaseModel):
-    """A trace in a few numbers (the module docstring defines each)."""
+    """A trace in a few numbers (each defined in docs/design/tuner-workload.md)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -59,13 +46,13 @@ class TraceSummary(BaseModel):
     duration_s: float  # first to last arrival
     prompt_tokens: LengthStats
     output_tokens: LengthStats
-    mean_rate: float | None  # requests/s; None with fewer than two distinct arrival times
-    peak_rate_1s: float
+    mean_rate: float | None  # requests/s, 1 / mean gap; None with fewer than two distinct arrival times
+    peak_rate_1s: float  # most arrivals in any [t_i, t_i + 1 s), per second
     peak_rate_10s: float
-    interarrival_cv: float | None
-    peak_concurrency: int
-    concurrency_source: Literal["measured", "estimated"]
-    cacheable_share: float | None
+    interarrival_cv: float | None  # burstiness: std / mean of the gaps (Poisson 1, even 0)
+    peak_concurrency: int  # most requests in flight, each over [arrival, arrival + service time)
+    concurrency_source: Literal["measured", "estimated"]  # service times: every e2e_s, or all estimated
+    cacheable_share: float | None  # of hashed prompt tokens, those in blocks an earlier request had
     cached_share: float | None  # of prompt tokens, what the server's prefix cache did serve (recordings only)
     block_size: int | None
     chat_share: float | None  # of requests whose format says; None when none does
@@ -124,7 +111,7 @@ def requests_to_trace(requests: Sequence[BenchRequest], *, block_size: int, sour
     """The measured requests of a generated workload as a Trace, hash ids from their token ids.
 
     Args:
-        requests: from workload.generate_requests (warm-up requests are left out).
+        requests: from tuner/workload/requests.py: generate_requests (warm-up requests are left out).
         block_size: tokens per hash id; use the source trace's, to compare cacheable shares.
     """
     reqs = [
@@ -156,11 +143,9 @@ def fit(
     - arrivals: Poisson at the mean rate; when the inter-arrival CV is far from 1 (beyond
       POISSON_CV_TOLERANCE), gamma gaps at the mean rate with burstiness 1/CV^2 (the same CV); near 0
       (below EVEN_CV), a fixed rate;
-    - shared prefix: one prefix, the whole number of blocks nearest the mean cacheable part of the
-      requests that have one, on the fraction of requests that keeps the mean cacheable tokens per
-      request (at most all); the rest of each prompt (past its cacheable part) is fitted as the lengths
-      above, so the mean prompt and the cacheable share carry over (up to the prefix's rounding). A
-      trace with several distinct prefixes becomes one: WorkloadSpec has one shared prefix;
+    - shared prefix: one prefix of whole blocks on a fraction of requests, keeping the mean cacheable
+      tokens per request; the rest of each prompt is fitted as the lengths above (the rule in full:
+      docs/design/tuner-workload.md);
     - mode 'completion': traced prompt lengths already include any chat template.
 
     Args:

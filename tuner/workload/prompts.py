@@ -24,10 +24,10 @@ def iter_prompts(trace: Trace, corpus_ids: Sequence[int], *, seed: int = 0, stre
 
     Args:
         trace: from `load_trace`.
-        corpus_ids: the token ids to draw from (workload.corpus_token_ids(tokenizer)).
+        corpus_ids: the token ids to draw from (requests.corpus_token_ids(tokenizer)).
         seed: another seed gives other tokens with the same sharing.
         stream: another stream gives other fresh parts with the same seed (warm-up requests use
-            stream 1, as in workload.py, so that they never cache a measured request's tokens).
+            stream 1, as in requests.py, so that they never cache a measured request's tokens).
     Yields:
         One list of `prompt_tokens` ids per request, in the trace's order.
     """
