@@ -332,7 +332,7 @@ class LLMEngine:
 
     def start_stats_window(self) -> None:
         """Start a measured run: `stats().window_peak_blocks` counts from here. The cumulative
-        counters are read as differences of two `stats()` snapshots (tuner/metrics.py:
+        counters are read as differences of two `stats()` snapshots (tuner/measure/metrics.py:
         engine_stats_delta), so nothing else is reset."""
         self.block_manager.start_peak_window()
 

@@ -139,7 +139,7 @@ def builtin_gates_path() -> Path:
 def load_gates(path: Path | None) -> list[GateSpec]:
     """A gates YAML: a list of gates, or a mapping with `quality_gates:` (a tuning spec works too).
 
-    Read by the one plain-YAML reader (tuner/errors.py). Raises MissingFileError, or SpecError naming
+    Read by the one plain-YAML reader (tuner/spec/yaml_reader.py). Raises MissingFileError, or SpecError naming
     the file and each bad gate's field (`quality_gates[1].margin: ...`).
     """
     path = Path(path) if path else builtin_gates_path()

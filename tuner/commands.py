@@ -12,10 +12,10 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 from slotune.engine.config import EngineConfig
-from slotune.tuner.measure.in_process_replay import DEFAULT_WORKLOAD, load_tokenizer, run_benchmark
+from slotune.tuner.measure.in_process_replay import DEFAULT_WORKLOAD, load_tokenizer, run_in_process_replay
 from slotune.tuner.measure.intervals import bootstrap_intervals
 from slotune.tuner.measure.load_sweep import SweepResult, run_sweep
-from slotune.tuner.measure.metrics import CI_PERCENTILES, BenchResult, cost_metrics
+from slotune.tuner.measure.metrics import CI_PERCENTILES, ReplayResult, cost_metrics
 from slotune.tuner.measure.trial_process import trials_die_with_this_process
 from slotune.tuner.report.markdown import write_atomic
 from slotune.tuner.report.sweep_figures import capacity_line, point_line, points_table, render_page, report_sections
@@ -77,7 +77,7 @@ def validate_command(spec: Path) -> TuningSpec:
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:
     """`key=value` items -> {dotted.key: value}, values parsed as plain YAML (8 -> int, true -> bool) by the
-    one YAML reader (tuner/errors.py: no tags; a problem names `--set KEY`)."""
+    one YAML reader (tuner/spec/yaml_reader.py: no tags; a problem names `--set KEY`)."""
     out: dict[str, Any] = {}
     for item in items:
         k, sep, v = item.partition("=")
@@ -102,11 +102,11 @@ def bench_command(
     api: str | None = None,
     tokenizer: str | None = None,
     usd_per_hour: float | None = None,
-) -> BenchResult:
+) -> ReplayResult:
     """`tune bench`: load config (+ overrides) and workload, replay, print tables, write JSON.
 
     With `url`, no engine is built: the workload is replayed against that OpenAI-compatible
-    server (tuner/http_bench.py), its prompts made with the tokenizer of `tokenizer` (a model
+    server (tuner/measure/http_replay.py), its prompts made with the tokenizer of `tokenizer` (a model
     reference), else of CONFIG's model, else of the default model. The metrics carry their 95%
     intervals (`metrics.bootstrap_intervals`) and, with `usd_per_hour` (the server's price per
     hour), the cost per 1M output and total tokens (`metrics.cost_metrics`).
@@ -134,16 +134,16 @@ def bench_command(
             status.update(f"replaying {wl.name}{where}: {done}/{n if n else '?'} requests")
 
         if url is None:
-            res = run_benchmark(
+            res = run_in_process_replay(
                 cfg, wl, seed=seed, ttft_limit_s=ttft_limit_s, tpot_limit_s=tpot_limit_s, on_progress=progress
             )
         else:
             # Imported here: aiohttp is only needed with --url.
-            from slotune.tuner.measure.http_replay import run_http_benchmark
+            from slotune.tuner.measure.http_replay import run_http_replay
 
             status.update(f"loading the tokenizer of {tokenizer or cfg.model}")
             tok = load_tokenizer(tokenizer or cfg.model)
-            res = run_http_benchmark(
+            res = run_http_replay(
                 url,
                 wl,
                 tokenizer=tok,

@@ -21,12 +21,14 @@ from slotune.tuner.measure.trial_process import (
     omp_wait_policy,
     trials_die_with_this_process,
 )
+from slotune.tuner.measure.measurement import Measurement
 from slotune.tuner.measure.units import seeds_words
 from slotune.tuner.report.confirmation import confirmation_section
 from slotune.tuner.report.markdown import write_atomic, write_report
 from slotune.tuner.report.progress import Progress
 from slotune.tuner.search.budget import TrialBudget
 from slotune.tuner.search.objective import TrialObjective
+from slotune.tuner.search.records import store_side_measurement, store_winner
 from slotune.tuner.search.references import (
     reference_configs,
     reference_metrics,
@@ -37,7 +39,6 @@ from slotune.tuner.search.starts import StartRepairs, enqueue_reference_trials
 from slotune.tuner.search.study import (
     HEARTBEAT_GRACE_S,
     HEARTBEAT_INTERVAL_S,
-    WINNER_ATTR,
     FailedTrialCallback,
     fail_orphaned_trials,
     open_study,
@@ -197,7 +198,7 @@ def wait_for_running_trials(
 def finalize(
     spec: TuningSpec, study, tracker=None, prog=None, runner: tuple[str, ...] = DEFAULT_TRIAL_RUNNER
 ) -> dict[str, Any] | None:
-    """Confirm the best trials on a fresh workload seed (tuner/confirm.py), declare the winner on
+    """Confirm the best trials on a fresh workload seed (tuner/decide/confirm.py), declare the winner on
     those numbers, write best.yaml, best_metrics.json and the report."""
     out = spec.resolved_output_dir()
     say = prog.say if prog is not None else print
@@ -217,9 +218,9 @@ def finalize(
     best = next(t for t in trials if t.number == confirmation.winner)
     if spec.budget.declare_repeats:
         confirmation = confirmation.with_declaration(run_declaration(spec, study, best, runner=runner, say=say))
-    study.set_user_attr(WINNER_ATTR, best.number)  # the declared winner, for later studies' warm starts
+    store_winner(study, best.number)  # the declared winner, for later studies' warm starts
     remeasure = confirmation.remeasure()
-    config = EngineConfig.model_validate(best.user_attrs["config"])
+    config = EngineConfig.model_validate(best.config)
     obj = spec.objective
     how = ("confirmed" if confirmation.is_confirmed else "unconfirmed") + (
         f" among the best {len(trials)} re-measured" if confirmation.is_round else ""
@@ -239,15 +240,15 @@ def finalize(
         "objective": obj.metric_key(),
         "direction": obj.direction(),
         "value": best.values[0],
-        "metrics": best.user_attrs["metrics"],
-        "remeasured": remeasure,
+        "metrics": best.metrics.to_dict(),
+        "remeasured": _stored(remeasure),
         "confirmed": confirmation.is_confirmed,
         "best_by_trial": confirmation.best_by_trial,
         "confirm": confirmation.to_json(),
         "declared": list(confirmation.declared),
         "params": best.params,
-        "machine": best.user_attrs.get("machine"),
-        "references": reference_metrics(study),
+        "machine": best.machine,
+        "references": _stored(reference_metrics(study)),
         "mlflow_run_id": tracker.parent_run_id if tracker is not None else None,
     }
     write_atomic(out / "best_metrics.json", json.dumps(summary, indent=1))
@@ -265,10 +266,15 @@ def finalize(
     if tracker is not None:
         tracker.log_study_end(best, config, report, out, confirmation=confirmation)
     if prog is not None:
-        prog.summary(best, remeasure, summary["references"], out)
+        prog.summary(best, remeasure, reference_metrics(study), out)
     if tracker is not None:
         say(tracker.ui_hint())
     return summary
+
+
+def _stored(d: dict[str, Any]) -> dict[str, Any]:
+    """`d` with its Measurements in their stored form (best_metrics.json)."""
+    return {k: v.to_dict() if isinstance(v, Measurement) else v for k, v in d.items()}
 
 
 def _fmt_metric(remeasure: dict, key: str) -> str:
@@ -285,8 +291,10 @@ def _measure_references_if_missing(spec: TuningSpec, study, runner: tuple[str, .
             continue
         try:
             r = measure(spec, cfg, early_stop=False, runner=runner)
-            study.set_user_attr(
-                tag, {"metrics": r["metrics"], "latencies": r.get("latencies"), "config": cfg.model_dump(mode="json")}
+            store_side_measurement(
+                study,
+                tag,
+                {"metrics": r.metrics.to_dict(), "latencies": r.latencies, "config": cfg.model_dump(mode="json")},
             )
         except TrialFailure as exc:
-            study.set_user_attr(tag, {"error": exc.reason})
+            store_side_measurement(study, tag, {"error": exc.reason})

@@ -13,6 +13,7 @@ from slotune.tuner.measure.trial_process import DEFAULT_TRIAL_RUNNER
 from slotune.tuner.report.facts import ReportSection
 from slotune.tuner.report.markdown import write_atomic
 from slotune.tuner.report.sweep_figures import point_line, report_sections
+from slotune.tuner.search.records import TrialRecord, store_sweep, stored_sweep
 from slotune.tuner.search.references import reference_configs
 from slotune.tuner.spec.slo import SLOLimits
 
@@ -33,10 +34,10 @@ def sweep_after_study(
     """
     if not spec.sweep.enabled or best is None:
         return []
-    key = f"sweep_{best.number}"
-    doc = study.user_attrs.get(key)
+    best = TrialRecord.of(best)
+    doc = stored_sweep(study, best.number)
     if doc is None:
-        winner = EngineConfig.model_validate(best.user_attrs["config"])
+        winner = EngineConfig.model_validate(best.config)
         refs = reference_configs(spec.base_config())
         same = [tag for tag, cfg in refs if cfg == winner]
         configs = [(f"winner (= {same[0]})" if same else "winner", winner)] + [(t, c) for t, c in refs if c != winner]
@@ -62,7 +63,7 @@ def sweep_after_study(
                     LoadCurve(tag, load_kind(spec.workload), cfg.model_dump(mode="json"), (), f"could not sweep: {exc}")
                 )
         doc = SweepResult(spec.workload.name, limits, tuple(curves), spec.peak_rps).to_dict()
-        study.set_user_attr(key, doc)
+        store_sweep(study, best.number, doc)
     result = SweepResult.from_dict(doc)
     write_json(result, spec.resolved_output_dir() / "sweep.json")
     return report_sections(result)

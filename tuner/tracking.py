@@ -16,10 +16,10 @@ from typing import Any
 
 import yaml
 from slotune.tuner.measure.reasons import infeasible_reasons
+from slotune.tuner.search.records import TrialRecord, store_parent_run, stored_parent_run
 from slotune.tuner.search.references import trial_label
 from slotune.tuner.spec.slo import SLOLimits, judge
 
-PARENT_ATTR = "mlflow_parent_run_id"
 # MLflow 3 opens an experiment on the view its kind names; without the tag it guesses, and a
 # study's experiment (runs with params and metrics, no traces) may open on the GenAI traces
 # overview. "custom_model_development" opens the runs table. (The tag and its values are
@@ -57,7 +57,7 @@ class MLflowTracker:
         with _local_store_lock(uri):
             self.client = _retry(mlflow.tracking.MlflowClient)  # creates (and migrates) the store
             self.experiment_id = _retry(self._experiment)
-            parent = study.user_attrs.get(PARENT_ATTR)
+            parent = stored_parent_run(study)
             if parent is None:
                 run = self.client.create_run(
                     self.experiment_id,
@@ -65,7 +65,7 @@ class MLflowTracker:
                     tags={"slotune.study": spec.name, "slotune.role": "study"},
                 )
                 parent = self._own_parent = run.info.run_id
-                study.set_user_attr(PARENT_ATTR, parent)
+                store_parent_run(study, parent)
                 self.client.log_param(parent, "objective", spec.objective.metric_key())
                 self.client.log_param(parent, "sampler", spec.sampler)
                 self.client.log_param(parent, "search_space", spec.search_space.name)
@@ -103,7 +103,7 @@ class MLflowTracker:
         """The study's parent run: the one stored in the study (another process starting the
         same study at once may have stored its own last; a parent of ours that lost is deleted
         while still empty)."""
-        stored = self.study.user_attrs.get(PARENT_ATTR)
+        stored = stored_parent_run(self.study)
         if stored and stored != self._parent:
             lost, self._parent = self._own_parent, stored
             self._own_parent = None
@@ -122,8 +122,8 @@ class MLflowTracker:
             warnings.warn(f"MLflow logging of trial {trial.number} failed: {type(exc).__name__}: {exc}", stacklevel=1)
 
     def log_trial(self, trial) -> None:
-        """One child run: params, metrics (with their intervals, `<key>_ci_low`/`_ci_high`, and with
-        a price the cost per 1M tokens), SLO/gate tags, failure reason, config + histogram."""
+        """One child run: params, metrics (in their stored form, intervals included: `Measurement.to_dict`;
+        with a price the cost per 1M tokens), SLO/gate tags, failure reason, config + histogram."""
         c = self.client
         tags = {
             "mlflow.parentRunId": self.parent_run_id,
@@ -135,51 +135,51 @@ class MLflowTracker:
         rid = run.info.run_id
         for k, v in trial.params.items():
             c.log_param(rid, k, v)
-        ua = trial.user_attrs
-        for k, v in (ua.get("metrics") or {}).items():
+        r = TrialRecord.of(trial)
+        for k, v in (r.metrics.to_dict() if r.metrics is not None else {}).items():
             if _loggable(v):
                 c.log_metric(rid, k, float(v))
-        for k, v in (ua.get("violations") or {}).items():
+        for k, v in (r.violations or {}).items():
             c.log_metric(rid, f"violation_{k}", float(v))
-        screen = ua.get("screen")  # the short replay's objective value (screening)
+        screen = r.screen  # the short replay's objective value (screening)
         if screen and _loggable(screen.get("value")):
             c.log_metric(rid, f"screen_{self.spec.objective.metric_key()}", float(screen["value"]))
-        c.set_tag(rid, "slotune.feasible", str(ua.get("feasible")))
-        if not ua.get("feasible"):  # the same words as the report's trials table
-            why = infeasible_reasons(ua, SLOLimits.from_objective(self.spec.objective), self.spec.quality_gates)
+        c.set_tag(rid, "slotune.feasible", str(r.feasible))
+        if not r.feasible:  # the same words as the report's trials table
+            why = infeasible_reasons(r, SLOLimits.from_objective(self.spec.objective), self.spec.quality_gates)
             if trial.state.name == "PRUNED" and not why:
                 why = ["pruned"]
             if why:
                 c.set_tag(rid, "slotune.infeasible_reason", "; ".join(why)[:MAX_TAG_CHARS])
-        if ua.get("violations") is not None:
-            slo = judge(ua.get("metrics") or {}, SLOLimits.from_objective(self.spec.objective))
-            early = ua["violations"].get("early_stop", 0) > 0  # judged on the first requests only
+        if r.violations is not None:
+            slo = judge(r.metrics or {}, SLOLimits.from_objective(self.spec.objective))
+            early = r.violations.get("early_stop", 0) > 0  # judged on the first requests only
             c.set_tag(rid, "slotune.slo_pass", str(slo.passed and not early))
             if not slo.passed or early:
                 c.set_tag(rid, "slotune.slo_reasons", "; ".join((["stopped early"] if early else []) + slo.reasons))
-        c.set_tag(rid, "slotune.early_stopped", str(bool(ua.get("early_stopped"))))
-        if ua.get("screened_out"):  # its metrics are the short replay's (screening)
+        c.set_tag(rid, "slotune.early_stopped", str(bool(r.early_stopped)))
+        if r.screened_out:  # its metrics are the short replay's (screening)
             c.set_tag(rid, "slotune.screened_out", "True")
-        if trial_label(ua):  # default, naive, a start's name, "repeat of N"
-            c.set_tag(rid, "slotune.tag", trial_label(ua))
-        if ua.get("measure"):
-            c.set_tag(rid, "slotune.measure", ua["measure"])
-        if ua.get("machine"):
-            c.set_tag(rid, "slotune.machine", ua["machine"])
-        if ua.get("fail_reason"):
-            c.set_tag(rid, "slotune.fail_reason", ua["fail_reason"][:MAX_TAG_CHARS])
-        gates = ua.get("gates")
+        if trial_label(r):  # default, naive, a start's name, "repeat of N"
+            c.set_tag(rid, "slotune.tag", trial_label(r))
+        if r.measure:
+            c.set_tag(rid, "slotune.measure", r.measure)
+        if r.machine:
+            c.set_tag(rid, "slotune.machine", r.machine)
+        if r.fail_reason:
+            c.set_tag(rid, "slotune.fail_reason", r.fail_reason[:MAX_TAG_CHARS])
+        gates = r.gates
         if gates:
             c.set_tag(rid, "slotune.gates_pass", str(gates.get("passed")))
             for g in gates.get("gates", []):
                 if g.get("candidate") is not None:
                     c.log_metric(rid, f"gate_{g['name']}", float(g["candidate"]))
         with tempfile.TemporaryDirectory() as d:
-            if ua.get("config"):
-                (Path(d) / "config.yaml").write_text(yaml.safe_dump(ua["config"], sort_keys=False))
+            if r.config:
+                (Path(d) / "config.yaml").write_text(yaml.safe_dump(r.config, sort_keys=False))
             if gates:
                 (Path(d) / "gates.json").write_text(json.dumps(gates, indent=1))
-            lat = ua.get("latencies")
+            lat = r.latencies
             if lat:
                 _histogram(lat, Path(d) / "latency_histogram.png")
             if any(Path(d).iterdir()):
@@ -200,7 +200,7 @@ class MLflowTracker:
     def log_study_end(self, best, config, report_paths: dict[str, Path], out: Path, *, confirmation=None) -> None:
         """Parent run: the winner's metrics and config (best.yaml, best_metrics.json), the report
         (report.md, report.html: self-contained, so it opens in MLflow's artifact view), and with a
-        `confirmation` (tuner/confirm.py) whether the winner held on re-measurement, which trial
+        `confirmation` (tuner/decide/confirm.py) whether the winner held on re-measurement, which trial
         was best on its own, and the declared value of the objective (`declared_<metric>`), with its
         95% half-width as a fraction of it (`declared_half_width`), the number of declaration seeds
         (tag `slotune.declared_seeds`), those on which the winner missed the SLO (tag
@@ -224,7 +224,8 @@ class MLflowTracker:
             c.set_tag(rid, "slotune.within_noise_of_winner", ",".join(str(m.trial) for m in confirmation.rivals()))
         if best is not None:
             c.set_tag(rid, "slotune.best_trial", str(best.number))
-            for k, v in best.user_attrs.get("metrics", {}).items():
+            metrics = TrialRecord.of(best).metrics
+            for k, v in (metrics.to_dict() if metrics is not None else {}).items():
                 if _loggable(v):
                     c.log_metric(rid, f"best_{k}", float(v))
             for k, v in best.params.items():

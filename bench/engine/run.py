@@ -1,7 +1,7 @@
 """Engine benchmarks on CPU, side by side in one run (medians of interleaved repeats).
 
 (a) continuous vs static batching (EngineConfig.scheduling) on the mixed-length built-in
-    workload `batch-mixed`, replayed with `run_benchmark`: ratio of output tokens/s.
+    workload `batch-mixed`, replayed with `run_in_process_replay`: ratio of output tokens/s.
 (b) our engine vs transformers `generate` on the same GGUF weights, both float32:
     batch 1 (one request) and 16 concurrent requests. Ours: 16 requests submitted at once to
     the continuous-batching engine. transformers: one batched `generate` call on the same 16
@@ -35,7 +35,7 @@ import torch
 from slotune.engine import LLM, EngineConfig, SamplingParams
 from slotune.engine.llm_engine import LLMEngine
 from slotune.engine.loader import resolve_model_path
-from slotune.tuner.measure.in_process_replay import run_benchmark
+from slotune.tuner.measure.in_process_replay import run_in_process_replay
 from slotune.tuner.spec.workload_spec import WorkloadSpec
 from slotune.tuner.workload.requests import generate_requests
 
@@ -106,7 +106,7 @@ def bench_batching(llm: LLM, repeats: int) -> dict:
     for i in range(repeats):
         order = (("continuous", llm), ("static", static)) if i % 2 == 0 else (("static", static), ("continuous", llm))
         for name, target in order:
-            m = run_benchmark(target.config, wl, llm=target).metrics
+            m = run_in_process_replay(target.config, wl, llm=target).metrics
             runs[name].append(m)
             print(f"  (a) {name}: {m['output_tokens_per_s']:.1f} tok/s, ttft p50 {m['ttft_p50']:.2f} s", flush=True)
     out = {

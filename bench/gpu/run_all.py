@@ -356,7 +356,7 @@ def kernels_section(res: dict, dev: str = "cuda") -> None:
 def engine_section(res: dict, d: Path) -> None:
     import transformers
     from slotune.engine import LLM, EngineConfig, SamplingParams
-    from slotune.tuner.measure.in_process_replay import run_benchmark
+    from slotune.tuner.measure.in_process_replay import run_in_process_replay
     from slotune.tuner.spec.workload_spec import WorkloadSpec
 
     out = res.setdefault("engine", {})
@@ -438,7 +438,7 @@ def engine_section(res: dict, d: Path) -> None:
         prompt_len={"kind": "lognormal", "mean": 128, "sigma": 0.6, "min": 16, "max": 1024},
         output_len={"kind": "lognormal", "mean": 128, "sigma": 0.7, "min": 8, "max": 512},
     )
-    r = run_benchmark(llm.config, wl, llm=llm)
+    r = run_in_process_replay(llm.config, wl, llm=llm)
     from slotune.tuner.workload.requests import generate_requests
 
     reqs = [q for q in generate_requests(wl, llm.tokenizer) if not q.request_id.startswith("warmup")]

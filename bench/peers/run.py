@@ -3,7 +3,7 @@
 One server at a time (never two: they would share the cores), each started, measured on every
 workload point, and stopped. A point is (prompt length, concurrency): closed loop, fixed prompt
 and output lengths, greedy, `ignore_eos`, token-id prompts to /v1/completions, all replayed by
-`tuner/http_bench.py:run_http_benchmark` with the same seed, so both servers see the same
+`tuner/measure/http_replay.py:run_http_replay` with the same seed, so both servers see the same
 requests. Each server is sized once for the largest point of the run, as a deployment is sized
 for its peak: llama-server `-np SLOTS -c SLOTS*CTX` (it splits the context evenly over its
 slots), and every slotune config gets `max_num_seqs = SLOTS` and KV blocks for SLOTS x CTX
@@ -69,7 +69,7 @@ from slotune.engine.config import load_yaml
 from slotune.engine.loader import resolve_model_path
 from slotune.engine.tokenizer import Tokenizer
 from slotune.tuner.measure import machine
-from slotune.tuner.measure.http_replay import run_http_benchmark
+from slotune.tuner.measure.http_replay import run_http_replay
 from slotune.tuner.spec.workload_spec import WorkloadSpec
 
 HERE = Path(__file__).resolve().parent
@@ -281,7 +281,7 @@ def _is_exact(m: dict[str, Any], wl: WorkloadSpec, point: Point) -> bool:
 
 def measure(url: str, point: Point, tokenizer, num_requests: int | None, seed: int) -> dict[str, Any]:
     wl = WorkloadSpec.load(point.workload(num_requests, seed))
-    res = run_http_benchmark(url, wl, tokenizer=tokenizer, api="completions")
+    res = run_http_replay(url, wl, tokenizer=tokenizer, api="completions")
     m = res.metrics
     is_exact = _is_exact(m, wl, point)  # what the servers' usage says they did
     cached = sum(r.cached_prompt_tokens for r in res.records)  # usage.prompt_tokens_details, where sent
@@ -348,10 +348,10 @@ IN_PROCESS = "@in-process"  # suffix of a config's in-process rows
 
 def measure_in_process(llm, point: Point, num_requests: int | None, seed: int) -> dict[str, Any]:
     """`measure`'s row for one point replayed on `llm` in this process (`tune bench` without HTTP)."""
-    from slotune.tuner.measure.in_process_replay import run_benchmark
+    from slotune.tuner.measure.in_process_replay import run_in_process_replay
 
     wl = WorkloadSpec.load(point.workload(num_requests, seed))
-    res = run_benchmark(None, wl, llm=llm)
+    res = run_in_process_replay(None, wl, llm=llm)
     return {
         "point": point.key,
         "started_at": res.started_at,

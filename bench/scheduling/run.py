@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from slotune.engine import LLM, EngineConfig
-from slotune.tuner.measure.in_process_replay import run_benchmark
+from slotune.tuner.measure.in_process_replay import run_in_process_replay
 from slotune.tuner.spec.workload_spec import WorkloadSpec
 
 POLICIES = ("fcfs", "shortest_prompt_first")
@@ -67,7 +67,7 @@ def main() -> int:
             }
         )
         for p in POLICIES if r % 2 == 0 else POLICIES[::-1]:
-            m = run_benchmark(None, wl, llm=llms[p]).metrics
+            m = run_in_process_replay(None, wl, llm=llms[p]).metrics
             rows[p].append({k: m[k] for k in KEYS})
             print(f"[{r}] {p:>22}: " + ", ".join(f"{k} {m[k]:.3f}" for k in KEYS), flush=True)
     load.append(os.getloadavg()[0])

@@ -2,7 +2,7 @@
 
 For each tuning spec: run the study if its output is missing (`tune run SPEC -o DIR`), then
 serve `DIR/best.yaml` with `tune serve` (a separate process, as a user runs it) and replay the
-spec's workload with the HTTP client (`tune bench --url`'s `run_http_benchmark`, a separate
+spec's workload with the HTTP client (`tune bench --url`'s `run_http_replay`, a separate
 process too), `--repeats` times, on the workload seed the trials used. Reports, for the
 objective metric and output tokens/s, served / trial ratios (median over repeats) against the
 winning trial's own measurement (`best_metrics.json` `metrics`). Goal: within 10% either way
@@ -86,9 +86,9 @@ def _replay(url: str, spec, out: Path, seed: int) -> dict:
         "import json, sys\n"
         "from slotune.tuner.spec.tuning_spec import TuningSpec\n"
         "from slotune.tuner.measure.in_process_replay import load_tokenizer\n"
-        "from slotune.tuner.measure.http_replay import run_http_benchmark\n"
+        "from slotune.tuner.measure.http_replay import run_http_replay\n"
         "spec = TuningSpec.from_yaml(sys.argv[1]); o = spec.objective\n"
-        "res = run_http_benchmark(sys.argv[2], spec.workload, tokenizer=load_tokenizer(spec.model),\n"
+        "res = run_http_replay(sys.argv[2], spec.workload, tokenizer=load_tokenizer(spec.model),\n"
         "    ttft_limit_s=o.ttft_limit_s, tpot_limit_s=o.tpot_limit_s, seed=int(sys.argv[4]), percentiles=(o.percentile,))\n"
         "open(sys.argv[3], 'w').write(json.dumps(res.metrics))\n"
     )
@@ -139,7 +139,7 @@ def main() -> int:
                         served.append(m)
                     else:  # the trial harness, as `tune run` measured the winner (no gates: they do not time)
                         try:
-                            m = measure(spec, config, seed=seed, early_stop=False, gates=False)["metrics"]
+                            m = measure(spec, config, seed=seed, early_stop=False, gates=False).metrics.to_dict()
                         except TrialFailure as exc:
                             m = {"error": exc.reason}
                         harness.append(m)

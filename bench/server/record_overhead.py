@@ -23,7 +23,7 @@ from pathlib import Path
 
 from slotune.engine.loader import resolve_model_path
 from slotune.engine.tokenizer import Tokenizer
-from slotune.tuner.measure.http_replay import run_http_benchmark, wait_ready
+from slotune.tuner.measure.http_replay import run_http_replay, wait_ready
 from slotune.tuner.spec.trace_reader import load_trace
 from slotune.tuner.spec.workload_spec import WorkloadSpec
 
@@ -49,7 +49,7 @@ def measure(cfg: Path, record_dir: Path | None, wl: WorkloadSpec, tok) -> tuple[
     base = f"http://127.0.0.1:{port}"
     try:
         wait_ready(base, proc=proc)
-        res = run_http_benchmark(base, wl, tokenizer=tok)
+        res = run_http_replay(base, wl, tokenizer=tok)
         assert res.metrics["num_failed"] == 0, res.metrics
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -56,7 +56,7 @@ def main() -> None:
             t = time.perf_counter()
             try:
                 r = measure(spec, cfg, seed=100 + i, early_stop=False)
-                runs[name].append({k: r["metrics"].get(k) for k in keys})
+                runs[name].append({k: r.metrics.get(k) for k in keys})
             except TrialFailure as exc:
                 runs[name].append({"error": exc.reason})
             print(f"repeat {i} {name}: {runs[name][-1]} ({time.perf_counter() - t:.0f} s)", flush=True)

@@ -24,9 +24,9 @@ from goals import relative_to_default  # this folder is sys.path[0]
 
 def values(study, key: str, trial: int | None) -> dict[int, float]:
     """Seed -> the objective `key` of `trial`'s (None: the default's) declaration measurements."""
-    from slotune.tuner.decide.declare import DECLARE_ATTR
+    from slotune.tuner.search.records import stored_declaration
 
-    record = study.user_attrs.get(DECLARE_ATTR) or {}
+    record = stored_declaration(study)
     return {
         m["seed"]: m["metrics"][key]
         for m in record.get("measurements", [])
@@ -46,7 +46,9 @@ def rows(result: dict, runs: Path) -> list[dict]:
         url = f"sqlite:///{db}"
         name = next(s.study_name for s in optuna.get_all_study_summaries(url) if ".replaced-" not in s.study_name)
         study = optuna.load_study(study_name=name, storage=url)
-        trial = (study.user_attrs.get("declare") or {}).get("trial")
+        from slotune.tuner.search.records import stored_declaration
+
+        trial = stored_declaration(study).get("trial")
         mine, default = values(study, key, trial), values(study, key, None)
         again = [x[key] for x in result["runs"][w["name"]] if x.get(key)]
         if not mine or not again:

@@ -143,7 +143,7 @@ def main() -> None:
     spec = TuningSpec.from_yaml(args.spec)
     # One OpenMP wait policy for the studies and the re-measures, decided once here (as `tune run` decides
     # it once per run): "auto" decided again before the re-measures could differ, and passive waiting
-    # costs tens of percent on this machine (tuner/objective.py trial_env).
+    # costs tens of percent on this machine (tuner/measure/trial_process.py trial_env).
     policy = omp_wait_policy(spec.budget.trial_omp_wait_policy)
     os.environ["OMP_WAIT_POLICY"] = policy.upper()
     print(f"OMP_WAIT_POLICY={policy}", flush=True)
@@ -183,7 +183,7 @@ def main() -> None:
             t = time.perf_counter()
             try:
                 r = measure(spec, cfg, seed=spec.robustness_seed + 1000 + i, early_stop=False, gates=False)
-                runs[name].append({k: r["metrics"].get(k) for k in keys} | {"violations": r["violations"]})
+                runs[name].append({k: r.metrics.get(k) for k in keys} | {"violations": r.violations})
             except TrialFailure as exc:
                 runs[name].append({"error": exc.reason})
             print(f"repeat {i} {name}: {runs[name][-1]} ({time.perf_counter() - t:.0f} s)", flush=True)

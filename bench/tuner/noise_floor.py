@@ -41,7 +41,7 @@ def main() -> None:
     import torch
     from slotune.engine import LLM, SamplingParams
     from slotune.engine.config import EngineConfig
-    from slotune.tuner.measure.in_process_replay import run_benchmark
+    from slotune.tuner.measure.in_process_replay import run_in_process_replay
     from slotune.tuner.spec.tuning_spec import TuningSpec
 
     spec = TuningSpec.from_yaml(args.spec)
@@ -55,7 +55,7 @@ def main() -> None:
     for i in range(args.runs):
         fp32, bf16 = gemm_gflops(torch.float32), gemm_gflops(torch.bfloat16)
         steps.clear()
-        m = run_benchmark(
+        m = run_in_process_replay(
             cfg,
             spec.workload,
             llm=llm,

@@ -30,15 +30,17 @@ def table_from_study(db: Path) -> dict:
     import optuna
 
     study = optuna.load_study(study_name="sampler-grid", storage=f"sqlite:///{db.resolve()}")
+    from slotune.tuner.search.records import TrialRecord
+
     rows = []
-    for t in study.trials:
-        if t.state.name == "COMPLETE":
+    for t in map(TrialRecord.of, study.trials):
+        if t.is_complete:
             rows.append(
                 {
                     "params": t.params,
                     "value": t.values[0],
-                    "tpot_p95": t.user_attrs["metrics"].get("tpot_p95"),
-                    "ttft_p95": t.user_attrs["metrics"].get("ttft_p95"),
+                    "tpot_p95": t.metrics.get("tpot_p95"),
+                    "ttft_p95": t.metrics.get("ttft_p95"),
                 }
             )
     return {
@@ -53,17 +55,18 @@ def trials_to_target(
 ) -> int | None:
     """Measured trials a seeded study needs to reach `target`, or None within `budget`.
 
-    repeats=True replays the study as `tune run` runs it since 2026-11-25 (tuner/objective.py):
+    repeats=True replays the study as `tune run` runs it since 2026-11-25 (tuner/search/objective.py):
     a config the sampler proposes again takes the earlier measurement (no budget slot) and an
     unexplored config is enqueued. repeats=False: every proposal is measured (as before).
     """
     import optuna
+    from slotune.tuner.search.records import UNMEASURED_REPEAT, set_unmeasured
     from slotune.tuner.search.trials import earlier_measurement, enqueue_unexplored
 
     lookup = {tuple(r["params"][k] for k in KNOBS): r["value"] for r in table["rows"]}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        if sampler_name == "tpe":  # as `tune run` configures it (tuner/study.py make_sampler)
+        if sampler_name == "tpe":  # as `tune run` configures it (tuner/search/study.py make_sampler)
             sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=4)
         else:
             sampler = optuna.samplers.RandomSampler(seed=seed)
@@ -74,7 +77,7 @@ def trials_to_target(
         params = space.sample(t)
         earlier = earlier_measurement(study, params, before=t.number) if repeats else None
         if earlier is not None:
-            t.set_user_attr("unmeasured", "repeat")
+            set_unmeasured(t, UNMEASURED_REPEAT)
             study.tell(t, earlier.values[0])
             enqueue_unexplored(space, study, seed=seed + t.number)
             continue

@@ -1,6 +1,6 @@
 """`tune serve --record-traffic DIR`: one line per finished request, never any text, never in the way.
 
-Each finished request becomes a `RecordedRequest` line (tuner/traces.py owns the format: arrival and
+Each finished request becomes a `RecordedRequest` line (tuner/spec/traces.py owns the format: arrival and
 finish in unix seconds, prompt / requested / produced tokens, finish reason, chat or not, prefix-cache
 hits, and keyed hashes of the prompt's full blocks, so a replay can rebuild the same prefix sharing
 without the recording holding a single token of text). The HTTP loop only appends a small tuple to

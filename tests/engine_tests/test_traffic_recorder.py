@@ -1,5 +1,5 @@
 """TrafficRecorder: what `tune serve --record-traffic` writes loads back as the trace it served
-(tuner/traces.py), holds no text, rotates and stays within its bound, and never blocks a caller."""
+(tuner/spec/traces.py), holds no text, rotates and stays within its bound, and never blocks a caller."""
 
 from __future__ import annotations
 
@@ -93,7 +93,7 @@ def test_tune_serve_records_what_tune_bench_url_sent(tmp_path):
 
     from slotune.engine.loader import resolve_model_path
     from slotune.engine.tokenizer import Tokenizer
-    from slotune.tuner.measure.http_replay import run_http_benchmark, wait_ready
+    from slotune.tuner.measure.http_replay import run_http_replay, wait_ready
     from slotune.tuner.spec.workload_spec import WorkloadSpec
 
     with __import__("socket").socket() as s:
@@ -134,7 +134,7 @@ def test_tune_serve_records_what_tune_bench_url_sent(tmp_path):
             }
         )
         tok = Tokenizer.from_model_path(resolve_model_path("smollm2-135m"))
-        res = run_http_benchmark(base, wl, tokenizer=tok)
+        res = run_http_replay(base, wl, tokenizer=tok)
         assert res.metrics["num_failed"] == 0
         metrics = httpx.get(base + "/metrics").text
         proc.send_signal(signal.SIGTERM)

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from slotune.engine import LLM
-from slotune.tuner.measure.in_process_replay import run_benchmark
+from slotune.tuner.measure.in_process_replay import run_in_process_replay
 from slotune.tuner.spec.tuning_spec import TuningSpec, resolved_dict
 from tests.tokenizer_files import GPT2_PIPELINE, train_bpe, write_hf_tokenizer
 
@@ -54,6 +54,6 @@ def test_own_model_spec_resolves_and_serves_its_workload(user_model):
     llm = LLM(spec.base_config())
     assert llm.tokenizer.chat_template_source == "tokenizer_config.json: chat_template"
     workload = spec.workload.model_copy(update={"num_requests": 3, "warmup_requests": 1, "concurrency": 2})
-    res = run_benchmark(None, workload, llm=llm)
+    res = run_in_process_replay(None, workload, llm=llm)
     assert len(res.records) == 3 and res.metrics["output_tokens_per_s"] > 0
     assert llm.engine.eos_token_ids == {llm.tokenizer.token_to_id("<|im_end|>")}  # config.json and tokenizer_config

@@ -1,5 +1,5 @@
 """A stand-in trial process for tests of study mechanics (storage, resume, workers, samplers,
-fault handling): the real trial process's contract (`IN.json OUT.json`, tuner/trial_runner.py:
+fault handling): the real trial process's contract (`IN.json OUT.json`, tuner/measure/trial_runner.py:
 `main`) with a cheap deterministic function of the config instead of a measurement. Tests pass it
 explicitly (`tune run --trial-runner tests/tuner_tests/fake_trial_runner.py`, or
 `runner=FAKE_RUNNER`); every test that does says so in its docstring.

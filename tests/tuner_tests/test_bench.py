@@ -1,4 +1,4 @@
-"""`run_benchmark` and `tune bench` end to end on the real model with tiny workloads."""
+"""`run_in_process_replay` and `tune bench` end to end on the real model with tiny workloads."""
 
 import json
 from pathlib import Path
@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 from slotune.tuner.cli import app
 from slotune.tuner.commands import parse_overrides
-from slotune.tuner.measure.in_process_replay import run_benchmark
-from slotune.tuner.measure.metrics import BenchResult
+from slotune.tuner.measure.in_process_replay import run_in_process_replay
+from slotune.tuner.measure.metrics import ReplayResult
 from slotune.tuner.spec.workload_spec import WorkloadSpec
 from typer.testing import CliRunner
 
@@ -23,7 +23,7 @@ TINY = {
 
 def test_run_benchmark_measures_every_request(llm):
     seen = []
-    res = run_benchmark(
+    res = run_in_process_replay(
         llm.config,
         WorkloadSpec(**TINY),
         llm=llm,
@@ -39,13 +39,13 @@ def test_run_benchmark_measures_every_request(llm):
     assert m["weight_bytes"] > 1e8 and m["num_preemptions"] == 0 and not res.early_stopped
     rec = res.records[0]
     assert rec.output_tokens == 4 and len(rec.itls) == 3 and rec.prompt_tokens == 16
-    again = BenchResult.from_dict(json.loads(json.dumps(res.to_dict())))
+    again = ReplayResult.from_dict(json.loads(json.dumps(res.to_dict())))
     assert again.records == res.records and again.metrics == m and again.device == res.device
     assert res.latency("ttft", 75) is not None
 
 
 def test_closed_loop_keeps_concurrency_in_flight(llm):
-    res = run_benchmark(llm.config, WorkloadSpec(**{**TINY, "num_requests": 6, "concurrency": 3}), llm=llm)
+    res = run_in_process_replay(llm.config, WorkloadSpec(**{**TINY, "num_requests": 6, "concurrency": 3}), llm=llm)
     arrivals = sorted(r.arrival_s for r in res.records)
     assert arrivals[2] < 0.05  # first three sent at once
     assert arrivals[3] > arrivals[2]  # the fourth only when one finished
@@ -53,34 +53,34 @@ def test_closed_loop_keeps_concurrency_in_flight(llm):
 
 def test_open_loop_arrival_is_the_scheduled_time(llm):
     wl = WorkloadSpec(**{**TINY, "arrivals": "fixed_rate", "rate": 20.0, "num_requests": 3})
-    res = run_benchmark(llm.config, wl, llm=llm)
+    res = run_in_process_replay(llm.config, wl, llm=llm)
     assert [round(r.arrival_s, 3) for r in sorted(res.records, key=lambda r: r.arrival_s)] == [0.0, 0.05, 0.1]
     assert all(r.ttft >= r.queue_time >= 0 for r in res.records)
 
 
 def test_duration_stops_a_closed_loop_run(llm):
     wl = WorkloadSpec(**{**TINY, "num_requests": None, "duration_s": 0.5})
-    res = run_benchmark(llm.config, wl, llm=llm)
+    res = run_in_process_replay(llm.config, wl, llm=llm)
     assert res.metrics["num_completed"] >= 2 and all(r.arrival_s < 0.5 for r in res.records)
     assert not llm.engine.has_unfinished_requests()
 
 
 def test_warmup_is_excluded(llm):
-    res = run_benchmark(llm.config, WorkloadSpec(**{**TINY, "warmup_requests": 2}), llm=llm)
+    res = run_in_process_replay(llm.config, WorkloadSpec(**{**TINY, "warmup_requests": 2}), llm=llm)
     assert res.metrics["num_requests"] == 4 and all(r.request_id.startswith("req-") for r in res.records)
 
 
 def test_rejected_requests_are_recorded_not_raised(llm):
     wl = WorkloadSpec(**{**TINY, "prompt_len": {"kind": "fixed", "value": 2000}})  # > max_model_len 1024
-    res = run_benchmark(llm.config, wl, llm=llm)
+    res = run_in_process_replay(llm.config, wl, llm=llm)
     assert res.metrics["num_rejected"] == 4 and res.metrics["num_rejected_prompt_too_long"] == 4
     assert res.metrics["goodput_rps"] == 0
-    timed = run_benchmark(llm.config, wl.model_copy(update={"num_requests": None, "duration_s": 0.3}), llm=llm)
+    timed = run_in_process_replay(llm.config, wl.model_copy(update={"num_requests": None, "duration_s": 0.3}), llm=llm)
     assert timed.metrics["num_rejected"] >= 1 and timed.metrics["duration_s"] < 5  # ends despite no progress
 
 
 def test_should_stop_ends_a_hopeless_run_early(llm):
-    res = run_benchmark(
+    res = run_in_process_replay(
         llm.config, WorkloadSpec(**{**TINY, "num_requests": 8}), llm=llm, should_stop=lambda recs: len(recs) >= 1
     )
     assert res.early_stopped and res.metrics["num_completed"] < 8

@@ -1,4 +1,4 @@
-"""The confirmation round (tuner/confirm.py) and the cost objective, through whole studies.
+"""The confirmation round (tuner/decide/confirm.py) and the cost objective, through whole studies.
 
 Studies here measure with the stand-in trial process (fake_trials: tests/tuner_tests/fake_trial_runner.py,
 numbers a function of the config), because what is tested is which trial is declared the winner from
@@ -15,6 +15,7 @@ import pytest
 from slotune.engine.config import EngineConfig
 from slotune.tuner.decide.candidates import near_misses
 from slotune.tuner.decide.confirm import CONFIRM_ATTR, confirm_round
+from slotune.tuner.measure.measurement import Measurement
 from slotune.tuner.report.confirmation import confirmation_section
 from slotune.tuner.run import finalize, run_command
 from slotune.tuner.spec.slo import SLOLimits
@@ -249,14 +250,18 @@ def test_a_declared_median_carries_the_spread_of_its_measurements():
     measurements' intervals and values; a counter gets none; one measurement keeps what it had. Of
     three, one taken while the host slowed moves the declared value by nothing, and stays in its
     interval."""
-    from slotune.tuner.decide.aggregate import median_metrics
+    from slotune.tuner.decide.aggregate import median_metrics as median_of
     from slotune.tuner.measure.units import value_with_ci
+
+    def median_metrics(got):  # in the stored form, as best_metrics.json has it
+        m = median_of([Measurement.from_dict(d) for d in got])
+        return m.to_dict() if m is not None else None
 
     m = median_metrics([{"goodput_rps": 7.46, "num_steps": 170.0}, {"goodput_rps": 6.83, "num_steps": 173.0}])
     assert m["goodput_rps"] == pytest.approx(7.145)
     assert (m["goodput_rps_ci_low"], m["goodput_rps_ci_high"]) == (6.83, 7.46)
     assert "num_steps_ci_low" not in m and m["num_steps"] == pytest.approx(171.5)
-    assert value_with_ci(m, "goodput_rps").startswith("7.14 req/s ±")
+    assert value_with_ci(Measurement.from_dict(m), "goodput_rps").startswith("7.14 req/s ±")
     lat = median_metrics(
         [
             {"tpot_p95": 0.05, "tpot_p95_ci_low": 0.045, "tpot_p95_ci_high": 0.06},
@@ -439,7 +444,10 @@ def test_candidates_the_passes_cannot_tell_apart_are_named_after_the_last_pass(t
 def test_pooled_passes_narrow_when_they_agree_and_widen_when_they_drift():
     """Three passes that agree: the interval of their mean is their own half-widths pooled (1/sqrt 3 of
     one); three that disagree by more than that: 1.96 standard errors of their values."""
-    from slotune.tuner.decide.aggregate import pooled_metrics
+    from slotune.tuner.decide.aggregate import pooled_metrics as pooled_of
+
+    def pooled_metrics(got):  # in the stored form
+        return pooled_of([Measurement.from_dict(d) for d in got]).to_dict()
 
     def m(v, h):
         return {"tpot_p95": v, "tpot_p95_ci_low": v - h, "tpot_p95_ci_high": v + h, "num_requests": 8.0}
@@ -458,14 +466,16 @@ def test_a_limit_missed_within_the_measurements_interval_is_a_near_miss():
     limits = SLOLimits(percentile=95, ttft_s=1.5, min_output_tokens_per_s=50)
 
     def m(ttft, lo, hi, tps=60.0, tps_lo=55.0, tps_hi=65.0):
-        return {
-            "ttft_p95": ttft,
-            "ttft_p95_ci_low": lo,
-            "ttft_p95_ci_high": hi,
-            "output_tokens_per_s": tps,
-            "output_tokens_per_s_ci_low": tps_lo,
-            "output_tokens_per_s_ci_high": tps_hi,
-        }
+        return Measurement.from_dict(
+            {
+                "ttft_p95": ttft,
+                "ttft_p95_ci_low": lo,
+                "ttft_p95_ci_high": hi,
+                "output_tokens_per_s": tps,
+                "output_tokens_per_s_ci_low": tps_lo,
+                "output_tokens_per_s_ci_high": tps_hi,
+            }
+        )
 
     assert [c.name for c in near_misses(m(1.60, 1.35, 1.71), limits)] == ["ttft"]  # seed 3's int4 trial on example 01
     assert near_misses(m(1.60, 1.52, 1.71), limits) == []  # its interval is above the limit
@@ -475,7 +485,7 @@ def test_a_limit_missed_within_the_measurements_interval_is_a_near_miss():
         "throughput",
     ]
     assert near_misses(m(1.6, 1.4, 1.7, tps=48, tps_lo=45, tps_hi=49), limits) == []  # one limit missed for sure
-    assert near_misses({"ttft_p95": 1.6}, limits) == []  # no interval: nothing says it may hold
+    assert near_misses(Measurement.from_dict({"ttft_p95": 1.6}), limits) == []  # no interval: nothing says it may hold
 
 
 def test_a_near_miss_wins_the_round_only_with_the_slo_met_and_its_gates_passed(tmp_path):

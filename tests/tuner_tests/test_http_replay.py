@@ -1,4 +1,4 @@
-"""`run_http_benchmark` and `tune bench --url` against a real `tune serve` subprocess on loopback.
+"""`run_http_replay` and `tune bench --url` against a real `tune serve` subprocess on loopback.
 
 Real: the server process (`python -m slotune.tuner.cli_main serve`: the bundled SmolLM2 on
 CPU, our engine, uvicorn, an API key, an admission limit on tokens in flight), the tokenizer,
@@ -26,10 +26,10 @@ from pathlib import Path
 import httpx
 import pytest
 from slotune.tuner.cli import app
-from slotune.tuner.measure.http_replay import run_http_benchmark, wait_ready
+from slotune.tuner.measure.http_replay import run_http_replay, wait_ready
 from slotune.tuner.measure.http_stream import split_itls
 from slotune.tuner.measure.in_process_replay import load_tokenizer
-from slotune.tuner.measure.metrics import BenchResult
+from slotune.tuner.measure.metrics import ReplayResult
 from slotune.tuner.report.terminal import print_result
 from slotune.tuner.spec.workload_spec import WorkloadSpec
 from typer.testing import CliRunner
@@ -122,7 +122,7 @@ def _delta(before: dict[str, float], after: dict[str, float], name: str) -> floa
 def test_completions_token_counts_match_the_workload(server, tokenizer):
     seen = []
     before = _scrape(server)
-    res = run_http_benchmark(
+    res = run_http_replay(
         server,
         WorkloadSpec(**BASE),
         tokenizer=tokenizer,
@@ -144,12 +144,12 @@ def test_completions_token_counts_match_the_workload(server, tokenizer):
     assert "ttft_p80" in m and m["ttft_p50"] <= m["e2e_p50"] and "queue_time_p50" not in m
     # The server generated what we counted, plus the one warm-up request: it ran, and is not in the records.
     assert _delta(before, after, "slotune_generation_tokens_total") == 7 * 8
-    again = BenchResult.from_dict(json.loads(json.dumps(res.to_dict())))
+    again = ReplayResult.from_dict(json.loads(json.dumps(res.to_dict())))
     assert again.records == res.records and again.metrics == m and again.device == "http"
 
 
 def test_chat_api_gets_the_same_lengths(server, tokenizer):
-    res = run_http_benchmark(
+    res = run_http_replay(
         server + "/v1/",
         WorkloadSpec(**{**BASE, "warmup_requests": 0}),
         tokenizer=tokenizer,
@@ -163,13 +163,13 @@ def test_chat_api_gets_the_same_lengths(server, tokenizer):
         assert r.output_tokens == 8 and r.prompt_tokens > 16  # the server's chat template, from usage
         assert 0 < r.ttft < r.e2e and r.tpot > 0 and len(r.itls) == 7
     with pytest.raises(ValueError, match="mode 'chat'"):  # templated twice otherwise
-        run_http_benchmark(server, WorkloadSpec(**{**BASE, "mode": "chat"}), tokenizer=tokenizer, api="chat")
+        run_http_replay(server, WorkloadSpec(**{**BASE, "mode": "chat"}), tokenizer=tokenizer, api="chat")
     with pytest.raises(ValueError, match="api: must be one of"):
-        run_http_benchmark(server, WorkloadSpec(**BASE), tokenizer=tokenizer, api="responses")
+        run_http_replay(server, WorkloadSpec(**BASE), tokenizer=tokenizer, api="responses")
 
 
 def test_wrong_api_key_counts_every_request_as_401(server, tokenizer, capsys):
-    res = run_http_benchmark(server, WorkloadSpec(**BASE), tokenizer=tokenizer, api_key="sk-wrong", model=MODEL)
+    res = run_http_replay(server, WorkloadSpec(**BASE), tokenizer=tokenizer, api_key="sk-wrong", model=MODEL)
     m = res.metrics
     assert len(res.records) == 6 and all(r.finish_reason == "rejected" for r in res.records)
     assert m["num_failed_401"] == 6 and m["num_failed"] == 6 and m["num_rejected"] == 6 and m["num_completed"] == 0
@@ -177,7 +177,7 @@ def test_wrong_api_key_counts_every_request_as_401(server, tokenizer, capsys):
     print_result(res)
     assert "failed: 401" in capsys.readouterr().out
     with pytest.raises(ValueError, match="401"):  # no model id to request: the lookup must succeed
-        run_http_benchmark(server, WorkloadSpec(**BASE), tokenizer=tokenizer, api_key="sk-wrong")
+        run_http_replay(server, WorkloadSpec(**BASE), tokenizer=tokenizer, api_key="sk-wrong")
 
 
 def test_overload_429s_are_counted_once_not_retried(server, tokenizer):
@@ -191,7 +191,7 @@ def test_overload_429s_are_counted_once_not_retried(server, tokenizer):
         }
     )
     before = _scrape(server)
-    res = run_http_benchmark(server, wl, tokenizer=tokenizer, api_key=KEY)
+    res = run_http_replay(server, wl, tokenizer=tokenizer, api_key=KEY)
     after = _scrape(server)
     m = res.metrics
     assert len(res.records) == 8 and m["num_failed_429"] > 0 and m["num_completed"] >= 1
@@ -202,19 +202,19 @@ def test_overload_429s_are_counted_once_not_retried(server, tokenizer):
 
 def test_open_loop_arrival_is_the_scheduled_time(server, tokenizer):
     wl = WorkloadSpec(**{**BASE, "arrivals": "fixed_rate", "rate": 20.0, "num_requests": 3, "warmup_requests": 0})
-    res = run_http_benchmark(server, wl, tokenizer=tokenizer, api_key=KEY, model=MODEL)
+    res = run_http_replay(server, wl, tokenizer=tokenizer, api_key=KEY, model=MODEL)
     assert [round(r.arrival_s, 3) for r in sorted(res.records, key=lambda r: r.arrival_s)] == [0.0, 0.05, 0.1]
     assert res.metrics["num_completed"] == 3 and all(0 < r.ttft < r.e2e for r in res.records)
 
 
 def test_unreachable_server_counts_connection_failures(tokenizer):
     url = f"http://127.0.0.1:{_free_port()}"  # nobody listens there
-    res = run_http_benchmark(url, WorkloadSpec(**{**BASE, "num_requests": 3}), tokenizer=tokenizer, model=MODEL)
+    res = run_http_replay(url, WorkloadSpec(**{**BASE, "num_requests": 3}), tokenizer=tokenizer, model=MODEL)
     assert len(res.records) == 3 and all(r.finish_reason == "error" for r in res.records)
     assert res.metrics["num_failed_connection"] == 3 and res.metrics["num_errors"] == 3
     assert res.config["served_models"] == []
     with pytest.raises(ValueError, match="cannot reach"):
-        run_http_benchmark(url, WorkloadSpec(**BASE), tokenizer=tokenizer)
+        run_http_replay(url, WorkloadSpec(**BASE), tokenizer=tokenizer)
 
 
 def test_should_stop_cancels_streams_and_the_server_aborts_them(server, tokenizer, tmp_path):
@@ -222,7 +222,7 @@ def test_should_stop_cancels_streams_and_the_server_aborts_them(server, tokenize
     trace.write_text("".join(json.dumps({"prompt_len": 16, "output_len": n}) + "\n" for n in (4, 200, 200)))
     wl = WorkloadSpec(**{**BASE, "num_requests": 3, "warmup_requests": 0, "concurrency": 3, "trace": str(trace)})
     before = _scrape(server)
-    res = run_http_benchmark(
+    res = run_http_replay(
         server, wl, tokenizer=tokenizer, api_key=KEY, model=MODEL, should_stop=lambda records: len(records) >= 1
     )
     assert res.early_stopped and len(res.records) == 1 and res.records[0].output_tokens == 4
@@ -289,9 +289,9 @@ def test_multi_token_chunks_stream_errors_and_cut_streams(tokenizer):
     url = f"http://127.0.0.1:{srv.server_address[1]}"
     wl = WorkloadSpec(**{**BASE, "num_requests": 2, "warmup_requests": 0, "output_len": {"kind": "fixed", "value": 6}})
     try:
-        multi = run_http_benchmark(url, wl, tokenizer=tokenizer)
-        error = run_http_benchmark(url, wl, tokenizer=tokenizer, model="error")
-        cut = run_http_benchmark(url, wl, tokenizer=tokenizer, model="truncated")
+        multi = run_http_replay(url, wl, tokenizer=tokenizer)
+        error = run_http_replay(url, wl, tokenizer=tokenizer, model="error")
+        cut = run_http_replay(url, wl, tokenizer=tokenizer, model="truncated")
     finally:
         srv.shutdown()
         srv.server_close()
@@ -391,7 +391,7 @@ def test_a_pooled_connection_the_server_closed_is_resent_not_failed(tokenizer):
         }
     )
     try:
-        res = run_http_benchmark(url, wl, tokenizer=tokenizer)
+        res = run_http_replay(url, wl, tokenizer=tokenizer)
     finally:
         srv.shutdown()
         srv.server_close()

@@ -1,4 +1,4 @@
-"""tuner/machine.py: the words a measurement's machine is recorded with (real /proc on this host)."""
+"""tuner/measure/machine.py: the words a measurement's machine is recorded with (real /proc on this host)."""
 
 from __future__ import annotations
 

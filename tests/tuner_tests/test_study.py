@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -165,7 +166,8 @@ def test_real_trial_end_to_end(tmp_path):
 
 
 def test_plain_progress_lines_and_summary_table(tmp_path, fake_trials):
-    """`tune run --no-progress`: one line per trial and the final summary (fake measurement)."""
+    """`tune run --no-progress`: one line per trial and the final summary (fake measurement), its
+    numbers in the report's units (tuner/measure/units.py): a p95 TPOT in ms, not bare seconds."""
     from slotune.tuner.cli import app
     from typer.testing import CliRunner
 
@@ -176,6 +178,9 @@ def test_plain_progress_lines_and_summary_table(tmp_path, fake_trials):
     assert r.exit_code == 0, r.output
     assert "[1/3] trial 0 COMPLETE" in r.output and "[3/3] trial 2" in r.output
     assert "winner = trial" in r.output and "re-measured" in r.output and "best.yaml" in r.output
+    tpot = next(line for line in r.output.splitlines() if line.lstrip("│ ").startswith("p95 TPOT"))
+    assert re.search(r"p95 TPOT\W+[\d.]+ ms\W+[\d.]+ ms\W", tpot), tpot  # winner, re-measured
+    assert re.search(r"\] trial 0 COMPLETE tpot_p95=[\d.]+ ms ", r.output), r.output
 
 
 def test_config_the_engine_cannot_run_is_a_failed_trial(tmp_path):
@@ -335,6 +340,7 @@ def test_a_start_that_misses_an_slo_limit_is_repaired_next(tmp_path, fake_trials
     once and measured next after the starts already queued: (2, int8) meets the limit, so the second
     repair (4, int8) is never tried. Start 'plain' meets the limit and is not repaired; neither is a
     trial that failed its quality gates (`_missed_slo`)."""
+    from slotune.tuner.search.records import TrialRecord
     from slotune.tuner.search.starts import _missed_slo
 
     monkeypatch.setenv("FAKE_TRIAL_LUCKY", "max_num_seqs=1,quantization=int8")
@@ -381,8 +387,8 @@ def test_a_start_that_misses_an_slo_limit_is_repaired_next(tmp_path, fake_trials
     assert not any(
         t.params == {"max_num_seqs": 3, "quantization": "none"} and t.user_attrs.get("start") for t in trials
     )
-    assert not _missed_slo({"feasible": False, "violations": {"ttft": 0.2, "quality_gates": 1.0}})
-    assert _missed_slo({"feasible": False, "violations": {"ttft": 0.0, "early_stop": 1.0}})
+    assert not _missed_slo(TrialRecord(0, feasible=False, violations={"ttft": 0.2, "quality_gates": 1.0}))
+    assert _missed_slo(TrialRecord(0, feasible=False, violations={"ttft": 0.0, "early_stop": 1.0}))
 
 
 def test_a_new_study_starts_from_the_winner_of_an_earlier_one_of_the_same_model_and_objective(tmp_path, fake_trials):

@@ -1,5 +1,5 @@
-"""A trace workload replayed on the real model, in process (`run_benchmark`) and over HTTP
-(`run_http_benchmark` against `tune serve`): open loop at the traced times, traced lengths, and the
+"""A trace workload replayed on the real model, in process (`run_in_process_replay`) and over HTTP
+(`run_http_replay` against `tune serve`): open loop at the traced times, traced lengths, and the
 traced prefix sharing seen by the engine's prefix cache (warm-up leaves nothing a measured request finds)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
-from slotune.tuner.measure.http_replay import run_http_benchmark
-from slotune.tuner.measure.in_process_replay import run_benchmark
+from slotune.tuner.measure.http_replay import run_http_replay
+from slotune.tuner.measure.in_process_replay import run_in_process_replay
 from slotune.tuner.spec.workload_spec import WorkloadSpec
 
 from tests.tuner_tests.test_http_bench import KEY, MODEL, server, tokenizer  # noqa: F401 (fixtures)
@@ -45,7 +45,7 @@ def caching_llm():
 
 def test_in_process_replay_follows_the_trace(tmp_path, caching_llm):
     wl = _workload(tmp_path)
-    res = run_benchmark(caching_llm.config, wl, llm=caching_llm)
+    res = run_in_process_replay(caching_llm.config, wl, llm=caching_llm)
     recs = _by_id(res.records)
     assert sorted(recs) == ["req-0", "req-1", "req-2", "req-3"] and res.metrics["num_completed"] == 4
     assert [round(recs[f"req-{i}"].arrival_s, 3) for i in range(4)] == [0.0, 0.1, 0.2, 0.3]
@@ -56,7 +56,7 @@ def test_in_process_replay_follows_the_trace(tmp_path, caching_llm):
 
 
 def test_http_replay_follows_the_trace(tmp_path, server, tokenizer):  # noqa: F811 (fixtures)
-    res = run_http_benchmark(server, _workload(tmp_path), tokenizer=tokenizer, api_key=KEY, model=MODEL)
+    res = run_http_replay(server, _workload(tmp_path), tokenizer=tokenizer, api_key=KEY, model=MODEL)
     recs = _by_id(res.records)
     assert res.metrics["num_completed"] == 4 and res.metrics["num_failed"] == 0
     assert [round(recs[f"req-{i}"].arrival_s, 3) for i in range(4)] == [0.0, 0.1, 0.2, 0.3]

@@ -46,13 +46,13 @@ def test_served_trial_measures_over_http_and_keeps_engine_stats(tmp_path):
     spec = _spec(tmp_path, "served", workload={"warmup_requests": 1})
     phases = []
     r = measure(spec, spec.base_config().with_updates({"max_num_seqs": 2}), on_phase=phases.append)
-    m = r["metrics"]
-    assert r["measure"] == "served" and not r["early_stopped"]
+    m = r.metrics
+    assert r.measure == "served" and not r.early_stopped
     # Measured by the HTTP client: its own CPU cost, failure counts, exact token counts from usage.
     assert m["client_cpu_s"] > 0 and m["num_failed"] == 0 and m["num_short_outputs"] == 0
     assert m["num_completed"] == 3 and m["output_tokens"] == 12 and m["prompt_tokens"] == 36
     assert "queue_time_p50" not in m  # the server's queue is not visible over HTTP
-    assert len(r["latencies"]["ttft"]) == 3 and len(r["latencies"]["tpot"]) == 3
+    assert len(r.latencies["ttft"]) == 3 and len(r.latencies["tpot"]) == 3
     # Engine-side numbers HTTP cannot show, from the trial process.
     assert all(k in m for k in ENGINE_KEYS), sorted(set(ENGINE_KEYS) - set(m))
     assert m["num_engine_steps"] > 0 and m["peak_kv_blocks"] >= 1 and m["weight_bytes"] > 0 and m["load_time_s"] > 0
@@ -70,8 +70,8 @@ def test_served_watchdog_abort_ends_the_trial_early_stopped_not_failed(tmp_path)
         objective={"ttft_limit_s": 0.001},
     )
     r = measure(spec, spec.base_config().with_updates({"max_num_seqs": 1}))
-    m = r["metrics"]
-    assert r["measure"] == "served" and r["early_stopped"] is True and r["violations"]["early_stop"] == 1.0
+    m = r.metrics
+    assert r.measure == "served" and r.early_stopped is True and r.violations["early_stop"] == 1.0
     assert m["num_failed_abort"] >= 1 and m["num_completed"] < 12  # aborted by the server, seen over HTTP
     assert "num_engine_steps" in m and "client_cpu_s" in m
 
@@ -79,8 +79,8 @@ def test_served_watchdog_abort_ends_the_trial_early_stopped_not_failed(tmp_path)
 def test_in_process_trial_drives_the_engine_directly(tmp_path):
     spec = _spec(tmp_path, "in_process")
     r = measure(spec, spec.base_config().with_updates({"max_num_seqs": 2}))
-    m = r["metrics"]
-    assert r["measure"] == "in_process" and not r["early_stopped"]
+    m = r.metrics
+    assert r.measure == "in_process" and not r.early_stopped
     assert m["num_completed"] == 3 and m["output_tokens"] == 12
     assert "client_cpu_s" not in m and "queue_time_p50" in m  # no client; the engine's own queue clock
     assert all(k in m for k in ENGINE_KEYS)

@@ -3,14 +3,14 @@ the trial's own interval)."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from slotune.tuner.measure.units import format_value, interval
+from slotune.tuner.measure.measurement import Measurement
+from slotune.tuner.measure.units import format_value
+from slotune.tuner.search.records import TrialRecord
 from slotune.tuner.search.trials import by_first_objective, ranked_feasible
 from slotune.tuner.spec.slo import Check, SLOLimits, judge
 
 
-def candidates(study, spec) -> list:
+def candidates(study, spec) -> list[TrialRecord]:
     """The trials the round re-measures, best first by their own value of the first objective, one
     per distinct config: the best `budget.confirm_top_k` feasible ones (1 with the round off), then
     up to as many near misses (`near_misses`) that rank above the last of those (none when no trial
@@ -22,7 +22,7 @@ def candidates(study, spec) -> list:
     def distinct(ranked) -> list:
         out = []
         for t in ranked:
-            config = t.user_attrs.get("config")
+            config = t.config
             if config in seen:  # a sampler that proposed the same config twice: measured once
                 continue
             seen.append(config)
@@ -37,45 +37,43 @@ def candidates(study, spec) -> list:
     limits, rank = SLOLimits.from_objective(spec.objective), by_first_objective(spec)
     near = [
         t
-        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        if not t.user_attrs.get("feasible")
-        and _missed_only_within_noise(t.user_attrs, limits)
-        and rank(t) < rank(picked[-1])
+        for t in map(TrialRecord.of, study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+        if not t.feasible and _missed_only_within_noise(t, limits) and rank(t) < rank(picked[-1])
     ]
     return sorted(picked + distinct(sorted(near, key=rank)), key=rank)
 
 
-def near_misses(metrics: dict[str, Any] | None, limits: SLOLimits) -> list[Check]:
+def near_misses(metrics: Measurement | None, limits: SLOLimits) -> list[Check]:
     """The SLO limits `metrics` missed, when each lies inside its metric's interval (a latency's low
     end at or under its limit, a throughput's high end at or over its floor): the measurement cannot
     tell whether the config meets them. [] when nothing is missed, or anything is missed by more than
     that (or has no interval)."""
-    missed = [c for c in judge(metrics or {}, limits).checks if not c.passed]
+    m = metrics if metrics is not None else Measurement()
+    missed = [c for c in judge(m, limits).checks if not c.passed]
     for c in missed:
-        ci = interval(metrics, c.key)
+        ci = m.interval(c.key)
         if c.value is None or ci is None or (ci[1] < c.limit if c.name == "throughput" else ci[0] > c.limit):
             return []
     return missed
 
 
-def _missed_only_within_noise(user_attrs: dict[str, Any], limits: SLOLimits) -> bool:
+def _missed_only_within_noise(record: TrialRecord, limits: SLOLimits) -> bool:
     """A measured trial (no failure, not stopped early, its gates not failed) whose only fault is SLO
     limits missed within noise (`near_misses`)."""
-    v = user_attrs.get("violations") or {}
+    v = record.violations or {}
     return (
-        not user_attrs.get("fail_reason")
+        not record.fail_reason
         and not v.get("early_stop")
         and not v.get("quality_gates")
-        and bool(near_misses(user_attrs.get("metrics"), limits))
+        and bool(near_misses(record.metrics, limits))
     )
 
 
-def near_words(user_attrs: dict[str, Any], limits: SLOLimits) -> list[str]:
+def near_words(record: TrialRecord, limits: SLOLimits) -> list[str]:
     """A near miss's missed limits in words, each with the interval that holds the limit:
     'p95 TTFT 1.6 s > limit 1.5 s (+7%); its interval 1.35 s-1.71 s'."""
-    m = user_attrs.get("metrics") or {}
+    m = record.metrics or Measurement()
     return [
-        f"{c.text}; its interval {format_value(c.key, interval(m, c.key)[0])}-"
-        f"{format_value(c.key, interval(m, c.key)[1])}"
+        f"{c.text}; its interval {format_value(c.key, m.interval(c.key)[0])}-{format_value(c.key, m.interval(c.key)[1])}"
         for c in near_misses(m, limits)
     ]

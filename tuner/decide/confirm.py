@@ -22,11 +22,12 @@ from slotune.tuner.decide.candidates import near_words
 from slotune.tuner.decide.declare import objective_values
 from slotune.tuner.measure.reasons import failed_gates
 from slotune.tuner.measure.trial_process import DEFAULT_TRIAL_RUNNER, TrialFailure, measure
-from slotune.tuner.measure.units import format_value, interval, metric_label, overlaps
+from slotune.tuner.measure.measurement import Measurement
+from slotune.tuner.measure.units import format_value, metric_label, overlaps
+from slotune.tuner.search.records import CONFIRM_ATTR as CONFIRM_ATTR  # the round's key, where tests read it
+from slotune.tuner.search.records import TrialRecord, store_round, stored_round
 from slotune.tuner.search.references import DEFAULT_TAG
 from slotune.tuner.spec.slo import SLOLimits, judge
-
-CONFIRM_ATTR = "confirm"
 
 
 def plan(spec, trials: list) -> list[int | None]:
@@ -53,10 +54,11 @@ def run_round(
         a near miss's measurement also has "gates": its gate report, None when the SLO missed again;
         a measurement of a later pass has "pass": 2, 3, ... (the first pass's have none).
     """
+    trials = [TrialRecord.of(t) for t in trials]
     order = plan(spec, trials)
-    stored = study.user_attrs.get(CONFIRM_ATTR)
-    configs = {t.number: EngineConfig.model_validate(t.user_attrs["config"]) for t in trials}
-    near = {t.number for t in trials if not t.user_attrs.get("feasible")}  # their gates run here (module docstring)
+    stored = stored_round(study)
+    configs = {t.number: EngineConfig.model_validate(t.config) for t in trials}
+    near = {t.number for t in trials if not t.feasible}  # their gates run here (module docstring)
     key = spec.objective.metric_key()
 
     def measured(label: str, number: int | None, gates: bool) -> dict[str, Any]:
@@ -74,10 +76,10 @@ def run_round(
             return {"trial": number, "error": exc.reason}
         say(
             f"{label}: {DEFAULT_TAG if number is None else f'trial {number}'} on workload seed {spec.robustness_seed}: "
-            f"{key} = {format_value(key, r['metrics'].get(key))}"
-            + (f"; quality gates {'passed' if r['gates']['passed'] else 'failed'}" if r.get("gates") else "")
+            f"{key} = {format_value(key, r.metrics.get(key))}"
+            + (f"; quality gates {'passed' if r.gates['passed'] else 'failed'}" if r.gates else "")
         )
-        return {"trial": number, "metrics": r["metrics"], **({"gates": r.get("gates")} if gates else {})}
+        return {"trial": number, "metrics": r.metrics.to_dict(), **({"gates": r.gates} if gates else {})}
 
     if stored and stored.get("seed") == spec.robustness_seed and stored.get("order") == order:
         record = stored
@@ -87,7 +89,7 @@ def run_round(
             "order": order,
             "measurements": [measured(f"confirm {i + 1}/{len(order)}", n, n in near) for i, n in enumerate(order)],
         }
-        study.set_user_attr(CONFIRM_ATTR, record)
+        store_round(study, record)
     while True:  # further passes (module docstring); a resumed round carries on from its last stored pass
         c = confirm_round(spec, record, trials)
         again = c.contenders()
@@ -109,7 +111,7 @@ def run_round(
                 for t in order
             ],
         }
-        study.set_user_attr(CONFIRM_ATTR, record)
+        store_round(study, record)
 
 
 @dataclass(frozen=True)
@@ -118,7 +120,7 @@ class Measured:
 
     position: int  # 1-based, in the order measured
     trial: int | None  # None: the default config
-    metrics: dict[str, Any] | None
+    metrics: Measurement | None
     error: str | None
     reasons: list[str]  # why it misses the SLO (or a near miss its gates) on this measurement ([] when it holds)
     gates: dict[str, Any] | None = None  # a near miss's gate report from the round
@@ -167,7 +169,7 @@ class Confirmation:
         return [m for m in self.measured if m.trial == trial]
 
     @property
-    def default_metrics(self) -> dict[str, Any] | None:
+    def default_metrics(self) -> Measurement | None:
         """The default config as the round measured it: its two measurements (first and last) as
         one (their mean), and an interval spanning both of theirs (drift over the round counts as noise)."""
         return median_metrics([m.metrics for m in self.of(None) if m.metrics])
@@ -187,13 +189,13 @@ class Confirmation:
         a confirmed round."""
         if not (self.is_round and self.is_confirmed):
             return []
-        mine = interval(self.standing(self.winner).metrics, self.key)
+        mine = (self.standing(self.winner).metrics or Measurement()).interval(self.key)
         if mine is None:
             return []
         out = []
         for n in self.by_trial:
             m = self.standing(n)
-            theirs = interval(m.metrics, self.key) if n != self.winner and m.feasible else None
+            theirs = m.metrics.interval(self.key) if n != self.winner and m.feasible else None
             if theirs is not None and overlaps(theirs, mine):
                 out.append(m)
         return out
@@ -235,7 +237,7 @@ class Confirmation:
             out.update(near=self.near[self.winner], gates=mine.gates)
         if wins:
             out.update(
-                metrics=median_metrics([d["metrics"] for d in wins]),
+                metrics=median_metrics([Measurement.from_dict(d["metrics"]) for d in wins]),
                 seeds=[d["seed"] for d in wins],
                 half_width=half_width(objective_values(wins, self.winner, self.key)),
                 missed=[
@@ -247,7 +249,8 @@ class Confirmation:
             same = [d for d in defaults if d["seed"] in out["seeds"]]
             if same:
                 out.update(
-                    default=median_metrics([d["metrics"] for d in same]), default_seeds=[d["seed"] for d in same]
+                    default=median_metrics([Measurement.from_dict(d["metrics"]) for d in same]),
+                    default_seeds=[d["seed"] for d in same],
                 )
         else:
             out.update({"metrics": mine.metrics} if mine.metrics is not None else {"error": mine.error})
@@ -276,7 +279,7 @@ class Confirmation:
                 "winner": m.trial == self.winner and m.trial is not None,
                 "within_noise_of_winner": m.trial in rivals,
                 "near_miss": m.trial in self.near,
-                **({"metrics": m.metrics} if m.metrics is not None else {"error": m.error}),
+                **({"metrics": m.metrics.to_dict()} if m.metrics is not None else {"error": m.error}),
             }
             for m in self.measured
         ]
@@ -293,7 +296,7 @@ def judged(
     """One stored measurement ({trial, metrics or error, gates}) judged against the SLO; `key` must be
     measured. With `needs_gates` (a near miss, whose gates only the round ran) its `gate_specs` must
     have passed too: they are run only when the SLO held, so a report is missing only then."""
-    metrics = m.get("metrics")
+    metrics = Measurement.from_dict(m["metrics"]) if m.get("metrics") is not None else None
     reasons = []
     if metrics is not None:
         reasons = judge(metrics, limits).reasons
@@ -338,7 +341,8 @@ def confirm_round(spec, record: dict[str, Any], trials: list) -> Confirmation:
     obj = spec.objective
     key, direction = obj.metric_key(), obj.direction()
     limits = SLOLimits.from_objective(obj)
-    near = {t.number: near_words(t.user_attrs, limits) for t in trials if not t.user_attrs.get("feasible")}
+    trials = [TrialRecord.of(t) for t in trials]
+    near = {t.number: near_words(t, limits) for t in trials if not t.feasible}
     measured = [
         judged(i + 1, m, limits, key, spec.quality_gates, needs_gates=m.get("trial") in near and "pass" not in m)
         for i, m in enumerate(record["measurements"])

@@ -10,9 +10,8 @@ from slotune.engine.config import EngineConfig
 from slotune.tuner.decide.aggregate import half_width
 from slotune.tuner.measure.trial_process import DEFAULT_TRIAL_RUNNER, TrialFailure, measure
 from slotune.tuner.measure.units import format_value
+from slotune.tuner.search.records import TrialRecord, store_declaration, stored_declaration
 from slotune.tuner.search.references import DEFAULT_TAG
-
-DECLARE_ATTR = "declare"
 
 
 def declaration_seeds(spec) -> list[int]:
@@ -44,12 +43,10 @@ def is_declared(budget, values: list[float], seeds_measured: int) -> bool:
     successful measurements of the objective) is within that fraction of it (`half_width`), or
     `declare_cap` seeds.
 
-    The interval decides from 3 values on. Stopping when the spread looks small favours samples
-    whose spread is underestimated, and two values are the worst case: on the Xeon (2026-11-26,
-    example 02) a winner measured 4.49 and 4.42 req/s on its two seeds, an interval of +-9.3%, and
-    re-measured 5.30 on five others. With fewer than 2 values after `declare_repeats` seeds it
-    stops: one seed was asked for (`declare_repeats: 1`), or the winner fails on fresh seeds and
-    more of them would not make a mean."""
+    The interval decides from 3 values on: two that happen to agree understate the spread (a
+    measured case: docs/design/confirmation.md). With fewer than 2 values after `declare_repeats`
+    seeds it stops: one seed was asked for (`declare_repeats: 1`), or the winner fails on fresh
+    seeds and more of them would not make a mean."""
     if seeds_measured < budget.declare_repeats:
         return False
     if budget.declare_precision is None or seeds_measured >= budget.declare_cap or len(values) < 2:
@@ -75,7 +72,8 @@ def run_declaration(
     """
     planned = declaration_seeds(spec)
     key = spec.objective.metric_key()
-    stored = study.user_attrs.get(DECLARE_ATTR) or {}
+    trial = TrialRecord.of(trial)
+    stored = stored_declaration(study)
     seeds, measurements = [], []
     if (
         stored.get("trial") == trial.number
@@ -83,7 +81,7 @@ def run_declaration(
         and any(m.get("metrics") for m in stored["measurements"] if m.get("trial") is not None)
     ):
         seeds, measurements = list(stored["seeds"]), list(stored["measurements"])
-    configs = {trial.number: EngineConfig.model_validate(trial.user_attrs["config"]), None: spec.base_config()}
+    configs = {trial.number: EngineConfig.model_validate(trial.config), None: spec.base_config()}
     record = {"trial": trial.number, "seeds": seeds, "measurements": measurements}
     while not is_declared(spec.budget, values := objective_values(measurements, trial.number, key), len(seeds)):
         seed, step = planned[len(seeds)], _step_words(spec.budget, len(seeds) + 1, values)
@@ -91,13 +89,13 @@ def run_declaration(
             label = DEFAULT_TAG if number is None else f"trial {number}"
             try:
                 r = measure(spec, configs[number], seed=seed, early_stop=False, runner=runner, gates=False)
-                measurements.append({"trial": number, "seed": seed, "metrics": r["metrics"]})
-                say(f"{step}: {label} on workload seed {seed}: {key} = {format_value(key, r['metrics'].get(key))}")
+                measurements.append({"trial": number, "seed": seed, "metrics": r.metrics.to_dict()})
+                say(f"{step}: {label} on workload seed {seed}: {key} = {format_value(key, r.metrics.get(key))}")
             except TrialFailure as exc:
                 measurements.append({"trial": number, "seed": seed, "error": exc.reason})
                 say(f"{step}: {label} failed: {exc.reason}")
         seeds.append(seed)
-        study.set_user_attr(DECLARE_ATTR, record)  # an interrupted declaration resumes from here
+        store_declaration(study, record)  # an interrupted declaration resumes from here
     return record
 
 

@@ -1,6 +1,6 @@
 """Replay a workload against any OpenAI-compatible endpoint and measure it (`tune bench --url`).
 
-The same `WorkloadSpec` in and `BenchResult` out as the in-process replay (in_process_replay.py),
+The same `WorkloadSpec` in and `ReplayResult` out as the in-process replay (in_process_replay.py),
 on the client's clock, so `tune serve`, llama.cpp's llama-server and vLLM compare on equal terms.
 Every request streams greedy output with `ignore_eos` and `max_tokens = output_len`, so the workload
 decides each answer's length. Failures are recorded and counted by cause (`num_failed_<cause>`),
@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 from slotune.engine.serving import event_loop
 from slotune.tuner.measure.http_stream import APIS, _Replay
-from slotune.tuner.measure.metrics import PERCENTILES, BenchResult, RequestRecord, summarize
+from slotune.tuner.measure.metrics import PERCENTILES, ReplayResult, RequestRecord, summarize
 from slotune.tuner.spec.workload_spec import WorkloadSpec
 from slotune.tuner.workload.requests import iter_requests
 
@@ -75,7 +75,7 @@ async def _run(
     on_progress,
     should_stop,
     after_warm_up,
-) -> BenchResult:
+) -> ReplayResult:
     # Closed loop: one pooled keep-alive connection per worker. Open loop: no cap, or the
     # client's own queue for a connection would be measured as server TTFT.
     conc = workload.concurrency if workload.is_closed_loop else 0  # aiohttp: 0 = no limit
@@ -120,7 +120,7 @@ async def _run(
     metrics["num_short_outputs"] = float(replay.num_short_outputs)
     metrics["num_resent"] = float(replay.num_resent)
     metrics["client_cpu_s"] = cpu_s
-    return BenchResult(
+    return ReplayResult(
         config={"url": base, "api": api, "model": model, "served_models": served},
         workload=workload.model_dump(mode="json"),
         metrics=metrics,
@@ -155,7 +155,7 @@ def wait_ready(base_url: str, *, timeout_s: float = 120.0, proc=None, path: str 
     raise RuntimeError(f"{base_url}{path} not ready after {timeout_s:g} s")
 
 
-def run_http_benchmark(
+def run_http_replay(
     url: str,
     workload: WorkloadSpec,
     *,
@@ -171,7 +171,7 @@ def run_http_benchmark(
     should_stop: Callable[[list[RequestRecord]], bool] | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     after_warm_up: Callable[[], None] | None = None,
-) -> BenchResult:
+) -> ReplayResult:
     """Replay `workload` against the OpenAI-compatible server at `url` and measure it.
 
     Args:
@@ -197,7 +197,7 @@ def run_http_benchmark(
         after_warm_up: called once the warm-up requests have finished, before the measured run
             starts its clock; it may block (a trial snapshots the server's engine counters here).
     Returns:
-        BenchResult with device "http", config {url, api, model, served_models}, the metrics of
+        ReplayResult with device "http", config {url, api, model, served_models}, the metrics of
         `summarize` plus num_failed, num_failed_<cause>, num_short_outputs (completed with fewer
         tokens than asked: the server ignored ignore_eos) and client_cpu_s, and the records.
     Raises:

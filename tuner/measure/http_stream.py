@@ -11,7 +11,7 @@ from typing import Any
 
 import aiohttp
 from slotune.tuner.measure.metrics import RequestRecord
-from slotune.tuner.workload.requests import BenchRequest
+from slotune.tuner.workload.requests import WorkloadRequest
 
 APIS = ("completions", "chat")
 
@@ -90,7 +90,7 @@ class _Replay:
         self.t0 = time.perf_counter()
 
     # --- one request ----------------------------------------------------------------------
-    def body(self, r: BenchRequest) -> dict[str, Any]:
+    def body(self, r: WorkloadRequest) -> dict[str, Any]:
         b: dict[str, Any] = {
             "model": self.model,
             "max_tokens": r.output_len,
@@ -106,7 +106,7 @@ class _Replay:
         return b
 
     async def send(
-        self, r: BenchRequest, body: dict[str, Any], arrival: float | None
+        self, r: WorkloadRequest, body: dict[str, Any], arrival: float | None
     ) -> tuple[RequestRecord, str | None]:
         """Stream one request; returns its record and the failure cause (None if it completed).
 
@@ -234,7 +234,7 @@ class _Replay:
         task.add_done_callback(self.tasks.discard)
         return task
 
-    async def measure(self, r: BenchRequest, body: dict[str, Any], arrival: float | None) -> None:
+    async def measure(self, r: WorkloadRequest, body: dict[str, Any], arrival: float | None) -> None:
         rec, cause = await self.send(r, body, arrival)
         self.records.append(rec)
         if cause is not None:
@@ -255,11 +255,11 @@ class _Replay:
                 task.cancel()
 
     # --- the run --------------------------------------------------------------------------
-    async def warm_up(self, warmup: list[BenchRequest]) -> None:
+    async def warm_up(self, warmup: list[WorkloadRequest]) -> None:
         # Connections, the server's first-call allocations and caches; results are discarded.
         await asyncio.gather(*(self.send(r, self.body(r), None) for r in warmup))
 
-    async def closed_loop(self, stream: Iterator[BenchRequest], concurrency: int, end: float | None) -> None:
+    async def closed_loop(self, stream: Iterator[WorkloadRequest], concurrency: int, end: float | None) -> None:
         async def worker() -> None:
             while not self.is_early:
                 if end is not None and time.perf_counter() >= end:
@@ -271,7 +271,7 @@ class _Replay:
 
         await _join([self.spawn(worker()) for _ in range(concurrency)])
 
-    async def open_loop(self, stream: Iterator[BenchRequest]) -> None:
+    async def open_loop(self, stream: Iterator[WorkloadRequest]) -> None:
         async def launch() -> None:
             for r in stream:
                 body = self.body(r)  # built before the wait, so it never delays the send

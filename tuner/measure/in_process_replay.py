@@ -14,9 +14,9 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 
 from slotune.tuner.measure.memory import MemoryTracker
-from slotune.tuner.measure.metrics import PERCENTILES, BenchResult, RequestRecord, engine_stats_delta, summarize
+from slotune.tuner.measure.metrics import PERCENTILES, ReplayResult, RequestRecord, engine_stats_delta, summarize
 from slotune.tuner.spec.workload_spec import WorkloadSpec
-from slotune.tuner.workload.requests import BenchRequest, iter_requests
+from slotune.tuner.workload.requests import WorkloadRequest, iter_requests
 
 DEFAULT_WORKLOAD = "chat-small"
 
@@ -47,7 +47,7 @@ class EngineWindow:
         return m
 
 
-def _run_warmup(engine, warmup: list[BenchRequest], params_for) -> None:
+def _run_warmup(engine, warmup: list[WorkloadRequest], params_for) -> None:
     # First-call allocations, caches and lazy compilation happen here, outside the measurement.
     for r in warmup:
         engine.add_request(r.request_id, r.prompt_token_ids, params_for(r))
@@ -55,7 +55,7 @@ def _run_warmup(engine, warmup: list[BenchRequest], params_for) -> None:
         engine.step()
 
 
-def run_benchmark(
+def run_in_process_replay(
     cfg,
     workload: WorkloadSpec,
     *,
@@ -66,7 +66,7 @@ def run_benchmark(
     percentiles: tuple[float, ...] = (),
     on_progress: Callable[[int, int | None], None] | None = None,
     should_stop: Callable[[list[RequestRecord]], bool] | None = None,
-) -> BenchResult:
+) -> ReplayResult:
     """Replay `workload` on an engine built from `cfg` (or the given `llm`) and measure it.
 
     Args:
@@ -83,7 +83,7 @@ def run_benchmark(
             (a hopeless trial): in-flight requests are aborted and not recorded, pending ones
             never sent, and the result is marked `early_stopped`.
     Returns:
-        BenchResult: `metrics` (flat floats: latency percentiles, throughput, goodput, engine
+        ReplayResult: `metrics` (flat floats: latency percentiles, throughput, goodput, engine
         stats, peak memory) and per-request `records`.
     """
     from slotune.engine import LLM, SamplingParams  # imports torch: only an in-process replay needs it
@@ -92,9 +92,9 @@ def run_benchmark(
     llm = llm or LLM(cfg)
     engine = llm.engine
     if engine.has_unfinished_requests():
-        raise ValueError("run_benchmark needs an idle engine: it has unfinished requests")
+        raise ValueError("run_in_process_replay needs an idle engine: it has unfinished requests")
 
-    def params_for(r: BenchRequest) -> SamplingParams:
+    def params_for(r: WorkloadRequest) -> SamplingParams:
         # Fixed output lengths: the workload, not the model's EOS, decides how long each answer is.
         return SamplingParams(max_tokens=r.output_len, ignore_eos=True)
 
@@ -108,7 +108,7 @@ def run_benchmark(
     records: list[RequestRecord] = []
     num_in_flight = 0
     is_early = False
-    next_req: BenchRequest | None = next(stream, None)
+    next_req: WorkloadRequest | None = next(stream, None)
     t0 = time.perf_counter()
     end = None if workload.duration_s is None else t0 + workload.duration_s
 
@@ -170,7 +170,7 @@ def run_benchmark(
         percentiles=tuple(dict.fromkeys((*PERCENTILES, *percentiles))),
     )
     metrics.update(window.metrics())
-    return BenchResult(
+    return ReplayResult(
         config=llm.config.model_dump(mode="json"),
         workload=workload.model_dump(mode="json"),
         metrics=metrics,

@@ -1,26 +1,10 @@
 """Latency against load: one config measured at rising offered load up to saturation, and its capacity.
 
-Each point is measured like a trial (`trial_process.measure`: its own process, served over HTTP by
-default, early stop off, no quality gates), on the spec's workload with only the load changed:
-prompt and output lengths, shared prefixes, chat mode and seed stay as the spec has them. So the
-numbers are what `tune serve` delivers. The load is what the workload's arrivals make it:
-
-- closed_loop: the concurrency, geometric from 1 to 2 x max_num_seqs (1, 2, 4, ... 32 for 6 steps
-  and max_num_seqs 16): past max_num_seqs requests only queue;
-- poisson, gamma, fixed_rate: the arrival rate, from 1.2/steps to 1.2 x the config's saturation
-  throughput in requests/s, which a closed-loop probe at concurrency max_num_seqs measures first;
-- a replayed trace (`trace: {path: ...}`): its rate, set by scaling its time (`time_scale`); its
-  probe replays the same requests all at once.
-
-A sweep ends early once throughput stops rising (under 5% more output tokens/s on two steps in a
-row), a point misses a latency limit by more than 2x, or a measurement fails: further points would
-only queue. Points are short: closed loop max(min_requests, 2 x concurrency) requests, open loop
-about SECONDS_PER_POINT of arrivals (at least min_requests, at most max_requests).
-
-A point meets the SLO when `slo.judge` passes it on the latency limits and every request completed.
-The throughput floor is left out: at a given offered load the load, not the config, sets the
-throughput. Capacity is the highest offered load whose point meets the SLO, with the requests/s
-achieved there; a peak of `peak_rps` then needs ceil(peak_rps / capacity requests/s) replicas."""
+Each point is measured like a trial (`trial_process.measure`), on the spec's workload with only the load
+changed (the concurrency of a closed loop, else the arrival rate), so the numbers are what `tune serve`
+delivers. A sweep ends once throughput stops rising, a latency limit is missed by far, or a point fails.
+Capacity is the highest load whose point meets the SLO's latency limits with every request completed.
+How the loads are picked and why: docs/design/tuner-load-sweep.md."""
 
 from __future__ import annotations
 
@@ -30,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from slotune.engine.config import EngineConfig
+from slotune.tuner.measure.measurement import Measurement
 from slotune.tuner.measure.trial_process import DEFAULT_TRIAL_RUNNER, TrialFailure, measure
 from slotune.tuner.spec.slo import SLOLimits, judge, metric_key
 from slotune.tuner.spec.trace_reader import load_trace
@@ -219,7 +204,7 @@ def num_requests(workload: WorkloadSpec, offered: float, min_requests: int, max_
     return min(max_requests, max(min_requests, math.ceil(offered * SECONDS_PER_POINT)))
 
 
-def _kept(metrics: dict[str, float], percentile: float) -> dict[str, float]:
+def _kept(metrics: Measurement, percentile: float) -> dict[str, float]:
     keys = (
         "requests_per_s",
         "output_tokens_per_s",
@@ -271,7 +256,7 @@ def measure_point(
         r = measure(point_spec, config, early_stop=False, runner=runner, on_phase=on_phase)
     except TrialFailure as exc:
         return LoadPoint(offered, n, error=exc.reason, reasons=(f"not measured: {exc.reason}",))
-    m = _kept(r["metrics"], limits.percentile)
+    m = _kept(r.metrics, limits.percentile)
     return LoadPoint(offered, int(m.get("num_requests", n)), m, *verdict(m, limits))
 
 

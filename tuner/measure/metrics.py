@@ -9,8 +9,8 @@ touched, lazily, to read CUDA peak memory). Definitions, per request:
   queue_time  first scheduled - arrival_time
 Goodput counts requests whose *own* TTFT and TPOT are within the limits (per-request SLO,
 `slo.meets_slo`), divided by the run's duration. Metric keys are `slo.metric_key`'s.
-Beside them: `bootstrap_intervals` (how sure each number is: `<key>_ci_low`, `<key>_ci_high`)
-and `cost_metrics` ($ per 1M tokens at the measured throughput, for a price per hour).
+`cost_metrics`: $ per 1M tokens at the measured throughput, for a price per hour. How sure each
+number is: measure/intervals.py; the typed view with intervals: measure/measurement.py.
 """
 
 from __future__ import annotations
@@ -202,8 +202,8 @@ def breaks_slo_so_far(records: list[RequestRecord], objective: dict[str, Any], e
     ones do not count) and their pXX already misses a latency limit by `es.factor` x
     (`slo.breaks_slo_early`).
 
-    Used by both replays: `run_benchmark`'s should_stop in tuner/trial_runner.py, the HTTP
-    client's in tuner/http_bench.py `main`.
+    Used by both replays: `run_in_process_replay`'s should_stop in tuner/measure/trial_runner.py, the HTTP
+    client's in tuner/measure/http_replay.py `main`.
     """
     done = [r for r in records if r.finish_reason not in ("abort", "error")]
     return len(done) >= es["min_requests"] and breaks_slo_early(
@@ -212,7 +212,7 @@ def breaks_slo_so_far(records: list[RequestRecord], objective: dict[str, Any], e
 
 
 @dataclass
-class BenchResult:
+class ReplayResult:
     """One measured run: the config and workload it used, flat metrics, per-request records."""
 
     config: dict[str, Any]
@@ -235,7 +235,7 @@ class BenchResult:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "BenchResult":
+    def from_dict(cls, d: dict[str, Any]) -> "ReplayResult":
         return cls(
             d["config"],
             d["workload"],

@@ -73,13 +73,12 @@ def failed_gates(gates: Mapping[str, Any] | None, gate_specs: Iterable[GateSpec]
     ]
 
 
-def infeasible_reasons(
-    user_attrs: Mapping[str, Any], limits: SLOLimits, gate_specs: Iterable[GateSpec] = ()
-) -> list[str]:
+def infeasible_reasons(record, limits: SLOLimits, gate_specs: Iterable[GateSpec] = ()) -> list[str]:
     """Why a trial cannot win, in words; [] for a feasible trial.
 
     Args:
-        user_attrs: the trial's user attributes.
+        record: the trial's `TrialRecord` (tuner/search/records.py; read here for its `fail_reason`,
+            `violations`, `metrics` and `gates`).
         limits: the study's SLO limits (`SLOLimits.from_objective(spec.objective)`).
         gate_specs: the spec's `quality_gates`, for the gates' limits.
 
@@ -87,17 +86,17 @@ def infeasible_reasons(
         The failure reason for a trial that measured nothing; otherwise, in order: stopped early,
         each missed SLO limit, each failed gate.
     """
-    if user_attrs.get("fail_reason"):
-        return [str(user_attrs["fail_reason"])]
-    v = user_attrs.get("violations") or {}
+    if record.fail_reason:
+        return [str(record.fail_reason)]
+    v = record.violations or {}
     words = []
     if v.get("early_stop", 0) > 0:
         words.append("stopped early: the first requests already missed a limit by far")
     if any(v.get(k, 0) > 0 for k in SLO_KEYS):
         # Judged again from the stored metrics for the words; the stored numbers if those are gone.
-        words += judge(user_attrs.get("metrics") or {}, limits).reasons or [
+        words += judge(record.metrics or {}, limits).reasons or [
             f"{k} {v[k]:+.0%} beyond its limit" for k in SLO_KEYS if v.get(k, 0) > 0
         ]
     if v.get("quality_gates", 0) > 0:
-        words += failed_gates(user_attrs.get("gates"), gate_specs) or ["quality gates failed"]
+        words += failed_gates(record.gates, gate_specs) or ["quality gates failed"]
     return words

@@ -11,7 +11,7 @@ import threading
 import traceback
 from pathlib import Path
 
-from slotune.tuner.measure.http_replay import run_http_benchmark
+from slotune.tuner.measure.http_replay import run_http_replay
 from slotune.tuner.measure.metrics import RequestRecord, breaks_slo_so_far
 from slotune.tuner.spec.workload_spec import WorkloadSpec
 
@@ -30,7 +30,7 @@ def main(argv: list[str]) -> int:
     that file once its warm-up has finished and waits for a line on stdin before it starts the
     clock, so the trial can snapshot the engine's counters in between; stdin closing (the trial
     died) ends this process.
-    OUT.json: {"status": "ok", "result": BenchResult dict} or {"status": "error", "error": ...}.
+    OUT.json: {"status": "ok", "result": ReplayResult dict} or {"status": "error", "error": ...}.
 
     Early stop: the trial's rule on the requests finished so far (`breaks_slo_so_far`), and at
     the first request that broke (finish_reason "error"): over loopback to our own server that
@@ -66,7 +66,7 @@ def main(argv: list[str]) -> int:
     try:
         tokenizer = pickle.loads(Path(req["tokenizer_file"]).read_bytes())
         phase("client: warm-up")
-        res = run_http_benchmark(
+        res = run_http_replay(
             req["url"],
             WorkloadSpec.model_validate(req["workload"]),
             tokenizer=tokenizer,

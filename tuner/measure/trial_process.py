@@ -13,9 +13,11 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from slotune.tuner.measure.measurement import Measurement
 from slotune.tuner.measure.metrics import cost_metrics
 
 
@@ -25,6 +27,29 @@ class TrialFailure(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    """What a trial process measured, parsed once from its JSON (`measure`)."""
+
+    metrics: Measurement
+    violations: dict[str, float]  # SLO constraint values as the trial process judged them
+    early_stopped: bool
+    gates: dict[str, Any] | None = None  # the gate report (evals/gate_spec.py GateReport.to_dict()); None: not run
+    latencies: dict[str, list[float]] | None = None  # per-request seconds, {"ttft": [...], "tpot": [...]}
+    measure: str | None = None  # how it was measured: "served" or "in_process"
+
+    @classmethod
+    def from_json(cls, result: dict[str, Any]) -> "TrialResult":
+        return cls(
+            metrics=Measurement.from_dict(result.get("metrics")),
+            violations=dict(result.get("violations") or {}),
+            early_stopped=bool(result.get("early_stopped")),
+            gates=result.get("gates"),
+            latencies=result.get("latencies"),
+            measure=result.get("measure"),
+        )
 
 
 class Interrupted(KeyboardInterrupt):
@@ -261,7 +286,7 @@ def measure(
     runner: tuple[str, ...] = DEFAULT_TRIAL_RUNNER,
     gates: bool = True,
     workload=None,
-) -> dict[str, Any]:
+) -> TrialResult:
     """Measure `config` on the spec's workload in a child process; raises TrialFailure.
 
     Args:
@@ -276,7 +301,7 @@ def measure(
         workload: replay this WorkloadSpec instead of the spec's (a screening replay).
 
     Returns:
-        The child's result (see `run_trial_process`); with a price (`spec.cost`), its metrics
+        The child's result (see `run_trial_process`), parsed; with a price (`spec.cost`), its metrics
         carry the cost per 1M tokens (`metrics.cost_metrics`, intervals included).
     """
     b = spec.budget
@@ -291,4 +316,4 @@ def measure(
     )
     if spec.cost is not None:  # priced here, after any trial process: the same price for every measurement
         result["metrics"].update(cost_metrics(result["metrics"], spec.cost.usd_per_hour))
-    return result
+    return TrialResult.from_json(result)

@@ -5,7 +5,7 @@ hang takes down only this process; the parent (tuner/measure/trial_process.py) r
 failed trial with the reason. Progress goes to the request's `phase_file`. `budget.measure`:
 served (default) serves the engine as `tune serve` does and replays from a client process
 (tuner/measure/replay_client.py), the two hand-shaking so engine counters and peak memory cover the
-measured requests only; in_process drives the engine directly (`run_benchmark`: quicker, no serving cost).
+measured requests only; in_process drives the engine directly (`run_in_process_replay`: quicker, no serving cost).
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from typing import Any
 from slotune.engine.config import EngineConfig
 from slotune.evals.gate_spec import GateSpec
 from slotune.evals.gates import evaluate_gates
-from slotune.tuner.measure.in_process_replay import run_benchmark
+from slotune.tuner.measure.in_process_replay import run_in_process_replay
 from slotune.tuner.measure.intervals import bootstrap_intervals
-from slotune.tuner.measure.metrics import CI_PERCENTILES, BenchResult, breaks_slo_so_far
+from slotune.tuner.measure.metrics import CI_PERCENTILES, ReplayResult, breaks_slo_so_far
 from slotune.tuner.measure.server import BundledServer, InFlightWatchdog, TrialServer
 from slotune.tuner.spec.slo import is_feasible, slo_violations
 from slotune.tuner.spec.workload_spec import WorkloadSpec
@@ -95,7 +95,7 @@ def run_trial(req: dict[str, Any]) -> dict[str, Any]:
 
 
 def _replay_in_process(llm, req: dict[str, Any], phase: Callable[[str], None]):
-    """`run_benchmark` on the loaded engine (budget.measure: in_process)."""
+    """`run_in_process_replay` on the loaded engine (budget.measure: in_process)."""
     objective, es = req["objective"], req.get("early_stop") or {}
     watchdog = InFlightWatchdog(llm.engine, objective, es) if es.get("enabled") else None
 
@@ -108,7 +108,7 @@ def _replay_in_process(llm, req: dict[str, Any], phase: Callable[[str], None]):
     if watchdog is not None:
         watchdog.install()
     try:
-        return run_benchmark(
+        return run_in_process_replay(
             llm.config,
             WorkloadSpec.model_validate(req["workload"]),
             llm=llm,
@@ -124,12 +124,14 @@ def _replay_in_process(llm, req: dict[str, Any], phase: Callable[[str], None]):
             watchdog.uninstall()
 
 
-def _replay_served(server: TrialServer, req: dict[str, Any], phase: Callable[[str], None]) -> tuple[BenchResult, float]:
+def _replay_served(
+    server: TrialServer, req: dict[str, Any], phase: Callable[[str], None]
+) -> tuple[ReplayResult, float]:
     """Start `server`, replay the workload from a client process over HTTP, stop it.
 
     Latency and throughput metrics (and the records) are the client's; what the server saw over
     the client's measured run (engine counters, peak memory) is `server.window_metrics()`, as
-    `run_benchmark` takes it in process. Returns (result, seconds from start to ready).
+    `run_in_process_replay` takes it in process. Returns (result, seconds from start to ready).
     """
     phase("starting server")
     with server:
@@ -139,7 +141,7 @@ def _replay_served(server: TrialServer, req: dict[str, Any], phase: Callable[[st
     if num_broken and not server.is_hopeless:  # loopback to our own server: a bug, not a measurement
         causes = {k: v for k, v in client.metrics.items() if k.startswith("num_failed_") and not k[11:].isdigit()}
         raise RuntimeError(f"{num_broken:g} requests broke over HTTP without an early stop: {causes}")
-    result = BenchResult(
+    result = ReplayResult(
         config=req["config"],
         workload=client.workload,
         metrics={**client.metrics, **server.window_metrics()},  # _run_client raised unless the window began
@@ -155,7 +157,7 @@ def _run_client(
     url: str, req: dict[str, Any], tokenizer, on_measured_start: Callable[[], None], on_poll: Callable[[], None]
 ):
     """Run `python -m slotune.tuner.measure.replay_client` against `url` with the server's `tokenizer`;
-    returns its BenchResult.
+    returns its ReplayResult.
 
     Handshake: the client creates its `warm_file` after its warm-up and waits for a line on its
     stdin; `on_measured_start` runs in between. `on_poll` runs about every 0.1 s while the
@@ -213,7 +215,7 @@ def _run_client(
         raise RuntimeError(f"HTTP client: {out['error']}")
     if not is_started:
         raise RuntimeError("HTTP client finished without starting its measured run")
-    return BenchResult.from_dict(out["result"])
+    return ReplayResult.from_dict(out["result"])
 
 
 def die_with_parent(parent_pid: int | None) -> None:

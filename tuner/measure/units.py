@@ -8,10 +8,11 @@ their plots (`axis_unit`), so the same number reads the same everywhere. Standar
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
-from slotune.tuner.measure.metrics import LATENCY_SERIES, ci_keys
+from slotune.tuner.measure.measurement import Measurement
+from slotune.tuner.measure.metrics import LATENCY_SERIES
 from slotune.tuner.spec.slo import parse_metric_key, percentile_label
 
 _LABELS = {
@@ -105,19 +106,15 @@ def format_value(key: str, v: Any, ci: tuple[float, float] | None = None) -> str
     return text
 
 
-def interval(metrics: Mapping[str, Any] | None, key: str) -> tuple[float, float] | None:
-    """The metric's uncertainty interval (`metrics.ci_keys`: `<key>_ci_low`, `<key>_ci_high`), when measured."""
-    lo, hi = ((metrics or {}).get(k) for k in ci_keys(key))
-    return (float(lo), float(hi)) if isinstance(lo, (int, float)) and isinstance(hi, (int, float)) else None
-
-
 def overlaps(a: tuple[float, float], b: tuple[float, float]) -> bool:
     """Two (low, high) intervals share a point: the two values are within noise of each other."""
     return a[0] <= b[1] and b[0] <= a[1]
 
 
-def value_with_ci(metrics: Mapping[str, Any] | None, key: str) -> str:
-    return format_value(key, (metrics or {}).get(key), interval(metrics, key))
+def value_with_ci(metrics: Measurement | None, key: str) -> str:
+    """A metric of `metrics` in its unit, with its interval when measured: '45.1 ms ± 3.2'; '–' when absent."""
+    m = metrics if metrics is not None else Measurement()
+    return format_value(key, m.get(key), m.interval(key))
 
 
 def axis_unit(key: str, values: Iterable[float | None]) -> tuple[float, str]:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slotune.evals.gate_spec import GateSpec
+from slotune.tuner.measure.measurement import Measurement
 from slotune.tuner.measure.reasons import gate_words
 from slotune.tuner.measure.units import (
     format_value,
@@ -28,7 +29,7 @@ class TrialFacts:
     params: dict[str, Any]
     reasons: list[str]  # why it cannot win, in words ([] for a feasible trial)
     early_stopped: bool
-    metrics: dict[str, Any]
+    metrics: Measurement
     latencies: dict[str, list[float]] | None  # per-request TTFT/TPOT in seconds, when stored
 
     @property
@@ -60,9 +61,9 @@ class WinnerFacts:
     slo: list[list[str]]  # check | limit | winner | pass | re-measured | pass (header first)
     gates: list[GateFacts]
     params: list[list[str]]  # parameter | winner | default (header first)
-    metrics: dict[str, Any]
-    references: dict[str, dict | None]  # metrics of the reference configs: default, naive
-    default: dict | None  # the default config's metrics
+    metrics: Measurement
+    references: dict[str, Measurement | None]  # metrics of the reference configs: default, naive
+    default: Measurement | None  # the default config's metrics
     default_latencies: dict[str, list[float]] | None  # its per-request TTFT/TPOT, when stored
 
     def gates_table(self) -> list[list[str]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 
+from slotune.tuner.measure.measurement import Measurement
 from slotune.tuner.measure.reasons import infeasible_reasons
 from slotune.tuner.measure.units import (
     metric_label,
@@ -12,7 +13,7 @@ from slotune.tuner.measure.units import (
 from slotune.tuner.report.facts import ReportData, TrialFacts
 from slotune.tuner.report.winner import winner_facts
 from slotune.tuner.search.references import DEFAULT_TAG, reference_metrics, reference_results, trial_label
-from slotune.tuner.search.trials import is_screened_out
+from slotune.tuner.search.records import TrialRecord
 from slotune.tuner.spec.slo import SLOLimits, metric_key
 from slotune.tuner.workload.requests import describe_replay
 
@@ -55,21 +56,21 @@ def gather(spec, study, best, remeasure) -> ReportData:
     obj = spec.objective
     limits = SLOLimits.from_objective(obj)
     keys = [obj.metric_key(m) for m in obj.metrics]
+    records = [TrialRecord.of(t) for t in study.trials]
     trials = []
-    for t in study.trials:
-        ua = t.user_attrs
+    for t in records:
         trials.append(
             TrialFacts(
                 number=t.number,
-                tag=trial_label(ua),
+                tag=trial_label(t),
                 state=t.state.name,
-                values=tuple(t.values) if t.values else None,
-                feasible=ua.get("feasible"),
+                values=t.values or None,
+                feasible=t.feasible,
                 params=dict(t.params),
-                reasons=[] if ua.get("feasible") else infeasible_reasons(ua, limits, spec.quality_gates),
-                early_stopped=bool(ua.get("early_stopped")),
-                metrics=dict(ua.get("metrics") or {}),
-                latencies=ua.get("latencies") or None,
+                reasons=[] if t.feasible else infeasible_reasons(t, limits, spec.quality_gates),
+                early_stopped=bool(t.early_stopped),
+                metrics=t.metrics or Measurement(),
+                latencies=t.latencies or None,
             )
         )
     states = [t.state for t in trials]
@@ -85,13 +86,13 @@ def gather(spec, study, best, remeasure) -> ReportData:
     if spec.screening.enabled:
         from slotune.tuner.search.screening import screened_in  # optuna: only where a study exists
 
-        out = [t for t in study.trials if is_screened_out(t) and t.user_attrs.get("repeat_of") is None]
+        out = [t for t in records if t.screened_out and t.repeat_of is None]
         summary.append(
             f"Screening: each searched trial replayed {spec.screening.describe(spec.workload)} first; "
             f"{len(out)} were screened out there (each holding {number(spec.screening.share(spec.workload))} "
             f"of a budget slot), {len(screened_in(study))} passed and were measured in full."
         )
-    machines = sorted({t.user_attrs["machine"] for t in study.trials if t.user_attrs.get("machine")})
+    machines = sorted({t.machine for t in records if t.machine})
     if machines:  # a latency is a fact about the machine that measured it
         summary.append(
             f"Measured on {machines[0]}."
@@ -109,9 +110,9 @@ def gather(spec, study, best, remeasure) -> ReportData:
     )
     front: set[int] = set()
     if len(keys) > 1:
-        front = {t.number for t in study.best_trials if t.user_attrs.get("feasible")}
+        front = {t.number for t in study.best_trials if TrialRecord.of(t).feasible}
     importances, note = _importances(study, trials)
-    closest = _closest(study, trials) if winner is None else ""
+    closest = _closest(records, trials) if winner is None else ""
     return ReportData(
         name=spec.name,
         objective_keys=keys,
@@ -127,13 +128,13 @@ def gather(spec, study, best, remeasure) -> ReportData:
     )
 
 
-def _closest(study, trials: list[TrialFacts]) -> str:
+def _closest(records: list[TrialRecord], trials: list[TrialFacts]) -> str:
     """The measured trial that missed least (the sum of its relative misses: 0.15 = 15% beyond a limit;
     a failed gate or an early stop counts 1), with its misses in words; "" when nothing was measured."""
     missed = {
-        t.number: sum(max(float(v), 0.0) for v in (t.user_attrs.get("violations") or {}).values())
-        for t in study.trials
-        if t.state.name == "COMPLETE" and t.user_attrs.get("violations")
+        t.number: sum(max(float(v), 0.0) for v in (t.violations or {}).values())
+        for t in records
+        if t.is_complete and t.violations
     }
     if not missed:
         return ""

@@ -1,4 +1,4 @@
-"""report.html: the report's facts (tuner/report.py: `ReportData`) as one self-contained page.
+"""report.html: the report's facts (tuner/report/markdown.py: `ReportData`) as one self-contained page.
 
 A jinja2 template (templates/report.html.j2) lays out the winner card, the sections and the
 trials table; plotly draws the figures, its JavaScript inlined once, so the page works offline
@@ -265,7 +265,7 @@ def render_html(data: ReportData, sections: Sequence[ReportSection] = ()) -> str
     """The page: summary, winner card, built-in and extra sections, the trials table.
 
     Args:
-        data: the facts (tuner/report.py: `gather`).
+        data: the facts (tuner/report/markdown.py: `gather`).
         sections: extra sections, after the built-in ones.
     """
     import jinja2  # heavy: the tuner's dependency, only for report.html

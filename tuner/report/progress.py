@@ -6,8 +6,10 @@ from __future__ import annotations
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
+from slotune.tuner.measure.units import format_value, metric_label
+from slotune.tuner.search.records import TrialRecord
 from slotune.tuner.search.references import trial_label
-from slotune.tuner.search.trials import best_trial, budget_share
+from slotune.tuner.search.trials import best_trial
 from slotune.tuner.spec.slo import metric_key
 
 
@@ -89,35 +91,36 @@ class Progress:
         for c in ("metric", "winner", "re-measured", "default", "naive"):
             t.add_column(c, justify="right" if c != "metric" else "left")
         cols = [
-            best.user_attrs.get("metrics") or {},
+            TrialRecord.of(best).metrics or {},
             (remeasure or {}).get("metrics") or {},
             references.get("default") or {},
             references.get("naive") or {},
         ]
         for k in dict.fromkeys(keys):
-            t.add_row(k, *[_fmt(c.get(k)) for c in cols])
+            t.add_row(metric_label(k), *[format_value(k, c.get(k)) for c in cols])
         self.console.print(t)
         self.say(f"best config -> {out / 'best.yaml'}; report -> {out / 'report.md'} (+ .html)")
 
     # --- rendering -------------------------------------------------------------------------
     def _add(self, study, trial, log: bool) -> None:
-        ua = trial.user_attrs
-        value = f"{trial.values[0]:.4g}" if trial.values else "-"
-        feasible = {True: "yes", False: "no", None: "-"}[ua.get("feasible")]
-        if ua.get("early_stopped"):
+        trial = TrialRecord.of(trial)
+        key = self.spec.objective.metric_key()
+        value = format_value(key, trial.values[0]) if trial.values else "-"
+        feasible = {True: "yes", False: "no", None: "-"}[trial.feasible]
+        if trial.early_stopped:
             feasible = "no (early stop)"
-        detail = ua.get("fail_reason") or ", ".join(f"{k}={v}" for k, v in trial.params.items())
-        tag = trial_label(ua)
+        detail = trial.fail_reason or ", ".join(f"{k}={v}" for k, v in trial.params.items())
+        tag = trial_label(trial)
         self.rows.append(
             (f"{trial.number}" + (f" ({tag})" if tag else ""), trial.state.name, value, feasible, detail[:100])
         )
-        self.num_finished += budget_share(trial)  # a screened-out trial: its short replay's share
+        self.num_finished += trial.budget_share  # a screened-out trial: its short replay's share
         b = best_trial(study, self.spec)
-        self.best = f"{b.values[0]:.4g} (trial {b.number})" if b else "-"
+        self.best = f"{format_value(key, b.values[0])} (trial {b.number})" if b else "-"
         if log and self._live is None:
             self.say(
                 f"[{_slots(self.num_finished)}/{self.total}] trial {trial.number} {trial.state.name} "
-                f"{self.spec.objective.metric_key()}={value} feasible={feasible} best={self.best} | {detail[:160]}"
+                f"{key}={value} feasible={feasible} best={self.best} | {detail[:160]}"
             )
 
     def _table(self, last: int = 12) -> Table:
@@ -139,9 +142,3 @@ class Progress:
 def _slots(x: float) -> str:
     """Budget slots held: "3", or "3.33" with screened-out trials' shares."""
     return str(round(x)) if abs(x - round(x)) < 1e-9 else f"{x:.2f}"
-
-
-def _fmt(v) -> str:
-    if v is None:
-        return "-"
-    return f"{v:.4g}" if isinstance(v, float) else str(v)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from rich.console import Console
 from rich.table import Table
-from slotune.tuner.measure.metrics import LATENCY_SERIES, PERCENTILES, BenchResult, ci_keys
+from slotune.tuner.measure.measurement import Measurement
+from slotune.tuner.measure.metrics import LATENCY_SERIES, PERCENTILES, ReplayResult
 from slotune.tuner.spec.slo import metric_key
 from slotune.tuner.workload.fit import TraceSummary
 
@@ -16,20 +17,19 @@ def _fmt(v: float | None, scale: float = 1.0) -> str:
     return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}" if abs(v) < 10 else f"{v:.1f}"
 
 
-def _fmt_ci(m: dict[str, float], key: str, scale: float = 1.0) -> str:
+def _fmt_ci(m: Measurement, key: str, scale: float = 1.0) -> str:
     """The value, and its 95% interval when measured: '63.9 (61.2-66.0)'."""
-    lo, hi = (m.get(k) for k in ci_keys(key))
-    text = _fmt(m.get(key), scale)
-    return text if lo is None or hi is None else f"{text} ({_fmt(lo, scale)}-{_fmt(hi, scale)})"
+    ci, text = m.interval(key), _fmt(m.get(key), scale)
+    return text if ci is None else f"{text} ({_fmt(ci[0], scale)}-{_fmt(ci[1], scale)})"
 
 
-def print_result(res: BenchResult, title: str = "benchmark", percentiles: tuple[float, ...] = PERCENTILES) -> None:
+def print_result(res: ReplayResult, title: str = "benchmark", percentiles: tuple[float, ...] = PERCENTILES) -> None:
     """Rich tables: latency percentiles (ms), then throughput, goodput, cost (with a price), engine
     stats and failures; the rates and costs with their 95% intervals when measured.
 
     Rows whose metric the run did not produce (engine stats over HTTP, cost without a price) are left out.
     """
-    m = res.metrics
+    m = Measurement.from_dict(res.metrics)
     flag = ", early-stopped" if res.early_stopped else ""
     t = Table(title=f"{title} ({res.device}, {int(m['num_completed'])}/{int(m['num_requests'])} completed{flag})")
     t.add_column("latency (ms)")
@@ -66,7 +66,9 @@ def print_result(res: BenchResult, title: str = "benchmark", percentiles: tuple[
     for label, key, scale in rows:
         if key in m:
             s.add_row(label, _fmt_ci(m, key, scale))
-    for key in sorted(k for k in m if k.startswith("num_failed_")):  # by HTTP status or cause (tuner/http_bench.py)
+    for key in sorted(
+        k for k in m if k.startswith("num_failed_")
+    ):  # by HTTP status or cause (tuner/measure/http_replay.py)
         s.add_row(f"  failed: {key.removeprefix('num_failed_')}", _fmt(m[key]))
     console.print(s)
 

@@ -6,9 +6,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from slotune.tuner.decide.aggregate import declared_as
+from slotune.tuner.measure.measurement import Measurement
 from slotune.tuner.measure.units import (
     format_value,
-    interval,
     metric_label,
     number,
     overlaps,
@@ -16,6 +16,7 @@ from slotune.tuner.measure.units import (
     value_with_ci,
 )
 from slotune.tuner.report.facts import GateFacts, WinnerFacts, gate_facts
+from slotune.tuner.search.records import TrialRecord
 from slotune.tuner.search.references import DEFAULT_TAG
 from slotune.tuner.spec.slo import SLOLimits, judge, metric_key
 from slotune.tuner.spec.tuning_spec import COST_METRICS
@@ -68,8 +69,8 @@ def _times(r: float) -> str:
 def _claims(
     key: str,
     direction: str,
-    bm: dict,
-    default: dict | None,
+    bm: Measurement,
+    default: Measurement | None,
     limits: SLOLimits,
     gates: list[GateFacts],
     is_default: bool = False,
@@ -96,12 +97,12 @@ def _claims(
     return out
 
 
-def _noise_note(key: str, direction: str, bm: dict, default: dict | None) -> str | None:
+def _noise_note(key: str, direction: str, bm: Measurement, default: Measurement | None) -> str | None:
     """Say plainly when the win over the default is small: within noise (intervals overlap) when
     both have intervals; without intervals, only that it is small and unproven."""
     if not default or default.get(key) is None or bm.get(key) is None:
         return None
-    a, b = interval(bm, key), interval(default, key)
+    a, b = bm.interval(key), default.interval(key)
     if a is not None and b is not None:
         if overlaps(a, b):
             return (
@@ -128,29 +129,30 @@ def _attainment(m: Mapping[str, Any]) -> str:
 
 
 def winner_facts(
-    spec, best, remeasure, refs: dict[str, dict | None], default_latencies, limits: SLOLimits
+    spec, best, remeasure, refs: dict[str, Measurement | None], default_latencies, limits: SLOLimits
 ) -> WinnerFacts:
     obj = spec.objective
     key, direction = obj.metric_key(), obj.direction()
-    bm = best.user_attrs["metrics"]
-    rm = (remeasure or {}).get("metrics") or {}
+    best = TrialRecord.of(best)
+    bm = best.metrics or Measurement()
+    rm = Measurement.from_dict((remeasure or {}).get("metrics"))
     seed = (remeasure or {}).get("seed", spec.robustness_seed)
-    # declared on the declaration measurements' seeds (tuner/confirm.py), else on the round's
+    # declared on the declaration measurements' seeds (tuner/decide/confirm.py), else on the round's
     seeds = (remeasure or {}).get("seeds") or [seed]
     on_seeds = f"workload {seeds_words(seeds)}"
     default = refs.get(DEFAULT_TAG)
-    # Measured together in the confirmation round (tuner/confirm.py), the winner and the default
+    # Measured together in the confirmation round (tuner/decide/confirm.py), the winner and the default
     # are compared on those numbers: same seed, same moment; else on their trials.
-    rdefault = (remeasure or {}).get("default") or {}
+    rdefault = Measurement.from_dict((remeasure or {}).get("default"))
     card, card_default = (rm, rdefault) if rm and rdefault else (bm, default)
-    # A near miss (tuner/confirm.py) ran its gates in the confirmation round, not on its trial.
-    gates = gate_facts((remeasure or {}).get("gates") or best.user_attrs.get("gates"), spec.quality_gates)
+    # A near miss (tuner/decide/confirm.py) ran its gates in the confirmation round, not on its trial.
+    gates = gate_facts((remeasure or {}).get("gates") or best.gates, spec.quality_gates)
     base = spec.base_config().model_dump(mode="json")
     defaults = {k: _config_value(base, k) for k in best.params}
 
     # The default config won: its trial and its measurements in the round are the same config, so
     # the card claims no improvement over it (a ratio between them is the machine's drift).
-    is_default = best.user_attrs.get("tag") == DEFAULT_TAG or best.user_attrs.get("config") == base
+    is_default = best.tag == DEFAULT_TAG or best.config == base
     notes = []
     for name, m in refs.items():
         if is_default and name == DEFAULT_TAG:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from slotune.tuner.search.objective import UNMEASURED_OVER_BUDGET
-from slotune.tuner.search.trials import budget_share, is_measured
+from slotune.tuner.search.records import UNMEASURED_OVER_BUDGET, TrialRecord
+from slotune.tuner.search.trials import budget_share
 
 
 class TrialBudget:
@@ -29,8 +29,9 @@ class TrialBudget:
         from optuna.trial import TrialState
 
         done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED))
-        rejected = sum(not is_measured(t) and t.user_attrs.get("unmeasured") != UNMEASURED_OVER_BUDGET for t in done)
-        return round(sum(budget_share(t) for t in done), 9), rejected
+        records = [TrialRecord.of(t) for t in done]
+        rejected = sum(not r.is_measured and r.unmeasured != UNMEASURED_OVER_BUDGET for r in records)
+        return round(sum(r.budget_share for r in records), 9), rejected
 
     def exhausted(self, study) -> bool:
         from optuna.trial import TrialState

@@ -8,41 +8,32 @@ With `screening` on, a searched trial first measures a short replay (`TrialObjec
 goes on to the full one only when Optuna's pruner finds it promising; else it ends PRUNED,
 "screened out", holding its share of a budget slot (`budget_share`).
 A child that crashes, hangs, runs out of memory or raises is recorded as a FAIL trial with the
-reason (`TrialFailure`); the study goes on. The memory cap watches the child's resident set:
-RLIMIT_AS would also count torch's large virtual reservations and kill healthy trials.
-
-Trial processes die with `tune run`: each runs in its own process group (its HTTP client with
-it), which is killed when the trial ends, fails, or when `tune run` gets SIGTERM/SIGINT (see
-`trials_die_with_this_process`); a SIGKILL of `tune run` reaches the child through its
-parent-death signal (set by the child, `trial_runner.die_with_parent`).
+reason (`TrialFailure`); the study goes on. How trial processes are capped and die with `tune run`:
+docs/design/tuner-search.md.
 """
 
 from __future__ import annotations
 
 import os
 import socket
-from typing import Any
 
 from slotune.tuner.measure import machine
-from slotune.tuner.measure.trial_process import DEFAULT_TRIAL_RUNNER, TrialFailure, measure
-from slotune.tuner.search.trials import (
+from slotune.tuner.measure.trial_process import DEFAULT_TRIAL_RUNNER, TrialFailure, TrialResult, measure
+from slotune.tuner.search import records
+from slotune.tuner.search.records import (
     ORPHANED_REASON,
-    REPEAT_ATTRS,
-    UNMEASURED_REPEAT,
-    earlier_measurement,
-    enqueue_unexplored,
-    is_screened_out,
+    UNMEASURED_INVALID,
+    UNMEASURED_OVER_BUDGET,
+    TrialRecord,
 )
+from slotune.tuner.search.trials import earlier_measurement, enqueue_unexplored
 from slotune.tuner.spec.slo import CONSTRAINT_KEYS, constraint_values, is_feasible
 from slotune.tuner.spec.yaml_reader import format_error
-
-# User attribute `unmeasured`: why a trial cost no measurement, so the budget does not count it.
-UNMEASURED_FORBIDDEN, UNMEASURED_INVALID, UNMEASURED_OVER_BUDGET = "forbidden", "invalid_config", "over_budget"
 
 
 def trial_constraints(trial) -> list[float]:
     """Optuna < 5 `constraints_func`: the constraint values stored on the trial."""
-    v = trial.user_attrs.get("violations") or {}
+    v = TrialRecord.of(trial).violations or {}
     return list(constraint_values(v).values())
 
 
@@ -53,7 +44,7 @@ class TrialObjective:
     Args:
         spec: the TuningSpec.
         progress: the live display (`Progress`), or None.
-        budget: decides whether a new trial may be measured (`TrialBudget.admits`, tuner/study.py);
+        budget: decides whether a new trial may be measured (`TrialBudget.admits`, tuner/search/study.py);
             None = always. Asked after the trial exists, so several processes sharing a study
             never measure more than the budget between them.
         runner: the trial process's command (see `run_trial_process`).
@@ -74,45 +65,43 @@ class TrialObjective:
 
     def __call__(self, trial) -> float | list[float]:
         self.current = trial.number
-        trial.set_user_attr("fail_reason", ORPHANED_REASON)
+        records.set_fail_reason(trial, ORPHANED_REASON)
         try:
             return self._run(trial)
         except KeyboardInterrupt as exc:  # Optuna records the trial as FAIL and re-raises
-            trial.set_user_attr("fail_reason", f"interrupted: tune run got {exc or 'SIGINT'}")
+            records.set_fail_reason(trial, f"interrupted: tune run got {exc or 'SIGINT'}")
             raise
 
     def _run(self, trial) -> float | list[float]:
         import optuna
 
-        trial.set_user_attr("host", socket.gethostname())
-        trial.set_user_attr("machine", machine.words())  # the trial process runs here too
-        trial.set_user_attr("pid", os.getpid())
-        trial.set_user_attr("measure", self.spec.budget.measure)
+        records.set_origin(  # the trial process runs on this machine too
+            trial, host=socket.gethostname(), machine=machine.words(), pid=os.getpid(), measure=self.spec.budget.measure
+        )
         if self.budget is not None and not self.budget.admits(trial.study, trial.number):
             reason = f"not run: the study's {self.budget.total} trials were already taken (other processes share it)"
-            trial.set_user_attr("unmeasured", UNMEASURED_OVER_BUDGET)
-            trial.set_user_attr("fail_reason", reason)
+            records.set_unmeasured(trial, UNMEASURED_OVER_BUDGET)
+            records.set_fail_reason(trial, reason)
             trial.study.stop()
             raise optuna.TrialPruned(reason)
         params = self.space.sample(trial)
         reason = self.space.forbidden_reason(params)
         if reason:  # costs nothing to measure, so it does not count against the budget
-            trial.set_user_attr("fail_reason", reason)
-            trial.set_user_attr("forbidden", True)
-            trial.set_user_attr("unmeasured", UNMEASURED_FORBIDDEN)
+            records.set_forbidden(trial, reason)
             raise optuna.TrialPruned(reason)
         try:
             config = self.base.with_updates(params)
         except ValueError as exc:  # rejected before any measurement: not counted either
-            trial.set_user_attr("unmeasured", UNMEASURED_INVALID)
+            records.set_unmeasured(trial, UNMEASURED_INVALID)
             raise self._fail(trial, f"invalid config: {_config_problems(exc)}") from None
         earlier = earlier_measurement(
             trial.study, trial.params, before=trial.number, screened_out=self.spec.screening.enabled
         )
         if earlier is not None:
             return self._repeat(trial, earlier)
-        trial.set_user_attr("config", config.model_dump(mode="json"))
-        if self.spec.screening.enabled and not trial.user_attrs.get("tag"):
+        records.set_config(trial, config.model_dump(mode="json"))
+        is_reference = TrialRecord.of(trial).tag is not None
+        if self.spec.screening.enabled and not is_reference:
             self._screen(trial, config)  # raises TrialPruned when screened out
         self._phase(trial.number, "starting trial process")
         try:
@@ -121,7 +110,7 @@ class TrialObjective:
                 self.spec,
                 config,
                 on_phase=lambda p: self._phase(trial.number, p),
-                early_stop=not trial.user_attrs.get("tag"),
+                early_stop=not is_reference,
                 runner=self.runner,
             )
         except TrialFailure as exc:
@@ -150,29 +139,27 @@ class TrialObjective:
         except TrialFailure as exc:  # a config that cannot run fails before the full replay is spent
             raise self._fail(trial, f"{exc.reason} (screening replay)") from None
         key = self.spec.objective.metric_key()
-        value = result["metrics"].get(key)
+        value = result.metrics.get(key)
         share = screen.share(wl)
-        trial.set_user_attr(
-            "screen",
+        records.set_screen(
+            trial,
             {
                 "num_requests": short.num_requests,
                 "of": wl.num_requests,
                 "share": share,
                 "value": value,
-                "early_stopped": result["early_stopped"],
+                "early_stopped": result.early_stopped,
             },
         )
-        if value is None and not result["early_stopped"]:
+        if value is None and not result.early_stopped:
             raise self._fail(trial, f"metric {key} was not measured in the screening replay (no request finished)")
         if value is not None:
             trial.report(float(value), 0)
-        if not result["early_stopped"] and not trial.should_prune():  # the study's ScreeningPruner decides
+        if not result.early_stopped and not trial.should_prune():  # the study's ScreeningPruner decides
             return
-        reason = self._screen_reason(trial, key, value, result["early_stopped"], wl)
+        reason = self._screen_reason(trial, key, value, result.early_stopped, wl)
         self._store(trial, result)
-        trial.set_user_attr("feasible", False)  # not measured in full, gates not run
-        trial.set_user_attr("screened_out", True)
-        trial.set_user_attr("fail_reason", reason)
+        records.set_screened_out(trial, reason)  # not measured in full, gates not run
         raise optuna.TrialPruned(reason)
 
     def _screen_reason(self, trial, key: str, value, early_stopped: bool, wl) -> str:
@@ -190,69 +177,65 @@ class TrialObjective:
             f"({format_value(key, b)}) of the {num_peers} trials measured in full that met the SLO"
         )
 
-    def _repeat(self, trial, earlier) -> float | list[float]:
+    def _repeat(self, trial, earlier: TrialRecord) -> float | list[float]:
         """Trial `earlier` measured these params: copy its outcome (TPE learns the same as from a
         re-measurement, at no cost) and enqueue an unexplored config, so the budget goes to new ones.
         A screened-out config stays screened out (PRUNED, with the same reason)."""
         import optuna
 
-        for k in REPEAT_ATTRS:
-            if k in earlier.user_attrs:
-                trial.set_user_attr(k, earlier.user_attrs[k])
+        records.set_repeat(trial, earlier)
         if hasattr(trial, "set_constraint"):
             for k in CONSTRAINT_KEYS:
-                trial.set_constraint(k, earlier.user_attrs["violations"].get(k, 0.0))
-        trial.set_user_attr("unmeasured", UNMEASURED_REPEAT)
-        trial.set_user_attr("repeat_of", earlier.number)
-        trial.set_user_attr("fail_reason", None)
+                trial.set_constraint(k, earlier.violations.get(k, 0.0))
         enqueue_unexplored(
             self.space, trial.study, seed=None if self.spec.seed is None else self.spec.seed + trial.number
         )
-        if is_screened_out(earlier):
+        if earlier.screened_out:
             if 0 in earlier.intermediate_values:
                 trial.report(earlier.intermediate_values[0], 0)
-            trial.set_user_attr("fail_reason", earlier.user_attrs.get("fail_reason"))
-            raise optuna.TrialPruned(earlier.user_attrs.get("fail_reason"))
+            records.set_fail_reason(trial, earlier.fail_reason)
+            raise optuna.TrialPruned(earlier.fail_reason)
         values = list(earlier.values)
         return values if len(values) > 1 else values[0]
 
     def _fail(self, trial, reason: str) -> TrialFailure:
-        trial.set_user_attr("fail_reason", reason)
+        records.set_fail_reason(trial, reason)
         return TrialFailure(reason)
 
-    def _store(self, trial, result: dict[str, Any]) -> None:
+    def _store(self, trial, result: TrialResult) -> None:
         """A measurement's metrics, SLO constraints, gates and latencies as the trial's attributes."""
-        m = result["metrics"]
-        violations = constraint_values(result["violations"])
-        trial.set_user_attr("metrics", m)
-        trial.set_user_attr("violations", violations)
-        trial.set_user_attr("feasible", is_feasible(violations))
-        trial.set_user_attr("early_stopped", result["early_stopped"])
+        m = result.metrics
+        violations = constraint_values(result.violations)
+        records.set_measurement(
+            trial,
+            metrics=m,
+            violations=violations,
+            feasible=is_feasible(violations),
+            early_stopped=result.early_stopped,
+            gates=result.gates,
+            latencies=result.latencies,
+        )
         if hasattr(trial, "set_constraint"):  # Optuna >= 5: samplers read these directly
             for k in CONSTRAINT_KEYS:
                 trial.set_constraint(k, violations[k])
-        if result.get("gates") is not None:
-            trial.set_user_attr("gates", result["gates"])
-        if result.get("latencies"):
-            trial.set_user_attr("latencies", result["latencies"])
 
-    def _record(self, trial, result: dict[str, Any]) -> float | list[float]:
+    def _record(self, trial, result: TrialResult) -> float | list[float]:
         """`_store` the measurement; returns the objective value(s)."""
         self._store(trial, result)
-        m = result["metrics"]
+        m = result.metrics
         obj = self.spec.objective
         values = []
         for metric in obj.metrics:
             key = obj.metric_key(metric)
             if key not in m:
-                if result["early_stopped"]:  # stopped before any request finished: the SLO was
+                if result.early_stopped:  # stopped before any request finished: the SLO was
                     import optuna  # hopeless; constraints above still inform the sampler
 
-                    trial.set_user_attr("fail_reason", f"early stop before {key} could be measured")
+                    records.set_fail_reason(trial, f"early stop before {key} could be measured")
                     raise optuna.TrialPruned(f"early stop before {key} could be measured")
                 raise self._fail(trial, f"metric {key} was not measured (no request finished)")
             values.append(float(m[key]))
-        trial.set_user_attr("fail_reason", None)  # measured: the advance ORPHANED_REASON no longer applies
+        records.set_fail_reason(trial, None)  # measured: the advance ORPHANED_REASON no longer applies
         return values if len(values) > 1 else values[0]
 
 

@@ -13,6 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from slotune.tuner.measure.measurement import Measurement
+from slotune.tuner.search.records import TrialRecord, stored_side_measurement
+
 DEFAULT_TAG, NAIVE_TAG = "default", "naive"
 LEGACY_TAGS = {"baseline": NAIVE_TAG}  # studies made before the rename tagged the naive config "baseline"
 NAIVE_UPDATES = {
@@ -30,16 +33,17 @@ def reference_configs(base) -> list[tuple[str, Any]]:
 
 
 def trial_tag(trial) -> str | None:
-    """A trial's reference tag under its current name, or None for a searched trial."""
-    tag = trial.user_attrs.get("tag")
+    """A trial's (FrozenTrial or TrialRecord) reference tag under its current name, or None for a searched trial."""
+    tag = TrialRecord.of(trial).tag
     return LEGACY_TAGS.get(tag, tag)
 
 
 def side_measurement(study, tag: str) -> dict | None:
     """The reference measured beside the study under `tag`, or under its name before the rename."""
     for key in (tag, *(old for old, new in LEGACY_TAGS.items() if new == tag)):
-        if study.user_attrs.get(key):
-            return study.user_attrs[key]
+        stored = stored_side_measurement(study, key)
+        if stored:
+            return stored
     return None
 
 
@@ -47,24 +51,27 @@ def reference_results(study, field: str) -> dict[str, Any]:
     """{tag: the `field` ("metrics", "latencies") of the default-config and naive-config trials, or of
     their side measurements; None where neither has it}."""
     refs: dict[str, Any] = {DEFAULT_TAG: None, NAIVE_TAG: None}
-    for t in study.trials:
+    for t in map(TrialRecord.of, study.trials):
         tag = trial_tag(t)
-        if tag in refs and t.state.name == "COMPLETE" and refs[tag] is None:
-            refs[tag] = t.user_attrs.get(field)
+        if tag in refs and t.is_complete and refs[tag] is None:
+            refs[tag] = getattr(t, field)
     for tag in refs:
         if refs[tag] is None:
             refs[tag] = (side_measurement(study, tag) or {}).get(field)
     return refs
 
 
-def reference_metrics(study) -> dict[str, dict | None]:
+def reference_metrics(study) -> dict[str, Measurement | None]:
     """Metrics of the default-config and naive-config trials (or their side measurements)."""
-    return reference_results(study, "metrics")
+    return {
+        tag: Measurement.from_dict(m) if m is not None else None
+        for tag, m in reference_results(study, "metrics").items()
+    }
 
 
-def trial_label(user_attrs: dict[str, Any]) -> str:
+def trial_label(record: TrialRecord) -> str:
     """How the report, the progress display and MLflow name a trial's origin: a reference's tag
     (default, naive), a start's name, or the trial whose measurement a repeat took; "" if sampled."""
-    if user_attrs.get("repeat_of") is not None:
-        return f"repeat of {user_attrs['repeat_of']}"
-    return str(user_attrs.get("tag") or user_attrs.get("start") or "")
+    if record.repeat_of is not None:
+        return f"repeat of {record.repeat_of}"
+    return str(record.tag or record.start or "")

@@ -1,5 +1,5 @@
 """Multi-fidelity screening's decision (spec `screening`); the short replay itself is
-`TrialObjective._screen` (tuner/objective.py), what it replays `Screening.short_workload` (tuner/spec.py).
+`TrialObjective._screen` (tuner/search/objective.py), what it replays `Screening.short_workload` (tuner/spec/tuning_spec.py).
 
 A searched trial reports its short replay's objective value to Optuna as step 0. `ScreeningPruner`,
 the study's pruner, lets it go on to the full replay when that value is as good as the
@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import optuna
 from optuna.trial import TrialState
+from slotune.tuner.search.records import TrialRecord
 from slotune.tuner.search.trials import is_measured
 
 
@@ -29,7 +30,7 @@ def screened_in(study, before: int | None = None) -> list:
 
 def peers(study, number: int) -> list:
     """What trial `number`'s short replay is compared with: the feasible `screened_in` trials before it."""
-    return [t for t in screened_in(study, before=number) if t.user_attrs.get("feasible")]
+    return [t for t in screened_in(study, before=number) if TrialRecord.of(t).feasible]
 
 
 class ScreeningPruner(optuna.pruners.BasePruner):

@@ -11,7 +11,8 @@ from slotune.tuner.search.references import (
     DEFAULT_TAG,
     reference_configs,
 )
-from slotune.tuner.search.study import FINGERPRINT_ATTR, WINNER_ATTR, spec_fingerprint
+from slotune.tuner.search.records import TrialRecord, enqueue, stored_fingerprint, stored_winner
+from slotune.tuner.search.study import spec_fingerprint
 from slotune.tuner.search.trials import best_trial
 from slotune.tuner.spec.slo import SLO_KEYS
 from slotune.tuner.spec.tuning_spec import TuningSpec
@@ -31,50 +32,48 @@ def enqueue_reference_trials(study, spec: TuningSpec) -> None:
     a space of 1..8) is not enqueued: `finalize` measures it beside the study instead, so a
     trial tagged `default` is always the true default config. A grid covers them on its own.
     """
-    if spec.sampler == "grid" or any(t.user_attrs.get("tag") for t in study.get_trials(deepcopy=False)):
+    if spec.sampler == "grid" or any(TrialRecord.of(t).tag for t in study.get_trials(deepcopy=False)):
         return
     space = spec.search_space
     base = spec.base_config()
     for tag, cfg in reference_configs(base):
         params = _params_of(space, cfg, base)
         if params is not None and (tag == DEFAULT_TAG or cfg != base):
-            study.enqueue_trial(params, user_attrs={"tag": tag}, skip_if_exists=True)
+            enqueue(study, params, tag=tag)
     for start in space.starts:
         if start.suits(spec.objective.kind, spec.objective.metric):
             params = _start_params(space, base, start.params)
-            study.enqueue_trial(params, user_attrs={"start": start.name}, skip_if_exists=True)
+            enqueue(study, params, start=start.name)
     for name, params in warm_starts(spec, study.study_name):
-        study.enqueue_trial(params, user_attrs={"start": name}, skip_if_exists=True)
+        enqueue(study, params, start=name)
 
 
 class StartRepairs:
     """Optuna callback: a start (`SearchSpace.starts`) that missed an SLO limit on its trial is tried
     again with its next repair (`Start.then`, `Start.rung`), enqueued at once, as an expert who saw a
     batch-1 corner queue arrivals past the TTFT limit would try two sequences per step next, instead
-    of leaving the neighbourhood of a good corner to the sampler's luck (example 01, 2026-11-27: both
-    studies' batch-1 starts missed p95 TTFT by 3-15%, and int4 at 2 sequences, 20-30% faster than
-    either study's winner, was never measured). A miss of the quality gates is not repaired (more sequences
-    per step do not change the model's answers), nor a failed trial."""
+    of leaving the neighbourhood of a good corner to the sampler's luck (the measured case:
+    docs/design/tuner-search.md). A miss of the quality gates is not repaired (more sequences per
+    step do not change the model's answers), nor a failed trial."""
 
     def __init__(self, spec: TuningSpec) -> None:
         self.spec = spec
         self.starts = {s.name: s for s in spec.search_space.starts if s.then}
 
     def __call__(self, study, trial) -> None:
-        start, rung = self.starts.get(trial.user_attrs.get("start")), trial.user_attrs.get("rung", 0)
-        if start is None or rung >= len(start.then) or not _missed_slo(trial.user_attrs):
+        record = TrialRecord.of(trial)
+        start, rung = self.starts.get(record.start), record.rung
+        if start is None or rung >= len(start.then) or not _missed_slo(record):
             return
         params = _start_params(self.spec.search_space, self.spec.base_config(), start.rung(rung + 1))
-        study.enqueue_trial(params, user_attrs={"start": start.name, "rung": rung + 1}, skip_if_exists=True)
+        enqueue(study, params, start=start.name, rung=rung + 1)
 
 
-def _missed_slo(user_attrs: dict[str, Any]) -> bool:
+def _missed_slo(record: TrialRecord) -> bool:
     """A measured trial that missed an SLO limit (or stopped early on one), its gates not failed."""
-    v = user_attrs.get("violations") or {}
+    v = record.violations or {}
     return (
-        not user_attrs.get("feasible")
-        and not v.get("quality_gates")
-        and any(v.get(k, 0) > 0 for k in (*SLO_KEYS, "early_stop"))
+        not record.feasible and not v.get("quality_gates") and any(v.get(k, 0) > 0 for k in (*SLO_KEYS, "early_stop"))
     )
 
 
@@ -95,19 +94,19 @@ def warm_starts(spec: TuningSpec, own_name: str) -> list[tuple[str, dict[str, An
         key=lambda s: s.datetime_start or datetime.min,
         reverse=True,
     ):
-        parts = (s.user_attrs.get(FINGERPRINT_ATTR) or {}).get("parts", {})
+        parts = (stored_fingerprint(s) or {}).get("parts", {})
         if s.study_name == own_name or any(parts.get(k) != mine[k] for k in ("engine", "objective")):
             continue
         earlier = optuna.load_study(study_name=s.study_name, storage=url)
-        number = s.user_attrs.get(WINNER_ATTR)  # declared after its confirmation round; else its best trial
+        number = stored_winner(s)  # declared after its confirmation round; else its best trial
         best = (
-            earlier.trials[number]
-            if isinstance(number, int) and number < len(earlier.trials)
+            TrialRecord.of(earlier.trials[number])
+            if number is not None and number < len(earlier.trials)
             else best_trial(earlier, spec)
         )
-        if best is None or not best.user_attrs.get("config"):
+        if best is None or not best.config:
             continue
-        cfg = EngineConfig.model_validate(best.user_attrs["config"])
+        cfg = EngineConfig.model_validate(best.config)
         knobs = {k.name: k for k in space.knobs}
         params = _params_of(space, cfg, base) or {
             k: v for k, v in best.params.items() if k in knobs and knobs[k].can_take(v)

@@ -1,15 +1,9 @@
-"""The study loop: ask -> evaluate (isolated trial process) -> tell, then declare a winner.
+"""The Optuna study: storage (SQLite or PostgreSQL), sampler, pruner, and the spec it was made for.
 
-Each trial's measurements, SLO constraint values, gate results and failure reason are stored
-as Optuna user attributes, so the study storage alone (SQLite or PostgreSQL) holds the whole
-record: a killed `tune run` resumes where it stopped, and several `tune run` (or `--worker`)
-processes on several machines share one study.
-
-Sharing rules, all through the storage: the process that creates the study enqueues the
-reference trials; a trial is measured only if fewer than `budget.n_trials` measured trials
-precede it (`TrialBudget.admits`, decided after Optuna numbered it, so no two processes take the
-same slot); the winner is declared only once no trial of any process is running. A study
-remembers the fingerprint of the spec that defines its objective and refuses a changed one.
+The storage alone holds the whole record (trial attributes through `records`), so a killed
+`tune run` resumes where it stopped and several processes share one study. A study remembers the
+fingerprint of the spec that defines its objective and refuses a changed one; trials a dead
+process left running are failed (`fail_orphaned_trials`). Sharing rules: docs/design/tuner-search.md.
 """
 
 from __future__ import annotations
@@ -26,13 +20,16 @@ from pathlib import Path
 from typing import Any
 
 from slotune.tuner.search.objective import trial_constraints
+from slotune.tuner.search.records import (
+    TrialRecord,
+    store_fingerprint,
+    stored_fingerprint,
+)
 from slotune.tuner.spec.tuning_spec import TuningSpec
 
 # Optuna heartbeat: a running trial whose process has not written for GRACE_S is failed by the
 # next process that asks for a trial (`optuna.storages.fail_stale_trials`).
 HEARTBEAT_INTERVAL_S, HEARTBEAT_GRACE_S = 10, 60
-FINGERPRINT_ATTR = "spec_fingerprint"
-WINNER_ATTR = "winner_trial"  # the trial `finalize` declared the winner
 
 FailedTrialCallback = Callable[[Any, Any], None]  # (study, FrozenTrial), as Optuna's callbacks
 
@@ -204,19 +201,16 @@ def _check_fingerprint(
 ) -> None:
     """Record the spec's fingerprint on a study that has none; refuse a study made for another spec."""
     mine = spec_fingerprint(spec)
-    stored = study.user_attrs.get(FINGERPRINT_ATTR)
+    stored = stored_fingerprint(study)
     if stored is None:  # a new study (or one from a slotune that kept none): it is this spec's now
-        study.set_user_attr(FINGERPRINT_ATTR, mine)
+        store_fingerprint(study, mine)
         return
     if stored["sha256"] == mine["sha256"]:
         return
     changed = sorted(k for k, v in mine["parts"].items() if stored.get("parts", {}).get(k) != v)
     stored_directions = [d.name.lower() for d in study.directions]
     if resume_anyway and stored_directions == directions:
-        study.set_user_attr(FINGERPRINT_ATTR, mine)
-        study.set_user_attr(
-            "spec_fingerprints_replaced", [*study.user_attrs.get("spec_fingerprints_replaced", []), stored["sha256"]]
-        )
+        store_fingerprint(study, mine, replaces=stored["sha256"])
         say(
             f"--resume-anyway: study '{spec.name}' continues under a changed spec ({', '.join(changed)}); "
             f"its {len(study.trials)} earlier trials were measured against the old one"
@@ -238,7 +232,7 @@ def fail_orphaned_trials(study, on_failed: FailedTrialCallback | None = None) ->
     """Fail RUNNING trials whose `tune run` process on this host is gone (killed), at once.
 
     Trials of other machines are left to Optuna's heartbeat. The reason recorded is the one the
-    trial wrote when it started (`ORPHANED_REASON`, tuner/objective.py).
+    trial wrote when it started (`ORPHANED_REASON`, tuner/search/objective.py).
 
     Args:
         study: the study.
@@ -252,7 +246,8 @@ def fail_orphaned_trials(study, on_failed: FailedTrialCallback | None = None) ->
     n = 0
     host = socket.gethostname()
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if t.user_attrs.get("host") != host or _is_alive(t.user_attrs.get("pid")):
+        r = TrialRecord.of(t)
+        if r.host != host or _is_alive(r.pid):
             continue
         try:
             frozen = study.tell(t.number, state=TrialState.FAIL)

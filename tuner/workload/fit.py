@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict
 from slotune.tuner.spec.traces import Trace, TraceRequest, block_hash_ids
 from slotune.tuner.spec.workload_spec import LogNormal, WorkloadSpec
 from slotune.tuner.spec.yaml_reader import SpecError
-from slotune.tuner.workload.requests import BenchRequest
+from slotune.tuner.workload.requests import WorkloadRequest
 
 POISSON_CV_TOLERANCE = 0.25  # |CV - 1| within this: Poisson (CV 1) describes the arrivals
 EVEN_CV = 0.05  # CV below this: fixed rate (gamma's shape would be 1/CV^2 > 400, i.e. even gaps)
@@ -107,7 +107,7 @@ def summarize(
     )
 
 
-def requests_to_trace(requests: Sequence[BenchRequest], *, block_size: int, source: str = "generated") -> Trace:
+def requests_to_trace(requests: Sequence[WorkloadRequest], *, block_size: int, source: str = "generated") -> Trace:
     """The measured requests of a generated workload as a Trace, hash ids from their token ids.
 
     Args:

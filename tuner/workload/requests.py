@@ -32,7 +32,7 @@ _STANDARD_NORMAL = NormalDist()
 
 
 @dataclass(slots=True)
-class BenchRequest:
+class WorkloadRequest:
     request_id: str
     prompt_token_ids: list[int]
     output_len: int
@@ -115,7 +115,7 @@ class _Prompter:
         return (self.prefix_ids + ids) if with_prefix else ids
 
 
-def iter_requests(spec: WorkloadSpec, tokenizer, *, seed: int | None = None) -> Iterator[BenchRequest]:
+def iter_requests(spec: WorkloadSpec, tokenizer, *, seed: int | None = None) -> Iterator[WorkloadRequest]:
     """Warm-up requests first (ids 'warmup-N'), then measured ones ('req-N') until the stop rule.
 
     Unbounded (closed loop with only `duration_s`): the caller stops pulling.
@@ -147,11 +147,11 @@ def iter_requests(spec: WorkloadSpec, tokenizer, *, seed: int | None = None) -> 
             else:
                 body = prompter.window(start, plen)
             if is_warmup:
-                yield BenchRequest(f"warmup-{i}", prompter.build(body, with_prefix), olen, 0.0, is_warmup=True)
+                yield WorkloadRequest(f"warmup-{i}", prompter.build(body, with_prefix), olen, 0.0, is_warmup=True)
                 continue
             if not spec.is_closed_loop and spec.duration_s is not None and t > spec.duration_s:
                 break
-            yield BenchRequest(f"req-{i}", prompter.build(body, with_prefix), olen, t)
+            yield WorkloadRequest(f"req-{i}", prompter.build(body, with_prefix), olen, t)
             t += next(gaps)
 
 
@@ -173,7 +173,7 @@ def arrival_gaps(spec: WorkloadSpec, seed: int) -> Iterator[float]:
         yield from (float(gammaincinv(k, u)) / (spec.rate * k) for u in us)
 
 
-def _iter_trace_requests(spec: WorkloadSpec, tokenizer, seed: int) -> Iterator[BenchRequest]:
+def _iter_trace_requests(spec: WorkloadSpec, tokenizer, seed: int) -> Iterator[WorkloadRequest]:
     """A trace replay: every traced request at its traced arrival time, lengths as traced.
 
     Prompts are rebuilt from the trace's hash ids (traces.iter_prompts), so shared blocks are
@@ -187,9 +187,9 @@ def _iter_trace_requests(spec: WorkloadSpec, tokenizer, seed: int) -> Iterator[B
     warm = [replace(trace.requests[i % len(trace)], hash_ids=None) for i in range(spec.warmup_requests)]
     warm_prompts = iter_prompts(Trace(warm, trace.source, trace.format, None), corpus, seed=seed, stream=1)
     for i, (r, ids) in enumerate(zip(warm, warm_prompts)):
-        yield BenchRequest(f"warmup-{i}", ids, max(1, r.output_tokens), 0.0, is_warmup=True)
+        yield WorkloadRequest(f"warmup-{i}", ids, max(1, r.output_tokens), 0.0, is_warmup=True)
     for i, (r, ids) in enumerate(zip(trace.requests, iter_prompts(trace, corpus, seed=seed))):
-        yield BenchRequest(f"req-{i}", ids, max(1, r.output_tokens), r.arrival_s)
+        yield WorkloadRequest(f"req-{i}", ids, max(1, r.output_tokens), r.arrival_s)
 
 
 def describe_replay(spec: WorkloadSpec) -> str | None:
@@ -223,7 +223,7 @@ def describe_replay(spec: WorkloadSpec) -> str | None:
 
 def generate_requests(
     spec: WorkloadSpec, tokenizer, *, seed: int | None = None, max_requests: int | None = None
-) -> list[BenchRequest]:
+) -> list[WorkloadRequest]:
     """Expand a spec into concrete requests: warm-up requests first, then measured ones.
 
     Args:
@@ -238,7 +238,7 @@ def generate_requests(
     if spec.num_requests is None and spec.is_closed_loop and max_requests is None:
         raise ValueError(
             "closed-loop workload with only duration_s is unbounded: pass max_requests "
-            "(or replay it with run_benchmark, which stops at duration_s)"
+            "(or replay it with run_in_process_replay, which stops at duration_s)"
         )
     out, num_measured = [], 0
     for r in iter_requests(spec, tokenizer, seed=seed):
