@@ -12,7 +12,7 @@ from slotune.tuner.measure.http_replay import run_http_replay
 from slotune.tuner.measure.in_process_replay import run_in_process_replay
 from slotune.tuner.spec.workload_spec import WorkloadSpec
 
-from tests.tuner_tests.test_http_bench import KEY, MODEL, server, tokenizer  # noqa: F401 (fixtures)
+from tests.tuner_tests.test_http_replay import KEY, MODEL, server, tokenizer  # noqa: F401 (fixtures)
 
 # Mooncake lines, 16-token blocks (the engine's default block size): req-1 shares req-0's first two blocks,
 # req-3 repeats req-0 (its last, partial block too: the engine caches full blocks only) and produced no tokens.
