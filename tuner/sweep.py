@@ -17,16 +17,11 @@ from slotune.tuner.search.records import TrialRecord, store_sweep, stored_sweep
 from slotune.tuner.search.references import reference_configs
 from slotune.tuner.spec.slo import SLOLimits
 
-# --- the loads ------------------------------------------------------------------------------------
-
-
-# --- measuring ------------------------------------------------------------------------------------
-
 
 def sweep_after_study(
     spec, study, best, *, runner: tuple[str, ...] = DEFAULT_TRIAL_RUNNER, say: Callable[[str], None] = print
 ) -> list[ReportSection]:
-    """`study.finalize`'s sweep: with `spec.sweep.enabled`, the winner, the default and the naive
+    """`run.finalize`'s sweep: with `spec.sweep.enabled`, the winner, the default and the naive
     config swept; sweep.json written to the output directory; the report's sections returned.
 
     Kept in the study (user attribute `sweep_<trial>`), so a resumed finalize does not sweep again.
@@ -55,10 +50,8 @@ def sweep_after_study(
                         on_point=lambda n, load, p: say(point_line(n, load, p, limits)),
                     )
                 )
-            except (
-                ValueError,
-                OSError,
-            ) as exc:  # the workload cannot be swept (a trace with no span): the report stays
+            # The workload cannot be swept (a trace with no span): the report stays.
+            except (ValueError, OSError) as exc:
                 curves.append(
                     LoadCurve(tag, load_kind(spec.workload), cfg.model_dump(mode="json"), (), f"could not sweep: {exc}")
                 )
@@ -71,6 +64,3 @@ def sweep_after_study(
 
 def write_json(result: SweepResult, path: Path) -> None:
     write_atomic(path, json.dumps(result.to_dict(), indent=1))
-
-
-# --- tune sweep -----------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from slotune.tuner.measure.reasons import infeasible_reasons
+from slotune.tuner.report.reasons import infeasible_reasons
 from slotune.tuner.search.records import TrialRecord, store_parent_run, stored_parent_run
 from slotune.tuner.search.references import trial_label
 from slotune.tuner.spec.slo import SLOLimits, judge

@@ -14,7 +14,8 @@ import optuna
 import pytest
 from slotune.engine.config import EngineConfig
 from slotune.tuner.decide.candidates import near_misses
-from slotune.tuner.decide.confirm import CONFIRM_ATTR, confirm_round
+from slotune.tuner.decide.confirm import confirm_round
+from slotune.tuner.search.records import CONFIRM_ATTR
 from slotune.tuner.measure.measurement import Measurement
 from slotune.tuner.report.confirmation import confirmation_section
 from slotune.tuner.run import finalize, run_command

@@ -20,11 +20,10 @@ from slotune.evals.gate_spec import GateSpec
 from slotune.tuner.decide.aggregate import half_width, median_metrics, pooled_metrics
 from slotune.tuner.decide.candidates import near_words
 from slotune.tuner.decide.declare import objective_values
+from slotune.tuner.measure.measurement import Measurement
 from slotune.tuner.measure.reasons import failed_gates
 from slotune.tuner.measure.trial_process import DEFAULT_TRIAL_RUNNER, TrialFailure, measure
-from slotune.tuner.measure.measurement import Measurement
 from slotune.tuner.measure.units import format_value, metric_label, overlaps
-from slotune.tuner.search.records import CONFIRM_ATTR as CONFIRM_ATTR  # the round's key, where tests read it
 from slotune.tuner.search.records import TrialRecord, store_round, stored_round
 from slotune.tuner.search.references import DEFAULT_TAG
 from slotune.tuner.spec.slo import SLOLimits, judge

@@ -12,14 +12,13 @@ from slotune.tuner.measure.trial_process import DEFAULT_TRIAL_RUNNER, TrialFailu
 from slotune.tuner.measure.units import format_value
 from slotune.tuner.search.records import TrialRecord, store_declaration, stored_declaration
 from slotune.tuner.search.references import DEFAULT_TAG
+from slotune.tuner.spec.workload_spec import MAX_SEED
 
 
 def declaration_seeds(spec) -> list[int]:
     """The workload seeds the declaration measurements may use, in order, as many as it may take
     (`Budget.declare_cap`): fresh ones after the round's, skipping the study's own workload seed
     (its trials' numbers favour their configs too)."""
-    from slotune.tuner.spec.workload_spec import MAX_SEED
-
     seeds, seed = [], spec.robustness_seed
     while len(seeds) < spec.budget.declare_cap:
         seed = seed + 1 if seed < MAX_SEED else 0

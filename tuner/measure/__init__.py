@@ -6,6 +6,6 @@
 - Replays: `http_replay.run_http_replay` (any OpenAI-compatible server; `replay_client` is a
   served trial's client process) and `in_process_replay.run_in_process_replay` (the engine driven directly).
 - `metrics`: per-request records -> percentiles, tokens/s, goodput; `intervals`: their bootstrap
-  intervals; `units`: every number's unit and format; `reasons`: why a measurement misses its SLO.
+  intervals; `units`: every number's unit and format; `reasons`: gate results in words.
 - `load_sweep.run_sweep`: latency against offered load up to saturation.
 """

@@ -18,7 +18,7 @@ from typing import Any
 
 import aiohttp
 from slotune.engine.serving import event_loop
-from slotune.tuner.measure.http_stream import APIS, _Replay
+from slotune.tuner.measure.http_stream import APIS, StreamReplay
 from slotune.tuner.measure.metrics import PERCENTILES, ReplayResult, RequestRecord, summarize
 from slotune.tuner.spec.workload_spec import WorkloadSpec
 from slotune.tuner.workload.requests import iter_requests
@@ -86,7 +86,7 @@ async def _run(
     async with aiohttp.ClientSession(headers=headers, timeout=timeout, connector=connector) as client:
         served = await _served_models(client, base, is_required=model is None)
         model = model or served[0]
-        replay = _Replay(
+        replay = StreamReplay(
             client,
             base,
             model=model,

@@ -54,7 +54,7 @@ async def _join(tasks: list[asyncio.Task]) -> None:
             raise res
 
 
-class _Replay:
+class StreamReplay:
     """One run over one client: sends requests, turns streams into records, stops early.
 
     Lifecycle: `warm_up` (results discarded) -> `closed_loop` or `open_loop` (records kept) ->

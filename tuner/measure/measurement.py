@@ -62,10 +62,6 @@ class Measurement(Mapping[str, Any]):
         """The values that are numbers (not flags, not words)."""
         return {k: v for k, v in self.values.items() if _is_number(v)}
 
-    def merged(self, other: Measurement) -> Measurement:
-        """This measurement with `other`'s values and intervals added (theirs win on a shared key)."""
-        return Measurement({**self.values, **other.values}, {**self.intervals, **other.intervals})
-
     def __getitem__(self, key: str) -> Any:
         return self.values[key]
 

@@ -39,8 +39,8 @@ class MemoryTracker:
         self.sample()
         m = {
             "peak_rss_mb": self.peak_rss_mb,
-            "process_max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        }  # Linux: KiB
+            "process_max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # Linux: KiB
+        }
         if self.is_cuda:
             import torch
 

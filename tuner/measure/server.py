@@ -64,14 +64,14 @@ class BundledServer:
         self._served = AsyncLLM(self.cfg)  # the server's engine thread loads it (engine/serving/async_llm.py)
         try:
             self.url = self._stack.enter_context(serve_in_thread(self._served, build_app(self._served)))
-        except BaseException:
+            self.load_time_s = time.perf_counter() - t0
+            self.llm = self._served.llm
+            self.tokenizer = self.llm.tokenizer
+            if self.early_stop.get("enabled"):
+                self._watchdog = InFlightWatchdog(self.llm.engine, self.objective, self.early_stop)
+        except BaseException:  # nothing of the server outlives a failed start
             self._stack.close()
             raise
-        self.load_time_s = time.perf_counter() - t0
-        self.llm = self._served.llm
-        self.tokenizer = self.llm.tokenizer
-        if self.early_stop.get("enabled"):
-            self._watchdog = InFlightWatchdog(self.llm.engine, self.objective, self.early_stop)
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -42,10 +42,14 @@ class TrialResult:
 
     @classmethod
     def from_json(cls, result: dict[str, Any]) -> "TrialResult":
+        """Raises TrialFailure when the result lacks a measurement (a custom `--trial-runner`'s bug)."""
+        missing = [k for k in ("metrics", "violations", "early_stopped") if k not in result]
+        if missing:
+            raise TrialFailure(f"the trial process's result lacks {', '.join(missing)}")
         return cls(
-            metrics=Measurement.from_dict(result.get("metrics")),
-            violations=dict(result.get("violations") or {}),
-            early_stopped=bool(result.get("early_stopped")),
+            metrics=Measurement.from_dict(result["metrics"]),
+            violations=dict(result["violations"]),
+            early_stopped=bool(result["early_stopped"]),
             gates=result.get("gates"),
             latencies=result.get("latencies"),
             measure=result.get("measure"),

@@ -5,15 +5,15 @@ from __future__ import annotations
 import warnings
 
 from slotune.tuner.measure.measurement import Measurement
-from slotune.tuner.measure.reasons import infeasible_reasons
 from slotune.tuner.measure.units import (
     metric_label,
     number,
 )
 from slotune.tuner.report.facts import ReportData, TrialFacts
+from slotune.tuner.report.reasons import infeasible_reasons
 from slotune.tuner.report.winner import winner_facts
-from slotune.tuner.search.references import DEFAULT_TAG, reference_metrics, reference_results, trial_label
 from slotune.tuner.search.records import TrialRecord
+from slotune.tuner.search.references import DEFAULT_TAG, reference_metrics, reference_results, trial_label
 from slotune.tuner.spec.slo import SLOLimits, metric_key
 from slotune.tuner.workload.requests import describe_replay
 

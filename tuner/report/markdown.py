@@ -1,6 +1,6 @@
 """The study report: facts gathered once from the study (`gather`), rendered twice from them.
 
-`write_report` = gather -> `render_markdown` (report.md, here) and `report_html.render_html`
+`write_report` = gather -> `render_markdown` (report.md, here) and `html.render_html`
 (report.html: a self-contained page with plotly figures). Both show the same facts in the same
 words: numbers with their units (`format_value`: 45.1 ms, 63.9 tok/s, 129 MiB, 100%), infeasible
 trials explained by tuner/measure/reasons.py (`slo.judge`'s words and the gates'), and the winner in

@@ -19,6 +19,7 @@ import socket
 
 from slotune.tuner.measure import machine
 from slotune.tuner.measure.trial_process import DEFAULT_TRIAL_RUNNER, TrialFailure, TrialResult, measure
+from slotune.tuner.measure.units import format_value, metric_label
 from slotune.tuner.search import records
 from slotune.tuner.search.records import (
     ORPHANED_REASON,
@@ -44,7 +45,7 @@ class TrialObjective:
     Args:
         spec: the TuningSpec.
         progress: the live display (`Progress`), or None.
-        budget: decides whether a new trial may be measured (`TrialBudget.admits`, tuner/search/study.py);
+        budget: decides whether a new trial may be measured (`TrialBudget.admits`, tuner/search/budget.py);
             None = always. Asked after the trial exists, so several processes sharing a study
             never measure more than the budget between them.
         runner: the trial process's command (see `run_trial_process`).
@@ -164,8 +165,6 @@ class TrialObjective:
 
     def _screen_reason(self, trial, key: str, value, early_stopped: bool, wl) -> str:
         """Why the study's pruner screened `trial` out, with the bar and peers it decided on."""
-        from slotune.tuner.measure.units import format_value, metric_label
-
         screen = self.spec.screening
         n = screen.describe(wl)
         if early_stopped:

@@ -1,5 +1,5 @@
 """Multi-fidelity screening's decision (spec `screening`); the short replay itself is
-`TrialObjective._screen` (tuner/search/objective.py), what it replays `Screening.short_workload` (tuner/spec/tuning_spec.py).
+`TrialObjective._screen` (tuner/search/objective.py), what it replays `Screening.short_workload` (tuner/spec/sections.py).
 
 A searched trial reports its short replay's objective value to Optuna as step 0. `ScreeningPruner`,
 the study's pruner, lets it go on to the full replay when that value is as good as the

@@ -232,7 +232,7 @@ def fail_orphaned_trials(study, on_failed: FailedTrialCallback | None = None) ->
     """Fail RUNNING trials whose `tune run` process on this host is gone (killed), at once.
 
     Trials of other machines are left to Optuna's heartbeat. The reason recorded is the one the
-    trial wrote when it started (`ORPHANED_REASON`, tuner/search/objective.py).
+    trial wrote when it started (`ORPHANED_REASON`, tuner/search/records.py).
 
     Args:
         study: the study.
