@@ -234,6 +234,7 @@ def finalize(
         f"{_fmt_metric(remeasure, obj.metric_key())}; metrics in best_metrics.json\n"
     )
     write_atomic(out / "best.yaml", header + config.to_yaml())
+    refs = reference_metrics(study)
     summary = {
         "study": spec.name,
         "trial": best.number,
@@ -248,7 +249,7 @@ def finalize(
         "declared": list(confirmation.declared),
         "params": best.params,
         "machine": best.machine,
-        "references": _stored(reference_metrics(study)),
+        "references": _stored(refs),
         "mlflow_run_id": tracker.parent_run_id if tracker is not None else None,
     }
     write_atomic(out / "best_metrics.json", json.dumps(summary, indent=1))
@@ -266,7 +267,7 @@ def finalize(
     if tracker is not None:
         tracker.log_study_end(best, config, report, out, confirmation=confirmation)
     if prog is not None:
-        prog.summary(best, remeasure, reference_metrics(study), out)
+        prog.summary(best, remeasure, refs, out)
     if tracker is not None:
         say(tracker.ui_hint())
     return summary
