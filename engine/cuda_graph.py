@@ -8,6 +8,7 @@ per step); padded rows write to slot -1 (skipped) and attend over one token.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from slotune.engine.layers.attn_metadata import slot_mapping, static_decode_metadata
@@ -31,6 +32,7 @@ class DecodeGraphs:
         self.bt = torch.zeros(n, self.max_blocks, dtype=torch.int32, device=dev)
         # host staging: [ids, pos, slots, ctx, block table] rows, copied in one go
         self.staging = torch.zeros(n, 4 + self.max_blocks, dtype=torch.int64, pin_memory=True)
+        self.staging_rows = self.staging.numpy()  # filled through numpy: a torch element write costs ~3 us
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         pool = None
@@ -54,21 +56,8 @@ class DecodeGraphs:
         """Decode one token for each scheduled sequence. -> logits [B, V]."""
         B = len(batch)
         b = next(x for x in self.buckets if x >= B)
-        bs = self.runner.block_size
-        st = self.staging
-        st[:b].zero_()
-        st[:b, 2] = -1
-        st[:b, 3] = 1
-        for i, s in enumerate(batch):
-            seq = s.seq
-            p = seq.num_computed_tokens
-            table = seq.block_table
-            st[i, 0] = seq.token_ids[p]
-            st[i, 1] = p
-            st[i, 2] = slot_mapping(table, p, 1, bs)[0]
-            st[i, 3] = p + 1
-            st[i, 4 : 4 + len(table)] = torch.tensor(table, dtype=torch.int64)
-        dev = st[:b].to(self.runner.device, non_blocking=True)
+        stage_decode_rows(batch, self.staging_rows[:b], self.runner.block_size)
+        dev = self.staging[:b].to(self.runner.device, non_blocking=True)
         self.ids[:b].copy_(dev[:, 0])
         self.pos[:b].copy_(dev[:, 1])
         self.slots[:b].copy_(dev[:, 2])
@@ -76,3 +65,18 @@ class DecodeGraphs:
         self.bt[:b].copy_(dev[:, 4:])
         self.graphs[b].replay()
         return self.outputs[b][:B]
+
+
+def stage_decode_rows(batch, rows: np.ndarray, block_size: int) -> None:
+    """Fill `rows` [bucket, 4 + max_blocks] with [token, position, slot, context length, block table]
+    per scheduled sequence; rows past the batch are padding: token 0 at position 0, slot -1 (not
+    stored), a context of one token."""
+    rows.fill(0)
+    rows[len(batch) :, 2] = -1
+    rows[len(batch) :, 3] = 1
+    for row, s in zip(rows, batch):
+        seq = s.seq
+        p = seq.num_computed_tokens
+        table = seq.block_table
+        row[:4] = (seq.token_ids[p], p, slot_mapping(table, p, 1, block_size)[0], p + 1)
+        row[4 : 4 + len(table)] = table
