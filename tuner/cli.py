@@ -184,6 +184,10 @@ def run(
     resume_anyway: Annotated[
         bool, typer.Option("--resume-anyway", help="continue a stored study although its spec changed")
     ] = False,
+    no_tracking: Annotated[
+        bool,
+        typer.Option("--no-tracking", help="no MLflow: the study database and the report still hold every trial"),
+    ] = False,
     trial_runner: Annotated[
         Optional[str],
         typer.Option(
@@ -219,6 +223,7 @@ def run(
             force_new=force_new,
             resume_anyway=resume_anyway,
             trial_runner=trial_runner_command(trial_runner),
+            tracking=not no_tracking,
         )
 
 

@@ -58,6 +58,7 @@ def run_command(
     force_new: bool = False,
     resume_anyway: bool = False,
     trial_runner: tuple[str, ...] = DEFAULT_TRIAL_RUNNER,
+    tracking: bool = True,
 ) -> dict[str, Any] | None:
     """`tune run`: run (or resume) the study, then confirm the best trials and write best.yaml + report.
 
@@ -72,6 +73,8 @@ def run_command(
         resume_anyway: `--resume-anyway`: continue a study made for a different spec.
         trial_runner: the trial process's command (tests supply a stand-in; see
             `trial_process.run_trial_process`).
+        tracking: `--no-tracking` (False): no MLflow; the study database and the report still hold
+            every trial.
 
     Returns:
         The winner summary (also written to best_metrics.json), or None for a worker or when
@@ -102,7 +105,7 @@ def run_command(
     # line and the MLflow tag then show the one policy the trials really ran with.
     spec.budget.trial_omp_wait_policy = omp_wait_policy(spec.budget.trial_omp_wait_policy)
     tracker = None
-    if not worker or spec.mlflow_tracking_uri:
+    if tracking and (not worker or spec.mlflow_tracking_uri):
         tracker = MLflowTracker(spec, study)
         on_failed.targets.append(tracker)
     if not worker:

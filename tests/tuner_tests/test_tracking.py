@@ -95,3 +95,18 @@ def test_the_printed_link_opens_the_runs_table(tmp_path, fake_trials, capsys):
     out = capsys.readouterr().out
     assert summary is not None and "?workflowType=machine_learning" in out
     assert f"mlflow ui --backend-store-uri sqlite:///{tmp_path / 'out' / 'mlflow.db'}" in out
+
+
+def test_no_tracking_runs_the_study_without_mlflow(tmp_path, fake_trials):
+    """`tune run --no-tracking` (the GPU run, where MLflow is not installed): no tracking store is
+    made, and the study database and best.yaml still hold the study."""
+    from typer.testing import CliRunner
+
+    from slotune.tuner.cli import app
+
+    spec = write_spec(tmp_path, sampler="grid", budget={"n_trials": 2}, search_space=GRID)
+    r = CliRunner().invoke(app, ["run", str(spec), "--no-progress", "--no-tracking", "--trial-runner", fake_trials[1]])
+    assert r.exit_code == 0, r.output
+    out = tmp_path / "out"
+    assert (out / "best.yaml").exists() and (out / "study.db").exists()
+    assert not (out / "mlflow.db").exists() and not (out / "mlartifacts").exists()
