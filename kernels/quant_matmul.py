@@ -20,6 +20,10 @@ separately and dotted with the low and high nibbles.
 
 Split-K (SPLIT_K > 1) gives skinny decode shapes (few N tiles) enough programs: each split
 writes a float32 partial, summed afterwards (deterministic, no atomics).
+
+int4 with at most GEMV_MAX_ROWS rows of x runs kernels/int4_gemv.py instead (no tensor cores, K
+tiles of whole groups): on an H200 at 4096x4096 it took 14 us at M=1 and 33 us at M=4, where this
+kernel's best tile took 34 us and 94 us and bf16 F.linear 19 us (bench/gpu, H200 results).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
+from slotune.kernels.int4_gemv import int4_gemv
 from slotune.kernels.tiles import (
     MATMUL_BLOCK_K,
     MATMUL_BLOCK_M,
@@ -39,6 +44,7 @@ from slotune.kernels.tiles import (
 )
 
 INT8, INT4, FP8 = 0, 1, 2
+GEMV_MAX_ROWS = 4  # int4 rows of x up to which int4_gemv runs
 
 
 def configs(m: int, n: int, k: int, group_size: int | None = None) -> list[MatmulConfig]:
@@ -237,8 +243,10 @@ def int4_matmul(
     mins: torch.Tensor,
     group_size: int,
     config: MatmulConfig | None = None,
+    max_gemv_rows: int = GEMV_MAX_ROWS,
 ) -> torch.Tensor:
-    """x: [..., K]; packed: [N, K/2] uint8; scales, mins: [N, K/group] -> [..., N] in x's dtype."""
+    """x: [..., K]; packed: [N, K/2] uint8; scales, mins: [N, K/group] -> [..., N] in x's dtype.
+    Up to max_gemv_rows rows: int4_gemv (its own tiles); more: the dot kernel with `config`."""
     n, k = packed.shape[0], x.shape[-1]
     if packed.dtype != torch.uint8 or packed.shape[1] * 2 != k:
         raise ValueError(f"int4_matmul: packed must be [N, {k // 2}] uint8, got {tuple(packed.shape)} {packed.dtype}")
@@ -250,4 +258,6 @@ def int4_matmul(
             f"{tuple(scales.shape)} and {tuple(mins.shape)}"
         )
     assert packed.stride(-1) == 1 and scales.stride(-1) == 1
+    if x.numel() // k <= max_gemv_rows:
+        return int4_gemv(x, packed, scales, mins, group_size, block_k=1024 if k >= 1024 else 512 if k >= 512 else 256)
     return _launch(x, packed, scales, mins, n, INT4, group_size, config)
