@@ -1,4 +1,4 @@
-"""Attention kernels and the KV store against their torch references (interpreter on CPU)."""
+"""Attention kernels and the KV store against their torch references (interpreter on CPU, or compiled on a GPU)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,14 @@ from slotune.kernels.decode_attention import configs as decode_configs
 from slotune.kernels.kv_store import store_kv
 from slotune.kernels.prefill_attention import PrefillAttentionConfig, paged_prefill_attention
 from slotune.kernels.prefill_attention import configs as prefill_configs
+from tests.kernels_tests.device import GPU
 
 KV_DTYPES = {"int8": torch.int8, "fp8": torch.float8_e4m3fn}
 # dtype -> (atol, rtol); quantized caches compare against the dequantized reference, so the
-# tolerance is the kernel's arithmetic only.
-TOL = {torch.float32: (1e-4, 1e-4), torch.bfloat16: (2e-2, 2e-2)}
+# tolerance is the kernel's arithmetic only. TF32 dots on GPU: tl.dot rounds float32 operands to 10
+# mantissa bits; emulating that (truncation) in the reference moves these tests' outputs by up to 3.4e-3
+# (5 seeds, every shape here), so float32 gets 1e-2 there; the interpreter's dots are exact float32.
+TOL = {torch.float32: (1e-2, 1e-2) if GPU else (1e-4, 1e-4), torch.bfloat16: (2e-2, 2e-2)}
 
 
 def _filled_cache(NB, BS, Hkv, D, kv, dtype):
@@ -55,8 +58,9 @@ def test_paged_decode_attention(H, Hkv, lens, cfg, kv):
     bt = torch.randperm(NB, dtype=torch.int32)[: len(lens) * 6].view(len(lens), 6)
     ctx = torch.tensor(lens, dtype=torch.int32)
     out = paged_decode_attention(q, kc, vc, bt, ctx, D**-0.5, ks, vs, config=cfg)
+    atol, rtol = TOL[torch.float32]
     torch.testing.assert_close(
-        out, ref.paged_decode_attention(q, kc, vc, bt, ctx, D**-0.5, ks, vs), atol=1e-4, rtol=1e-4
+        out, ref.paged_decode_attention(q, kc, vc, bt, ctx, D**-0.5, ks, vs), atol=atol, rtol=rtol
     )
 
 
@@ -142,6 +146,7 @@ def test_prefill_attention_configs_are_valid_for_shape():
         pytest.param(
             "fp8",
             marks=pytest.mark.xfail(
+                not GPU,  # compiled kernels convert correctly: a pass on the GPU is a real pass
                 reason="Triton's CPU interpreter converts float32->fp8e4m3 off by up to a binade (e.g. -96 -> -64); "
                 "the conversion is checked on the GPU by bench/gpu/run_all.py",
                 strict=False,

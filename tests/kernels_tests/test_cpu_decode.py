@@ -22,8 +22,12 @@ from slotune.engine.native_step import native_linear
 from slotune.engine.quantize import Int4Linear, Int8Linear
 from slotune.kernels.cpu_decode import load_library, torch_int4_block
 from tests.engine_driver import generate
+from tests.kernels_tests.device import GPU
 
-pytestmark = pytest.mark.skipif(isinstance(load_library(), str), reason=f"native kernel unavailable: {load_library()}")
+pytestmark = [
+    pytest.mark.skipif(GPU, reason="native CPU kernel: CPU only"),
+    pytest.mark.skipif(isinstance(load_library(), str), reason=f"native kernel unavailable: {load_library()}"),
+]
 
 PROMPTS = [
     "The capital of France is Paris, and the capital of Italy is",

@@ -1,4 +1,4 @@
-"""The engine on the Triton path (interpreter on CPU) emits the torch path's greedy tokens.
+"""The engine on the Triton path (interpreter on CPU, or compiled on a GPU) emits the torch path's greedy tokens.
 
 A tiny randomly initialised Llama built from the engine's own model classes keeps this fast
 under the interpreter (2 layers, GQA 4/2 heads, head_dim 32); every Triton kernel the engine
@@ -17,6 +17,21 @@ from tests.engine_driver import IdsTokenizer, generate
 from slotune.engine.llm_engine import LLMEngine
 from slotune.engine.loader import ModelConfig
 from slotune.engine.model_runner import ModelRunner
+from tests.kernels_tests.device import DEV
+
+# Both engines on DEV, float32 on either device (auto would be bfloat16 on CUDA): the CPU comparison. This
+# model's closest greedy choices are 1.2e-3 of the largest logit apart; bf16 rounding (~4e-3) could flip them,
+# TF32 dots on GPU did not (interpreter dots with TF32-truncated operands, on CPU: same tokens).
+# No CUDA graphs: decode steps run the kernels eagerly; graph capture is checked by bench/gpu/run_all.py.
+ON_DEV = {"device": DEV, "dtype": "float32", "use_cuda_graph": False}
+
+
+@pytest.fixture(autouse=True)
+def default_device():
+    """Overrides conftest's: the engine runs as it serves, with torch's default device CPU (host staging,
+    pinned buffers) and device=DEV in its config; the weights built here on CPU are moved by the engine."""
+    yield
+
 
 TINY = ModelConfig(
     vocab_size=256,
@@ -61,7 +76,7 @@ def _state_dict(cfg: ModelConfig) -> dict[str, torch.Tensor]:
 
 
 def _engine(**overrides) -> LLMEngine:
-    cfg = EngineConfig(device="cpu", num_kv_blocks=48, block_size=8, max_model_len=256, **overrides)
+    cfg = EngineConfig(**ON_DEV, num_kv_blocks=48, block_size=8, max_model_len=256, **overrides)
     return LLMEngine(cfg, runner=ModelRunner(cfg, weights=(TINY, _state_dict(TINY))), tokenizer=IdsTokenizer())
 
 
@@ -162,7 +177,7 @@ def test_triton_engine_matches_torch_engine_on_family_variants(variant, prefill_
     outs = []
     for kernels in (TORCH, TRITON):
         cfg = EngineConfig(
-            device="cpu", num_kv_blocks=48, block_size=8, max_model_len=256, kernels=kernels, max_num_batched_tokens=16
+            **ON_DEV, num_kv_blocks=48, block_size=8, max_model_len=256, kernels=kernels, max_num_batched_tokens=16
         )
         engine = LLMEngine(cfg, runner=ModelRunner(cfg, weights=(mc, dict(sd))), tokenizer=IdsTokenizer())
         outs.append(generate(engine, PROMPTS, 6))
