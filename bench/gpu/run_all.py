@@ -1,19 +1,25 @@
-"""GPU benchmark in one run (< 10 min): kernel correctness and speed vs torch, tile search,
-CUDA-graph decode vs the HBM floor, and end-to-end engine vs transformers.
+"""GPU check in one run (about 6 minutes): every kernel test on the GPU, the decode step against
+the HBM floor, weight-only matmuls against bf16, and a served `tune run` whose winner is measured
+with default and with searched tiles.
 
-Weights: SmolLM2-135M's architecture with random bf16 weights (speed does not depend on the
-values; the 98 MB GGUF does not fit the device tool's transfer limit). The tokenizer is the
-bundled model's, exported beside it by `prepare` on a CPU machine:
+Weights: SmolLM2-135M's architecture with random bf16 weights, made on the device (speed does
+not depend on the values). The tokenizer is the bundled model's, exported by `prepare`:
 
-    python bench/gpu/run_all.py prepare .gpu/smollm2     # here (CPU): tokenizer files
-    TRITON_INTERPRET=1 python bench/gpu/run_all.py smoke /tmp/smoke  # here (CPU): check the kernel part
-    python bench/gpu/run_all.py run .gpu/smollm2 OUT_DIR  # on the GPU machine
+    python bench/gpu/run_all.py prepare .gpu/smollm2                  # here (CPU): tokenizer files
+    TRITON_INTERPRET=1 python bench/gpu/run_all.py smoke /tmp/smoke   # here (CPU): the kernel timings' code
+    python bench/gpu/run_all.py run .gpu/smollm2 OUT_DIR              # on the GPU machine
+    python bench/gpu/run_all.py report OUT_DIR/results.json           # anywhere: the summary table
+
+Each part writes OUT_DIR/results.json when it ends, so a run cut short keeps what it measured.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import statistics
+import subprocess
 import sys
 import time
 from datetime import datetime, timezone
@@ -36,6 +42,10 @@ SMOL = dict(
     bos_token_id=1,
     eos_token_id=2,
 )
+REPO = Path(__file__).resolve().parents[2]
+SMOKE = False  # `smoke`: CPU + Triton interpreter, tiny shapes, one timed call: checks this script, not speed
+SEARCH_S = 75.0  # all tile searches together (kernel timings)
+SEARCH_DEADLINE = float("inf")
 
 
 def prepare(d: Path) -> None:
@@ -63,10 +73,6 @@ def make_checkpoint(d: Path) -> None:
     conf["architectures"] = ["LlamaForCausalLM"]
     conf["model_type"] = "llama"
     (d / "config.json").write_text(json.dumps(conf))
-
-
-SMOKE = False  # `smoke`: CPU + Triton interpreter, tiny shapes, one timed call: checks this script, not speed
-SEARCH_DEADLINE = float("inf")  # tile searches stop here (time.time()) so the engine section still runs
 
 
 def bench_ms(fn, warmup=25, rep=100) -> float:
@@ -109,144 +115,220 @@ def search(fn, default, cands, n: int) -> tuple[object, float, float]:
     return best, t_best, t_default
 
 
-def _paged(B, ctx_len, Hkv, D, BS, dev, dtype=torch.bfloat16):
-    nb_seq = -(-ctx_len // BS)
-    NB = B * nb_seq + 8
-    kc = torch.randn(NB, BS, Hkv, D, device=dev, dtype=dtype)
-    vc = torch.randn_like(kc)
-    bt = torch.randperm(NB, device=dev)[: B * nb_seq].view(B, nb_seq).to(torch.int32)
-    return kc, vc, bt
+# --- 1. every kernel test, compiled ---------------------------------------------------------------
+def kernel_tests(out: dict, env: dict[str, str]) -> None:
+    """tests/kernels_tests under TRITON_INTERPRET=0 (tests/kernels_tests/conftest.py then puts
+    tensors on CUDA); it stops after 8 failures and keeps the first one's assertion."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "tests/kernels_tests",
+        "--maxfail=8",
+        "-q",
+        "-rfEs",
+        "-p",
+        "no:cacheprovider",
+    ]
+    cmd += ["-m", "not slow"]  # the gpu-marked tests too (pyproject's addopts leave them out)
+    cmd += ["-n", "8"]  # Triton compiles on the CPU: 8 workers compile in parallel
+    t0 = time.time()
+    p = subprocess.run(cmd, cwd=REPO, env=env | {"TRITON_INTERPRET": "0"}, capture_output=True, text=True)
+    tail = (p.stdout + p.stderr).strip().splitlines()
+    print("\n".join(tail[-60:]), flush=True)
+    summary = next((ln for ln in reversed(tail) if re.search(r"\d+ (passed|failed|error)", ln)), "")
+    out["kernel_tests"] = {"returncode": p.returncode, "summary": summary.strip("= "), "s": time.time() - t0}
+    if p.returncode:
+        failed = [ln for ln in tail if ln.startswith(("FAILED", "ERROR"))]
+        first = next((i for i, ln in enumerate(tail) if ln.startswith("E ")), None)
+        out["kernel_tests"] |= {"failed": failed[:10], "first_error": tail[first : first + 12] if first else []}
 
 
-def decode_attention_section(out: dict, dev: str) -> None:
-    import torch.nn.functional as F
-    from slotune.engine.config import EngineConfig
-    from slotune.kernels import reference as ref
-    from slotune.kernels.decode_attention import configs, paged_decode_attention
-    from slotune.kernels.kv_store import store_kv
+# --- 2. the decode step ---------------------------------------------------------------------------
+def _prompts(n: int, length: int) -> list[list[int]]:
+    return [[(i * 7 + j * 13) % 40000 + 100 for j in range(length)] for i in range(n)]
 
-    t = EngineConfig().kernels.decode_attention
-    default = t  # the engine's default
-    shapes = [(1, 9, 3, 64, 1024), (64, 9, 3, 64, 1024), (64, 32, 8, 128, 2048), (8, 32, 8, 128, 8192)]
-    if SMOKE:
-        shapes = [(2, 4, 2, 32, 40)]
-    for B, H, Hkv, D, ctx_len in shapes:
-        kc, vc, bt = _paged(B, ctx_len, Hkv, D, 16, dev)
-        q = torch.randn(B, H, D, device=dev, dtype=torch.bfloat16)
-        ctx = torch.full((B,), ctx_len, dtype=torch.int32, device=dev)
-        scale = D**-0.5
-        err = rel_err(
-            paged_decode_attention(q, kc, vc, bt, ctx, scale, config=default),
-            ref.paged_decode_attention(q, kc, vc, bt, ctx, scale),
-        )
 
-        def torch_path():  # the engine's torch backend: gather the blocks, then SDPA
-            k = kc.index_select(0, bt.flatten().long()).view(B, -1, Hkv, D).transpose(1, 2)
-            v = vc.index_select(0, bt.flatten().long()).view(B, -1, Hkv, D).transpose(1, 2)
-            return F.scaled_dot_product_attention(q.unsqueeze(2), k, v, scale=scale, enable_gqa=True)
+def _decode_step_ms(llm, batch: int, new_tokens: int = 96) -> float:
+    """Median wall time of `engine.step()` once every sequence of the batch decodes."""
+    from slotune.engine import SamplingParams
 
-        t_ref = bench_ms(torch_path)
-        cands = [c for c in configs(ctx_len, B) if c.num_stages == 2]
-        best, t_best, t_default = search(
-            lambda c: paged_decode_attention(q, kc, vc, bt, ctx, scale, config=c), default, cands, 4 if SMOKE else 32
-        )
+    eng = llm.engine
+    for i, p in enumerate(_prompts(batch, 64)):
+        eng.add_request(f"step{batch}-{i}-{time.time()}", p, SamplingParams(max_tokens=new_tokens, ignore_eos=True))
+    times = []
+    while eng.has_unfinished_requests():
+        t = time.perf_counter()
+        eng.step()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times[4:]) * 1e3  # the prompts' steps first
+
+
+def _replay_ms(graphs, batch: int) -> float:
+    """GPU time of the captured decode graph alone (CUDA events), median of 50 replays."""
+    g = graphs.graphs[next(b for b in graphs.buckets if b >= batch)]
+    ts = []
+    for _ in range(50):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b))
+    return statistics.median(ts)
+
+
+def _kernels_per_step(llm, batch: int) -> dict:
+    """Kernels a decode step launches and their summed GPU time (torch.profiler over eager steps)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    from slotune.engine import SamplingParams
+
+    eng = llm.engine
+    for i, p in enumerate(_prompts(batch, 64)):
+        eng.add_request(f"prof{batch}-{i}-{time.time()}", p, SamplingParams(max_tokens=12, ignore_eos=True))
+    for _ in range(4):  # past the prompts
+        eng.step()
+    steps = 4
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            eng.step()
+    while eng.has_unfinished_requests():
+        eng.step()
+    by_name: dict[str, float] = {}
+    n = 0
+    for e in prof.events():
+        if e.device_type == DeviceType.CUDA:
+            n += 1
+            by_name[e.name] = by_name.get(e.name, 0.0) + e.time_range.elapsed_us() / steps
+    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:8]
+    return {
+        "kernels": n / steps,
+        "gpu_us": sum(by_name.values()),
+        "top_us": {k[:80]: round(v, 1) for k, v in top},
+    }
+
+
+def _count_prefill_paths(llm, backend) -> dict:
+    """Which attention ran each prompt step of a mixed workload: the paged prefill kernel, flash
+    SDPA for a single fresh prompt, or torch after a kernel failure."""
+    from slotune.engine.layers.attention import TorchAttentionBackend
+    from slotune.kernels import prefill_attention as pa
+    from slotune.engine import SamplingParams
+
+    counts = {"paged_prefill_kernel": 0, "torch_extend": 0}
+    real_kernel, real_extend = pa.paged_prefill_attention, TorchAttentionBackend._extend
+
+    def kernel(*a, **k):
+        counts["paged_prefill_kernel"] += 1
+        return real_kernel(*a, **k)
+
+    def extend(self, *a, **k):
+        counts["torch_extend"] += 1
+        return real_extend(self, *a, **k)
+
+    pa.paged_prefill_attention, TorchAttentionBackend._extend = kernel, extend
+    before = backend.num_prefill_fallbacks
+    try:
+        lens = [16, 300, 40, 1000, 90, 7, 500, 64] * 4  # batched prompts, chunks of the long ones
+        prompts = [[(i * 7 + j * 13) % 40000 + 100 for j in range(n)] for i, n in enumerate(lens)]
+        llm.generate(prompts, SamplingParams(max_tokens=4, ignore_eos=True))
+        llm.generate(_prompts(1, 200), SamplingParams(max_tokens=4, ignore_eos=True))  # one fresh prompt alone
+    finally:
+        pa.paged_prefill_attention, TorchAttentionBackend._extend = real_kernel, real_extend
+    layers = llm.engine.runner.model_cfg.num_layers
+    fallbacks = backend.num_prefill_fallbacks - before
+    return {
+        "paged_prefill_kernel_steps": counts["paged_prefill_kernel"] / layers,
+        "flash_sdpa_one_prompt_steps": (counts["torch_extend"] - fallbacks) / layers,
+        "torch_after_kernel_failure_steps": fallbacks / layers,
+    }
+
+
+def engine_section(res: dict, d: Path) -> None:
+    from slotune.engine import LLM, EngineConfig, SamplingParams
+
+    out = res.setdefault("engine", {})
+    base = dict(model=str(d), num_kv_blocks=8192, max_model_len=2048, max_num_seqs=64)
+    llm = LLM(EngineConfig(**base))
+    nog = LLM(EngineConfig(**base, use_cuda_graph=False))
+    out["graphs_captured"] = llm.engine.runner.graphs is not None
+    # the graph step against the eager one: the same greedy tokens (checks the graphs' input staging)
+    p = SamplingParams(max_tokens=24, ignore_eos=True)
+    for b in (1, 5, 64):
+        a = [o.output_token_ids for o in llm.generate(_prompts(b, 48), p)]
+        e = [o.output_token_ids for o in nog.generate(_prompts(b, 48), p)]
+        out[f"graph_tokens_equal_eager_batch{b}"] = sum(x == y for x, y in zip(a, e)) / b
+    x = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    bw = 2 * x.numel() / bench_ms(lambda: y.copy_(x)) / 1e6  # GB/s, read + write
+    wb = llm.engine.weight_bytes
+    for b in (1, 64):
+        _decode_step_ms(llm, b, 16)  # warm
+        step = statistics.median(_decode_step_ms(llm, b) for _ in range(3))
+        replay = _replay_ms(llm.engine.runner.graphs, b)
+        kv_bytes = b * 112 * llm.engine.runner.kv_bytes_per_token  # the mean context: 64 prompt + 48 new
+        floor = (wb + kv_bytes) / bw / 1e6
         row = {
-            "rel_err": err,
-            "torch_ms": t_ref,
-            "triton_default_ms": t_default,
-            "triton_best_ms": t_best,
-            "best_config": str(best),
-            "speedup_vs_torch": t_ref / t_best,
-            "tile_search_gain": t_default / t_best,
-            "kv_gbs": 2 * B * ctx_len * Hkv * D * 2 / t_best / 1e6,
+            "step_ms": step,
+            "graph_replay_ms": replay,
+            "host_ms": step - replay,
+            "hbm_floor_ms": floor,
+            "fraction_of_floor": floor / step,
+            "tokens_per_s": b * 1e3 / step,
         }
-        if (B, H, D) == (64, 32, 128) or SMOKE:  # quantized caches at one shape: bytes halve, math adds a scale
-            for kind, dt in (("int8", torch.int8), ("fp8", torch.float8_e4m3fn)):
-                kq, vq = torch.empty_like(kc, dtype=dt), torch.empty_like(vc, dtype=dt)
-                ks, vs = torch.empty(kc.shape[:3], device=dev), torch.empty(kc.shape[:3], device=dev)
-                slots = torch.arange(kc.shape[0] * kc.shape[1], device=dev)
-                store_kv(kc.view(-1, Hkv, D), vc.view(-1, Hkv, D), kq, vq, slots, ks, vs)
-                e = rel_err(
-                    paged_decode_attention(q, kq, vq, bt, ctx, scale, ks, vs, config=best),
-                    ref.paged_decode_attention(q, kq, vq, bt, ctx, scale, ks, vs),
-                )
-                row[f"{kind}_kv_rel_err"] = e
-                row[f"{kind}_kv_ms"] = bench_ms(
-                    lambda: paged_decode_attention(q, kq, vq, bt, ctx, scale, ks, vs, config=best)
-                )
-        key = f"decode_attention B{B} H{H}/{Hkv} D{D} ctx{ctx_len}"
-        out[key] = row
-        print(key, row, flush=True)
+        out[f"decode_batch{b}"] = row
+        print(f"decode batch {b}", row, flush=True)
+    out["hbm"] = {"copy_gbs": bw, "weight_bytes": wb}
+    out["prefill_paths"] = _count_prefill_paths(llm, llm.engine.runner.model.backend.attn)
+    print("prefill paths", out["prefill_paths"], flush=True)
 
 
-def prefill_attention_section(out: dict, dev: str) -> None:
-    import torch.nn.functional as F
-    from slotune.engine.config import EngineConfig
-    from slotune.kernels import reference as ref
-    from slotune.kernels.prefill_attention import configs, paged_prefill_attention
+def kernel_profile(res: dict, d: Path) -> None:
+    """Kernels per eager decode step, last: once CUPTI is attached, later launches in this process
+    cost more (the first run's kernel timings, taken after it, were up to 2.6x slower)."""
+    from slotune.engine import LLM, EngineConfig
 
-    t = EngineConfig().kernels.prefill_attention
-    default = t
-    # (seqs, new tokens each, cached tokens each, H, Hkv, D): batched fresh prompts; chunked prefill over a long context
-    shapes = [(4, 512, 0, 9, 3, 64), (8, 256, 1024, 32, 8, 128)]
-    if SMOKE:
-        shapes = [(2, 20, 7, 4, 2, 32)]
-    for B, nq, nc, H, Hkv, D in shapes:
-        BS, L = 16, nq + nc
-        kc, vc, bt = _paged(B, L, Hkv, D, BS, dev)
-        q = torch.randn(B * nq, H, D, device=dev, dtype=torch.bfloat16)
-        i32 = lambda xs: torch.tensor(xs, dtype=torch.int32, device=dev)  # noqa: E731
-        starts, qlens, ctxs = i32([i * nq for i in range(B)]), i32([nq] * B), i32([L] * B)
-        scale = D**-0.5
-
-        def kernel(c):
-            return paged_prefill_attention(q, kc, vc, bt, starts, qlens, ctxs, nq, scale, config=c)
-
-        err = rel_err(kernel(default), ref.paged_prefill_attention(q, kc, vc, bt, [nq] * B, [L] * B, scale))
-        # the engine's torch path: gather the context, SDPA with a [B, 1, Q, L] causal mask
-        Lp = bt.shape[1] * BS
-        j = torch.arange(Lp, device=dev)[None, None, :]
-        i = torch.arange(nq, device=dev)[None, :, None]
-        mask = (j <= nc + i)[:, None].expand(B, 1, nq, Lp)
-
-        def torch_path():
-            k = kc.index_select(0, bt.flatten().long()).view(B, -1, Hkv, D).transpose(1, 2)
-            v = vc.index_select(0, bt.flatten().long()).view(B, -1, Hkv, D).transpose(1, 2)
-            return F.scaled_dot_product_attention(
-                q.view(B, nq, H, D).transpose(1, 2), k, v, attn_mask=mask, scale=scale, enable_gqa=True
-            )
-
-        # lower bound: FlashAttention on contiguous K/V (what a single fresh prompt uses)
-        kf = torch.randn(B, Hkv, L, D, device=dev, dtype=torch.bfloat16)
-        qf = q.view(B, nq, H, D).transpose(1, 2)
-        t_flash = bench_ms(
-            lambda: F.scaled_dot_product_attention(qf, kf, kf, is_causal=nc == 0, scale=scale, enable_gqa=True)
-        )
-        t_ref = bench_ms(torch_path)
-        best, t_best, t_default = search(kernel, default, configs(nq, D), 4 if SMOKE else 24)
-        key = f"prefill_attention B{B} new{nq} cached{nc} H{H}/{Hkv} D{D}"
-        out[key] = {
-            "rel_err": err,
-            "torch_path_ms": t_ref,
-            "sdpa_contiguous_ms": t_flash,
-            "triton_default_ms": t_default,
-            "triton_best_ms": t_best,
-            "best_config": str(best),
-            "speedup_vs_torch_path": t_ref / t_best,
-            "tile_search_gain": t_default / t_best,
-        }
-        print(key, out[key], flush=True)
+    nog = LLM(EngineConfig(model=str(d), num_kv_blocks=8192, max_model_len=2048, max_num_seqs=64, use_cuda_graph=False))
+    for b in (1, 64):
+        res.setdefault("engine", {}).setdefault(f"decode_batch{b}", {})["eager"] = _kernels_per_step(nog, b)
 
 
+def engine_int4(res: dict, d: Path) -> None:
+    """int4 weights through the engine (the gemv at decode): graph and eager tokens, step vs bf16."""
+    from slotune.engine import LLM, EngineConfig, SamplingParams
+
+    out = res.setdefault("engine_int4", {})
+    base = dict(model=str(d), num_kv_blocks=8192, max_model_len=2048, max_num_seqs=64)
+    llms = {q: LLM(EngineConfig(**base, quantization=q)) for q in ("none", "int4")}
+    eager = LLM(EngineConfig(**base, quantization="int4", use_cuda_graph=False))
+    p = SamplingParams(max_tokens=24, ignore_eos=True)
+    a = [o.output_token_ids for o in llms["int4"].generate(_prompts(5, 48), p)]
+    e = [o.output_token_ids for o in eager.generate(_prompts(5, 48), p)]
+    out["graph_tokens_equal_eager"] = sum(x == y for x, y in zip(a, e)) / 5
+    for b in (1, 4):
+        for q, llm in llms.items():
+            _decode_step_ms(llm, b, 16)
+        steps = {q: [] for q in llms}
+        for _ in range(3):  # interleaved
+            for q, llm in llms.items():
+                steps[q].append(_decode_step_ms(llm, b))
+        out[f"batch{b}_step_ms"] = {q: statistics.median(v) for q, v in steps.items()}
+        out[f"batch{b}_weight_mb"] = {q: llm.engine.weight_bytes / 1e6 for q, llm in llms.items()}
+    print("engine int4", out, flush=True)
+
+
+# --- 3. weight-only matmuls -----------------------------------------------------------------------
 def quant_matmul_section(out: dict, dev: str) -> None:
     import torch.nn.functional as F
+
     from slotune.engine.config import EngineConfig
     from slotune.kernels import quant_matmul as qm
     from slotune.kernels import reference as ref
 
-    t = EngineConfig().kernels.matmul
-    default = t
-    shapes = [(1, 4096, 4096), (16, 4096, 4096), (1, 1536, 576), (1, 49152, 576), (64, 1536, 576)]
+    default = EngineConfig().kernels.matmul
+    shapes = [(1, 4096, 4096), (16, 4096, 4096), (1, 1536, 576), (1, 49152, 576)]
     if SMOKE:
         shapes = [(1, 48, 128), (5, 40, 192)]
     G = 64
@@ -271,14 +353,16 @@ def quant_matmul_section(out: dict, dev: str) -> None:
         }
         row["bf16_weight_gbs"] = N * K * 2 / row["bf16_ms"] / 1e6
         cands = qm.configs(M, N, K, G)
-        n = 4 if SMOKE else 16
-        for name, fn in (
-            ("int8", lambda c: qm.int8_matmul(xm, q8, s8, c)),
-            ("int4", lambda c: qm.int4_matmul(xm, packed, s4, z4, G, c)),
-            ("fp8", lambda c: qm.fp8_matmul(xm, qf, sf, c)),
+        n = 4 if SMOKE else (8 if N == K == 4096 else 0)
+        for name, fn, wbytes in (
+            ("int8", lambda c: qm.int8_matmul(xm, q8, s8, c), N * K),
+            ("int4", lambda c: qm.int4_matmul(xm, packed, s4, z4, G, c), N * K // 2),
+            ("fp8", lambda c: qm.fp8_matmul(xm, qf, sf, c), N * K),
         ):
             best, t_best, t_default = search(fn, default, cands, n)
             row |= {f"{name}_default_ms": t_default, f"{name}_best_ms": t_best, f"{name}_best": str(best)}
+            row[f"{name}_vs_bf16"] = row["bf16_ms"] / t_best
+            row[f"{name}_weight_gbs"] = wbytes / t_best / 1e6
         if has_scaled_mm:  # the engine's W8A8 path for larger batches: quantize activations, then _scaled_mm
             from slotune.engine.quantize import FP8Linear
 
@@ -289,20 +373,63 @@ def quant_matmul_section(out: dict, dev: str) -> None:
         print(key, row, flush=True)
 
 
-def kernels_section(res: dict, dev: str = "cuda") -> None:
-    import torch.nn.functional as F
-    from slotune.kernels import reference as ref
-    from slotune.kernels.activation import silu_and_mul
-    from slotune.kernels.kv_store import store_kv
-    from slotune.kernels.rms_norm import rms_norm
-    from slotune.kernels.rotary import rotary
+def _paged(B, ctx_len, Hkv, D, BS, dev, dtype=torch.bfloat16):
+    nb_seq = -(-ctx_len // BS)
+    NB = B * nb_seq + 8
+    kc = torch.randn(NB, BS, Hkv, D, device=dev, dtype=dtype)
+    vc = torch.randn_like(kc)
+    bt = torch.randperm(NB, device=dev)[: B * nb_seq].view(B, nb_seq).to(torch.int32)
+    return kc, vc, bt
 
+
+def decode_attention_section(out: dict, dev: str) -> None:
+    """Paged decode attention at the bundled model's shapes: default tiles, searched, torch's path."""
+    import torch.nn.functional as F
+
+    from slotune.engine.config import EngineConfig
+    from slotune.kernels import reference as ref
+    from slotune.kernels.decode_attention import configs, paged_decode_attention
+
+    default = EngineConfig().kernels.decode_attention
+    shapes = [(1, 9, 3, 64, 1024), (64, 9, 3, 64, 1024)] if not SMOKE else [(2, 4, 2, 32, 40)]
+    for B, H, Hkv, D, ctx_len in shapes:
+        kc, vc, bt = _paged(B, ctx_len, Hkv, D, 16, dev)
+        q = torch.randn(B, H, D, device=dev, dtype=torch.bfloat16)
+        ctx = torch.full((B,), ctx_len, dtype=torch.int32, device=dev)
+        scale = D**-0.5
+        err = rel_err(
+            paged_decode_attention(q, kc, vc, bt, ctx, scale, config=default),
+            ref.paged_decode_attention(q, kc, vc, bt, ctx, scale),
+        )
+
+        def torch_path():  # the engine's torch backend: gather the blocks, then SDPA
+            k = kc.index_select(0, bt.flatten().long()).view(B, -1, Hkv, D).transpose(1, 2)
+            v = vc.index_select(0, bt.flatten().long()).view(B, -1, Hkv, D).transpose(1, 2)
+            return F.scaled_dot_product_attention(q.unsqueeze(2), k, v, scale=scale, enable_gqa=True)
+
+        best, t_best, t_default = search(
+            lambda c: paged_decode_attention(q, kc, vc, bt, ctx, scale, config=c),
+            default,
+            [c for c in configs(ctx_len, B) if c.num_stages == 2],
+            4 if SMOKE else 16,
+        )
+        key = f"decode_attention B{B} H{H}/{Hkv} D{D} ctx{ctx_len}"
+        out[key] = {
+            "rel_err": err,
+            "torch_ms": bench_ms(torch_path),
+            "triton_default_ms": t_default,
+            "triton_best_ms": t_best,
+            "best_config": str(best),
+            "kv_gbs": 2 * B * ctx_len * Hkv * D * 2 / t_best / 1e6,
+        }
+        print(key, out[key], flush=True)
+
+
+def kernel_timings(res: dict, dev: str = "cuda") -> None:
+    global SEARCH_DEADLINE
+    SEARCH_DEADLINE = time.time() + SEARCH_S
     out = res.setdefault("kernels", {})
-    for name, fn in (
-        ("decode", decode_attention_section),
-        ("prefill", prefill_attention_section),
-        ("matmul", quant_matmul_section),
-    ):
+    for name, fn in (("matmul", quant_matmul_section), ("decode", decode_attention_section)):
         t0 = time.time()
         try:
             fn(out, dev)
@@ -313,177 +440,179 @@ def kernels_section(res: dict, dev: str = "cuda") -> None:
             out[f"{name}_error"] = repr(exc)
         out[f"{name}_s"] = time.time() - t0
 
-    # --- quantized KV store: the fp8 conversion checked on real hardware ---
-    k = torch.randn(64, 3, 64, device=dev)
-    caches = [torch.zeros(8, 16, 3, 64, device=dev, dtype=torch.float8_e4m3fn) for _ in range(4)]
-    scales = [torch.zeros(8, 16, 3, device=dev) for _ in range(4)]
-    slots = torch.arange(64, device=dev)
-    store_kv(k, k, caches[0], caches[1], slots, scales[0], scales[1])
-    ref.store_kv(k, k, caches[2], caches[3], slots, scales[2], scales[3])
-    out["kv_store_fp8_rel_err"] = rel_err(
-        caches[0].float() * scales[0][..., None], caches[2].float() * scales[2][..., None]
-    )
 
-    # --- pointwise (decode batch 64 and a 2048-token prefill) ---
-    from slotune.engine.layers.ops import apply_rotary, rope_cos_sin
+def int4_tiles(res: dict, dev: str = "cuda") -> None:
+    """int4 at M=1, 4096x4096 over its skinny-M tiles (split-K included): the kernel's best, not a sample."""
+    from slotune.kernels import quant_matmul as qm
 
-    table = rope_cos_sin(64, 4096, 100000.0, torch.device(dev))
-    for T in (8,) if SMOKE else (64, 2048):
-        x = torch.randn(T, 576, device=dev, dtype=torch.bfloat16)
-        r = torch.randn_like(x)
-        w = torch.randn(576, device=dev, dtype=torch.bfloat16)
-        out[f"rms_norm T{T}"] = {
-            "rel_err": rel_err(rms_norm(x, w, 1e-5, r)[0], ref.rms_norm(x, w, 1e-5, r)[0]),
-            "triton_ms": bench_ms(lambda: rms_norm(x, w, 1e-5, r)),
-            "torch_ms": bench_ms(lambda: F.rms_norm(x + r, (576,), w, 1e-5)),
+    M, N, K, G = 1, 4096, 4096, 64
+    x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
+    packed = torch.randint(0, 256, (N, K // 2), device=dev, dtype=torch.uint8)
+    s4 = torch.rand(N, K // G, device=dev, dtype=torch.bfloat16) * 0.01
+    z4 = torch.randn(N, K // G, device=dev, dtype=torch.bfloat16) * 0.01
+    wd = torch.randn(N, K, device=dev, dtype=torch.bfloat16)
+    cands = [c for c in qm.configs(M, N, K, G) if c.block_m == 16 and c.num_warps in (2, 4) and c.num_stages == 2]
+    times = {}
+    t0 = time.time()
+    for c in cands:
+        if time.time() - t0 > 60:
+            break
+        try:
+            times[str(c)] = bench_ms(lambda: qm.int4_matmul(x, packed, s4, z4, G, c), warmup=5, rep=30)
+        except Exception:  # a tile that does not fit
+            continue
+    best = sorted(times.items(), key=lambda kv: kv[1])[:5]
+    bf16 = bench_ms(lambda: torch.nn.functional.linear(x, wd))
+    res["int4_tiles"] = {"tried": len(times), "of": len(cands), "bf16_ms": bf16, "best": best}
+    print("int4 tiles", res["int4_tiles"], flush=True)
+
+
+def int4_gemv_tiles(res: dict, dev: str = "cuda") -> None:
+    """The decode-batch int4 kernel (kernels/int4_gemv.py) against bf16 and the dot kernel's best tile."""
+    from slotune.kernels import quant_matmul as qm
+    from slotune.kernels import reference as ref
+    from slotune.kernels.int4_gemv import int4_gemv
+
+    out = res.setdefault("int4_gemv", {})
+    G = 64
+    t0 = time.time()
+    for M, N, K in ((1, 4096, 4096), (4, 4096, 4096), (1, 1536, 576), (1, 576, 1536)):
+        x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
+        packed = torch.randint(0, 256, (N, K // 2), device=dev, dtype=torch.uint8)
+        s4 = torch.rand(N, K // G, device=dev, dtype=torch.bfloat16) * 0.01
+        z4 = torch.randn(N, K // G, device=dev, dtype=torch.bfloat16) * 0.01
+        wd = torch.randn(N, K, device=dev, dtype=torch.bfloat16)
+        dot_best = qm.MatmulConfig(block_m=16, block_n=128, block_k=64, num_warps=4, num_stages=2, split_k=8)
+        row = {
+            "bf16_ms": bench_ms(lambda: torch.nn.functional.linear(x, wd)),
+            "dot_kernel_ms": bench_ms(lambda: qm.int4_matmul(x, packed, s4, z4, G, dot_best)),
+            "rel_err": rel_err(int4_gemv(x, packed, s4, z4, G), ref.int4_matmul(x, packed, s4, z4, G)),
         }
-        g = torch.randn(T, 3072, device=dev, dtype=torch.bfloat16)
-        out[f"silu_and_mul T{T}"] = {
-            "rel_err": rel_err(silu_and_mul(g), ref.silu_and_mul(g)),
-            "triton_ms": bench_ms(lambda: silu_and_mul(g)),
-            "torch_ms": bench_ms(lambda: F.silu(g[:, :1536]) * g[:, 1536:]),
-        }
-        qk = torch.randn(T, 12, 64, device=dev, dtype=torch.bfloat16)
-        pos = torch.randint(0, 4096, (T,), device=dev)
-        out[f"rotary T{T}"] = {
-            "rel_err": rel_err(rotary(qk, table, pos), ref.rotary(qk, table[pos])),
-            "triton_ms": bench_ms(lambda: rotary(qk, table, pos)),
-            "torch_ms": bench_ms(lambda: apply_rotary(qk, table[pos])),
-        }
-    print({k: v for k, v in out.items() if k.split()[0] in ("rms_norm", "silu_and_mul", "rotary")}, flush=True)
+        times = {}
+        for bn in (8, 16, 32):
+            for bk in (256, 512, 1024):
+                for sk in (1, 4):
+                    for w in (2, 4):
+                        if time.time() - t0 > 90 or bk > max(256, K):
+                            continue
+                        try:
+                            times[(bn, bk, sk, w)] = bench_ms(
+                                lambda: int4_gemv(x, packed, s4, z4, G, bn, bk, sk, w), warmup=5, rep=30
+                            )
+                        except Exception:  # a tile that does not fit
+                            continue
+        if times:
+            (bn, bk, sk, w), best = min(times.items(), key=lambda kv: kv[1])
+            row |= {"gemv_best_ms": best, "gemv_best": f"block_n={bn} block_k={bk} split_k={sk} num_warps={w}"}
+            row |= {
+                "tried": len(times),
+                "gemv_vs_bf16": row["bf16_ms"] / best,
+                "gemv_weight_gbs": N * K / 2 / best / 1e6,
+            }
+        out[f"M{M} N{N} K{K}"] = row
+        print("int4 gemv", M, N, K, row, flush=True)
 
 
-def engine_section(res: dict, d: Path) -> None:
-    import transformers
-    from slotune.engine import LLM, EngineConfig, SamplingParams
+# --- 4. a served tune run, and its winner's tiles -------------------------------------------------
+GPU_WORKLOAD = {
+    "name": "gpu-mixed",
+    "arrivals": "closed_loop",
+    "concurrency": 32,
+    "num_requests": 96,
+    "warmup_requests": 2,
+    "prompt_len": {"kind": "lognormal", "mean": 128, "sigma": 0.6, "min": 16, "max": 512},
+    "output_len": {"kind": "lognormal", "mean": 48, "sigma": 0.6, "min": 8, "max": 192},
+    "seed": 0,
+}
+
+
+def tune_section(res: dict, d: Path, out_dir: Path, env: dict[str, str], device: str = "cuda") -> None:
+    """`tune run` with the `gpu` space, 4 served trials, tracking and gates off, then the winner
+    measured in process with the default tiles and with its own, interleaved."""
+    import yaml
+
+    out = res.setdefault("tune", {})
+    spec = {
+        "name": "gpu-check",
+        "model": str(d.resolve()),
+        "engine": {"device": device, "kv_cache_memory_gb": 2, "max_model_len": 2048},
+        "workload": GPU_WORKLOAD,
+        "objective": {"kind": "throughput", "metric": "output_tokens_per_s", "ttft_limit_s": 2, "tpot_limit_s": 0.1},
+        "search_space": "gpu",
+        "sampler": "tpe",
+        "budget": {
+            "n_trials": 4,
+            "trial_timeout_s": 150,
+            "trial_memory_gb": 48,
+            "confirm_top_k": 0,
+            "declare_repeats": 0,
+        },
+        "output_dir": str((out_dir / "tune").resolve()),
+    }
+    path = out_dir / "tune-spec.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    t0 = time.time()
+    cmd = [sys.executable, "-m", "slotune.tuner.cli_main", "run", str(path), "--no-progress", "--no-tracking"]
+    p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+    log = (p.stdout + p.stderr).strip().splitlines()
+    (out_dir / "tune-log.txt").write_text("\n".join(log))
+    print("\n".join(log[-40:]), flush=True)
+    out |= {"returncode": p.returncode, "s": time.time() - t0}
+    best = out_dir / "tune" / "best.yaml"
+    if not best.exists():
+        return
+    from slotune.engine import LLM, EngineConfig
     from slotune.tuner.measure.in_process_replay import run_in_process_replay
     from slotune.tuner.spec.workload_spec import WorkloadSpec
 
-    out = res.setdefault("engine", {})
-    base = dict(model=str(d), num_kv_blocks=8192, max_model_len=2048)
-    try:
-        llm = LLM(EngineConfig(**base, max_num_seqs=64))
-    except Exception as exc:  # record, then measure without graphs
-        import traceback
-
-        traceback.print_exc()
-        out["cuda_graph_error"] = repr(exc)
-        llm = LLM(EngineConfig(**base, max_num_seqs=64, use_cuda_graph=False))
-    nog = LLM(EngineConfig(**base, max_num_seqs=64, use_cuda_graph=False))
-    pr = [[(j * 13) % 40000 + 100 for j in range(64)]]
-    for e in (nog, llm):
-        e.generate(pr, SamplingParams(max_tokens=8, ignore_eos=True))
-    t = time.perf_counter()
-    nog.generate(pr, SamplingParams(max_tokens=128, ignore_eos=True))
-    t_nog = time.perf_counter() - t
-    t = time.perf_counter()
-    llm.generate(pr, SamplingParams(max_tokens=128, ignore_eos=True))
-    out["cuda_graph_batch1_speedup"] = t_nog / (time.perf_counter() - t)
-    out["eager_batch1_tps"] = 128 / t_nog
-    del nog
-    hf = transformers.AutoModelForCausalLM.from_pretrained(str(d), dtype=torch.bfloat16).cuda().eval()
-    prompts = [[(i * 7 + j * 13) % 40000 + 100 for j in range(64)] for i in range(64)]
-    # parity on random weights: greedy tokens equal to transformers for a few prompts
-    p = SamplingParams(max_tokens=16, ignore_eos=True)
-    ours = [o.output_token_ids for o in llm.generate(prompts[:4], p)]
-    with torch.no_grad():
-        theirs = [
-            hf.generate(torch.tensor([pr], device="cuda"), max_new_tokens=16, min_new_tokens=16, do_sample=False)[
-                0, 64:
-            ].tolist()
-            for pr in prompts[:4]
-        ]
-    out["greedy_match_transformers"] = sum(a == b for a, b in zip(ours, theirs)) / 4
-
-    def ours_tps(batch, n):
-        t = time.perf_counter()
-        outs = llm.generate(prompts[:batch], SamplingParams(max_tokens=n, ignore_eos=True))
-        torch.cuda.synchronize()
-        return sum(len(o.output_token_ids) for o in outs) / (time.perf_counter() - t)
-
-    def hf_tps(batch, n):
-        ids = torch.tensor(prompts[:batch], device="cuda")
-        t = time.perf_counter()
-        with torch.no_grad():
-            hf.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=2)
-        torch.cuda.synchronize()
-        return batch * n / (time.perf_counter() - t)
-
-    for b in (1, 64):
-        ours_tps(b, 8), hf_tps(b, 8)
-        o = statistics.median([ours_tps(b, 128) for _ in range(3)])
-        h = statistics.median([hf_tps(b, 128) for _ in range(3)])
-        out[f"decode_batch{b}"] = {"ours_tps": o, "hf_tps": h, "ratio": o / h}
-        print(f"batch {b}", out[f"decode_batch{b}"], flush=True)
-    # batch-1 step time vs the HBM floor
-    x = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
-    y = torch.empty_like(x)
-    bw = 2 * x.numel() / bench_ms(lambda: y.copy_(x)) / 1e6  # GB/s, read + write
-    wb = llm.engine.weight_bytes
-    step_ms = 1e3 / out["decode_batch1"]["ours_tps"]
-    out["hbm"] = {
-        "copy_gbs": bw,
-        "weight_bytes": wb,
-        "floor_ms": wb / bw / 1e6,
-        "batch1_step_ms": step_ms,
-        "fraction_of_floor": (wb / bw / 1e6) / step_ms,
-    }
-    print("hbm", out["hbm"], flush=True)
-    # mixed workload at 64 concurrent: continuous batching + graphs vs HF static batches
-    wl = WorkloadSpec(
-        arrivals="closed_loop",
-        concurrency=64,
-        num_requests=192,
-        warmup_requests=2,
-        prompt_len={"kind": "lognormal", "mean": 128, "sigma": 0.6, "min": 16, "max": 1024},
-        output_len={"kind": "lognormal", "mean": 128, "sigma": 0.7, "min": 8, "max": 512},
+    out["best_metrics"] = json.loads((out_dir / "tune" / "best_metrics.json").read_text())
+    tuned = EngineConfig.from_yaml(best)
+    default_tiles = tuned.model_copy(update={"kernels": EngineConfig().kernels})
+    out["best"] = tuned.model_dump(mode="json", exclude_defaults=True)
+    wl = WorkloadSpec.model_validate(GPU_WORKLOAD)
+    llms = {"searched_tiles": LLM(tuned), "default_tiles": LLM(default_tiles)}
+    runs: dict[str, list[float]] = {k: [] for k in llms}
+    for seed in (11, 12, 13):  # interleaved, fresh seeds
+        for k, llm in llms.items():
+            r = run_in_process_replay(llm.config, wl, llm=llm, seed=seed)
+            runs[k].append(r.metrics["output_tokens_per_s"])
+    out["tiles"] = {k: {"tokens_per_s": v, "median": statistics.median(v)} for k, v in runs.items()}
+    out["tiles"]["searched_over_default"] = (
+        out["tiles"]["searched_tiles"]["median"] / out["tiles"]["default_tiles"]["median"]
     )
-    r = run_in_process_replay(llm.config, wl, llm=llm)
-    from slotune.tuner.workload.requests import generate_requests
-
-    reqs = [q for q in generate_requests(wl, llm.tokenizer) if not q.request_id.startswith("warmup")]
-    t = time.perf_counter()
-    total = 0
-    with torch.no_grad():
-        for i in range(0, len(reqs), 64):  # HF: padded static batches, each runs to its longest output
-            chunk = reqs[i : i + 64]
-            width = max(len(q.prompt_token_ids) for q in chunk)
-            ids = torch.tensor(
-                [[2] * (width - len(q.prompt_token_ids)) + q.prompt_token_ids for q in chunk], device="cuda"
-            )
-            mask = (
-                torch.arange(width, device="cuda")[None, :]
-                >= torch.tensor([width - len(q.prompt_token_ids) for q in chunk], device="cuda")[:, None]
-            ).long()
-            n = max(q.output_len for q in chunk)
-            hf.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=2)
-            total += sum(q.output_len for q in chunk)  # useful tokens only
-    hf_mixed = total / (time.perf_counter() - t)
-    out["mixed_64"] = {
-        "ours_tps": r.metrics["output_tokens_per_s"],
-        "hf_tps": hf_mixed,
-        "ratio": r.metrics["output_tokens_per_s"] / hf_mixed,
-        "ours_tpot_p50_ms": r.metrics["tpot_p50"] * 1e3,
-        "ours_ttft_p50_ms": r.metrics["ttft_p50"] * 1e3,
-    }
-    print("mixed_64", out["mixed_64"], flush=True)
+    print("tiles", out["tiles"], flush=True)
 
 
-def run(d: Path, out_dir: Path) -> None:
+def run(d: Path, out_dir: Path, only: set[str] | None = None) -> None:
     import triton
 
+    t_start = time.time()
     res = {
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
         "device": torch.cuda.get_device_name(),
+        "driver": subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True
+        ).stdout.strip(),
         "torch": torch.__version__,
         "triton": triton.__version__,
     }
-    global SEARCH_DEADLINE
-    make_checkpoint(d)
-    t0 = time.time()
-    SEARCH_DEADLINE = t0 + 300  # kernels ~5 min, engine ~2.5 min (2026-11-22 H100 run)
     out_dir.mkdir(parents=True, exist_ok=True)
-    for name, fn in (("kernels", lambda: kernels_section(res)), ("engine", lambda: engine_section(res, d))):
+    env = dict(os.environ)
+    make_checkpoint(d)
+    parts = (
+        ("kernel_tests", lambda: kernel_tests(res, env)),
+        ("engine", lambda: engine_section(res, d)),
+        ("engine_int4", lambda: engine_int4(res, d)),
+        ("kernel_timings", lambda: kernel_timings(res)),
+        ("int4_tiles", lambda: int4_tiles(res)),
+        ("int4_gemv", lambda: int4_gemv_tiles(res)),
+        ("tune", lambda: tune_section(res, d, out_dir, env)),
+        ("kernel_profile", lambda: kernel_profile(res, d)),
+    )
+    for name, fn in parts:
+        if only and name not in only:
+            continue
+        t0 = time.time()
         try:
             fn()
         except Exception as exc:  # keep what was measured
@@ -492,21 +621,20 @@ def run(d: Path, out_dir: Path) -> None:
             traceback.print_exc()
             res[f"{name}_error"] = repr(exc)
         res[f"{name}_s"] = time.time() - t0
-        (out_dir / "results.json").write_text(json.dumps(res, indent=1, default=str))  # partial results survive a kill
-    (out_dir / "results.json").write_text(json.dumps(res, indent=1, default=str))
-    print(json.dumps(res, indent=1, default=str))
+        (out_dir / "results.json").write_text(json.dumps(res, indent=1, default=str))  # survives a kill
+        print(f"== {name} done in {time.time() - t0:.0f} s (total {time.time() - t_start:.0f} s)", flush=True)
 
 
 def smoke(out_dir: Path) -> None:
-    """CPU check of the kernel section (interpreter, tiny shapes): catches script errors before GPU time is spent."""
+    """CPU check of the kernel timings (interpreter, tiny shapes): catches script errors before GPU time is spent."""
     global SMOKE
     SMOKE = True
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: the patch is a test helper
+    sys.path.insert(0, str(REPO))  # the repo root: the patch is a test helper
     from tests.kernels_tests.interpreter_bf16 import patch_interpreter_bf16
 
     patch_interpreter_bf16()
     res = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "device": "cpu (TRITON_INTERPRET=1, smoke)"}
-    kernels_section(res, "cpu")
+    kernel_timings(res, "cpu")
     errors = {k: v for k, v in res["kernels"].items() if k.endswith("_error")}
     errors |= {
         f"{k}.{f}": e
@@ -522,16 +650,145 @@ def smoke(out_dir: Path) -> None:
     print("smoke ok", flush=True)
 
 
+def report(path: Path) -> str:
+    """results.json -> the markdown summary committed beside it; each goal with its measured value."""
+    r = json.loads(path.read_text())
+    lines = [
+        f"# GPU check ({r['date']}, {r['device']}, driver {r.get('driver', '?')}, torch {r['torch']}, "
+        f"triton {r['triton']})",
+        "",
+        "Command: `python bench/gpu/run_all.py run .gpu/smollm2 OUT` (README.md). SmolLM2-135M's shape, random bf16 "
+        "weights.",
+        "",
+        "| goal | measured | met |",
+        "|---|---|---|",
+    ]
+    kt = r.get("kernel_tests", {})
+    lines.append(
+        f"| every kernel test passes on the GPU | {kt.get('summary', 'not run')} | {kt.get('returncode') == 0} |"
+    )
+    b1 = r.get("engine", {}).get("decode_batch1", {})
+    if b1:
+        lines.append(f"| batch-1 decode step <= 0.5 ms | {b1['step_ms']:.3f} ms | {b1['step_ms'] <= 0.5} |")
+    mm = r.get("kernels", {}).get("quant_matmul M1 N4096 K4096", {})
+    gemv = r.get("int4_gemv", {}).get("M1 N4096 K4096")
+    if gemv:
+        lines.append(
+            f"| int4 >= bf16 at M=1 (4096x4096) | int4 (gemv) {gemv['gemv_best_ms'] * 1e3:.1f} us vs bf16 "
+            f"{gemv['bf16_ms'] * 1e3:.1f} us ({gemv['gemv_vs_bf16']:.2f}x) | {gemv['gemv_vs_bf16'] >= 1} |"
+        )
+    elif mm:
+        lines.append(
+            f"| int4 >= bf16 at M=1 (4096x4096) | int4 {mm['int4_best_ms'] * 1e3:.1f} us vs bf16 "
+            f"{mm['bf16_ms'] * 1e3:.1f} us ({mm['int4_vs_bf16']:.2f}x) | {mm['int4_vs_bf16'] >= 1} |"
+        )
+    if kt.get("failed"):
+        lines += ["", "First kernel-test failures:", "", "```", *kt["failed"], *kt.get("first_error", []), "```"]
+    eng = r.get("engine", {})
+    if eng:
+        lines += ["", "## Decode step (CUDA graphs)", ""]
+        lines += [
+            "| batch | step ms | graph replay ms (GPU) | host ms | HBM floor ms | kernels/step | top kernels (us/step) |"
+        ]
+        lines += ["|---|---|---|---|---|---|---|"]
+        for b in (1, 64):
+            row = eng.get(f"decode_batch{b}")
+            if row and "step_ms" in row:
+                eager = row.get("eager", {"kernels": float("nan"), "top_us": {}})
+                top = "; ".join(f"{k[:40]} {v}" for k, v in list(eager["top_us"].items())[:4])
+                lines.append(
+                    f"| {b} | {row['step_ms']:.3f} | {row['graph_replay_ms']:.3f} | {row['host_ms']:.3f} | "
+                    f"{row['hbm_floor_ms']:.3f} | {eager['kernels']:.0f} | {top} |"
+                )
+        lines += [
+            "",
+            f"- copy bandwidth {eng['hbm']['copy_gbs']:.0f} GB/s; weights {eng['hbm']['weight_bytes'] / 1e6:.0f} MB.",
+        ]
+        eq = {k: v for k, v in eng.items() if k.startswith("graph_tokens_equal")}
+        lines.append(f"- graph steps emit the eager steps' greedy tokens: {eq}")
+        lines.append(f"- prompt steps by attention path: {eng.get('prefill_paths')}")
+    e4 = r.get("engine_int4")
+    if e4:
+        lines.append(
+            f"- int4 weights in the engine: graph tokens equal eager {e4['graph_tokens_equal_eager']:.0%}; decode step "
+            f"(ms, bf16 / int4) batch 1 {e4['batch1_step_ms']['none']:.3f} / {e4['batch1_step_ms']['int4']:.3f}, "
+            f"batch 4 {e4['batch4_step_ms']['none']:.3f} / {e4['batch4_step_ms']['int4']:.3f}; weights "
+            f"{e4['batch1_weight_mb']['none']:.0f} / {e4['batch1_weight_mb']['int4']:.0f} MB"
+        )
+    ker = r.get("kernels", {})
+    rows = [(k, v) for k, v in ker.items() if k.startswith("quant_matmul")]
+    if rows:
+        lines += ["", "## Weight-only matmul (best tile; us)", ""]
+        lines += [
+            "| shape | bf16 | int8 | int4 | fp8 | fp8 W8A8 (_scaled_mm) | max rel err |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for k, v in rows:
+            err = max(v["int8_rel_err"], v["int4_rel_err"], v["fp8_rel_err"])
+            sm = f"{v['fp8_scaled_mm_ms'] * 1e3:.1f}" if "fp8_scaled_mm_ms" in v else "-"
+            lines.append(
+                f"| {k.removeprefix('quant_matmul ')} | {v['bf16_ms'] * 1e3:.1f} | {v['int8_best_ms'] * 1e3:.1f} | "
+                f"{v['int4_best_ms'] * 1e3:.1f} | {v['fp8_best_ms'] * 1e3:.1f} | {sm} | {err:.1e} |"
+            )
+    rows = [(k, v) for k, v in ker.items() if k.startswith("decode_attention")]
+    if rows:
+        lines += [
+            "",
+            "| decode attention | torch ms | default tile ms | searched ms | searched tile |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {k.removeprefix('decode_attention ')} | {v['torch_ms']:.4f} | {v['triton_default_ms']:.4f} | "
+            f"{v['triton_best_ms']:.4f} | {v['best_config']} |"
+            for k, v in rows
+        ]
+    g = r.get("int4_gemv", {})
+    if g:
+        lines += ["", "## int4 at decode batches: the gemv kernel (kernels/int4_gemv.py), us", ""]
+        lines += [
+            "| shape | bf16 | int4 dot kernel | int4 gemv (best tile) | gemv vs bf16 | gemv tile |",
+            "|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {k} | {v['bf16_ms'] * 1e3:.1f} | {v['dot_kernel_ms'] * 1e3:.1f} | {v['gemv_best_ms'] * 1e3:.1f} | "
+            f"{v['gemv_vs_bf16']:.2f}x | {v['gemv_best']} |"
+            for k, v in g.items()
+            if "gemv_best_ms" in v
+        ]
+    t4 = r.get("int4_tiles")
+    if t4:
+        best, ms = t4["best"][0]
+        lines.append(
+            f"- the dot kernel's best of {t4['tried']} skinny-M tiles at M=1: {ms * 1e3:.1f} us ({best}); "
+            f"bf16 {t4['bf16_ms'] * 1e3:.1f} us"
+        )
+    tune = r.get("tune", {})
+    if tune:
+        lines += ["", "## Served `tune run` (gpu space, 4 trials, tracking and gates off)", ""]
+        lines.append(f"- exit code {tune.get('returncode')}, {tune.get('s', 0):.0f} s; winner: `{tune.get('best')}`")
+        t = tune.get("tiles")
+        if t:
+            lines.append(
+                f"- the winner with its searched tiles vs the default tiles, in process, 3 fresh seeds interleaved: "
+                f"{t['searched_tiles']['median']:.0f} vs {t['default_tiles']['median']:.0f} output tok/s "
+                f"({t['searched_over_default']:.2f}x)"
+            )
+    errors = {k: v for k, v in r.items() if k.endswith("_error")}
+    if errors:
+        lines += ["", f"Errors: {errors}"]
+    return "\n".join(lines) + "\n"
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "prepare":
         prepare(Path(sys.argv[2]))
     elif sys.argv[1] == "smoke":
-        import os
-
         if os.environ.get("TRITON_INTERPRET") != "1":
             raise SystemExit(
                 "smoke runs the kernels under the interpreter: TRITON_INTERPRET=1 python bench/gpu/run_all.py smoke OUT"
             )
         smoke(Path(sys.argv[2]))
-    else:
-        run(Path(sys.argv[2]), Path(sys.argv[3]))
+    elif sys.argv[1] == "report":
+        print(report(Path(sys.argv[2])), end="")
+    else:  # run D OUT [part,part,...]
+        run(Path(sys.argv[2]), Path(sys.argv[3]), set(sys.argv[4].split(",")) if len(sys.argv) > 4 else None)
