@@ -28,7 +28,8 @@ from slotune.tuner.report.markdown import write_atomic, write_report
 from slotune.tuner.report.progress import Progress
 from slotune.tuner.search.budget import TrialBudget
 from slotune.tuner.search.objective import TrialObjective
-from slotune.tuner.search.records import store_side_measurement, store_winner
+from slotune.tuner.search.records import TrialRecord, store_side_measurement, store_winner
+from slotune.tuner.search.retry import retry_if_infrastructure
 from slotune.tuner.search.references import (
     reference_configs,
     reference_metrics,
@@ -96,7 +97,8 @@ def run_command(
         spec.budget.n_trials = n_trials
     spec.resolved_output_dir().mkdir(parents=True, exist_ok=True)
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # our progress lines report failed trials
-    on_failed = _Relay()  # trials failed for a dead process (heartbeat or pid) -> MLflow
+    retry = _Retry()
+    on_failed = _Relay([retry])  # trials failed for a dead process (heartbeat or pid) -> retry, MLflow
     study, is_new = open_study(spec, force_new=force_new, resume_anyway=resume_anyway, failed_trial_callback=on_failed)
     if is_new and not worker:
         enqueue_reference_trials(study, spec)
@@ -120,8 +122,14 @@ def run_command(
         # together), not forbidden combinations or invalid configs, rejected before any measurement.
         budget = TrialBudget(total)
         objective = TrialObjective(spec, prog, budget, runner=trial_runner)
-        callbacks = [c for c in (tracker, prog.callback) if c is not None] + [budget, StartRepairs(spec)]
-        if not budget.exhausted(study):
+        # The retry first: the budget then knows the failed attempt is replaced.
+        retry.say = prog.say
+        callbacks = [retry, *(c for c in (tracker, prog.callback) if c is not None)]
+        callbacks += [budget, StartRepairs(spec)]
+
+        def optimize() -> None:
+            if budget.exhausted(study):
+                return
             try:
                 study.optimize(
                     objective,
@@ -132,32 +140,63 @@ def run_command(
                     gc_after_trial=True,
                 )
             except KeyboardInterrupt:  # Optuna failed the trial and skipped the callbacks
-                _log_interrupted_trial(study, objective.current, tracker)
+                _on_interrupted(study, objective.current, retry, tracker)
                 raise
+
+        optimize()
         if worker:
             return None
         wait_for_running_trials(study, spec, prog.say, on_failed)
+        while _waiting_retries(study) and not budget.exhausted(study):  # another process's trials, retried here
+            optimize()
+            wait_for_running_trials(study, spec, prog.say, on_failed)
         prog.phase(None, "confirming the best trials on a fresh workload seed")
         return finalize(spec, study, tracker, prog, runner=trial_runner)
 
 
 class _Relay:
-    """One (study, FrozenTrial) callback handed to the storage before its targets exist."""
+    """One (study, FrozenTrial) callback handed to the storage before all its targets exist."""
 
-    def __init__(self) -> None:
-        self.targets: list[FailedTrialCallback] = []
+    def __init__(self, targets: list[FailedTrialCallback]) -> None:
+        self.targets = targets
 
     def __call__(self, study, trial) -> None:
         for target in self.targets:
             target(study, trial)
 
 
-def _log_interrupted_trial(study, number: int | None, tracker) -> None:
-    if tracker is None or number is None:
+class _Retry:
+    """`retry_if_infrastructure` as a (study, FrozenTrial) callback that says what it enqueued."""
+
+    def __init__(self) -> None:
+        self.say: Callable[[str], None] = print
+
+    def __call__(self, study, trial) -> None:
+        number = retry_if_infrastructure(study, trial)
+        if number is not None:
+            reason = TrialRecord.of(trial).fail_reason or ""
+            self.say(
+                f"trial {trial.number} is measured again as trial {number}: {reason.split(':')[0]}, not its config"
+            )
+
+
+def _waiting_retries(study) -> bool:
+    from optuna.trial import TrialState
+
+    return any(
+        TrialRecord.of(t).retry_of is not None for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+    )
+
+
+def _on_interrupted(study, number: int | None, retry: _Retry, tracker) -> None:
+    """Optuna failed the interrupted trial and skipped the callbacks: the retry and MLflow still see it."""
+    if number is None:
         return
     for t in study.get_trials(deepcopy=False):
         if t.number == number and t.state.name == "FAIL":
-            tracker(study, t)
+            retry(study, t)
+            if tracker is not None:
+                tracker(study, t)
 
 
 def wait_for_running_trials(

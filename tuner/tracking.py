@@ -160,8 +160,10 @@ class MLflowTracker:
         c.set_tag(rid, "slotune.early_stopped", str(bool(r.early_stopped)))
         if r.screened_out:  # its metrics are the short replay's (screening)
             c.set_tag(rid, "slotune.screened_out", "True")
-        if trial_label(r):  # default, naive, a start's name, "repeat of N"
+        if trial_label(r):  # default, naive, a start's name, "repeat of N", "retry of N"
             c.set_tag(rid, "slotune.tag", trial_label(r))
+        if r.retry_of is not None:  # the failed attempt this trial measures again
+            c.set_tag(rid, "slotune.retry_of", str(r.retry_history[-1] if r.retry_history else r.retry_of))
         if r.measure:
             c.set_tag(rid, "slotune.measure", r.measure)
         if r.machine:

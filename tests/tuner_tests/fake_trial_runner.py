@@ -6,8 +6,10 @@ explicitly (`tune run --trial-runner tests/tuner_tests/fake_trial_runner.py`, or
 
 Its behaviour is set by the test through the environment of the process it runs in:
 - FAKE_TRIAL_SLEEP=seconds: how long the stand-in measurement takes (default 0);
-- FAKE_TRIAL_FAULT=crash|hang|oom|raise: a crashing, hanging, memory-hungry or unimplemented trial
-  (with FAKE_TRIAL_FAULT_SEEDS=seed[,seed...]: only on those workload seeds);
+- FAKE_TRIAL_FAULT=crash|hang|oom|raise|sigkill: a crashing, hanging, memory-hungry or unimplemented
+  trial, or one killed by SIGKILL from outside (as the OOM killer or a node drain would)
+  (with FAKE_TRIAL_FAULT_SEEDS=seed[,seed...]: only on those workload seeds; with
+  FAKE_TRIAL_FAULT_ONCE=path: only in the first trial process, which creates that file);
 - FAKE_TRIAL_LUCKY=knob=value[,knob=value...]: configs with these values were lucky in the study:
   measured on the study's workload seed, their latencies are halved and their throughput doubled
   (FAKE_TRIAL_LUCK=factor: latencies times that factor instead, rates divided by it; over 1, unlucky);
@@ -25,6 +27,7 @@ and `workload_requests`: the number of requests it was asked to replay (a screen
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -85,6 +88,14 @@ def seed_scale(seed: int | None) -> float:
 
 def _fault() -> None:
     fault = os.environ.get("FAKE_TRIAL_FAULT", "")
+    once = os.environ.get("FAKE_TRIAL_FAULT_ONCE")
+    if once:
+        try:
+            Path(once).touch(exist_ok=False)
+        except FileExistsError:  # an earlier trial process had the fault
+            return
+    if fault == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
     if fault == "crash":
         os._exit(3)
     if fault == "hang":

@@ -23,6 +23,7 @@ import optuna
 import psutil
 import pytest
 from slotune.engine.config import EngineConfig
+from slotune.tuner.search.records import TrialRecord
 from slotune.tuner.run import run_command
 from slotune.tuner.search.budget import TrialBudget
 from slotune.tuner.search.study import StudySpecChanged, open_study
@@ -152,13 +153,15 @@ def test_sigterm_of_tune_run_kills_its_trial_process(tmp_path):
         _wait_until(lambda: all(_is_gone(p) for p in pids), timeout_s=30, what="the trial process to die")
     finally:
         _kill_all(proc, pids)
-    t = _study(tmp_path / "out").trials[0]
+    t, retry = _study(tmp_path / "out").trials[:2]
     assert t.state.name == "FAIL" and "interrupted: tune run got SIGTERM" in t.user_attrs["fail_reason"]
+    assert retry.state.name == "WAITING" and retry.params == t.params  # measured when the study resumes
+    assert TrialRecord.of(retry).retry_of == 0
     runs = _trial_runs(tmp_path / "out")
     assert [(r["tags"]["slotune.trial"], r["tags"]["slotune.state"]) for r in runs] == [("0", "FAIL")]
 
 
-def test_sigkill_of_tune_run_kills_its_trial_process_and_resume_logs_the_orphan(tmp_path, fake_trials):
+def test_sigkill_of_tune_run_kills_its_trial_process_and_resume_measures_the_orphans_config(tmp_path, fake_trials):
     spec = write_spec(tmp_path, budget={"n_trials": 2})
     out = tmp_path / "out"
     proc = _tune_run(spec, sleep_s=600)
@@ -174,10 +177,14 @@ def test_sigkill_of_tune_run_kills_its_trial_process_and_resume_logs_the_orphan(
     run_command(spec, progress=False, trial_runner=fake_trials)  # resume
     trials = _study(out).trials
     assert trials[0].state.name == "FAIL" and "orphaned" in trials[0].user_attrs["fail_reason"]
-    assert [t.state.name for t in trials] == ["FAIL", "COMPLETE"]  # the orphan used one of the 2 trials
+    # the orphan's config is measured again (trial 1), and the budget's 2 trials are still measured
+    # (after a resume the seeded sampler may propose a measured config again: a repeat, not measured)
+    assert TrialRecord.of(trials[1]).retry_of == 0 and trials[1].params == trials[0].params
+    assert sum(t.state.name == "COMPLETE" and is_measured(t) for t in trials) == 2
     runs = {r["tags"]["slotune.trial"]: r for r in _trial_runs(out)}
     assert runs["0"]["tags"]["slotune.state"] == "FAIL" and "orphaned" in runs["0"]["tags"]["slotune.fail_reason"]
-    assert runs["1"]["tags"]["slotune.state"] == "COMPLETE"
+    assert runs["1"]["tags"]["slotune.state"] == "COMPLETE" and runs["1"]["tags"]["slotune.retry_of"] == "0"
+    assert all(runs[str(t.number)]["tags"]["slotune.state"] == "COMPLETE" for t in trials[1:])
 
 
 # --- 3. processes sharing one fresh storage ------------------------------------------------

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from slotune.tuner.measure import failures
 from slotune.tuner.measure.measurement import Measurement
 from slotune.tuner.measure.metrics import cost_metrics
 
@@ -227,13 +228,7 @@ def run_trial_process(
                 raise TrialFailure(f"{reason} (during: {last_phase})" if last_phase else reason)
             if proc.returncode != 0 or not dst.exists():
                 log.seek(0)
-                tail = log.read()[-800:].strip()
-                how = (
-                    f"killed by signal {-proc.returncode}"
-                    if proc.returncode < 0
-                    else f"exited with code {proc.returncode}"
-                )
-                raise TrialFailure(f"trial process {how}" + (f": {tail}" if tail else ""))
+                raise TrialFailure(failures.process_ended(proc.returncode, log.read()[-800:].strip()))
         result = json.loads(dst.read_text())
         if result.get("status") != "ok":
             raise TrialFailure(result.get("error", "unknown error"))
@@ -249,9 +244,9 @@ def _watch(
     last_phase = ""
     while proc.poll() is None:
         if time.monotonic() > deadline:
-            return f"timeout: trial exceeded budget.trial_timeout_s={timeout_s:g}", last_phase
+            return failures.timeout(timeout_s), last_phase
         if _rss_bytes(proc.pid) > limit:
-            return f"out of memory: trial exceeded budget.trial_memory_gb={memory_gb:g}", last_phase
+            return failures.out_of_memory(memory_gb), last_phase
         if on_phase is not None and phase_file.exists():
             phase = phase_file.read_text().strip()
             if phase and phase != last_phase:

@@ -8,6 +8,7 @@ from rich.live import Live
 from rich.table import Table
 from slotune.tuner.measure.units import format_value, metric_label
 from slotune.tuner.search.records import TrialRecord
+from slotune.tuner.search.retry import replaced_attempts
 from slotune.tuner.search.references import trial_label
 from slotune.tuner.search.trials import best_trial
 from slotune.tuner.spec.slo import metric_key
@@ -114,7 +115,8 @@ class Progress:
         self.rows.append(
             (f"{trial.number}" + (f" ({tag})" if tag else ""), trial.state.name, value, feasible, detail[:100])
         )
-        self.num_finished += trial.budget_share  # a screened-out trial: its short replay's share
+        if trial.number not in replaced_attempts(study.get_trials(deepcopy=False)):  # a retry holds the slot
+            self.num_finished += trial.budget_share  # a screened-out trial: its short replay's share
         b = best_trial(study, self.spec)
         self.best = f"{format_value(key, b.values[0])} (trial {b.number})" if b else "-"
         if log and self._live is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from slotune.tuner.search.records import UNMEASURED_OVER_BUDGET, TrialRecord
+from slotune.tuner.search.retry import replaced_attempts
 from slotune.tuner.search.trials import budget_share
 
 
@@ -12,7 +13,8 @@ class TrialBudget:
     Counts measured trials, each by its `budget_share` (a trial screened out on its short replay
     holds that share of a slot). Trials pruned as forbidden combinations or failed as invalid configs
     are not counted (TPE proposes them again and again on small spaces; they cost no
-    measurement); a sampler stuck on them still stops, after `unmeasured_factor` x total.
+    measurement); a sampler stuck on them still stops, after `unmeasured_factor` x total. A failed
+    attempt that a retry measures again is not counted either (tuner/search/retry.py).
 
     Two uses. `admits` is the rule: the TrialObjective asks it once Optuna has numbered a new trial,
     and trial n is measured only if fewer than `total` measured trials precede it, so processes
@@ -28,8 +30,10 @@ class TrialBudget:
         """(budget slots held by measured trials finished, forbidden or invalid trials)."""
         from optuna.trial import TrialState
 
-        done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED))
-        records = [TrialRecord.of(t) for t in done]
+        trials = study.get_trials(deepcopy=False)
+        replaced = replaced_attempts(trials)
+        done = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
+        records = [TrialRecord.of(t) for t in trials if t.state in done and t.number not in replaced]
         rejected = sum(not r.is_measured and r.unmeasured != UNMEASURED_OVER_BUDGET for r in records)
         return round(sum(r.budget_share for r in records), 9), rejected
 
@@ -42,7 +46,10 @@ class TrialBudget:
 
     def admits(self, study, number: int) -> bool:
         """Whether trial `number` may be measured: the trials before it hold fewer than `total` slots."""
-        return sum(budget_share(t) for t in study.get_trials(deepcopy=False) if t.number < number) < self.total - 1e-9
+        trials = study.get_trials(deepcopy=False)
+        replaced = replaced_attempts(trials)
+        held = sum(budget_share(t) for t in trials if t.number < number and t.number not in replaced)
+        return held < self.total - 1e-9
 
     def __call__(self, study, trial) -> None:
         if self.exhausted(study):

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import socket
 
-from slotune.tuner.measure import machine
+from slotune.tuner.measure import failures, machine
 from slotune.tuner.measure.trial_process import DEFAULT_TRIAL_RUNNER, TrialFailure, TrialResult, measure
 from slotune.tuner.measure.units import format_value, metric_label
 from slotune.tuner.search import records
@@ -70,7 +70,7 @@ class TrialObjective:
         try:
             return self._run(trial)
         except KeyboardInterrupt as exc:  # Optuna records the trial as FAIL and re-raises
-            records.set_fail_reason(trial, f"interrupted: tune run got {exc or 'SIGINT'}")
+            records.set_fail_reason(trial, failures.interrupted(str(exc) or "SIGINT"))
             raise
 
     def _run(self, trial) -> float | list[float]:

@@ -12,13 +12,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from slotune.tuner.measure import failures
 from slotune.tuner.measure.measurement import Measurement
 
-# Why a trial with no outcome ended: set when the trial starts, replaced by the real outcome.
-# A trial left RUNNING by a killed process is failed later by another (`fail_orphaned_trials`,
-# Optuna's heartbeat), and Optuna has no public API to set a user attribute on another
-# process's trial, so the reason is written in advance.
-ORPHANED_REASON = "orphaned: its tune run process stopped before the trial finished"
+# Why a trial with no outcome ended: set when the trial starts, replaced by the real outcome
+# (tuner/measure/failures.py).
+ORPHANED_REASON = failures.ORPHANED
+
+# Optuna's retry callback links a retry to the attempts it replaces through these system attributes.
+RETRY_OF_ATTR, RETRY_HISTORY_ATTR = "failed_trial", "retry_history"
 
 # Attribute `unmeasured`: why a trial cost no measurement, so the budget does not count it.
 UNMEASURED_FORBIDDEN, UNMEASURED_INVALID, UNMEASURED_OVER_BUDGET = "forbidden", "invalid_config", "over_budget"
@@ -72,6 +74,8 @@ class TrialRecord:
     pid: int | None = None
     machine: str | None = None  # measure/machine.py `words()`
     measure: str | None = None  # budget.measure: how it was measured
+    retry_of: int | None = None  # the failed trial this one measures again (tuner/search/retry.py)
+    retry_history: tuple[int, ...] = ()  # every earlier attempt of this config, the first one first
 
     @classmethod
     def of(cls, trial) -> "TrialRecord":
@@ -79,6 +83,7 @@ class TrialRecord:
         if isinstance(trial, TrialRecord):
             return trial
         ua = trial.user_attrs
+        sa = getattr(trial, "system_attrs", None) or {}
         values = getattr(trial, "values", None)
         return cls(
             number=trial.number,
@@ -106,6 +111,8 @@ class TrialRecord:
             pid=ua.get("pid"),
             machine=ua.get("machine"),
             measure=ua.get("measure"),
+            retry_of=sa.get(RETRY_OF_ATTR),
+            retry_history=tuple(sa.get(RETRY_HISTORY_ATTR) or ()),
         )
 
     @property

@@ -71,7 +71,11 @@ def reference_metrics(study) -> dict[str, Measurement | None]:
 
 def trial_label(record: TrialRecord) -> str:
     """How the report, the progress display and MLflow name a trial's origin: a reference's tag
-    (default, naive), a start's name, or the trial whose measurement a repeat took; "" if sampled."""
+    (default, naive), a start's name, the trial whose measurement a repeat took, and the failed
+    trial a retry measures again; "" if sampled."""
     if record.repeat_of is not None:
         return f"repeat of {record.repeat_of}"
-    return str(record.tag or record.start or "")
+    origin = str(record.tag or record.start or "")
+    if record.retry_of is not None:
+        return f"{origin}, retry of {record.retry_of}" if origin else f"retry of {record.retry_of}"
+    return origin
