@@ -133,13 +133,30 @@ class Knob(BaseModel):
         return d.FloatDistribution(self.low, self.high, log=self.log, step=self.step)
 
     def grid_values(self) -> list[Any]:
+        """The knob's values in a grid; refuses knobs a grid cannot list as the other samplers sample them."""
         if self.type == "float":
             raise ValueError(f"knob '{self.name}': a float knob has no grid; give it a step or make it categorical")
+        if self.when:
+            conds = ", ".join(f"{f} in {v}" for f, v in self.when.items())
+            raise ValueError(
+                f"knob '{self.name}': sampled only when {conds}, but a grid sets every knob in every config "
+                f"(Optuna's GridSampler has no conditional grids); use sampler: tpe or random, or drop its `when`"
+            )
+        if self.log:
+            doubling = [int(self.low) * 2**i for i in range(64) if int(self.low) * 2**i <= int(self.high)]
+            choices = doubling + ([int(self.high)] if doubling[-1] != int(self.high) else [])
+            raise ValueError(
+                f"knob '{self.name}': a log-scaled range has no grid (a grid would list every value from "
+                f"{int(self.low)} to {int(self.high)}); make it categorical, e.g. choices: {choices}"
+            )
         if self.num_values > MAX_GRID_VALUES:
             raise ValueError(
                 f"knob '{self.name}': {self.num_values} values is too many for a grid "
                 f"(at most {MAX_GRID_VALUES}); use a larger step, or another sampler"
             )
+        return self._values()
+
+    def _values(self) -> list[Any]:
         if self.type == "categorical":
             return list(self.choices)
         return list(range(int(self.low), int(self.high) + 1, int(self.step or 1)))
@@ -151,7 +168,7 @@ class Knob(BaseModel):
             return list(self.choices)
         if self.type == "int":
             if self.num_values <= _MAX_PROBES:
-                return self.grid_values()
+                return self._values()
             return [int(self.low), int(self.high)]
         mid = (self.low + self.high) / 2
         return [self.low, self.high] + ([mid] if not mid.is_integer() else [])

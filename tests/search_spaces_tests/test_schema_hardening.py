@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import optuna
 import pytest
+
+from slotune.tuner.spec.tuning_spec import TuningSpec
 from pydantic import ValidationError
 
 from slotune.engine.config import EngineConfig
@@ -143,6 +145,33 @@ def test_grids_are_bounded():
     many[1]["low"] = 2
     with pytest.raises(ValueError, match=f"at most {MAX_GRID_SIZE}"):
         space(*many).grid()
+
+
+def test_a_grid_refuses_conditional_and_log_knobs_by_name(tmp_path):
+    """Optuna's GridSampler sets every knob in every config and lists int ranges linearly: a `when`
+    knob would be measured as duplicates, a log range as every integer. Refused, naming the knob
+    and the fix, at load (`tune validate`) as well."""
+    method = {"name": "speculative.method", "type": "categorical", "choices": ["none", "ngram"]}
+    tokens = {"name": "speculative.num_speculative_tokens", "type": "int", "low": 1, "high": 4}
+    with pytest.raises(
+        ValueError,
+        match=r"knob 'speculative.num_speculative_tokens': sampled only when "
+        r"speculative.method in \['ngram'\].*use sampler: tpe or random",
+    ):
+        space(method, tokens | {"when": {"speculative.method": ["ngram"]}}).grid()
+    with pytest.raises(ValueError, match=r"knob 'max_num_seqs': a log-scaled range .* choices: \[8, 16, 32, 64, 100\]"):
+        space({"name": "max_num_seqs", "type": "int", "low": 8, "high": 100, "log": True}).grid()
+    assert space(method, tokens).grid() == {
+        "speculative.method": ["none", "ngram"],
+        "speculative.num_speculative_tokens": [1, 2, 3, 4],
+    }
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        "name: g\nobjective: {kind: latency, metric: tpot}\nsampler: grid\n"
+        "search_space: {name: s, knobs: [{name: max_num_seqs, type: int, low: 2, high: 16, log: true}]}\n"
+    )
+    with pytest.raises(ValidationError, match=r"knob 'max_num_seqs': a log-scaled range"):
+        TuningSpec.from_yaml(spec)
 
 
 def test_space_file_problems_name_the_file(tmp_path):
