@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -108,8 +109,15 @@ def run_command(
     spec.budget.trial_omp_wait_policy = omp_wait_policy(spec.budget.trial_omp_wait_policy)
     tracker = None
     if tracking and (not worker or spec.mlflow_tracking_uri):
-        tracker = MLflowTracker(spec, study)
-        on_failed.targets.append(tracker)
+        try:
+            tracker = MLflowTracker(spec, study)
+            on_failed.targets.append(tracker)
+        except Exception as exc:  # tracking is evidence, not control: a study never waits for MLflow
+            warnings.warn(
+                f"MLflow at {spec.resolved_tracking_uri()} did not answer ({type(exc).__name__}: {str(exc)[:200]}); "
+                f"the study runs without it, and `tune run` of this spec again logs every trial",
+                stacklevel=1,
+            )
     if not worker:
         fail_orphaned_trials(study, on_failed)
     with Progress(spec, total, enabled=progress) as prog, trials_die_with_this_process():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import tempfile
 import time
 from collections.abc import Iterator
@@ -29,6 +30,14 @@ EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_de
 PRIMARY_METRIC_TAG = "mlflow.experiment.primaryMetric.name"
 PRIMARY_METRIC_GREATER_IS_BETTER_TAG = "mlflow.experiment.primaryMetric.greaterIsBetter"
 MAX_TAG_CHARS = 5000
+# MLflow's client retries an unreachable server for minutes by default (7 retries, backoff factor 2,
+# 120 s timeout per request): a tracking outage must cost a trial seconds. Set unless the user did.
+OUTAGE_LIMITS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+}
+LOGGING_SETTLES_S = 120  # a finished trial is logged by its own process within this (or it never will be)
 
 
 class MLflowTracker:
@@ -52,6 +61,11 @@ class MLflowTracker:
         self.spec = spec
         self.study = study
         uri = spec.resolved_tracking_uri()
+        if uri.startswith(("http://", "https://")):
+            for k, v in OUTAGE_LIMITS.items():
+                os.environ.setdefault(k, v)
+        self._pending: list[int] = []  # finished trials not logged yet (the server was unreachable), oldest first
+        self._partial: set[int] = set()  # of those, trials whose logging broke off: a partial run may exist
         mlflow.set_tracking_uri(uri)
         self._own_parent: str | None = None
         with _local_store_lock(uri):
@@ -74,6 +88,28 @@ class MLflowTracker:
         self._parent = parent
         self.client.set_tag(parent, "slotune.omp_wait_policy", spec.budget.trial_omp_wait_policy)
         self.client.set_tag(parent, "slotune.measure", spec.budget.measure)
+        self._pending = self._unlogged(study)
+        self._partial = set(self._pending)
+        self.flush(study)
+
+    def _unlogged(self, study) -> list[int]:
+        """Finished trials with no child run (a tracking outage, a killed process), finished long
+        enough ago that the process that finished them is not logging them now."""
+        have = set()
+        runs = self.client.search_runs(
+            [self.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{self._parent}'"
+        )
+        for run in runs:
+            have.add(run.data.tags.get("slotune.trial"))
+        settled = time.time() - LOGGING_SETTLES_S
+        return [
+            t.number
+            for t in study.get_trials(deepcopy=False)
+            if t.state.is_finished()
+            and str(t.number) not in have
+            and t.datetime_complete is not None
+            and t.datetime_complete.timestamp() < settled
+        ]
 
     def _experiment(self) -> str:
         """The study's experiment, created if missing, tagged to open on its runs table (also one
@@ -114,12 +150,45 @@ class MLflowTracker:
         return self._parent
 
     def __call__(self, study, trial) -> None:
-        try:
-            self.log_trial(trial)
-        except Exception as exc:  # tracking is evidence, not control: never stop the study for it
-            import warnings
+        self._pending.append(trial.number)
+        self.flush(study)
 
-            warnings.warn(f"MLflow logging of trial {trial.number} failed: {type(exc).__name__}: {exc}", stacklevel=1)
+    def flush(self, study) -> bool:
+        """Log the trials waiting for MLflow, oldest first, from the study database; at the first
+        failure keep them for the next call. Tracking is evidence, not control: a failure never
+        stops the study. Returns whether none is left."""
+        import warnings
+
+        if not self._pending:
+            return True
+        trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+        while self._pending:
+            number = self._pending[0]
+            try:
+                if number in self._partial:
+                    self._delete_partial_run(number)
+                self.log_trial(trials[number])
+            except Exception as exc:
+                if number not in self._partial:
+                    warnings.warn(
+                        f"MLflow logging of trial {number} failed ({type(exc).__name__}: {str(exc)[:200]}); "
+                        f"it is logged from the study database once MLflow answers",
+                        stacklevel=1,
+                    )
+                self._partial.add(number)
+                return False
+            self._pending.pop(0)
+            self._partial.discard(number)
+        return True
+
+    def _delete_partial_run(self, number: int) -> None:
+        """Remove the child run a broken-off logging of trial `number` may have left."""
+        runs = self.client.search_runs(
+            [self.experiment_id],
+            filter_string=f"tags.mlflow.parentRunId = '{self.parent_run_id}' and tags.`slotune.trial` = '{number}'",
+        )
+        for run in runs:
+            self.client.delete_run(run.info.run_id)
 
     def log_trial(self, trial) -> None:
         """One child run: params, metrics (in their stored form, intervals included: `Measurement.to_dict`;
@@ -200,15 +269,30 @@ class MLflowTracker:
         )
 
     def log_study_end(self, best, config, report_paths: dict[str, Path], out: Path, *, confirmation=None) -> None:
-        """Parent run: the winner's metrics and config (best.yaml, best_metrics.json), the report
-        (report.md, report.html: self-contained, so it opens in MLflow's artifact view), and with a
-        `confirmation` (tuner/decide/confirm.py) whether the winner held on re-measurement, which trial
-        was best on its own, and the declared value of the objective (`declared_<metric>`), with its
-        95% half-width as a fraction of it (`declared_half_width`), the number of declaration seeds
-        (tag `slotune.declared_seeds`), those on which the winner missed the SLO (tag
-        `slotune.declared_slo_missed_on`: workload seeds, comma-separated, empty for none) and the
-        round's candidates within noise of the winner (tag `slotune.within_noise_of_winner`: trial
-        numbers, comma-separated, empty for none); then close it."""
+        """The trials still waiting, then the parent run (`_log_study_end`); with MLflow unreachable,
+        a warning: the study database and the output folder hold everything, and the next `tune run`
+        of the study logs what is missing."""
+        import warnings
+
+        try:
+            if self.flush(self.study):
+                self._log_study_end(best, config, report_paths, out, confirmation=confirmation)
+                return
+        except Exception as exc:
+            warnings.warn(
+                f"MLflow logging of the study's end failed: {type(exc).__name__}: {str(exc)[:200]}", stacklevel=1
+            )
+        warnings.warn(
+            f"MLflow did not answer at the end of the study: {len(self._pending)} trial(s) and the parent run's "
+            f"results are not logged; `tune run` of this spec again logs them from the study database",
+            stacklevel=1,
+        )
+
+    def _log_study_end(self, best, config, report_paths: dict[str, Path], out: Path, *, confirmation=None) -> None:
+        """Parent run: the winner's metrics and config (best.yaml, best_metrics.json), the report, and
+        with a `confirmation` (tuner/decide/confirm.py) the declared value (`declared_<metric>`, its
+        relative half-width `declared_half_width`) and tags: whether the winner held, its declaration
+        seeds, the seeds where it missed the SLO, the candidates within noise of it; then close it."""
         c, rid = self.client, self.parent_run_id
         if confirmation is not None:
             c.set_tag(rid, "slotune.confirmed", str(confirmation.is_confirmed))

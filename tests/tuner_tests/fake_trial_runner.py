@@ -10,6 +10,7 @@ Its behaviour is set by the test through the environment of the process it runs 
   trial, or one killed by SIGKILL from outside (as the OOM killer or a node drain would)
   (with FAKE_TRIAL_FAULT_SEEDS=seed[,seed...]: only on those workload seeds; with
   FAKE_TRIAL_FAULT_ONCE=path: only in the first trial process, which creates that file);
+- FAKE_TRIAL_GATE=path: while that file exists, a trial process waits before it measures;
 - FAKE_TRIAL_LUCKY=knob=value[,knob=value...]: configs with these values were lucky in the study:
   measured on the study's workload seed, their latencies are halved and their throughput doubled
   (FAKE_TRIAL_LUCK=factor: latencies times that factor instead, rates divided by it; over 1, unlucky);
@@ -110,6 +111,9 @@ def fake_trial(req: dict[str, Any]) -> dict[str, Any]:
     cfg = EngineConfig.model_validate(req["config"])
     if req.get("phase_file"):
         Path(req["phase_file"]).write_text("fake measurement")
+    gate = os.environ.get("FAKE_TRIAL_GATE")
+    while gate and Path(gate).exists():
+        time.sleep(0.05)
     fault_seeds = os.environ.get("FAKE_TRIAL_FAULT_SEEDS")
     if not fault_seeds or str(req.get("seed")) in fault_seeds.split(","):
         _fault()
