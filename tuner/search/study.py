@@ -8,11 +8,13 @@ process left running are failed (`fail_orphaned_trials`). Sharing rules: docs/de
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import json
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -32,6 +34,14 @@ from slotune.tuner.spec.tuning_spec import TuningSpec
 HEARTBEAT_INTERVAL_S, HEARTBEAT_GRACE_S = 10, 60
 
 FailedTrialCallback = Callable[[Any, Any], None]  # (study, FrozenTrial), as Optuna's callbacks
+# How long a process waits for an unreachable study database, retrying with backoff, before it
+# stops: shorter than the heartbeat's grace, so its running trial is failed (and retried) only
+# after this process has given up on it.
+DB_OUTAGE_S = 30.0
+
+
+class StorageUnreachable(ConnectionError):
+    """The study database did not answer for DB_OUTAGE_S."""
 
 
 class StudySpecChanged(ValueError):
@@ -126,11 +136,92 @@ def _rdb_storage(url: str, failed_trial_callback: FailedTrialCallback | None):
     engine = {"connect_args": {"timeout": 30}} if url.startswith("sqlite") else {"pool_pre_ping": True}
     for attempt in range(6):
         try:
-            return optuna.storages.RDBStorage(url, engine_kwargs=engine, **kwargs)
+            return _riding_out_outages(optuna.storages.RDBStorage)(url, engine_kwargs=engine, **kwargs)
         except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError):
             if attempt == 5:
                 raise
             time.sleep(0.2 * (attempt + 1))
+
+
+def _is_connection_error(exc: BaseException) -> bool:
+    """A lost or refused database connection (directly, or under Optuna's StorageInternalError)."""
+    import sqlalchemy.exc
+
+    while exc is not None:
+        if isinstance(exc, sqlalchemy.exc.DBAPIError) and (
+            exc.connection_invalidated or any(p in str(exc).lower() for p in _CONNECTION_PHRASES)
+        ):
+            return True
+        exc = exc.__cause__ or exc.__context__  # Optuna re-raises as StorageInternalError; a session then refuses
+    return False
+
+
+# PostgreSQL's (libpq's) words for a connection that broke, was refused, or a server not ready yet.
+_CONNECTION_PHRASES = (
+    "server closed the connection",
+    "could not connect",
+    "connection refused",
+    "terminating connection",
+    "the database system is starting up",
+    "the database system is shutting down",
+    "the database system is in recovery mode",
+    "connection already closed",
+    "ssl connection has been closed",
+    "no connection to the server",
+)
+_in_call = threading.local()
+
+
+def _committed_before(method: str, exc: BaseException) -> bool:
+    """A retried `set_trial_state_values` finds the trial finished: the first attempt committed
+    before its connection dropped (Optuna's cache, not updated, would still say RUNNING)."""
+    import optuna
+
+    return method == "set_trial_state_values" and isinstance(exc, optuna.exceptions.UpdateFinishedTrialError)
+
+
+def _riding_out_outages(storage_cls: type) -> type:
+    """A subclass of Optuna's RDBStorage whose methods (the private ones too: Optuna's cache calls
+    them) retry a lost connection with backoff for up to DB_OUTAGE_S (a database restart), then
+    raise StorageUnreachable. Nested calls are retried once, at the outermost."""
+
+    def wrap(fn):
+        @functools.wraps(fn)
+        def call(self, *args, **kwargs):
+            if getattr(_in_call, "active", False):
+                return fn(self, *args, **kwargs)
+            _in_call.active = True
+            try:
+                deadline, delay = None, 0.25
+                while True:
+                    try:
+                        return fn(self, *args, **kwargs)
+                    except Exception as exc:
+                        if deadline is not None and _committed_before(fn.__name__, exc):
+                            return True  # the attempt the connection dropped under had committed
+                        if not _is_connection_error(exc):
+                            raise
+                        now = time.monotonic()
+                        deadline = deadline or now + DB_OUTAGE_S
+                        if now >= deadline:
+                            raise StorageUnreachable(
+                                f"the study database did not answer for {DB_OUTAGE_S:g} s "
+                                f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); this process stops, and "
+                                f"its running trial is measured again by the next `tune run` of this spec"
+                            ) from exc
+                        time.sleep(min(delay, deadline - now))
+                        delay = min(2 * delay, 4.0)
+            finally:
+                _in_call.active = False
+
+        return call
+
+    methods = {
+        name: wrap(getattr(storage_cls, name))
+        for name in dir(storage_cls)
+        if not name.startswith("__") and inspect.isfunction(inspect.getattr_static(storage_cls, name))
+    }
+    return type("RetryingRDBStorage", (storage_cls,), methods)
 
 
 def open_study(
