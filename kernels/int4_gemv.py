@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from slotune.kernels.split_k import finish, split_k_output
+
 
 @triton.jit
 def _int4_gemv_kernel(
@@ -84,12 +86,7 @@ def int4_gemv(
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     M = x2.shape[0]
-    k_per_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
-    split_k = triton.cdiv(k, k_per_split)
-    if split_k == 1:
-        out = torch.empty(M, n, dtype=x.dtype, device=x.device)
-    else:
-        out = torch.empty(split_k, M, n, dtype=torch.float32, device=x.device)
+    out, k_per_split, split_k = split_k_output(x, M, n, k, block_k, split_k)
     grid = (M, triton.cdiv(n, block_n), split_k)
     _int4_gemv_kernel[grid](
         x2,
@@ -110,6 +107,4 @@ def int4_gemv(
         BLOCK_K=block_k,
         num_warps=num_warps,
     )
-    if split_k > 1:
-        out = out.sum(0).to(x.dtype)
-    return out.view(*x.shape[:-1], n)
+    return finish(out, x, n)

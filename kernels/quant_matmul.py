@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 
 from slotune.kernels.int4_gemv import int4_gemv
+from slotune.kernels.split_k import finish, split_k_output
 from slotune.kernels.tiles import (
     MATMUL_BLOCK_K,
     MATMUL_BLOCK_M,
@@ -167,13 +168,7 @@ def _launch(
         x2 = x2.contiguous()
     M, K = x2.shape
     block_k = min(cfg.block_k, group) if fmt == INT4 else cfg.block_k  # a K tile stays inside one group
-    split_k = max(1, min(cfg.split_k, triton.cdiv(K, block_k)))
-    k_per_split = triton.cdiv(triton.cdiv(K, split_k), block_k) * block_k
-    split_k = triton.cdiv(K, k_per_split)
-    if split_k == 1:
-        out = torch.empty(M, n, dtype=x.dtype, device=x.device)
-    else:
-        out = torch.empty(split_k, M, n, dtype=torch.float32, device=x.device)
+    out, k_per_split, split_k = split_k_output(x, M, n, K, block_k, cfg.split_k)
     grid = (triton.cdiv(M, cfg.block_m), triton.cdiv(n, cfg.block_n), split_k)
     _quant_matmul_kernel[grid](
         x2,
@@ -198,9 +193,7 @@ def _launch(
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
-    if split_k > 1:
-        out = out.sum(0).to(x.dtype)
-    return out.view(*x.shape[:-1], n)
+    return finish(out, x, n)
 
 
 def int8_matmul(
