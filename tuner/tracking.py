@@ -88,8 +88,7 @@ class MLflowTracker:
         self._parent = parent
         self.client.set_tag(parent, "slotune.omp_wait_policy", spec.budget.trial_omp_wait_policy)
         self.client.set_tag(parent, "slotune.measure", spec.budget.measure)
-        self._pending = self._unlogged(study)
-        self._partial = set(self._pending)
+        self._pending = self._unlogged(study)  # none has a child run: nothing partial to delete
         self.flush(study)
 
     def _unlogged(self, study) -> list[int]:
