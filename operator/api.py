@@ -162,8 +162,13 @@ def patch_serving(namespace: str, name: str, body: dict[str, Any]) -> None:
 
 
 def read_serving(namespace: str, name: str) -> dict[str, Any] | None:
+    return read_custom(SERVINGS, namespace, name)
+
+
+def read_custom(plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+    """One of our custom resources as stored now, None when absent."""
     try:
-        return custom().get_namespaced_custom_object(GROUP, VERSION, namespace, SERVINGS, name)
+        return custom().get_namespaced_custom_object(GROUP, VERSION, namespace, plural, name)
     except ApiException as exc:
         if exc.status == 404:
             return None

@@ -20,6 +20,7 @@ import os
 from typing import Any
 
 import kopf
+import urllib3
 from kubernetes.client.rest import ApiException
 
 from slotune.operator import admission, api, conditions, serving, tuning
@@ -67,7 +68,7 @@ def _api_call(fn, *args: Any) -> Any:
         if exc.status in (400, 422):
             raise kopf.PermanentError(f"the API server rejected a child: {_message(exc)}") from None
         raise kopf.TemporaryError(f"API {exc.status}: {_message(exc)}", delay=max(POLL_S, 1)) from None
-    except OSError as exc:  # connection trouble
+    except (OSError, urllib3.exceptions.HTTPError) as exc:  # connection trouble (an API server restart)
         raise kopf.TemporaryError(f"API unreachable: {exc}", delay=max(POLL_S, 1)) from None
 
 
@@ -119,6 +120,12 @@ def serving_tick(name, namespace, spec, body, status, patch, memo, **_: Any) -> 
 
 @kopf.timer(api.GROUP, api.VERSION, api.TUNINGS, interval=POLL_S)
 def tuning_tick(name, namespace, spec, body, status, patch, memo, **_: Any) -> None:
+    # The state machine steps from the stored status: kopf's copy is stale while its watch reconnects
+    # (an API server restart), and a stale phase would repeat a step (a second canary, a second run).
+    stored = _api_call(api.read_custom, api.TUNINGS, namespace, name)
+    if stored is None:
+        return
+    spec, status = stored.get("spec") or spec, stored.get("status") or {}
     step = tuning.Step(
         name=name, namespace=namespace, spec=dict(spec), status=dict(status or {}), body=body, admission=memo.admission
     )

@@ -31,6 +31,7 @@ from slotune.tuner.workload.fit import TraceSummary, summarize
 
 RESULT_KEYS = ("best.yaml", "best_metrics.json", "mlflow_run_id", "error", "traffic.json", "skipped")
 RESULT_FILES = ("best.yaml", "best_metrics.json")
+API_OUTAGE_S = 600.0  # how long a finished run waits for the API server to publish its result
 
 
 def report_result(
@@ -80,10 +81,34 @@ def report_result(
 
 
 def _patch(configmap: str, namespace: str, data: dict[str, str | None], api_client=None) -> None:
-    # a JSON merge patch: `null` deletes the key (a strategic merge patch leaves "" behind)
-    _core(api_client).patch_namespaced_config_map(
-        configmap, namespace, {"data": data}, _content_type="application/merge-patch+json"
-    )
+    """Merge `data` into the ConfigMap, riding out an API server that does not answer (a control-plane
+    restart) for up to API_OUTAGE_S: a finished study is not thrown away for want of one write."""
+    import urllib3
+    from kubernetes.client.rest import ApiException
+
+    core, delay, deadline = _core(api_client), 0.5, time.monotonic() + API_OUTAGE_S
+    while True:
+        try:
+            # a JSON merge patch: `null` deletes the key (a strategic merge patch leaves "" behind)
+            core.patch_namespaced_config_map(
+                configmap, namespace, {"data": data}, _content_type="application/merge-patch+json"
+            )
+            return
+        except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
+            status = getattr(exc, "status", None)
+            if isinstance(exc, ApiException) and status and status < 500 and status != 429:
+                raise  # refused (403, 404, 422): waiting does not change the answer
+            if time.monotonic() + delay > deadline:
+                raise
+            if delay == 0.5:
+                first = str(exc).splitlines()[0][:200]
+                print(
+                    f"publish: the API server did not answer ({first}); retrying for up to {API_OUTAGE_S:g} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            time.sleep(delay)
+            delay = min(2 * delay, 8.0)
 
 
 # --- recorded traffic ------------------------------------------------------------------------

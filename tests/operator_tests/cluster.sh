@@ -10,6 +10,9 @@
 #                             DIR/pids; prints the kubeconfig path. With PID, a watchdog stops
 #                             the cluster when that process exits (a killed test run leaks nothing)
 #   cluster.sh down DIR       stop what `up DIR` started
+#   cluster.sh restart-apiserver DIR [SECONDS]
+#                             kill -9 the kube-apiserver, start it again SECONDS (5) later on the
+#                             same port and etcd (a control-plane crash, for the fault tests)
 #
 # No registry ships a Kubernetes server binary, so `build` compiles Debian bookworm's
 # `kubernetes` source package (1.20.2, full tree with vendor/) with Debian's golang-1.19:
@@ -162,17 +165,8 @@ up() {
     --initial-cluster "default=http://127.0.0.1:$peer_port" >"$D/etcd.log" 2>&1 &
   echo $! >> "$D/pids"
   wait_http "http://127.0.0.1:$etcd_port/health" 30 || { log "etcd did not start; see $D/etcd.log"; down "$D"; exit 1; }
-  "$BIN/kube-apiserver" --etcd-servers "http://127.0.0.1:$etcd_port" \
-    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$api_port" \
-    --insecure-port 0 \
-    --tls-cert-file "$D/apiserver.crt" --tls-private-key-file "$D/apiserver.key" \
-    --token-auth-file "$D/tokens.csv" --authorization-mode RBAC \
-    --service-account-issuer https://kubernetes.default.svc \
-    --service-account-key-file "$D/sa.key" --service-account-signing-key-file "$D/sa.key" \
-    --service-cluster-ip-range 10.96.0.0/16 --disable-admission-plugins ServiceAccount \
-    --endpoint-reconciler-type none --allow-privileged=false >"$D/apiserver.log" 2>&1 &
-  echo $! >> "$D/pids"
-  wait_http "https://127.0.0.1:$api_port/readyz" 90 || { log "kube-apiserver did not start; see $D/apiserver.log"; down "$D"; exit 1; }
+  printf '%s %s\n' "$etcd_port" "$api_port" > "$D/ports"
+  start_apiserver "$D" || { down "$D"; exit 1; }
   write_kubeconfig "$D/kubeconfig" "$api_port" admin "$admin_token" "$D/apiserver.crt"
   write_kubeconfig "$D/operator.kubeconfig" "$api_port" slotune-operator "$op_token" "$D/apiserver.crt"
   if [ -x "$BIN/kube-controller-manager" ]; then
@@ -188,6 +182,36 @@ up() {
     setsid bash "$0" watch "$D" "$2" </dev/null >/dev/null 2>&1 &
   fi
   echo "$D/kubeconfig"
+}
+
+start_apiserver() {  # DIR: start kube-apiserver on the ports in DIR/ports; record its pid
+  local D=$1 etcd_port api_port
+  read -r etcd_port api_port < "$D/ports"
+  "$BIN/kube-apiserver" --etcd-servers "http://127.0.0.1:$etcd_port" \
+    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$api_port" \
+    --insecure-port 0 \
+    --tls-cert-file "$D/apiserver.crt" --tls-private-key-file "$D/apiserver.key" \
+    --token-auth-file "$D/tokens.csv" --authorization-mode RBAC \
+    --service-account-issuer https://kubernetes.default.svc \
+    --service-account-key-file "$D/sa.key" --service-account-signing-key-file "$D/sa.key" \
+    --service-cluster-ip-range 10.96.0.0/16 --disable-admission-plugins ServiceAccount \
+    --endpoint-reconciler-type none --allow-privileged=false >>"$D/apiserver.log" 2>&1 &
+  echo $! > "$D/apiserver.pid"
+  echo $! >> "$D/pids"
+  wait_http "https://127.0.0.1:$api_port/readyz" 90 || { log "kube-apiserver did not start; see $D/apiserver.log"; return 1; }
+}
+
+restart_apiserver() {  # DIR SECONDS: kill -9 kube-apiserver (a crash), wait, start it again
+  local D="${1:?usage: cluster.sh restart-apiserver DIR SECONDS}" pid
+  pid=$(cat "$D/apiserver.pid")
+  kill -9 "$pid" 2>/dev/null || true
+  for _ in $(seq 100); do  # gone, or a zombie nobody reaps (its port is free either way)
+    kill -0 "$pid" 2>/dev/null && ! grep -qs '^[0-9]* ([^)]*) Z' "/proc/$pid/stat" || break
+    sleep 0.1
+  done
+  sed -i "/^$pid\$/d" "$D/pids"
+  sleep "${2:-5}"
+  start_apiserver "$D"
 }
 
 watch() {  # DIR PID: stop the cluster in DIR once PID is gone
@@ -233,7 +257,8 @@ main() {
     up) up "${2:-}" "${3:-}" ;;
     watch) watch "$2" "$3" ;;
     down) down "${2:-}" ;;
-    *) echo "usage: $0 build | up DIR [PID] | down DIR" >&2; exit 2 ;;
+    restart-apiserver) restart_apiserver "${2:-}" "${3:-5}" ;;
+    *) echo "usage: $0 build | up DIR [PID] | down DIR | restart-apiserver DIR [SECONDS]" >&2; exit 2 ;;
   esac
 }
 # One line: bash has parsed everything before running, so editing this file cannot disturb a

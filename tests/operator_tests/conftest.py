@@ -47,6 +47,13 @@ class Cluster:
 
         return kubernetes.config.new_client_from_config(self.kubeconfig)
 
+    def restart_apiserver(self, down_s: float) -> None:
+        """kill -9 the local kube-apiserver and start it again `down_s` later (a control-plane crash)."""
+        if not self.is_local:
+            pytest.skip("restarts only the local kube-apiserver (cluster.sh), not $KUBECONFIG's")
+        d = str(Path(self.kubeconfig).parent)
+        subprocess.run(["bash", str(CLUSTER_SH), "restart-apiserver", d, str(down_s)], check=True)
+
 
 def _apply(client, docs) -> None:
     from kubernetes import utils

@@ -84,6 +84,7 @@ def run_job(
     inner: list[str] | None = None,
     is_retried: bool = False,
     claims: dict[str, Path] | None = None,
+    tune_s: float = 0.0,
 ) -> subprocess.CompletedProcess:
     """Run a tuning Job's container command locally (one attempt), then set the Job's status.
 
@@ -91,7 +92,8 @@ def run_job(
     with the pod's mount paths mapped as a kubelet mounts them: the spec ConfigMap's files and
     /work (an emptyDir) to `workdir`, each PersistentVolumeClaim to its folder in `claims`
     (claim name -> local folder), in the arguments and in the spec file alike. With
-    `best_config`, the inner `tune run` is replaced by STAND_IN_TUNE writing that config; with
+    `best_config`, the inner `tune run` is replaced by STAND_IN_TUNE writing that config after
+    `tune_s` seconds; with
     `real_tune`, the real `tune run` runs; `inner` replaces it with any command. The Job ends
     Complete or Failed as the command does, except that with `is_retried` a failed attempt
     leaves it active with a retry to come (as the Job controller under backoffLimit).
@@ -114,7 +116,8 @@ def run_job(
     split = argv.index("--")
     inner = inner or argv[split + 1 :]
     if best_config is not None:
-        inner = [sys.executable, "-c", STAND_IN_TUNE, json.dumps(best_config), *inner[2:]]
+        stand_in = f"import time; time.sleep({tune_s})\n{STAND_IN_TUNE}"
+        inner = [sys.executable, "-c", stand_in, json.dumps(best_config), *inner[2:]]
     elif real_tune:
         inner = [str(Path(sys.executable).with_name("tune")), *inner[1:]]
     env = {**os.environ, "SLOTUNE_KUBECONFIG": cluster.kubeconfig}

@@ -3,7 +3,10 @@ back, and a converged state is left untouched (no writes at all)."""
 
 from __future__ import annotations
 
+import json
+import threading
 import time
+from collections import Counter
 
 import kubernetes
 import pytest
@@ -13,7 +16,9 @@ from slotune.operator.children import config_hash
 
 from .conftest import running_operator
 from .kubelet import free_port, get, get_cr, run_job, serve_metrics, start_pods, wait_for
-from .resources import create, serving, tuning
+from tests.faults import processes_left
+
+from .resources import create, events, serving, tuning
 
 pytestmark = pytest.mark.k8s
 
@@ -39,7 +44,36 @@ def _versions(client, ns):
     return out
 
 
-def test_restarts_converge(cluster, ns, tmp_path):
+def _status(client, ns, name) -> dict:
+    return get_cr(client, api.TUNINGS, ns, name).get("status") or {}
+
+
+def _kept(before: dict) -> tuple[str, ...]:
+    """The rollout's state: the run, when it started tuning, and its canary."""
+    return (str(before.get("run")), str(before.get("lastTuningTime")), json.dumps(before.get("canary"), sort_keys=True))
+
+
+def _reasons(client, ns, name) -> Counter:
+    return Counter(reason for _, reason, _ in events(client, ns, name))
+
+
+def _operator_fault_row(fault, client, ns, kept_before, kept_after, canary_uids, happened):
+    jobs = kubernetes.client.BatchV1Api(client).list_namespaced_job(ns).items
+    reasons = _reasons(client, ns, "rs-tune")
+    duplicated = (
+        len(jobs) - 1 + len(set(canary_uids)) - 1 + sum(reasons[r] - 1 for r in ("TuningStarted", "CanaryStarted"))
+    )
+    return fault.record(
+        happened,
+        lost=sum(a != b for a, b in zip(kept_before, kept_after)),
+        duplicated=duplicated,
+        stuck=int(_phase(client, ns, "rs-tune") != "Promoted"),
+        processes_left=len(processes_left(fault.tag)),
+    )
+
+
+@pytest.mark.fault("the operator restarted during a canary")
+def test_restarts_converge(cluster, ns, tmp_path, fault):
     client = cluster.client()
     port = free_port()
     create(client, ns, serving("rs", port))
@@ -59,6 +93,14 @@ def test_restarts_converge(cluster, ns, tmp_path):
     jobs = kubernetes.client.BatchV1Api(client).list_namespaced_job(ns).items
     assert [j.metadata.name for j in jobs] == ["rs-tune-run-1"]  # the restart started no second run
 
+    # Operator restarted mid-canary (its pods not ready yet): it takes the rollout up where it was.
+    kept = _kept(_status(client, ns, "rs-tune"))
+    uids = [get(client, "Deployment", ns, "rs-canary")["metadata"]["uid"]]
+    with running_operator(cluster):
+        time.sleep(3)  # several timer ticks
+        kept_after = _kept(_status(client, ns, "rs-tune"))
+        uids.append(get(client, "Deployment", ns, "rs-canary")["metadata"]["uid"])
+
     metrics = serve_metrics(port, ttft_s=0.05, tpot_s=0.01)
     try:
         start_pods(cluster, ns, "rs-canary")
@@ -76,6 +118,15 @@ def test_restarts_converge(cluster, ns, tmp_path):
             )
     finally:
         metrics.terminate()
+    _operator_fault_row(
+        fault,
+        client,
+        ns,
+        kept,
+        kept_after,
+        uids,
+        "the restarted operator kept the canary and its status, then promoted",
+    ).assert_clean()
     assert _phase(client, ns, "rs-tune") == "Promoted"
     assert get_cr(client, api.SERVINGS, ns, "rs")["spec"]["config"] == {"max_num_seqs": 6}
 
@@ -85,3 +136,49 @@ def test_restarts_converge(cluster, ns, tmp_path):
         time.sleep(3)  # several timer ticks (0.5 s) and the resume handlers
     assert _versions(client, ns) == before
     assert len(kubernetes.client.AppsV1Api(client).list_namespaced_deployment(ns).items) == 1
+
+
+@pytest.mark.fault("the kube-apiserver killed during a tuning Job, started again 8 s later")
+def test_an_api_server_restart_during_the_tuning_job_loses_nothing(cluster, ns, tmp_path, fault):
+    """kill -9 of the kube-apiserver while the tuning Job runs; its study ends and publishes during
+    the outage. The Job's publish waits for the API server, the operator reconnects, and the rollout
+    goes on: one Job, one canary, promoted, nothing in the status lost."""
+    client = cluster.client()
+    port = free_port()
+    create(client, ns, serving("rs", port))
+    create(client, ns, tuning("rs-tune", "rs"))
+    metrics = serve_metrics(port, ttft_s=0.05, tpot_s=0.01)
+    try:
+        with running_operator(cluster):
+            wait_for("the tuning Job", lambda: get(client, "Job", ns, "rs-tune-run-1"))
+            wait_for("phase Tuning", lambda: _phase(client, ns, "rs-tune") == "Tuning")
+            kept = _kept(_status(client, ns, "rs-tune"))
+            ran = []
+            job = threading.Thread(
+                target=lambda: ran.append(
+                    run_job(cluster, ns, "rs-tune-run-1", tmp_path / "job", best_config={"max_num_seqs": 6}, tune_s=2)
+                )
+            )
+            job.start()  # reads its Job, then tunes for 2 s: it publishes while the API server is down
+            wait_for("the Job's pod to start", lambda: (tmp_path / "job" / "spec.yaml").exists())
+            cluster.restart_apiserver(down_s=8)
+            job.join(timeout=120)
+            assert ran and ran[0].returncode == 0 and "publish: the API server did not answer" in ran[0].stderr
+            wait_for("phase Canary", lambda: _phase(client, ns, "rs-tune") == "Canary", timeout=120)
+            kept_after = _kept(_status(client, ns, "rs-tune"))[:2] + kept[2:]  # the canary is new by design
+            uid = wait_for("the canary Deployment", lambda: get(client, "Deployment", ns, "rs-canary"))["metadata"]
+            start_pods(cluster, ns, "rs-canary")
+            wait_for("phase Promoted", lambda: _phase(client, ns, "rs-tune") in ("Promoted", "RolledBack"))
+            wait_for("the canary to go", lambda: get(client, "Deployment", ns, "rs-canary") is None)
+    finally:
+        metrics.terminate()
+    _operator_fault_row(
+        fault,
+        client,
+        ns,
+        kept,
+        kept_after,
+        [uid["uid"]],
+        "the Job's result waited for the API server; the operator reconnected, canaried once and promoted",
+    ).assert_clean()
+    assert get_cr(client, api.SERVINGS, ns, "rs")["spec"]["config"] == {"max_num_seqs": 6}
