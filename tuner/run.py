@@ -42,6 +42,7 @@ from slotune.tuner.search.study import (
     HEARTBEAT_GRACE_S,
     HEARTBEAT_INTERVAL_S,
     FailedTrialCallback,
+    StorageUnreachable,
     fail_orphaned_trials,
     open_study,
 )
@@ -149,6 +150,11 @@ def run_command(
                 )
             except KeyboardInterrupt:  # Optuna failed the trial and skipped the callbacks
                 _on_interrupted(study, objective.current, retry, tracker)
+                raise
+            except UnboundLocalError as exc:
+                # Optuna's _run_trial hides a storage error in its tell under this one (optuna#5280)
+                if isinstance(exc.__context__, StorageUnreachable):
+                    raise exc.__context__ from None
                 raise
 
         optimize()

@@ -14,6 +14,7 @@ import tempfile
 import optuna
 import pytest
 
+from tests.faults import processes_left, study_losses
 from tests.tuner_tests.conftest import write_spec
 
 pytestmark = pytest.mark.postgres
@@ -111,13 +112,13 @@ def test_two_workers_share_one_study_without_loss_or_duplicates(tmp_path, postgr
     assert all("tpot_p95" in t.user_attrs["metrics"] for t in done)  # nothing lost: every trial has its record
 
 
-@pytest.mark.slow
-def test_workers_ride_out_a_database_restart(tmp_path, postgres, fake_trials, monkeypatch):
+@pytest.mark.fault("PostgreSQL restarted (`pg_ctl -m immediate`) under two workers")
+def test_workers_ride_out_a_database_restart(tmp_path, postgres, fake_trials, monkeypatch, fault):
     """PostgreSQL stops as if it crashed (`pg_ctl -m immediate`) while two `tune run --worker`
     processes measure (the stand-in trial process, fake_trials), and starts again 5 s later: both
-    reconnect and finish; no trial is lost, duplicated or left running. Slow: the restart lands at a
-    different point of a trial's life on each run; 1 run of 22 once hit a state write that committed
-    as its connection dropped (handled since: `_committed_before`), so it runs by hand, repeated."""
+    reconnect and finish; no trial is lost, duplicated or left running. The restart lands at a
+    different point of a trial's life on each run (a state write that committed as its connection
+    dropped: `_committed_before`)."""
     import time
 
     from slotune.tuner.search.study import open_study
@@ -153,12 +154,18 @@ def test_workers_ride_out_a_database_restart(tmp_path, postgres, fake_trials, mo
         time.sleep(5)
         postgres.start()
         logs = [w.communicate(timeout=300)[0] for w in workers]
+        left = len(processes_left(fault.tag))
     finally:
         for w in workers:
             w.kill()
     print(*logs, sep="\n")  # shown by pytest when an assertion below fails
-    assert all(w.returncode == 0 for w in workers)
     trials = optuna.load_study(study_name="restart", storage=postgres.url).get_trials()
+    fault.record(
+        "both workers reconnected with backoff and finished; no trial failed",
+        **study_losses(trials, budget=8),
+        processes_left=left,
+    ).assert_clean()
+    assert all(w.returncode == 0 for w in workers)
     assert not [t for t in trials if t.state.name in ("RUNNING", "WAITING")]
     assert len({t.number for t in trials}) == len(trials)
     done = [t for t in trials if t.state.name == "COMPLETE"]
@@ -182,3 +189,57 @@ def test_a_database_away_past_the_bound_stops_the_process_with_a_clear_message(t
     finally:
         postgres.start()
     assert study.get_trials(deepcopy=False) == []  # and the same storage reconnects once it is back
+
+
+# `tune run` with the database's bound shortened to 3 s, for the test below (argv as the `tune` command's).
+_SHORT_BOUND = "import slotune.tuner.search.study as s; s.DB_OUTAGE_S = 3.0; from slotune.tuner.cli import app; app()"
+
+
+@pytest.mark.fault("PostgreSQL away past the bound under a worker")
+def test_a_worker_cut_off_past_the_bound_stops_and_its_trial_is_measured_on_resume(
+    tmp_path, postgres, fake_trials, fault
+):
+    """The database stops mid-trial for longer than the bound (3 s here): the worker exits 2 naming
+    the outage, and the next `tune run` of the spec measures the trial it left, within the budget.
+    The trial process is the stand-in (fake_trials)."""
+    import time
+
+    from slotune.tuner.run import run_command
+    from slotune.tuner.search.study import open_study
+    from slotune.tuner.spec.tuning_spec import TuningSpec
+
+    spec = write_spec(tmp_path, name="cutoff", budget={"n_trials": 3}, storage=postgres.url)
+    open_study(TuningSpec.from_yaml(spec))
+    cmd = [sys.executable, "-c", _SHORT_BOUND, "run", str(spec), "--worker", "--no-progress"]
+    worker = subprocess.Popen(
+        [*cmd, "--trial-runner", fake_trials[-1]],
+        env={**os.environ, "FAKE_TRIAL_SLEEP": "4"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    restarted = False
+    try:
+        deadline = time.monotonic() + 120
+        study = optuna.load_study(study_name="cutoff", storage=postgres.url)
+        while not study.get_trials(states=(optuna.trial.TrialState.RUNNING,)):
+            assert time.monotonic() < deadline and worker.poll() is None
+            time.sleep(0.2)
+        postgres.stop()
+        log = worker.communicate(timeout=120)[0]
+        postgres.start()
+        restarted = True
+        left = len(processes_left(fault.tag))
+    finally:
+        worker.kill()
+        if not restarted:
+            postgres.start()
+    assert worker.returncode == 2 and "did not answer for 3 s" in log, log
+    run_command(spec, progress=False, trial_runner=fake_trials)  # whoever resumes
+    trials = optuna.load_study(study_name="cutoff", storage=postgres.url).get_trials()
+    fault.record(
+        "the worker stopped after 3 s, exit 2, naming the outage; the next run measured its trial's config",
+        **study_losses(trials, budget=3),
+        processes_left=left,
+    ).assert_clean()
+    assert "orphaned" in trials[0].user_attrs["fail_reason"] and trials[0].params.items() <= trials[1].params.items()

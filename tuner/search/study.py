@@ -170,6 +170,7 @@ _CONNECTION_PHRASES = (
     "no connection to the server",
 )
 _in_call = threading.local()
+_gave_up = threading.Event()  # set once a call gave up: later calls try once, not for another bound
 
 
 def _committed_before(method: str, exc: BaseException) -> bool:
@@ -183,7 +184,9 @@ def _committed_before(method: str, exc: BaseException) -> bool:
 def _riding_out_outages(storage_cls: type) -> type:
     """A subclass of Optuna's RDBStorage whose methods (the private ones too: Optuna's cache calls
     them) retry a lost connection with backoff for up to DB_OUTAGE_S (a database restart), then
-    raise StorageUnreachable. Nested calls are retried once, at the outermost."""
+    raise StorageUnreachable. Nested calls are retried once, at the outermost; once a call has given
+    up, the next ones (Optuna's own clean-up) fail at once until one succeeds, so the process stops
+    within the bound."""
 
     def wrap(fn):
         @functools.wraps(fn)
@@ -195,7 +198,9 @@ def _riding_out_outages(storage_cls: type) -> type:
                 deadline, delay = None, 0.25
                 while True:
                     try:
-                        return fn(self, *args, **kwargs)
+                        result = fn(self, *args, **kwargs)
+                        _gave_up.clear()
+                        return result
                     except Exception as exc:
                         if deadline is not None and _committed_before(fn.__name__, exc):
                             return True  # the attempt the connection dropped under had committed
@@ -203,7 +208,8 @@ def _riding_out_outages(storage_cls: type) -> type:
                             raise
                         now = time.monotonic()
                         deadline = deadline or now + DB_OUTAGE_S
-                        if now >= deadline:
+                        if now >= deadline or _gave_up.is_set():
+                            _gave_up.set()
                             raise StorageUnreachable(
                                 f"the study database did not answer for {DB_OUTAGE_S:g} s "
                                 f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); this process stops, and "
