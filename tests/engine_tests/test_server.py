@@ -19,6 +19,7 @@ import pytest
 from slotune.engine import EngineConfig
 from slotune.engine.serving.async_llm import AsyncLLM
 from slotune.tuner.measure.http_replay import wait_ready
+from tests.faults import processes_left as faults_left
 
 openai = pytest.importorskip("openai")
 MODEL = "smollm2-135m"
@@ -199,6 +200,84 @@ def test_sigterm_mid_stream_drains_refuses_new_and_exits_zero(tmp_path):
             os.kill(proc.pid, signal.SIGKILL)
     out = proc.stdout.read()
     assert "Hello" not in out  # no prompt text in logs
+
+
+def _stream(base: str, max_tokens: int, started: threading.Event | None = None) -> str:
+    """One streamed completion: "complete" (every token and the usage), "refused" (503 shutting_down,
+    or no connection once the server is gone) or what else happened (a lost request)."""
+    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": max_tokens, "stream": True}
+    body |= {"ignore_eos": True, "stream_options": {"include_usage": True}}
+    try:
+        with httpx.stream("POST", base + "/v1/completions", json=body, timeout=120) as r:
+            if r.status_code == 503:
+                return "refused" if json.loads(r.read())["error"]["code"] == "shutting_down" else "503 other"
+            if r.status_code != 200:
+                return f"status {r.status_code}"
+            usage = None
+            for line in r.iter_lines():
+                if started is not None:
+                    started.set()
+                if line.startswith("data: {"):
+                    usage = json.loads(line[6:]).get("usage") or usage
+            done = usage is not None and usage["completion_tokens"] == max_tokens
+            return "complete" if done else f"cut at {usage}"
+    except httpx.ConnectError:
+        return "refused"
+    except httpx.HTTPError as exc:
+        return type(exc).__name__
+
+
+@pytest.mark.fault("SIGTERM of `tune serve` under load")
+def test_sigterm_under_load_completes_every_admitted_request(tmp_path, fault):
+    """12 streams mid-flight and 4 more admitted when SIGTERM arrives, and new requests every 50 ms
+    after it: every request admitted before the signal completes; later ones get a clean refusal (503
+    shutting_down while draining, no connection once the process has exited, which it does with 0)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    port = _free_port()
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("num_kv_blocks: 256\nmax_model_len: 512\nmax_num_seqs: 16\n")
+    cmd = [sys.executable, "-m", "slotune.tuner.cli_main", "serve", str(cfg), "--port", str(port)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    base = f"http://127.0.0.1:{port}"
+    pool = ThreadPoolExecutor(48)
+    try:
+        wait_ready(base, timeout_s=60, proc=proc)
+        started = [threading.Event() for _ in range(12)]
+        streaming = [pool.submit(_stream, base, 48, e) for e in started]
+        assert all(e.wait(60) for e in started)
+        just_sent = [pool.submit(_stream, base, 48) for _ in range(4)]
+        deadline = time.monotonic() + 30
+        while _in_engine(base) < 16:  # all admitted; the last ones may wait for a batch slot
+            assert time.monotonic() < deadline
+        proc.send_signal(signal.SIGTERM)
+        late = []
+        while proc.poll() is None and len(late) < 30:
+            late.append(pool.submit(_stream, base, 8))
+            time.sleep(0.05)
+        before = [f.result(timeout=120) for f in streaming + just_sent]
+        after = [f.result(timeout=120) for f in late]
+        code = proc.wait(60)
+        left = len(faults_left(fault.tag))
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+    lost = sum(o != "complete" for o in before) + sum(o != "refused" for o in after)
+    fault.record(
+        f"{sum(o == 'complete' for o in before)} of {len(before)} requests admitted before the signal completed; "
+        f"{sum(o == 'refused' for o in after)} of {len(after)} after it were refused cleanly; exit {code}",
+        processes_left=left,
+        requests_lost=lost,
+    ).assert_clean()
+    assert code == 0, (before, after)
+
+
+def _in_engine(base: str) -> float:
+    """Requests the engine holds (running + waiting), from /metrics."""
+    text = httpx.get(base + "/metrics", timeout=10).text
+    names = ("slotune_num_requests_running ", "slotune_num_requests_waiting ")
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(names))
 
 
 def test_metrics_contract_names(server):

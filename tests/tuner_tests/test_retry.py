@@ -13,6 +13,7 @@ from slotune.tuner.search.budget import TrialBudget
 from slotune.tuner.search.records import TrialRecord
 from slotune.tuner.search.retry import replaced_attempts, retry_if_infrastructure
 from slotune.tuner.tracking import tracking_summary
+from tests.faults import processes_left, study_losses
 from tests.tuner_tests.conftest import write_spec
 
 
@@ -38,13 +39,20 @@ def test_only_the_infrastructures_failures_are_retried(reason, retried):
     assert failures.is_infrastructure(reason) is retried
 
 
-def test_a_trial_killed_by_a_signal_is_measured_again_within_the_budget(tmp_path, fake_trials, monkeypatch):
+@pytest.mark.fault("SIGKILL of a trial process")
+def test_a_trial_killed_by_a_signal_is_measured_again_within_the_budget(tmp_path, fake_trials, monkeypatch, fault):
     """The first trial process dies by SIGKILL (nobody's limit): its config is measured by a retry that
     links to it, the failed attempt holds no budget slot, and the report and MLflow name the retry."""
     monkeypatch.setenv("FAKE_TRIAL_FAULT", "sigkill")
     monkeypatch.setenv("FAKE_TRIAL_FAULT_ONCE", str(tmp_path / "killed-once"))
     out = tmp_path / "out"
     run_command(write_spec(tmp_path, budget={"n_trials": 3}), progress=False, trial_runner=fake_trials)
+    study = optuna.load_study(study_name="t", storage=f"sqlite:///{out / 'study.db'}")
+    fault.record(
+        "the trial failed (killed by signal 9) and was retried once with its config, in the same run",
+        **study_losses(study.trials, budget=3),
+        processes_left=len(processes_left(fault.tag)),
+    ).assert_clean()
     trials = _records(out)
     failed = [t for t in trials if t.state.name == "FAIL"]
     assert len(failed) == 1 and failed[0].fail_reason.startswith("trial process killed by signal 9")

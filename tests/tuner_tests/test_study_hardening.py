@@ -31,6 +31,7 @@ from slotune.tuner.search.trials import is_measured
 from slotune.tuner.spec.tuning_spec import TuningSpec
 from slotune.tuner.tracking import tracking_summary
 
+from tests.faults import processes_left, study_losses
 from tests.tuner_tests.conftest import write_spec
 from tests.tuner_tests.fake_trial_runner import FAKE_RUNNER
 
@@ -142,7 +143,8 @@ def test_a_changed_spec_is_refused_unless_forced_or_resumed(tmp_path, fake_trial
 # --- 2. trial processes die with their parent; orphans are failed and logged ----------------
 
 
-def test_sigterm_of_tune_run_kills_its_trial_process(tmp_path):
+@pytest.mark.fault("SIGTERM of `tune run` mid-trial")
+def test_sigterm_of_tune_run_kills_its_trial_process(tmp_path, fake_trials, fault):
     spec = write_spec(tmp_path, budget={"n_trials": 2})
     proc = _tune_run(spec, sleep_s=600)
     pids: list[int] = []
@@ -151,6 +153,7 @@ def test_sigterm_of_tune_run_kills_its_trial_process(tmp_path):
         os.kill(proc.pid, signal.SIGTERM)  # tune run alone, not its process group
         proc.wait(timeout=60)
         _wait_until(lambda: all(_is_gone(p) for p in pids), timeout_s=30, what="the trial process to die")
+        left = len(processes_left(fault.tag))
     finally:
         _kill_all(proc, pids)
     t, retry = _study(tmp_path / "out").trials[:2]
@@ -159,9 +162,20 @@ def test_sigterm_of_tune_run_kills_its_trial_process(tmp_path):
     assert TrialRecord.of(retry).retry_of == 0
     runs = _trial_runs(tmp_path / "out")
     assert [(r["tags"]["slotune.trial"], r["tags"]["slotune.state"]) for r in runs] == [("0", "FAIL")]
+    run_command(spec, progress=False, trial_runner=fake_trials)  # resume: the retry is measured first
+    trials = _study(tmp_path / "out").trials
+    fault.record(
+        "tune run failed its trial (interrupted) and exited; the next run measured the config first",
+        **study_losses(trials, budget=2),
+        processes_left=left,
+    ).assert_clean()
+    assert trials[1].state.name == "COMPLETE" and trials[1].params == trials[0].params
 
 
-def test_sigkill_of_tune_run_kills_its_trial_process_and_resume_measures_the_orphans_config(tmp_path, fake_trials):
+@pytest.mark.fault("SIGKILL of `tune run` mid-trial")
+def test_sigkill_of_tune_run_kills_its_trial_process_and_resume_measures_the_orphans_config(
+    tmp_path, fake_trials, fault
+):
     spec = write_spec(tmp_path, budget={"n_trials": 2})
     out = tmp_path / "out"
     proc = _tune_run(spec, sleep_s=600)
@@ -171,11 +185,17 @@ def test_sigkill_of_tune_run_kills_its_trial_process_and_resume_measures_the_orp
         os.kill(proc.pid, signal.SIGKILL)  # no handler runs: the parent-death signal must
         proc.wait(timeout=60)
         _wait_until(lambda: all(_is_gone(p) for p in pids), timeout_s=30, what="the trial process to die")
+        left = len(processes_left(fault.tag))
     finally:
         _kill_all(proc, pids)
     assert _study(out).trials[0].state.name == "RUNNING"
     run_command(spec, progress=False, trial_runner=fake_trials)  # resume
     trials = _study(out).trials
+    fault.record(
+        "the trial process died with tune run; the next run failed the orphan and measured its config",
+        **study_losses(trials, budget=2),
+        processes_left=left,
+    ).assert_clean()
     assert trials[0].state.name == "FAIL" and "orphaned" in trials[0].user_attrs["fail_reason"]
     # the orphan's config is measured again (trial 1), and the budget's 2 trials are still measured
     # (after a resume the seeded sampler may propose a measured config again: a repeat, not measured)
