@@ -1,7 +1,7 @@
 """The fault suite's accounting: each fault test measures what the fault cost and records one row.
 
-A test takes the `fault` fixture (tests/conftest.py), which marks it `fault` (`pytest -m fault` runs
-the whole suite) and tags every process the test starts through the environment. After its fault, and
+A test marked `@pytest.mark.fault("<the fault>")` (`pytest -m fault` runs them all) takes the `fault`
+fixture (tests/conftest.py), which tags every process the test starts through the environment. After its fault, and
 before any clean-up of its own, the test counts what was lost with the helpers here and records the
 row; it then asserts the row is clean. The session prints the rows as a table; `--fault-table PATH`
 also writes it as Markdown (docs/faults.md is that file, committed).

@@ -250,6 +250,7 @@ def test_sigterm_under_load_completes_every_admitted_request(tmp_path, fault):
         deadline = time.monotonic() + 30
         while _in_engine(base) < 16:  # all admitted; the last ones may wait for a batch slot
             assert time.monotonic() < deadline
+            time.sleep(0.02)
         proc.send_signal(signal.SIGTERM)
         late = []
         while proc.poll() is None and len(late) < 30:

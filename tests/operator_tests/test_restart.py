@@ -63,6 +63,7 @@ def _operator_fault_row(fault, client, ns, kept_before, kept_after, canary_uids,
     duplicated = (
         len(jobs) - 1 + len(set(canary_uids)) - 1 + sum(reasons[r] - 1 for r in ("TuningStarted", "CanaryStarted"))
     )
+    print("jobs", [j.metadata.name for j in jobs], "canaries", canary_uids, "events", reasons)  # shown on a failure
     return fault.record(
         happened,
         lost=sum(a != b for a, b in zip(kept_before, kept_after)),
