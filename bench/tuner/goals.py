@@ -59,7 +59,7 @@ def run_study(spec_path: Path, seed: int, runs: Path) -> dict:
     runs.mkdir(parents=True, exist_ok=True)
     copy = runs / f"{raw['name']}-seed{seed}.yaml"
     copy.write_text(yaml.safe_dump(raw, sort_keys=False))
-    t = time.perf_counter()
+    t, start = time.perf_counter(), time.time()
     subprocess.run(
         [sys.executable, "-m", "slotune.tuner.cli_main", "run", str(copy), "--no-progress", "--force-new"],
         check=True,
@@ -67,13 +67,35 @@ def run_study(spec_path: Path, seed: int, runs: Path) -> dict:
     )
     wall = time.perf_counter() - t
     summary = json.loads((out / "best_metrics.json").read_text())
+    search_s = last_trial_end(out, raw["name"]) - start
     return {
         "seed": seed,
         "output_dir": str(out),
         "wall_s": wall,
+        "search_s": search_s,
+        "decide_s": wall - search_s,
         "summary": summary,
         "best_yaml": str(out / "best.yaml"),
     }
+
+
+def last_trial_end(out: Path, name: str) -> float:
+    """When the study's last trial ended (unix seconds): what `tune run` does after it (confirmation,
+    declaration, best.yaml, the report) is its decision."""
+    import optuna
+
+    study = optuna.load_study(study_name=name, storage=f"sqlite:///{out / 'study.db'}")
+    return max(t.datetime_complete.timestamp() for t in study.trials if t.datetime_complete is not None)
+
+
+def round_candidates(st: dict, spec_name: str) -> dict[int, dict]:
+    """Trial number -> EngineConfig dump of every candidate of a study's confirmation round."""
+    import optuna
+    from slotune.tuner.search.records import TrialRecord
+
+    numbers = {m["trial"] for m in st["summary"].get("confirm") or [] if m.get("trial") is not None}
+    study = optuna.load_study(study_name=spec_name, storage=f"sqlite:///{Path(st['output_dir']) / 'study.db'}")
+    return {n: TrialRecord.of(study.trials[n]).config for n in sorted(numbers)}
 
 
 def declared(summary: dict) -> float:
@@ -120,6 +142,11 @@ def main() -> None:
         help="a hand-picked config: EngineConfig updates (dotted keys) over the spec's fixed engine",
     )
     ap.add_argument("--reuse", action="store_true", help="reuse finished studies in --runs (re-measure only)")
+    ap.add_argument(
+        "--remeasure-candidates",
+        action="store_true",
+        help="re-measure every confirmation-round candidate too (for bench/tuner/ablate.py)",
+    )
     ap.add_argument(
         "--machine",
         default="",
@@ -174,6 +201,14 @@ def main() -> None:
     for item in args.hand:
         name, _, updates = item.partition("=")
         configs[f"hand:{name}"] = base.with_updates(json.loads(updates))
+    candidates: dict[str, str] = {}  # "seed:trial" -> the name of the config re-measured for it
+    if args.remeasure_candidates:
+        for st in studies:
+            for n, dump in round_candidates(st, spec.name).items():
+                cfg = EngineConfig.model_validate(dump)
+                same = next((name for name, c in configs.items() if c == cfg), None)
+                candidates[f"{st['seed']}:{n}"] = same or f"seed{st['seed']}-trial{n}"
+                configs.setdefault(candidates[f"{st['seed']}:{n}"], cfg)
     obj = spec.objective
     key = obj.metric_key()
     keys = [key, *ci_keys(key)]
@@ -208,9 +243,13 @@ def main() -> None:
                 "params": st["summary"]["params"],
                 "trial": st["summary"]["trial"],
                 "wall_s": st["wall_s"],
+                "search_s": st.get("search_s"),
+                "decide_s": st.get("decide_s"),
+                "output_dir": st["output_dir"],
             }
             for st in studies
         ],
+        "candidates": candidates,
         "runs": runs,
     }
     result = judged(result)
@@ -319,13 +358,15 @@ def markdown(r: dict) -> str:
         )
     lines += [
         "",
-        "| winner | study wall | trial | params | declared | declared on (95% half-width) | re-measured | "
+        "| winner | study wall (decision: after the last trial) | trial | params | declared | declared on (95% half-width) | re-measured | "
         "declared / re-measured | within 10% | default re-measured / beside the declaration | "
         "relative to the default: declared / re-measured |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for w in r["winners"]:
         wall = f"{w['wall_s'] / 60:.1f} min" if w["wall_s"] else "-"
+        if w.get("decide_s") and w["wall_s"]:  # after the last trial: confirmation, declaration, outputs
+            wall += f" (decision {w['decide_s'] / w['wall_s']:.0%})"
         ratio = f"{w['declared_over_remeasured']:.3f}" if w["declared_over_remeasured"] else "-"
         hw = w.get("declared_half_width")
         on = f"{w.get('declaration_seeds', '?')} seeds" + (f" (+-{hw:.1%})" if hw is not None else "")
