@@ -23,8 +23,12 @@ from .resources import create, events, serving, tuning
 pytestmark = pytest.mark.k8s
 
 
+def _status(client, ns, name) -> dict:
+    return get_cr(client, api.TUNINGS, ns, name).get("status") or {}
+
+
 def _phase(client, ns, name):
-    return (get_cr(client, api.TUNINGS, ns, name).get("status") or {}).get("phase")
+    return _status(client, ns, name).get("phase")
 
 
 def _versions(client, ns):
@@ -42,10 +46,6 @@ def _versions(client, ns):
         for o in custom.list_namespaced_custom_object(api.GROUP, api.VERSION, ns, plural)["items"]:
             out[(plural, o["metadata"]["name"])] = o["metadata"]["resourceVersion"]
     return out
-
-
-def _status(client, ns, name) -> dict:
-    return get_cr(client, api.TUNINGS, ns, name).get("status") or {}
 
 
 def _kept(before: dict) -> tuple[str, ...]:
