@@ -61,7 +61,11 @@ def validate_command(spec: Path) -> TuningSpec:
         f"  workload: {wl.name} ({wl.arrivals}, {requests}); search space: {space.name} "
         f"({len(space.knobs)} knobs); gates: {len(s.quality_gates)}; sampler: {s.sampler}; "
         f"budget: {s.budget.n_trials} trials, measured {s.budget.measure.replace('_', ' ')}, "
-        + (f"the best {s.budget.confirm_top_k} confirmed" if s.budget.confirm_top_k else "no confirmation round")
+        + (
+            f"the best {s.confirm.candidates} confirmed on {s.confirm.seeds} fresh seed{'s' if s.confirm.seeds > 1 else ''}"
+            if s.confirm.candidates
+            else "no confirmation"
+        )
         + (f"; price ${s.cost.usd_per_hour:g}/hour" if s.cost else ""),
         highlight=False,
     )

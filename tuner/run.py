@@ -12,9 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from slotune.engine.config import EngineConfig
-from slotune.tuner.decide.candidates import candidates
-from slotune.tuner.decide.confirm import confirm_round, run_round
-from slotune.tuner.decide.declare import run_declaration
+from slotune.tuner.decide.confirm import candidates, run_confirmation
 from slotune.tuner.measure.trial_process import (
     DEFAULT_TRIAL_RUNNER,
     TrialFailure,
@@ -23,8 +21,7 @@ from slotune.tuner.measure.trial_process import (
     trials_die_with_this_process,
 )
 from slotune.tuner.measure.measurement import Measurement
-from slotune.tuner.measure.units import seeds_words
-from slotune.tuner.report.confirmation import confirmation_section
+from slotune.tuner.report.confirmation import best_yaml_header, confirmation_section, progress_line
 from slotune.tuner.report.markdown import write_atomic, write_report
 from slotune.tuner.report.progress import Progress
 from slotune.tuner.search.budget import TrialBudget
@@ -164,7 +161,7 @@ def run_command(
         while _waiting_retries(study) and not budget.exhausted(study):  # another process's trials, retried here
             optimize()
             wait_for_running_trials(study, spec, prog.say, on_failed)
-        prog.phase(None, "confirming the best trials on a fresh workload seed")
+        prog.phase(None, "confirming the best trials on fresh workload seeds")
         return finalize(spec, study, tracker, prog, runner=trial_runner)
 
 
@@ -254,7 +251,7 @@ def wait_for_running_trials(
 def finalize(
     spec: TuningSpec, study, tracker=None, prog=None, runner: tuple[str, ...] = DEFAULT_TRIAL_RUNNER
 ) -> dict[str, Any] | None:
-    """Confirm the best trials on a fresh workload seed (tuner/decide/confirm.py), declare the winner on
+    """Confirm the best trials on fresh workload seeds (tuner/decide/confirm.py), declare the winner on
     those numbers, write best.yaml, best_metrics.json and the report."""
     out = spec.resolved_output_dir()
     say = prog.say if prog is not None else print
@@ -270,39 +267,30 @@ def finalize(
             prog.finish()
         say("no trial met the SLO and the quality gates; see the report for why: " + str(report["md"]))
         return None
-    confirmation = confirm_round(spec, run_round(spec, study, trials, runner=runner, say=say), trials)
+    confirmation = run_confirmation(
+        spec,
+        study,
+        trials,
+        runner=runner,
+        on_run=lambda r, i, n: say(progress_line(r, i, n, spec.objective.metric_key())),
+    )
     best = next(t for t in trials if t.number == confirmation.winner)
-    if spec.budget.declare_repeats:
-        confirmation = confirmation.with_declaration(run_declaration(spec, study, best, runner=runner, say=say))
     store_winner(study, best.number)  # the declared winner, for later studies' warm starts
-    remeasure = confirmation.remeasure()
+    remeasure = confirmation.declared()
     config = EngineConfig.model_validate(best.config)
-    obj = spec.objective
-    how = ("confirmed" if confirmation.is_confirmed else "unconfirmed") + (
-        f" among the best {len(trials)} re-measured" if confirmation.is_round else ""
-    )
-    if remeasure["reasons"]:
-        how += "; its declared numbers miss the SLO"
-    header = (
-        f"# slotune best config for study '{spec.name}' (trial {best.number}, {how}); "
-        f"{obj.metric_key()} = {best.values[0]:.6g}, re-measured on "
-        f"{seeds_words(remeasure.get('seeds') or [spec.robustness_seed])}: "
-        f"{_fmt_metric(remeasure, obj.metric_key())}; metrics in best_metrics.json\n"
-    )
-    write_atomic(out / "best.yaml", header + config.to_yaml())
+    write_atomic(out / "best.yaml", best_yaml_header(spec, best, confirmation, remeasure) + config.to_yaml())
     refs = reference_metrics(study)
     summary = {
         "study": spec.name,
         "trial": best.number,
-        "objective": obj.metric_key(),
-        "direction": obj.direction(),
+        "objective": spec.objective.metric_key(),
+        "direction": spec.objective.direction(),
         "value": best.values[0],
         "metrics": best.metrics.to_dict(),
         "remeasured": _stored(remeasure),
-        "confirmed": confirmation.is_confirmed,
-        "best_by_trial": confirmation.best_by_trial,
+        "confirmed": confirmation.confirmed,
+        "best_by_trial": confirmation.candidates[0],
         "confirm": confirmation.to_json(),
-        "declared": list(confirmation.declared),
         "params": best.params,
         "machine": best.machine,
         "references": _stored(refs),
@@ -316,7 +304,7 @@ def finalize(
         remeasure,
         out,
         sections=[
-            confirmation_section(confirmation, {t.number: t.values[0] for t in trials}),
+            confirmation_section(confirmation, {t.number: t.values[0] for t in trials}, spec.workload.seed),
             *sweep_after_study(spec, study, best, runner=runner, say=say),
         ],
     )
@@ -332,11 +320,6 @@ def finalize(
 def _stored(d: dict[str, Any]) -> dict[str, Any]:
     """`d` with its Measurements in their stored form (best_metrics.json)."""
     return {k: v.to_dict() if isinstance(v, Measurement) else v for k, v in d.items()}
-
-
-def _fmt_metric(remeasure: dict, key: str) -> str:
-    v = (remeasure.get("metrics") or {}).get(key)
-    return f"{v:.6g}" if v is not None else f"failed ({remeasure.get('error', 'not measured')})"
 
 
 def _measure_references_if_missing(spec: TuningSpec, study, runner: tuple[str, ...] = DEFAULT_TRIAL_RUNNER) -> None:

@@ -289,24 +289,21 @@ class MLflowTracker:
 
     def _log_study_end(self, best, config, report_paths: dict[str, Path], out: Path, *, confirmation=None) -> None:
         """Parent run: the winner's metrics and config (best.yaml, best_metrics.json), the report, and
-        with a `confirmation` (tuner/decide/confirm.py) the declared value (`declared_<metric>`, its
-        relative half-width `declared_half_width`) and tags: whether the winner held, its declaration
-        seeds, the seeds where it missed the SLO, the candidates within noise of it; then close it."""
+        with a `confirmation` (tuner/decide/confirm.py) the declared value (`declared_<metric>`) and
+        tags: whether the winner held, its confirmation seeds, the seeds where it missed the SLO, the
+        candidates within noise of it; then close it."""
         c, rid = self.client, self.parent_run_id
         if confirmation is not None:
-            c.set_tag(rid, "slotune.confirmed", str(confirmation.is_confirmed))
-            c.set_tag(rid, "slotune.best_by_trial", str(confirmation.best_by_trial))
-            declared = confirmation.remeasure()
+            c.set_tag(rid, "slotune.confirmed", str(confirmation.confirmed))
+            c.set_tag(rid, "slotune.best_by_trial", str(confirmation.candidates[0]))
+            declared = confirmation.declared()
             value = (declared.get("metrics") or {}).get(confirmation.key)
             if _loggable(value):
                 c.log_metric(rid, f"declared_{confirmation.key}", float(value))
-            if _loggable(declared.get("half_width")):
-                c.log_metric(rid, "declared_half_width", float(declared["half_width"]))
             c.set_tag(rid, "slotune.declared_seeds", str(len(declared.get("seeds") or [])))
-            c.set_tag(
-                rid, "slotune.declared_slo_missed_on", ",".join(str(m["seed"]) for m in declared.get("missed") or [])
-            )
-            c.set_tag(rid, "slotune.within_noise_of_winner", ",".join(str(m.trial) for m in confirmation.rivals()))
+            missed = sorted({r.seed for r in confirmation.runs_of(confirmation.winner) if not r.held})
+            c.set_tag(rid, "slotune.declared_slo_missed_on", ",".join(map(str, missed)))
+            c.set_tag(rid, "slotune.within_noise_of_winner", ",".join(map(str, confirmation.within_noise())))
         if best is not None:
             c.set_tag(rid, "slotune.best_trial", str(best.number))
             metrics = TrialRecord.of(best).metrics

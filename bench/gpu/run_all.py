@@ -544,9 +544,8 @@ def tune_section(res: dict, d: Path, out_dir: Path, env: dict[str, str], device:
             "n_trials": 4,
             "trial_timeout_s": 150,
             "trial_memory_gb": 48,
-            "confirm_top_k": 0,
-            "declare_repeats": 0,
         },
+        "confirm": {"candidates": 0},
         "output_dir": str((out_dir / "tune").resolve()),
     }
     path = out_dir / "tune-spec.yaml"

@@ -9,11 +9,10 @@ and the tuned result against hand-picked configs of the same space.
    sweep off: it comes after the winner is declared and is not part of these goals).
 2. Independent re-measure: the default config, every study's winner and every --hand config,
    interleaved `--repeats` times on workload seeds no study saw (robustness_seed + 1000 + i; the
-   confirmation round used robustness_seed), each run an isolated trial process as in `tune run`
-   (served, as the spec measures).
-3. Goals (issue 18): each winner's declared value (the median of its declaration measurements after
-   the confirmation round: `budget.declare_repeats` seeds, more while the mean's 95% interval is
-   wider than `budget.declare_precision`; the value best.yaml and the report's winner card show) within
+   confirmation uses robustness_seed and the few after it), each run an isolated trial process as in
+   `tune run` (served, as the spec measures).
+3. Goals (issue 18): each winner's declared value (its median over the confirmation's seeds: the
+   value best.yaml and the report's winner card show) within
    10% of the median re-measure (beside it, the same comparison relative to the default config
    measured beside the winner in both: when the host's speed moved between the declaration and the
    re-measure, the default moved with it, and the relative figure shows what is left); the two
@@ -89,7 +88,7 @@ def last_trial_end(out: Path, name: str) -> float:
 
 
 def round_candidates(st: dict, spec_name: str) -> dict[int, dict]:
-    """Trial number -> EngineConfig dump of every candidate of a study's confirmation round."""
+    """Trial number -> EngineConfig dump of every candidate of a study's confirmation."""
     import optuna
     from slotune.tuner.search.records import TrialRecord
 
@@ -99,11 +98,18 @@ def round_candidates(st: dict, spec_name: str) -> dict[int, dict]:
 
 
 def declared(summary: dict) -> float:
-    """The winner's declared value: best_metrics.json `remeasured` (its declaration measurements' median,
-    else its confirmation-round measurement), or its trial's value."""
+    """The winner's declared value: best_metrics.json `remeasured` (its median over the confirmation's
+    seeds), or its trial's value."""
     key = summary["objective"]
     re = (summary.get("remeasured") or {}).get("metrics") or {}
     return float(re.get(key, summary["value"]))
+
+
+def declared_half_width(summary: dict) -> float | None:
+    """Half the declared value's interval as a fraction of it (best_metrics.json `remeasured`), or None."""
+    m, key = (summary.get("remeasured") or {}).get("metrics") or {}, summary["objective"]
+    lo, hi, v = m.get(f"{key}_ci_low"), m.get(f"{key}_ci_high"), m.get(key)
+    return (hi - lo) / 2 / v if lo is not None and hi is not None and v else None
 
 
 def declared_default(summary: dict) -> float | None:
@@ -145,7 +151,7 @@ def main() -> None:
     ap.add_argument(
         "--remeasure-candidates",
         action="store_true",
-        help="re-measure every confirmation-round candidate too (for bench/tuner/ablate.py)",
+        help="re-measure every confirmation candidate too (is the winner the best of them?)",
     )
     ap.add_argument(
         "--machine",
@@ -238,7 +244,7 @@ def main() -> None:
                 "declared": declared(st["summary"]),
                 "declared_default": declared_default(st["summary"]),
                 "declaration_seeds": len((st["summary"].get("remeasured") or {}).get("seeds") or []),
-                "declared_half_width": (st["summary"].get("remeasured") or {}).get("half_width"),
+                "declared_half_width": declared_half_width(st["summary"]),
                 "major_levers": {k: configs[f"winner-seed{st['seed']}"].value_at(k) for k in MAJOR_LEVERS},
                 "params": st["summary"]["params"],
                 "trial": st["summary"]["trial"],
@@ -263,7 +269,7 @@ def judged(r: dict) -> dict:
     """The goals computed from a result's re-measures (`runs`): per config the median of its values
     and of its intervals, and in how many repeats the SLO held; each winner's declared / re-measured;
     whether the winners agree; the best config among those that held the SLO in every repeat (the
-    standard the confirmation round holds a winner to: a config that misses it in one of five is
+    standard the confirmation holds a winner to: a config that misses it in one of five is
     no answer, however fast), and tuned / best.
     A pure function of `r`, so `--render` can judge a stored result again."""
     from slotune.tuner.spec.slo import SLO_KEYS
@@ -358,7 +364,7 @@ def markdown(r: dict) -> str:
         )
     lines += [
         "",
-        "| winner | study wall (decision: after the last trial) | trial | params | declared | declared on (95% half-width) | re-measured | "
+        "| winner | study wall (decision: after the last trial) | trial | params | declared | declared on (interval, +-) | re-measured | "
         "declared / re-measured | within 10% | default re-measured / beside the declaration | "
         "relative to the default: declared / re-measured |",
         "|---|---|---|---|---|---|---|---|---|---|---|",

@@ -28,9 +28,7 @@ def write_spec(tmp: Path, **over) -> Path:
                 {"name": "quantization", "type": "categorical", "choices": ["none", "int8"]},
             ],
         },
-        # exactly declare_repeats declaration seeds: the tiny workloads' latencies scatter, and the tests
-        # of the adaptive declaration (test_confirm.py) set declare_precision themselves
-        "budget": {"n_trials": 3, "trial_timeout_s": 120, "declare_precision": None},
+        "budget": {"n_trials": 3, "trial_timeout_s": 120},
         "output_dir": str(tmp / "out"),
         "sampler": "random",
     }

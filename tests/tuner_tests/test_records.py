@@ -40,8 +40,7 @@ def test_a_pre_redesign_trial_reads_back_whole():
             expected = (ua["metrics"][lo], ua["metrics"][hi]) if lo in ua["metrics"] else None
             assert r.metrics.interval(key) == expected, key
     assert records.stored_winner(study) == study.user_attrs["winner_trial"]
-    assert records.stored_round(study) == study.user_attrs["confirm"]
-    assert records.stored_declaration(study) == study.user_attrs["declare"]
+    assert records.stored_confirmation(study) == study.user_attrs["confirm"]
     assert records.stored_fingerprint(study) == study.user_attrs["spec_fingerprint"]
     assert records.stored_parent_run(study) == study.user_attrs["mlflow_parent_run_id"]
 

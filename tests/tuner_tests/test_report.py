@@ -268,13 +268,15 @@ def test_overlapping_intervals_are_called_noise_and_a_small_win_without_them_unp
 
 
 def test_the_winner_card_compares_the_round_it_was_confirmed_in(tmp_path):
-    """With the default re-measured in the same round (tuner/decide/confirm.py), the headline and the noise
+    """With the default re-measured beside it (tuner/decide/confirm.py), the headline and the noise
     verdict use those numbers, not the trials': here 45 vs 86 ms in the trials, 46 ± 4 vs 48 ± 4 ms
     measured together, which is within noise."""
     spec, study = made_study(tmp_path)
     best = best_trial(study, spec)
     again = {
         "seed": 1000,
+        "seeds": [1000],
+        "default_seeds": [1000],
         "metrics": measured(0.046, 1.5, 62.0, 0.004, usd_per_1m_output_tokens=0.13),
         "default": measured(0.048, 1.3, 61.0, 0.004, usd_per_1m_output_tokens=0.14),
     }
@@ -282,11 +284,14 @@ def test_the_winner_card_compares_the_round_it_was_confirmed_in(tmp_path):
     assert w.claims[0] == "p95 TPOT 46 ms ± 4 (default 48 ms ± 4), 1.04x better"
     assert any("within noise: the intervals overlap (46 ms ± 4 vs 48 ms ± 4)" in n for n in w.notes)
     assert any(
-        n.startswith("Measured again on workload seed 1000 in one round with the default config") for n in w.notes
+        n.startswith(
+            "Declared on 1 measurement in the confirmation, each beside the default config, on workload seed 1000"
+        )
+        for n in w.notes
     )
     assert "cost per 1M output tokens: $0.13 (default $0.14)" in w.notes
     assert w.comparison[0][-1] == "default re-measured (seed 1000)" and w.comparison[1][-1] == "48 ms ± 4"
-    # without the default in the round (confirm_top_k: 0), the trials are compared, as before
+    # without the default measured beside it, the trials are compared
     w = gather(spec, study, best, {"seed": 1000, "metrics": again["metrics"], "default": None}).winner
     assert w.claims[0].startswith("p95 TPOT 45 ms ± 3 (default 86 ms ± 3)")
 

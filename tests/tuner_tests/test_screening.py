@@ -51,7 +51,8 @@ def test_configs_worse_than_the_median_on_the_short_replay_are_screened_out(tmp_
         search_space=SPACE,
         workload=WORKLOAD,
         screening=SCREENING,
-        budget={"n_trials": 4, "confirm_top_k": 1, "declare_repeats": 0},
+        budget={"n_trials": 4},
+        confirm={"candidates": 1, "seeds": 1},
     )
     summary = run_command(spec, progress=False, trial_runner=fake_trials)
     study = _study(tmp_path / "out")
@@ -91,7 +92,8 @@ def test_configs_worse_than_the_median_on_the_short_replay_are_screened_out(tmp_
             search_space=SPACE,
             workload=WORKLOAD,
             screening=SCREENING,
-            budget={"n_trials": 5, "confirm_top_k": 1, "declare_repeats": 0},
+            budget={"n_trials": 5},
+            confirm={"candidates": 1, "seeds": 1},
         ),
         progress=False,
         trial_runner=fake_trials,
@@ -137,7 +139,8 @@ def test_real_engine_screening_replays_the_head_of_the_workload(tmp_path):
         search_space=space,
         screening={**SCREENING, "fraction": 0.3},
         workload={"num_requests": 6, "concurrency": 2, "output_len": {"kind": "fixed", "value": 4}},
-        budget={"n_trials": 2, "confirm_top_k": 0, "declare_repeats": 0, "trial_timeout_s": 600},
+        budget={"n_trials": 2, "trial_timeout_s": 600},
+        confirm={"candidates": 0},
     )
     run_command(spec, progress=False)
     study = _study(tmp_path / "out")

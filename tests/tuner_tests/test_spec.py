@@ -149,17 +149,17 @@ def test_a_cost_objective_needs_a_price_and_names_both_fields():
 
 
 def test_new_fields_at_their_defaults_keep_the_fingerprint():
-    """budget.confirm_top_k is not part of what a trial's numbers mean; a price is, once set."""
+    """confirm.candidates is not part of what a trial's numbers mean; a price is, once set."""
     from slotune.tuner.search.study import spec_fingerprint
 
     base = {"name": "x", "objective": {"kind": "throughput", "metric": "output_tokens_per_s"}}
     plain = spec_fingerprint(TuningSpec.model_validate(base))
-    assert spec_fingerprint(TuningSpec.model_validate({**base, "budget": {"confirm_top_k": 0}})) == plain
+    assert spec_fingerprint(TuningSpec.model_validate({**base, "confirm": {"candidates": 0}})) == plain
     priced = spec_fingerprint(TuningSpec.model_validate({**base, "cost": {"usd_per_hour": 2.0}}))
     assert priced["sha256"] != plain["sha256"] and "cost" in priced["parts"] and "cost" not in plain["parts"]
     with pytest.raises(ValidationError) as exc:
-        TuningSpec.model_validate({**base, "budget": {"confirm_top_k": -1}})
-    assert "budget.confirm_top_k" in format_error(exc.value)
+        TuningSpec.model_validate({**base, "confirm": {"candidates": -1}})
+    assert "confirm.candidates" in format_error(exc.value)
 
 
 def _write(path, text):

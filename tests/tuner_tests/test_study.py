@@ -371,7 +371,8 @@ def test_a_start_that_misses_an_slo_limit_is_repaired_next(tmp_path, fake_trials
     spec = write_spec(
         tmp_path,
         search_space=space,
-        budget={"n_trials": 4, "confirm_top_k": 0, "declare_repeats": 0},
+        budget={"n_trials": 4},
+        confirm={"candidates": 0},
         objective={"ttft_limit_s": 0.1},
     )
     run_command(spec, progress=False, trial_runner=fake_trials)
@@ -437,7 +438,8 @@ def test_a_repeated_config_takes_the_earlier_measurement_and_the_budget_goes_to_
     slot, and enqueues an unexplored config, so the study ends having measured all four configs."""
     spec = write_spec(
         tmp_path,
-        budget={"n_trials": 4, "confirm_top_k": 0},
+        budget={"n_trials": 4},
+        confirm={"candidates": 0},
         seed=3,
         search_space={
             "name": "r",

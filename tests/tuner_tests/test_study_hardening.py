@@ -284,16 +284,15 @@ def test_a_failed_write_leaves_the_previous_outputs_whole(tmp_path, fake_trials,
     call = (
         "finalize(spec, study)"
         if writer == "finalize"
-        else "trials = candidates(study, spec); c = confirm_round(spec, study.user_attrs['confirm'], trials); "
+        else "trials = candidates(study, spec); c = judge_runs(spec, study.user_attrs['confirm'], trials); "
         "best = next(t for t in trials if t.number == c.winner); "
-        "write_report(spec, study, best, c.remeasure(), spec.resolved_output_dir())"
+        "write_report(spec, study, best, c.declared(), spec.resolved_output_dir())"
     )
     script = (
         "import resource, signal\n"
         "from slotune.tuner.report.markdown import write_report\n"
         "from slotune.tuner.spec.tuning_spec import TuningSpec\n"
-        "from slotune.tuner.decide.candidates import candidates\n"
-        "from slotune.tuner.decide.confirm import confirm_round\n"
+        "from slotune.tuner.decide.confirm import candidates, judge_runs\n"
         "from slotune.tuner.run import finalize\n"
         "from slotune.tuner.search.study import open_study\n"
         f"spec = TuningSpec.from_yaml({str(spec)!r})\n"

@@ -88,7 +88,8 @@ def test_a_tracking_server_outage_loses_no_trial(tmp_path, fake_trials, monkeypa
     monkeypatch.setenv("FAKE_TRIAL_SLEEP", "0.5")
     spec = write_spec(
         tmp_path,
-        budget={"n_trials": 5, "confirm_top_k": 0, "declare_repeats": 0},
+        budget={"n_trials": 5},
+        confirm={"candidates": 0},
         mlflow_tracking_uri=f"http://127.0.0.1:{port}",
     )
     study_db = tmp_path / "out" / "study.db"
@@ -141,7 +142,7 @@ def test_a_tracking_server_outage_loses_no_trial(tmp_path, fake_trials, monkeypa
 def test_a_resumed_study_logs_the_trials_mlflow_missed(tmp_path, fake_trials, monkeypatch):
     """A trial whose child run never reached MLflow (its process died, or MLflow was down at the
     study's end) is logged when the study is opened again."""
-    spec_path = write_spec(tmp_path, budget={"n_trials": 2, "confirm_top_k": 0, "declare_repeats": 0})
+    spec_path = write_spec(tmp_path, budget={"n_trials": 2}, confirm={"candidates": 0})
     run_command(spec_path, progress=False, trial_runner=fake_trials)
     uri = f"sqlite:///{tmp_path / 'out' / 'mlflow.db'}"
     client = mlflow.tracking.MlflowClient(uri)
@@ -162,7 +163,8 @@ def test_a_study_started_while_mlflow_is_down_runs_and_is_logged_later(tmp_path,
     port = _free_port()
     spec = write_spec(
         tmp_path,
-        budget={"n_trials": 2, "confirm_top_k": 0, "declare_repeats": 0},
+        budget={"n_trials": 2},
+        confirm={"candidates": 0},
         mlflow_tracking_uri=f"http://127.0.0.1:{port}",
     )
     with pytest.warns(UserWarning, match="did not answer .* the study runs without it"):

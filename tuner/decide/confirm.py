@@ -1,368 +1,198 @@
-"""The confirmation round: the best trials measured again, together, before a winner is declared.
+"""The winner's confirmation: the best trials and the default config measured again on fresh workload
+seeds, interleaved, and the winner chosen on those numbers.
 
-The best `budget.confirm_top_k` feasible trials (and near misses: SLO limits missed within their own
-interval) are re-measured on a fresh workload seed, in one round between two measurements of the
-default config; the winner is the best re-measured candidate that holds the SLO. While candidates'
-intervals overlap the winner's, they are measured again, up to `budget.confirm_passes` passes. The
-round is stored in the study (user attribute `confirm`), so a resumed run reuses it.
-Rationale and measured cases: docs/design/confirmation.md.
+A trial's own numbers come from the study's workload seed, and the best of many noisy trials is partly
+the luckiest. So the best `confirm.candidates` feasible trials and the default are measured on
+`confirm.seeds` fresh seeds (the default first on one seed, last on the next); the winner is the
+candidate with the best median that held the SLO on every seed, and its declared numbers are that
+median with its interval, beside the default's on the same seeds. Each measurement is stored in the
+study as it is taken (user attribute `confirm`), so a resumed run measures only what is missing.
+Rationale and the ablation behind it: docs/design/confirmation.md.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from slotune.engine.config import EngineConfig
-from slotune.evals.gate_spec import GateSpec
-from slotune.tuner.decide.aggregate import half_width, median_metrics, pooled_metrics
-from slotune.tuner.decide.candidates import near_words
-from slotune.tuner.decide.declare import objective_values
+from slotune.tuner.decide.aggregate import median_metrics
 from slotune.tuner.measure.measurement import Measurement
-from slotune.tuner.measure.reasons import failed_gates
 from slotune.tuner.measure.trial_process import DEFAULT_TRIAL_RUNNER, TrialFailure, measure
-from slotune.tuner.measure.units import format_value, metric_label, overlaps
-from slotune.tuner.search.records import TrialRecord, store_round, stored_round
-from slotune.tuner.search.references import DEFAULT_TAG
+from slotune.tuner.measure.units import metric_label, overlaps
+from slotune.tuner.search.records import TrialRecord, store_confirmation, stored_confirmation
+from slotune.tuner.search.trials import ranked_feasible
 from slotune.tuner.spec.slo import SLOLimits, judge
-
-
-def plan(spec, trials: list) -> list[int | None]:
-    """The round's order: trial numbers, None for the default config (see the module docstring)."""
-    numbers = [t.number for t in trials]
-    return [None, *numbers, None] if spec.budget.confirm_top_k else numbers
-
-
-def run_round(
-    spec, study, trials: list, *, runner: tuple[str, ...] = DEFAULT_TRIAL_RUNNER, say: Callable[[str], None] = print
-) -> dict[str, Any]:
-    """Measure the round (or reuse the stored one for the same order and seed), then its further passes
-    while the winner has rivals (module docstring); store it in the study after each pass.
-
-    Args:
-        spec: the TuningSpec.
-        study: the study (its `confirm` user attribute holds the round).
-        trials: the candidates, best first (`candidates`).
-        runner: the trial process's command (see `trial_process.run_trial_process`).
-        say: where each measurement's line goes.
-
-    Returns:
-        The stored record: {"seed", "order", "measurements": [{"trial", "metrics"} or {"trial", "error"}]};
-        a near miss's measurement also has "gates": its gate report, None when the SLO missed again;
-        a measurement of a later pass has "pass": 2, 3, ... (the first pass's have none).
-    """
-    trials = [TrialRecord.of(t) for t in trials]
-    order = plan(spec, trials)
-    stored = stored_round(study)
-    configs = {t.number: EngineConfig.model_validate(t.config) for t in trials}
-    near = {t.number for t in trials if not t.feasible}  # their gates run here (module docstring)
-    key = spec.objective.metric_key()
-
-    def measured(label: str, number: int | None, gates: bool) -> dict[str, Any]:
-        try:
-            r = measure(
-                spec,
-                spec.base_config() if number is None else configs[number],
-                seed=spec.robustness_seed,
-                early_stop=False,
-                runner=runner,
-                gates=gates,
-            )
-        except TrialFailure as exc:
-            say(f"{label}: {DEFAULT_TAG if number is None else f'trial {number}'} failed: {exc.reason}")
-            return {"trial": number, "error": exc.reason}
-        say(
-            f"{label}: {DEFAULT_TAG if number is None else f'trial {number}'} on workload seed {spec.robustness_seed}: "
-            f"{key} = {format_value(key, r.metrics.get(key))}"
-            + (f"; quality gates {'passed' if r.gates['passed'] else 'failed'}" if r.gates else "")
-        )
-        return {"trial": number, "metrics": r.metrics.to_dict(), **({"gates": r.gates} if gates else {})}
-
-    if stored and stored.get("seed") == spec.robustness_seed and stored.get("order") == order:
-        record = stored
-    else:
-        record = {
-            "seed": spec.robustness_seed,
-            "order": order,
-            "measurements": [measured(f"confirm {i + 1}/{len(order)}", n, n in near) for i, n in enumerate(order)],
-        }
-        store_round(study, record)
-    while True:  # further passes (module docstring); a resumed round carries on from its last stored pass
-        c = confirm_round(spec, record, trials)
-        again = c.contenders()
-        if not again or c.passes >= spec.budget.confirm_passes:
-            return record
-        last = [m.trial for m in c.measured if m.pass_no == c.passes and m.trial in again]
-        order = [*reversed(last), *(t for t in again if t not in last)]  # a new rival (the winner changed) last
-        n = c.passes + 1
-        why = (
-            f"within noise of trial {c.winner}"
-            if len(again) == 2
-            else f"{len(again) - 1} candidates within noise of trial {c.winner}"
-        )
-        record = {
-            **record,
-            "measurements": record["measurements"]
-            + [
-                {**measured(f"confirm pass {n}/{spec.budget.confirm_passes} ({why})", t, False), "pass": n}
-                for t in order
-            ],
-        }
-        store_round(study, record)
+from slotune.tuner.spec.workload_spec import MAX_SEED
 
 
 @dataclass(frozen=True)
-class Measured:
-    """One measurement of the round, judged."""
+class Run:
+    """One measurement of the confirmation: a candidate (`trial`) or the default (None) on one seed."""
 
-    position: int  # 1-based, in the order measured
-    trial: int | None  # None: the default config
-    metrics: Measurement | None
-    error: str | None
-    reasons: list[str]  # why it misses the SLO (or a near miss its gates) on this measurement ([] when it holds)
-    gates: dict[str, Any] | None = None  # a near miss's gate report from the round
-    pass_no: int = 1  # which pass of the round measured it
+    trial: int | None
+    seed: int
+    metrics: Measurement | None  # None: it failed
+    error: str | None = None
+    missed: tuple[str, ...] = ()  # the SLO limits it missed on this seed, in words
 
     @property
-    def label(self) -> str:
-        return DEFAULT_TAG if self.trial is None else f"trial {self.trial}"
-
-    @property
-    def feasible(self) -> bool:
-        return self.metrics is not None and not self.reasons
+    def held(self) -> bool:
+        return self.metrics is not None and not self.missed
 
 
 @dataclass(frozen=True)
 class Confirmation:
-    """The round, judged: who won on the re-measured numbers, and what the report and
-    best_metrics.json say about it (`confirm_round` builds it)."""
+    """The confirmation's measurements, judged (`judge_runs`)."""
 
-    seed: int
-    key: str  # the metric the winner is picked on
+    key: str  # the metric the winner is chosen on
     direction: str
-    measured: list[Measured]
-    by_trial: list[int]  # the candidates, best first by their own trials
-    winner: int  # the declared winner's trial number
-    is_confirmed: bool  # the winner held the SLO on re-measurement
-    is_round: bool  # False: confirm_top_k 0 (the best trial re-measured alone)
-    limits: SLOLimits  # the SLO the measurements are judged against
-    declared: tuple[dict[str, Any], ...] = ()  # the declaration measurements ({trial, seed, metrics or error})
-    declare_precision: float | None = None  # budget.declare_precision: the 95% half-width the declaration aimed at
-    params: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)  # each candidate's sampled params
-    near: dict[int, list[str]] = dataclasses.field(default_factory=dict)  # near misses: what their own trial missed
-    gated: bool = False  # the spec has quality gates (a near miss must pass them in the round)
+    limits: SLOLimits
+    seeds: tuple[int, ...]
+    candidates: tuple[int, ...]  # best first by their own trials
+    runs: tuple[Run, ...]  # in the order measured
+    winner: int
+    confirmed: bool  # the winner held the SLO on every seed; else the best trial by its own numbers
+    params: dict[int, dict[str, Any]]
 
-    @property
-    def best_by_trial(self) -> int:
-        """The best feasible candidate on its own trial (a near miss is not feasible there)."""
-        return next(n for n in self.by_trial if n not in self.near)
+    def runs_of(self, trial: int | None) -> list[Run]:
+        return [r for r in self.runs if r.trial == trial]
 
-    def with_declaration(self, record: dict[str, Any]) -> "Confirmation":
-        """This round with the winner's declaration measurements (`run_declaration`'s record)."""
-        assert record["trial"] == self.winner, "the declaration measures the round's winner"
-        return dataclasses.replace(self, declared=tuple(record["measurements"]))
+    def median(self, trial: int | None) -> Measurement | None:
+        """`trial`'s (None: the default's) measurements as one (`median_metrics`)."""
+        return median_metrics([r.metrics for r in self.runs_of(trial) if r.metrics])
 
-    def of(self, trial: int | None) -> list[Measured]:
-        return [m for m in self.measured if m.trial == trial]
+    def held(self, trial: int) -> bool:
+        runs = self.runs_of(trial)
+        return len(runs) == len(self.seeds) and all(r.held for r in runs)
 
-    @property
-    def default_metrics(self) -> Measurement | None:
-        """The default config as the round measured it: its two measurements (first and last) as
-        one (their mean), and an interval spanning both of theirs (drift over the round counts as noise)."""
-        return median_metrics([m.metrics for m in self.of(None) if m.metrics])
-
-    @property
-    def passes(self) -> int:
-        """How many passes the round measured (module docstring)."""
-        return max(m.pass_no for m in self.measured)
-
-    def standing(self, trial: int) -> Measured:
-        """A candidate's measurements in the round as one (`standing`)."""
-        return standing(self.measured, trial)
-
-    def rivals(self) -> list[Measured]:
-        """The round's other candidates (their `standing`) that met the SLO with a re-measured interval
-        overlapping the winner's: on this round's numbers they cannot be told apart from it. [] outside
-        a confirmed round."""
-        if not (self.is_round and self.is_confirmed):
+    def within_noise(self) -> list[int]:
+        """The other candidates that held the SLO with an interval overlapping the winner's."""
+        mine = (self.median(self.winner) or Measurement()).interval(self.key)
+        if not self.confirmed or mine is None:
             return []
-        mine = (self.standing(self.winner).metrics or Measurement()).interval(self.key)
-        if mine is None:
-            return []
-        out = []
-        for n in self.by_trial:
-            m = self.standing(n)
-            theirs = m.metrics.interval(self.key) if n != self.winner and m.feasible else None
-            if theirs is not None and overlaps(theirs, mine):
-                out.append(m)
-        return out
+        theirs = {n: (self.median(n) or Measurement()).interval(self.key) for n in self.candidates if n != self.winner}
+        return [n for n, ci in theirs.items() if ci is not None and self.held(n) and overlaps(ci, mine)]
 
-    def contenders(self) -> list[int]:
-        """The trials a further pass measures: the winner and its `rivals`; [] when it has none."""
-        rivals = self.rivals()
-        return [self.winner, *(m.trial for m in rivals)] if rivals else []
-
-    def differences(self, trial: int) -> list[str]:
-        """How `trial`'s params differ from the winner's, in words: ["quantization int8 (the winner: int4)"];
-        a knob only one of them samples (a conditional one) is left out: the knob it depends on differs."""
-        mine, theirs = self.params.get(self.winner, {}), self.params.get(trial, {})
-        return [f"{k} {theirs[k]} (the winner: {mine[k]})" for k in mine if k in theirs and theirs[k] != mine[k]]
-
-    def declared_of(self, trial: int | None) -> list[dict[str, Any]]:
-        """The declaration measurements of `trial` (None: the default) that succeeded."""
-        return [d for d in self.declared if d.get("trial") == trial and d.get("metrics") is not None]
-
-    def remeasure(self) -> dict[str, Any]:
-        """The winner's declared re-measurement for the report and best.yaml: {seed, metrics or error,
-        default: the default's metrics measured beside it (None when not measured; default_seeds:
-        on which workload seeds), round: the winner's `standing` in the round, reasons: why the
-        declared metrics miss the SLO ([] when they hold)}. With declaration measurements (`seeds`:
-        the seeds they used; `missed`: [{seed, reasons}] for those on which the winner missed the
-        SLO), the metrics are the winner's median over them (`median_metrics`) and the default's its
-        median on the same seeds; when every one of the winner's failed, the round's numbers, and
-        `declare_error` says why. A near miss that won also has `near` (what its own trial missed, in
-        words) and `gates` (its gate report from the round)."""
-        mine = self.standing(self.winner)
-        wins, defaults = self.declared_of(self.winner), self.declared_of(None)
-        out: dict[str, Any] = {
-            "seed": self.seed,
-            "default": self.default_metrics,
-            "default_seeds": [self.seed],
-            "round": mine.metrics,
+    def declared(self) -> dict[str, Any]:
+        """The winner's declared numbers as best_metrics.json `remeasured` stores them: {seeds, metrics (its
+        median) or error, default (the default's median), default_seeds, reasons: what the median
+        misses of the SLO}; {} when nothing was measured."""
+        if not self.runs:
+            return {}
+        metrics = self.median(self.winner)
+        return {
+            "seeds": [r.seed for r in self.runs_of(self.winner) if r.metrics],
+            **({"metrics": metrics} if metrics else {"error": next(r.error for r in self.runs_of(self.winner))}),
+            "default": self.median(None),
+            "default_seeds": [r.seed for r in self.runs_of(None) if r.metrics],
+            "reasons": judge(metrics, self.limits).reasons if metrics else [],
         }
-        if self.winner in self.near:  # it qualified in the round: its own trial missed the SLO, within noise
-            out.update(near=self.near[self.winner], gates=mine.gates)
-        if wins:
-            out.update(
-                metrics=median_metrics([Measurement.from_dict(d["metrics"]) for d in wins]),
-                seeds=[d["seed"] for d in wins],
-                half_width=half_width(objective_values(wins, self.winner, self.key)),
-                missed=[
-                    {"seed": d["seed"], "reasons": why}
-                    for d in wins
-                    if (why := judge(d["metrics"], self.limits).reasons)
-                ],
-            )
-            same = [d for d in defaults if d["seed"] in out["seeds"]]
-            if same:
-                out.update(
-                    default=median_metrics([Measurement.from_dict(d["metrics"]) for d in same]),
-                    default_seeds=[d["seed"] for d in same],
-                )
-        else:
-            out.update({"metrics": mine.metrics} if mine.metrics is not None else {"error": mine.error})
-            errors = [d["error"] for d in self.declared if d.get("trial") == self.winner and d.get("error")]
-            if errors:
-                out["declare_error"] = errors[0]
-        metrics = out.get("metrics")
-        out["reasons"] = judge(metrics, self.limits).reasons if metrics is not None else []
-        return out
 
     def to_json(self) -> list[dict[str, Any]]:
-        """best_metrics.json's `confirm` list: each measurement in order (`pass`: of which pass), judged
-        on its own; `within_noise_of_winner` marks the `rivals`' measurements, `near_miss` those of the
-        candidates whose own trial missed the SLO within noise."""
-        rivals = {m.trial for m in self.rivals()}
+        """best_metrics.json's `confirm` list: each measurement in order, and whether it held the SLO."""
         return [
-            {
-                "position": m.position,
-                "pass": m.pass_no,
-                "trial": m.trial,
-                "tag": DEFAULT_TAG if m.trial is None else None,
-                "seed": self.seed,
-                "value": (m.metrics or {}).get(self.key),
-                "feasible": m.feasible,
-                "reasons": m.reasons,
-                "winner": m.trial == self.winner and m.trial is not None,
-                "within_noise_of_winner": m.trial in rivals,
-                "near_miss": m.trial in self.near,
-                **({"metrics": m.metrics.to_dict()} if m.metrics is not None else {"error": m.error}),
-            }
-            for m in self.measured
+            {"trial": r.trial, "seed": r.seed, "held": r.held, "missed": list(r.missed)}
+            | ({"metrics": r.metrics.to_dict()} if r.metrics else {"error": r.error})
+            for r in self.runs
         ]
 
 
-def judged(
-    position: int,
-    m: dict[str, Any],
-    limits: SLOLimits,
-    key: str,
-    gate_specs: Sequence[GateSpec] = (),
-    needs_gates: bool = False,
-) -> Measured:
-    """One stored measurement ({trial, metrics or error, gates}) judged against the SLO; `key` must be
-    measured. With `needs_gates` (a near miss, whose gates only the round ran) its `gate_specs` must
-    have passed too: they are run only when the SLO held, so a report is missing only then."""
-    metrics = Measurement.from_dict(m["metrics"]) if m.get("metrics") is not None else None
-    reasons = []
-    if metrics is not None:
-        reasons = judge(metrics, limits).reasons
-        if metrics.get(key) is None:
-            reasons.append(f"{metric_label(key)} not measured")
-        if needs_gates and gate_specs and not reasons:
-            gates = m.get("gates")
-            reasons += (
-                ["quality gates not run"]
-                if gates is None
-                else (failed_gates(gates, gate_specs) or ([] if gates.get("passed") else ["quality gates failed"]))
-            )
-    return Measured(position, m.get("trial"), metrics, m.get("error"), reasons, m.get("gates"), m.get("pass", 1))
+def candidates(study, spec) -> list[TrialRecord]:
+    """The best `confirm.candidates` feasible trials (at least 1), best first, one per distinct config."""
+    picked: list[TrialRecord] = []
+    for t in ranked_feasible(study, spec):
+        if all(t.config != p.config for p in picked):
+            picked.append(t)
+        if len(picked) == max(spec.confirm.candidates, 1):
+            break
+    return picked
 
 
-def standing(measured: list[Measured], trial: int) -> Measured:
-    """`trial`'s measurements in the round as one: with one pass its measurement; with several, their
-    `pooled_metrics` (none when any failed), every pass's reasons (it must hold the SLO in each), and
-    the first pass's gates (the only ones run)."""
-    ms = [m for m in measured if m.trial == trial]
-    if len(ms) == 1:
-        return ms[0]
-    whole = all(m.metrics is not None for m in ms)
-    return Measured(
-        ms[0].position,
-        trial,
-        pooled_metrics([m.metrics for m in ms]) if whole else None,
-        next((m.error for m in ms if m.error), None),
-        list(dict.fromkeys(r for m in ms for r in m.reasons)),
-        ms[0].gates,
-        ms[-1].pass_no,
-    )
+def confirm_seeds(spec) -> list[int]:
+    """`confirm.seeds` fresh workload seeds from robustness_seed on, skipping the study's own."""
+    seeds, seed = [], spec.robustness_seed
+    while len(seeds) < spec.confirm.seeds:
+        if seed != spec.workload.seed:
+            seeds.append(seed)
+        seed = seed + 1 if seed < MAX_SEED else 0
+    return seeds
 
 
-def confirm_round(spec, record: dict[str, Any], trials: list) -> Confirmation:
-    """Judge a round (`run_round`'s record) and pick the winner.
+def plan(trials: list[int], seeds: list[int]) -> list[tuple[int | None, int]]:
+    """The order of the measurements: (trial or None for the default, seed); the default and the
+    candidates in order on one seed, in reverse on the next, so drift over time favours none."""
+    order = [None, *trials]
+    return [(n, s) for i, s in enumerate(seeds) for n in (order if i % 2 == 0 else order[::-1])]
 
-    The winner is the candidate whose re-measurement (its `standing` over the passes) met the SLO
-    (`slo.judge`; a near miss's gates too) with the best value of the first objective; the best feasible one by its own trial when
-    none did (then `is_confirmed` is False).
-    """
-    obj = spec.objective
-    key, direction = obj.metric_key(), obj.direction()
-    limits = SLOLimits.from_objective(obj)
+
+def run_confirmation(
+    spec,
+    study,
+    trials: list,
+    *,
+    runner: tuple[str, ...] = DEFAULT_TRIAL_RUNNER,
+    on_run: Callable[[Run, int, int], None] = lambda run, i, n: None,
+) -> Confirmation:
+    """Measure the confirmation (`plan`), reusing the study's stored measurements of the same trials
+    and seeds; store each as it is taken; `on_run(run, i, n)` after each new one. With
+    `confirm.candidates: 0`, nothing is measured: the best trial wins, unconfirmed."""
     trials = [TrialRecord.of(t) for t in trials]
-    near = {t.number: near_words(t, limits) for t in trials if not t.feasible}
-    measured = [
-        judged(i + 1, m, limits, key, spec.quality_gates, needs_gates=m.get("trial") in near and "pass" not in m)
-        for i, m in enumerate(record["measurements"])
-    ]
-    by_trial = [t.number for t in trials]
-    sign = 1 if direction == "minimize" else -1
-    held = [m for m in (standing(measured, n) for n in by_trial) if m.feasible]
-    best = min(held, key=lambda m: (sign * m.metrics[key], by_trial.index(m.trial))) if held else None
-    fallback = next(n for n in by_trial if n not in near)
-    return Confirmation(
-        seed=record["seed"],
+    if not spec.confirm.candidates:
+        return judge_runs(spec, {"seeds": [], "runs": []}, trials)
+    seeds = confirm_seeds(spec)
+    stored = {(m["trial"], m["seed"]): m for m in (stored_confirmation(study) or {}).get("runs", []) if "metrics" in m}
+    configs = {t.number: EngineConfig.model_validate(t.config) for t in trials}
+    limits, todo, runs = SLOLimits.from_objective(spec.objective), plan([t.number for t in trials], seeds), []
+    for i, (number, seed) in enumerate(todo):
+        if (number, seed) in stored:
+            runs.append(stored.pop((number, seed)))
+            continue
+        try:
+            r = measure(
+                spec, configs.get(number) or spec.base_config(), seed=seed, early_stop=False, runner=runner, gates=False
+            )
+            runs.append({"trial": number, "seed": seed, "metrics": r.metrics.to_dict()})
+        except TrialFailure as exc:
+            runs.append({"trial": number, "seed": seed, "error": exc.reason})
+        store_confirmation(study, {"seeds": seeds, "runs": runs + list(stored.values())})
+        on_run(_run(runs[-1], spec, limits), i + 1, len(todo))
+    return judge_runs(spec, {"seeds": seeds, "runs": runs}, trials)
+
+
+def judge_runs(spec, record: dict[str, Any], trials: list) -> Confirmation:
+    """The stored measurements ({seeds, runs}) judged: the winner is the candidate that held the SLO
+    on every seed with the best median; when none did, the best trial by its own numbers, unconfirmed."""
+    obj, trials = spec.objective, [TrialRecord.of(t) for t in trials]
+    key, limits = obj.metric_key(), SLOLimits.from_objective(obj)
+    c = Confirmation(
         key=key,
-        direction=direction,
-        measured=measured,
-        by_trial=by_trial,
-        winner=best.trial if best is not None else fallback,
-        is_confirmed=best is not None,
-        is_round=bool(spec.budget.confirm_top_k),
+        direction=obj.direction(),
         limits=limits,
+        seeds=tuple(record["seeds"]),
+        candidates=tuple(t.number for t in trials),
+        runs=tuple(_run(m, spec, limits) for m in record["runs"]),
+        winner=trials[0].number,
+        confirmed=False,
         params={t.number: dict(t.params) for t in trials},
-        near=near,
-        gated=bool(spec.quality_gates),
-        declare_precision=spec.budget.declare_precision,
     )
+    sign = 1 if c.direction == "minimize" else -1
+    held = [n for n in c.candidates if c.seeds and c.held(n)]
+    if not held:
+        return c
+    best = min(held, key=lambda n: (sign * c.median(n)[key], c.candidates.index(n)))
+    return dataclasses.replace(c, winner=best, confirmed=True)
+
+
+def _run(m: dict[str, Any], spec, limits: SLOLimits) -> Run:
+    """One stored measurement ({trial, seed, metrics or error}) judged against the SLO."""
+    metrics = Measurement.from_dict(m["metrics"]) if m.get("metrics") is not None else None
+    missed: list[str] = []
+    if metrics is not None:
+        missed = judge(metrics, limits).reasons
+        key = spec.objective.metric_key()
+        if metrics.get(key) is None:
+            missed.append(f"{metric_label(key)} not measured")
+    return Run(m["trial"], m["seed"], metrics, m.get("error"), tuple(missed))

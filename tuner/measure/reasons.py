@@ -1,4 +1,4 @@
-"""Quality gate results in words (`gate_words`, `failed_gates`): the round's judgement and the report."""
+"""Quality gate results in words (`gate_words`, `failed_gates`): a trial's judgement and the report."""
 
 from __future__ import annotations
 

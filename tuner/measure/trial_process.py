@@ -291,7 +291,7 @@ def measure(
     Args:
         spec: the TuningSpec (workload, objective, gates, budget limits, price).
         config: the EngineConfig to measure.
-        seed: workload seed override (the confirmation round's fresh requests).
+        seed: workload seed override (the confirmation's fresh requests).
         on_phase: progress callback, see `run_trial_process`.
         early_stop: allow the cheap early stop (off for reference measurements, which must be
             complete to compare against).

@@ -50,8 +50,8 @@ def gather(spec, study, best, remeasure) -> ReportData:
         spec: the TuningSpec.
         study: the finished Optuna study (trials with their user attributes).
         best: the winning FrozenTrial, or None when no trial was feasible.
-        remeasure: the winner's re-measurement on a fresh workload seed (`metrics` or `error`; with
-            `default`, the default config's metrics in the same round: the winner card compares those).
+        remeasure: the winner's declared numbers (`Confirmation.declared`: `metrics` or `error`, and
+            `default`, the default config's measured beside it: the winner card compares those).
     """
     obj = spec.objective
     limits = SLOLimits.from_objective(obj)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from slotune.tuner.decide.aggregate import declared_as
 from slotune.tuner.measure.measurement import Measurement
 from slotune.tuner.measure.units import (
     format_value,
@@ -136,21 +135,18 @@ def winner_facts(
     best = TrialRecord.of(best)
     bm = best.metrics or Measurement()
     rm = Measurement.from_dict((remeasure or {}).get("metrics"))
-    seed = (remeasure or {}).get("seed", spec.robustness_seed)
-    # declared on the declaration measurements' seeds (tuner/decide/confirm.py), else on the round's
-    seeds = (remeasure or {}).get("seeds") or [seed]
+    seeds = (remeasure or {}).get("seeds") or [spec.robustness_seed]  # the confirmation's (tuner/decide/confirm.py)
     on_seeds = f"workload {seeds_words(seeds)}"
     default = refs.get(DEFAULT_TAG)
-    # Measured together in the confirmation round (tuner/decide/confirm.py), the winner and the default
-    # are compared on those numbers: same seed, same moment; else on their trials.
+    # Measured beside each other in the confirmation, the winner and the default are compared on
+    # those numbers: same seeds, same minutes; else on their trials.
     rdefault = Measurement.from_dict((remeasure or {}).get("default"))
     card, card_default = (rm, rdefault) if rm and rdefault else (bm, default)
-    # A near miss (tuner/decide/confirm.py) ran its gates in the confirmation round, not on its trial.
-    gates = gate_facts((remeasure or {}).get("gates") or best.gates, spec.quality_gates)
+    gates = gate_facts(best.gates, spec.quality_gates)
     base = spec.base_config().model_dump(mode="json")
     defaults = {k: _config_value(base, k) for k in best.params}
 
-    # The default config won: its trial and its measurements in the round are the same config, so
+    # The default config won: its trial and its confirmation measurements are the same config, so
     # the card claims no improvement over it (a ratio between them is the machine's drift).
     is_default = best.tag == DEFAULT_TAG or best.config == base
     notes = []
@@ -163,45 +159,23 @@ def winner_facts(
                 f"{_times(r)} improvement over {name} on {metric_label(key)} "
                 f"({format_value(key, m[key])} -> {format_value(key, bm[key])})"
             )
-    if (remeasure or {}).get("near"):
-        notes.append(
-            f"Its own trial missed the SLO, by less than that measurement's noise "
-            f"({'; '.join(remeasure['near'])}); so it was measured again in the confirmation round and "
-            f"met the SLO there"
-            + (", and passed the quality gates run there" if spec.quality_gates else "")
-            + " (the confirmation section)."
-        )
     noise = None if is_default else _noise_note(key, direction, card, card_default)
     if noise:
         notes.append(noise)
-    if rm and card is rm and (remeasure or {}).get("seeds"):
+    if rm and card is rm:
+        same = (remeasure or {}).get("default_seeds") == seeds
         notes.append(
-            f"Declared on {len(seeds)} measurement{'s' if len(seeds) > 1 else ''} after the confirmation "
-            f"round, each beside the default config, on {on_seeds}: {metric_label(key)} "
-            f"{value_with_ci(rm, key)} (their {declared_as(len(seeds))}; default {value_with_ci(rdefault, key)}"
-            + (
-                ""
-                if (remeasure or {}).get("default_seeds") == seeds
-                else f", measured in the round on workload seed {seed}: its declaration measurements failed"
-            )
-            + "); the comparison above "
-            "is on these numbers."
-        )
-    elif rm and card is rm:
-        notes.append(
-            f"Measured again on workload seed {seed} in one round with the default config: "
-            f"{metric_label(key)} {value_with_ci(rm, key)} (default {value_with_ci(rdefault, key)}); "
-            f"the comparison above is on these numbers."
+            f"Declared on {len(seeds)} measurement{'s' if len(seeds) > 1 else ''} in the confirmation, each "
+            f"beside the default config, on {on_seeds}: {metric_label(key)} {value_with_ci(rm, key)} ("
+            + ("their median; " if len(seeds) > 1 else "")
+            + f"default {value_with_ci(rdefault, key)}"
+            + ("" if same else ", on the seeds where it was measured")
+            + "); the comparison above is on these numbers."
         )
     elif rm:
         notes.append(f"Re-measured on {on_seeds}: {metric_label(key)} {value_with_ci(rm, key)}.")
     elif remeasure and "error" in remeasure:
-        notes.append(f"The re-measurement on workload seed {seed} failed: {remeasure['error']}")
-    if (remeasure or {}).get("declare_error"):
-        notes.append(
-            f"The declaration measurements after the round failed ({remeasure['declare_error']}): the "
-            f"numbers above are the round's, which picked this config and so favour it."
-        )
+        notes.append(f"The re-measurement on {on_seeds} failed: {remeasure['error']}")
     if (remeasure or {}).get("reasons"):
         notes.append(f"Its declared numbers miss the SLO: {'; '.join(remeasure['reasons'])}.")
     for k in COST_METRICS:
@@ -231,7 +205,7 @@ def winner_facts(
     )
     columns = {"winner": bm, f"re-measured ({seeds_words(seeds)})": rm, **refs}
     if rdefault:
-        columns[f"default re-measured ({seeds_words((remeasure or {}).get('default_seeds') or [seed])})"] = rdefault
+        columns[f"default re-measured ({seeds_words((remeasure or {}).get('default_seeds') or seeds)})"] = rdefault
     comparison = [["metric", *columns]]
     for k in keys:
         row = [value_with_ci(m, k) if m else "–" for m in columns.values()]

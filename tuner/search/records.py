@@ -1,9 +1,8 @@
 """The one reader and writer of the Optuna user attributes the tuner stores, per trial and per study.
 
 A trial is read once into a `TrialRecord` (`TrialRecord.of(frozen_trial)`); the objective writes a
-live trial through the `set_*` functions; the study's own records (the confirmation round, the
-declaration, the winner, the spec fingerprint, the MLflow parent run, the sweeps, the references
-measured beside it) through the `stored_*` / `store_*` pairs. The attribute keys are the stored
+live trial through the `set_*` functions; the study's own records (the confirmation, the winner, the
+spec fingerprint, the MLflow parent run, the sweeps, the references measured beside it) through the `stored_*` / `store_*` pairs. The attribute keys are the stored
 format: studies made before the tuner's redesign load unchanged (tests/tuner_tests/test_pre_redesign_study.py).
 """
 
@@ -31,8 +30,7 @@ UNMEASURED_REPEAT = "repeat"  # a config the sampler proposed again: the earlier
 REPEAT_ATTRS = ("config", "metrics", "violations", "feasible", "early_stopped", "gates", "screen", "screened_out")
 
 # The study's attributes.
-CONFIRM_ATTR = "confirm"  # the confirmation round (decide/confirm.py `run_round`)
-DECLARE_ATTR = "declare"  # the declaration (decide/declare.py `run_declaration`)
+CONFIRM_ATTR = "confirm"  # the confirmation's measurements (decide/confirm.py `run_confirmation`)
 WINNER_ATTR = "winner_trial"  # the trial `finalize` declared the winner
 FINGERPRINT_ATTR = "spec_fingerprint"  # the spec the study was made for (search/study.py)
 REPLACED_ATTR = "spec_fingerprints_replaced"  # fingerprints a --resume-anyway replaced
@@ -219,21 +217,13 @@ def enqueue(study, params: dict[str, Any], *, tag: str | None = None, start: str
 # --- the study's records --------------------------------------------------------------------------
 
 
-def stored_round(study) -> dict[str, Any] | None:
+def stored_confirmation(study) -> dict[str, Any] | None:
+    """The confirmation's measurements ({seeds, runs}; decide/confirm.py), None before any."""
     return study.user_attrs.get(CONFIRM_ATTR)
 
 
-def store_round(study, record: dict[str, Any]) -> None:
+def store_confirmation(study, record: dict[str, Any]) -> None:
     study.set_user_attr(CONFIRM_ATTR, record)
-
-
-def stored_declaration(study) -> dict[str, Any]:
-    """The declaration record ({} when none)."""
-    return study.user_attrs.get(DECLARE_ATTR) or {}
-
-
-def store_declaration(study, record: dict[str, Any]) -> None:
-    study.set_user_attr(DECLARE_ATTR, record)
 
 
 def stored_winner(study) -> int | None:

@@ -98,7 +98,7 @@ def warm_starts(spec: TuningSpec, own_name: str) -> list[tuple[str, dict[str, An
         if s.study_name == own_name or any(parts.get(k) != mine[k] for k in ("engine", "objective")):
             continue
         earlier = optuna.load_study(study_name=s.study_name, storage=url)
-        number = stored_winner(s)  # declared after its confirmation round; else its best trial
+        number = stored_winner(s)  # declared after its confirmation; else its best trial
         best = (
             TrialRecord.of(earlier.trials[number])
             if number is not None and number < len(earlier.trials)

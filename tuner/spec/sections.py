@@ -1,7 +1,7 @@
 """The sections of a TuningSpec besides workload and search space.
 
-Objective (the SLO), cost, budget (trials, the confirmation round, declaration, how a trial is
-measured), early stop, sweep and screening. Rationale: docs/design/tuner-spec.md.
+Objective (the SLO), cost, the winner's confirmation, budget (trials, how a trial is measured), early
+stop, sweep and screening. Rationale: docs/design/tuner-spec.md.
 """
 
 from __future__ import annotations
@@ -72,54 +72,32 @@ class Cost(StrictModel):
     )
 
 
-class Budget(StrictModel):
-    """How much a study measures: trials, the confirmation round and declaration, each trial's limits.
+class Confirm(StrictModel):
+    """How the winner is chosen and declared: the best `candidates` feasible trials and the default config,
+    measured on `seeds` fresh workload seeds (robustness_seed, + 1, ...), interleaved. The winner is the
+    candidate with the best median that held the SLO on every seed; its declared numbers are that median
+    and its interval (tuner/decide/confirm.py, docs/design/confirmation.md)."""
 
-    The winner is re-measured beside the default config before it is declared, because the best of
-    several noisy measurements is partly the luckiest (docs/design/tuner-spec.md, docs/design/confirmation.md).
-    """
+    candidates: int = Field(
+        3, ge=0, le=8, description="the best k feasible trials re-measured; 0 = the best trial wins on its own numbers"
+    )
+    seeds: int = Field(2, ge=1, le=8, description="fresh workload seeds each candidate and the default are measured on")
+
+
+# The budget's confirmation knobs before the `confirm:` section, refused with what replaces them.
+_MOVED_TO_CONFIRM = {
+    "confirm_top_k": "confirm.candidates",
+    "declare_repeats": "confirm.seeds",
+    "confirm_passes": "confirm.seeds",
+    "declare_precision": "confirm.seeds",
+    "declare_max_repeats": "confirm.seeds",
+}
+
+
+class Budget(StrictModel):
+    """How much a study measures: trials and each trial's limits (the winner's confirmation: `Confirm`)."""
 
     n_trials: int = Field(12, ge=1)
-    # The round re-measures the candidates on robustness_seed, between two measurements of the default,
-    # and judges the SLO again; 0: the best trial wins on its own measurement and is re-measured once, alone.
-    confirm_top_k: int = Field(
-        3,
-        ge=0,
-        description="the best k feasible trials, re-measured together on robustness_seed to pick the winner; 0 = off",
-    )
-    # Each further pass measures the winner and the candidates whose re-measured interval overlaps its own
-    # again, on the same seed, in reverse order; they are compared on their mean over the passes.
-    confirm_passes: int = Field(
-        3,
-        ge=1,
-        le=8,
-        description="most passes of the confirmation round while a candidate's interval overlaps the winner's; 1 = one pass",
-    )
-    # Seeds robustness_seed + 1, + 2, ..., winner and default one after the other on each; the declared
-    # numbers are the winner's median there (of two, their mean), beside the default's on the same seeds.
-    # The round's own numbers picked the winner, so they favour it.
-    declare_repeats: int = Field(
-        2,
-        ge=0,
-        le=8,
-        description="at least this many fresh seeds measure the winner and the default for its declared numbers; "
-        "0 = declare the round's numbers",
-    )
-    # The interval is Student's t over the winner's measurements: a quiet machine stops at
-    # declare_repeats, a noisy one measures more, up to declare_max_repeats.
-    declare_precision: float | None = Field(
-        0.10,
-        gt=0,
-        lt=1,
-        description="measure further seeds until the winner's 95% interval is within +- this fraction of its mean; "
-        "null = exactly declare_repeats",
-    )
-    declare_max_repeats: int | None = Field(
-        None,
-        ge=1,
-        le=24,
-        description="the most declaration measurements declare_precision may take; null = 3 x declare_repeats",
-    )
     timeout_s: float | None = Field(None, gt=0, description="wall-clock cap for the whole study")
     trial_timeout_s: float = Field(600, gt=0)
     trial_memory_gb: float = Field(8.0, gt=0)
@@ -143,21 +121,17 @@ class Budget(StrictModel):
         description="how a trial measures its config: served (as a client of `tune serve` sees it) or in_process",
     )
 
-    @model_validator(mode="after")
-    def _declare_cap(self) -> "Budget":
-        if self.declare_max_repeats is not None and self.declare_max_repeats < self.declare_repeats:
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, data):
+        old = [k for k in _MOVED_TO_CONFIRM if isinstance(data, dict) and k in data]
+        if old:
+            new = ", ".join(dict.fromkeys(f"`{_MOVED_TO_CONFIRM[k]}`" for k in old))
             raise ValueError(
-                f"budget.declare_max_repeats ({self.declare_max_repeats}) is below budget.declare_repeats "
-                f"({self.declare_repeats}): raise it, or leave it out (3 x declare_repeats)"
+                f"{', '.join(old)}: the confirmation's settings moved to the `confirm:` section; use {new} "
+                f"(confirm.candidates: trials re-measured, confirm.seeds: fresh seeds each is measured on)"
             )
-        return self
-
-    @property
-    def declare_cap(self) -> int:
-        """The most declaration measurements: declare_repeats when declare_precision is off."""
-        if self.declare_precision is None:
-            return self.declare_repeats
-        return self.declare_max_repeats if self.declare_max_repeats is not None else 3 * self.declare_repeats
+        return data
 
 
 class EarlyStop(StrictModel):

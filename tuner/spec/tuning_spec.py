@@ -20,7 +20,7 @@ from slotune.engine.config import DEFAULT_MODEL, EngineConfig, StrictModel
 from slotune.evals.gate_spec import GateSpec
 from slotune.evals.tasks import data_dir as tasks_data_dir
 from slotune.search_spaces.schema import SearchSpace, builtin_spaces
-from slotune.tuner.spec.sections import Budget, Cost, EarlyStop, ObjectiveSpec, Screening, Sweep
+from slotune.tuner.spec.sections import Budget, Confirm, Cost, EarlyStop, ObjectiveSpec, Screening, Sweep
 from slotune.tuner.spec.slo import COST_METRICS
 from slotune.tuner.spec.workload_spec import (
     MAX_SEED,
@@ -57,6 +57,7 @@ class TuningSpec(StrictModel):
         description="a built-in search space name, a YAML file or the space itself; resolved at load",
     )
     budget: Budget = Budget()
+    confirm: Confirm = Confirm()
     sampler: Literal["tpe", "random", "nsga2", "gp", "grid"] = "tpe"
     seed: int = Field(0, ge=0, le=MAX_SEED)
     storage: str | None = Field(None, description="Optuna storage URL; default sqlite:///<output_dir>/study.db")
@@ -67,8 +68,8 @@ class TuningSpec(StrictModel):
         1000,
         ge=0,
         le=MAX_SEED,
-        description="workload seed of the confirmation round "
-        "(re-measuring the best trials and the default before the winner is declared)",
+        description="the first fresh workload seed of the winner's confirmation (`confirm`); "
+        "it uses this one and those after it",
     )
     cost: Cost | None = Field(
         None,
