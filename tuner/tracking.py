@@ -301,7 +301,7 @@ class MLflowTracker:
             if _loggable(value):
                 c.log_metric(rid, f"declared_{confirmation.key}", float(value))
             c.set_tag(rid, "slotune.declared_seeds", str(len(declared.get("seeds") or [])))
-            missed = sorted({r.seed for r in confirmation.runs_of(confirmation.winner) if not r.held})
+            missed = sorted({r.seed for r in confirmation.runs_of(confirmation.winner) if r.missed})
             c.set_tag(rid, "slotune.declared_slo_missed_on", ",".join(map(str, missed)))
             c.set_tag(rid, "slotune.within_noise_of_winner", ",".join(map(str, confirmation.within_noise())))
         if best is not None:

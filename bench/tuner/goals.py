@@ -87,7 +87,7 @@ def last_trial_end(out: Path, name: str) -> float:
     return max(t.datetime_complete.timestamp() for t in study.trials if t.datetime_complete is not None)
 
 
-def round_candidates(st: dict, spec_name: str) -> dict[int, dict]:
+def confirm_candidates(st: dict, spec_name: str) -> dict[int, dict]:
     """Trial number -> EngineConfig dump of every candidate of a study's confirmation."""
     import optuna
     from slotune.tuner.search.records import TrialRecord
@@ -210,7 +210,7 @@ def main() -> None:
     candidates: dict[str, str] = {}  # "seed:trial" -> the name of the config re-measured for it
     if args.remeasure_candidates:
         for st in studies:
-            for n, dump in round_candidates(st, spec.name).items():
+            for n, dump in confirm_candidates(st, spec.name).items():
                 cfg = EngineConfig.model_validate(dump)
                 same = next((name for name, c in configs.items() if c == cfg), None)
                 candidates[f"{st['seed']}:{n}"] = same or f"seed{st['seed']}-trial{n}"

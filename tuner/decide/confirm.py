@@ -65,8 +65,9 @@ class Confirmation:
         return median_metrics([r.metrics for r in self.runs_of(trial) if r.metrics])
 
     def held(self, trial: int) -> bool:
+        """Measured on every seed, and held the SLO on each (False when nothing was measured)."""
         runs = self.runs_of(trial)
-        return len(runs) == len(self.seeds) and all(r.held for r in runs)
+        return len(runs) == len(self.seeds) > 0 and all(r.held for r in runs)
 
     def within_noise(self) -> list[int]:
         """The other candidates that held the SLO with an interval overlapping the winner's."""
@@ -158,7 +159,7 @@ def run_confirmation(
         except TrialFailure as exc:
             runs.append({"trial": number, "seed": seed, "error": exc.reason})
         store_confirmation(study, {"seeds": seeds, "runs": runs + list(stored.values())})
-        on_run(_run(runs[-1], spec, limits), i + 1, len(todo))
+        on_run(_run(runs[-1], spec.objective.metric_key(), limits), i + 1, len(todo))
     return judge_runs(spec, {"seeds": seeds, "runs": runs}, trials)
 
 
@@ -173,26 +174,26 @@ def judge_runs(spec, record: dict[str, Any], trials: list) -> Confirmation:
         limits=limits,
         seeds=tuple(record["seeds"]),
         candidates=tuple(t.number for t in trials),
-        runs=tuple(_run(m, spec, limits) for m in record["runs"]),
+        runs=tuple(_run(m, key, limits) for m in record["runs"]),
         winner=trials[0].number,
         confirmed=False,
         params={t.number: dict(t.params) for t in trials},
     )
     sign = 1 if c.direction == "minimize" else -1
-    held = [n for n in c.candidates if c.seeds and c.held(n)]
+    held = [n for n in c.candidates if c.held(n)]
     if not held:
         return c
     best = min(held, key=lambda n: (sign * c.median(n)[key], c.candidates.index(n)))
     return dataclasses.replace(c, winner=best, confirmed=True)
 
 
-def _run(m: dict[str, Any], spec, limits: SLOLimits) -> Run:
-    """One stored measurement ({trial, seed, metrics or error}) judged against the SLO."""
+def _run(m: dict[str, Any], key: str, limits: SLOLimits) -> Run:
+    """One stored measurement ({trial, seed, metrics or error}) judged against the SLO; the objective
+    `key` must be measured."""
     metrics = Measurement.from_dict(m["metrics"]) if m.get("metrics") is not None else None
     missed: list[str] = []
     if metrics is not None:
         missed = judge(metrics, limits).reasons
-        key = spec.objective.metric_key()
         if metrics.get(key) is None:
             missed.append(f"{metric_label(key)} not measured")
     return Run(m["trial"], m["seed"], metrics, m.get("error"), tuple(missed))

@@ -2,8 +2,9 @@
 
 A trial is read once into a `TrialRecord` (`TrialRecord.of(frozen_trial)`); the objective writes a
 live trial through the `set_*` functions; the study's own records (the confirmation, the winner, the
-spec fingerprint, the MLflow parent run, the sweeps, the references measured beside it) through the `stored_*` / `store_*` pairs. The attribute keys are the stored
-format: studies made before the tuner's redesign load unchanged (tests/tuner_tests/test_pre_redesign_study.py).
+spec fingerprint, the MLflow parent run, the sweeps, the references measured beside it) through the
+`stored_*` / `store_*` pairs. The attribute keys are the stored format: studies made before the
+tuner's redesign load unchanged (tests/tuner_tests/test_pre_redesign_study.py).
 """
 
 from __future__ import annotations
