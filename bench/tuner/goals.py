@@ -45,11 +45,14 @@ HERE = Path(__file__).resolve().parent
 MAJOR_LEVERS = ("quantization", "kv_dtype", "scheduling")
 
 
-def run_study(spec_path: Path, seed: int, runs: Path) -> dict:
-    """`tune run` on a copy of the spec with this seed; returns its best_metrics.json and wall time."""
+def run_study(spec_path: Path, seed: int, runs: Path, confirm: dict | None = None) -> dict:
+    """`tune run` on a copy of the spec with this seed (and `confirm:` updated); returns its
+    best_metrics.json and wall time."""
     raw = yaml.safe_load(spec_path.read_text())
     out = runs / f"{raw['name']}-seed{seed}"
     raw.update(seed=seed, output_dir=str(out.resolve()), sweep={"enabled": False})
+    if confirm:
+        raw["confirm"] = {**(raw.get("confirm") or {}), **confirm}
     for part in ("workload", "search_space"):  # a relative file reference is relative to the original spec
         if isinstance(raw.get(part), str) and (spec_path.parent / raw[part]).exists():
             raw[part] = str((spec_path.parent / raw[part]).resolve())
@@ -147,6 +150,7 @@ def main() -> None:
         metavar="NAME=JSON",
         help="a hand-picked config: EngineConfig updates (dotted keys) over the spec's fixed engine",
     )
+    ap.add_argument("--confirm-seeds", type=int, help="the studies' `confirm.seeds` (default: the spec's)")
     ap.add_argument("--reuse", action="store_true", help="reuse finished studies in --runs (re-measure only)")
     ap.add_argument(
         "--remeasure-candidates",
@@ -194,7 +198,8 @@ def main() -> None:
                 }
             )
         else:
-            studies.append(run_study(args.spec, s, args.runs))
+            confirm = {"seeds": args.confirm_seeds} if args.confirm_seeds else None
+            studies.append(run_study(args.spec, s, args.runs, confirm))
         print(
             f"study seed {s}: winner {studies[-1]['summary']['params']} declared {declared(studies[-1]['summary']):.4g}",
             flush=True,
