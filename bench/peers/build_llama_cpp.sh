@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build llama.cpp's llama-server and llama-bench from the sdist that llama-cpp-python vendors,
 # into a cache outside the repo (default ~/.cache/slotune/llama.cpp). Idempotent: a finished
-# build is reused. About 15 min on 2 cores. Not part of CI.
+# build is reused. About 15 min on 2 cores; .ci/run builds it for the external-engine tests.
 #
 # AMX is off on purpose: with GGML_NATIVE=ON the AMX path dies with SIGSEGV on `ldtilecfg`
 # on these VMs. Every other instruction set the CPU has (/proc/cpuinfo) is on, as a CPU user's

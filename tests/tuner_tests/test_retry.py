@@ -32,11 +32,43 @@ def _records(out) -> list[TrialRecord]:
         (failures.timeout(120) + " (during: replay 5/8)", False),
         (failures.out_of_memory(8), False),
         ("ValueError: kv_cache_memory_gb holds fewer than 2 blocks", False),
+        (failures.server_ended(-9, "srv  update_slots: ...", serving=True), False),
+        (failures.server_ended(1, "error: invalid argument: --n-slots", serving=False), False),
+        (failures.not_ready(120), False),
         (None, False),
     ],
 )
 def test_only_the_infrastructures_failures_are_retried(reason, retried):
     assert failures.is_infrastructure(reason) is retried
+
+
+@pytest.mark.parametrize(
+    ("code", "log", "serving", "reason"),
+    [
+        (
+            1,
+            "build: 1 (abc)\nerror: invalid argument: --n-slots\n\nusage: ...",
+            False,
+            "bad flag: exit code 1: error: invalid argument: --n-slots",
+        ),
+        (
+            -6,
+            "ggml_backend_cpu_buffer_type_alloc_buffer: failed to allocate buffer of size 9 GiB\nAborted",
+            False,
+            "out of memory: killed by signal 6: ggml_backend_cpu_buffer_type_alloc_buffer: failed to allocate",
+        ),
+        (
+            1,
+            "llama_model_load: error loading model: tensor 'x' has wrong shape\nmain: exiting",
+            False,
+            "failed to start: exit code 1: main: exiting",
+        ),
+        (-9, "srv  update_slots: all slots are idle", True, "crashed under load: killed by signal 9: srv"),
+        (-11, "", True, "crashed under load: killed by signal 11"),
+    ],
+)
+def test_an_external_servers_exit_is_worded_by_its_cause(code, log, serving, reason):
+    assert failures.server_ended(code, log, serving=serving).startswith(reason)
 
 
 @pytest.mark.fault("SIGKILL of a trial process")

@@ -9,6 +9,8 @@ once (tuner/search/retry.py).
 
 from __future__ import annotations
 
+import re
+
 # Written when a trial starts and replaced by its real outcome: a trial left RUNNING by a killed
 # process is failed later by another (`fail_orphaned_trials`, Optuna's heartbeat), which cannot set
 # a user attribute on another process's trial.
@@ -40,3 +42,32 @@ def is_infrastructure(reason: str | None) -> bool:
     stopped (orphaned, interrupted) or its process died by a signal our limits did not send (the
     node's OOM killer, a drain, someone's kill -9). Such a trial is measured again, once."""
     return bool(reason) and reason.startswith((ORPHANED, INTERRUPTED, KILLED_BY_SIGNAL))
+
+
+# An external engine's server (tuner/measure/external_server.py). Each is the config's doing and
+# deterministic: none is measured again.
+CRASHED_UNDER_LOAD = "crashed under load: "
+_BAD_FLAG = re.compile(r"invalid argument|unknown argument|error while handling argument", re.IGNORECASE)
+_NO_MEMORY = re.compile(r"out of memory|failed to allocate|cannot allocate|bad_alloc", re.IGNORECASE)
+
+
+def server_ended(returncode: int, log_tail: str, *, serving: bool) -> str:
+    """An external server that exited, in words: a bad flag, out of memory or failed to start (before
+    it was ready), crashed under load (after); the log line that says why, when one does."""
+    how = f"killed by signal {-returncode}" if returncode < 0 else f"exit code {returncode}"
+    lines = [ln.strip() for ln in log_tail.splitlines() if ln.strip()]
+    said = next((ln for ln in reversed(lines) if _BAD_FLAG.search(ln) or _NO_MEMORY.search(ln)), None)
+    said = said or (lines[-1] if lines else "")
+    if serving:
+        kind = CRASHED_UNDER_LOAD
+    elif _BAD_FLAG.search(log_tail):
+        kind = "bad flag: "
+    elif _NO_MEMORY.search(log_tail):
+        kind = "out of memory: "
+    else:
+        kind = "failed to start: "
+    return f"{kind}{how}" + (f": {said}" if said else "")
+
+
+def not_ready(timeout_s: float) -> str:
+    return f"timed out: the server was not ready within {timeout_s:g} s"

@@ -1,0 +1,113 @@
+"""An external engine's server for one trial (tuner/measure/external_server.py), on the real
+llama.cpp `llama-server` and the bundled GGUF: ready, served, torn down with nothing left; a bad
+flag, a kill -9 mid-serving and a killed trial process each end as the failure they are."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+
+import pytest
+
+from slotune.engine.loader import resolve_model_path
+from slotune.tuner.measure.external_server import ExternalServer, ServerFailure
+from slotune.tuner.spec.engines import EngineDescription, load_engine
+
+LLAMA_SERVER = shutil.which("llama-server")
+pytestmark = pytest.mark.skipif(LLAMA_SERVER is None, reason="needs llama.cpp's llama-server on PATH")
+SMALL = {"threads": 2, "parallel": 2, "ctx_per_slot": 512}
+
+
+def _server(tmp_path, values=SMALL, engine=None) -> ExternalServer:
+    return ExternalServer(
+        engine or load_engine("llama-server"),
+        values,
+        binary=LLAMA_SERVER,
+        model=str(resolve_model_path("smollm2-135m")),
+        tokenizer=None,
+        log_path=tmp_path / "server.log",
+        ready_timeout_s=120,
+    )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie is gone for our purposes
+        return f.read().split()[2] != "Z"
+
+
+def _wait_gone(pid: int, timeout_s: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not _alive(pid)
+
+
+def test_it_serves_its_knobs_and_leaves_nothing_behind(tmp_path):
+    server = _server(tmp_path, {**SMALL, "cache_type_k": "q8_0"})
+    with server:
+        pid = server.proc.pid
+        props = urllib.request.urlopen(server.url + "/props", timeout=10).read().decode()
+        assert '"total_slots":2' in props.replace(" ", "")
+        server.check()
+        assert server.window_metrics() == {}  # no engine counters from outside: not measured, not 0
+        assert "--cache-type-k" in server.argv and server.load_time_s > 0
+    assert not _alive(pid)
+
+
+def test_a_flag_the_binary_does_not_know_is_a_bad_flag(tmp_path):
+    engine = EngineDescription.model_validate(
+        {
+            **load_engine("llama-server").model_dump(),
+            "knobs": {"slots": {"flag": "--n-slots", "type": "int"}},
+            "rules": [],
+        }
+    )
+    with pytest.raises(ServerFailure, match=r"^bad flag: exit code \d+: .*--n-slots"):
+        with _server(tmp_path, {"slots": 2}, engine):
+            pass
+
+
+def test_kill_9_while_serving_is_a_crash_under_load(tmp_path):
+    with _server(tmp_path) as server:
+        os.kill(server.proc.pid, signal.SIGKILL)
+        server.proc.wait(10)
+        with pytest.raises(ServerFailure, match="^crashed under load: killed by signal 9"):
+            server.check()
+
+
+def test_the_server_dies_with_a_killed_trial_process(tmp_path):
+    """SIGKILL of the process that started the server (as `tune run` kills a trial, or as the
+    trial dies) leaves no server running."""
+    script = textwrap.dedent(
+        f"""
+        import sys, time
+        from pathlib import Path
+        from slotune.tuner.measure.external_server import ExternalServer
+        from slotune.tuner.spec.engines import load_engine
+        s = ExternalServer(load_engine("llama-server"), {SMALL!r}, binary={LLAMA_SERVER!r},
+                           model={str(resolve_model_path("smollm2-135m"))!r}, tokenizer=None,
+                           log_path=Path({str(tmp_path / "server.log")!r}), ready_timeout_s=120)
+        s.__enter__()
+        print(s.proc.pid, flush=True)
+        time.sleep(600)
+        """
+    )
+    trial = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        pid = int(trial.stdout.readline())
+        assert _alive(pid)
+        trial.kill()
+        trial.wait(10)
+        assert _wait_gone(pid)
+    finally:
+        trial.kill()

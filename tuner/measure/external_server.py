@@ -1,0 +1,165 @@
+"""An external engine's server for one trial (a `TrialServer`, tuner/measure/server.py).
+
+Launched from its engine file (tuner/spec/engines.py) on a free loopback port, in its own process
+group and tied to the trial process (it gets SIGKILL when the trial process dies, however it dies);
+ready once it is alive, its health path answers 200 and one real completion succeeds, within
+`ready_timeout_s`; `check` notices that it died mid-replay; teardown sends SIGTERM to the whole
+group, then SIGKILL, and returns only once the server is gone. Every failure is a `ServerFailure`
+whose reason comes from tuner/measure/failures.py. An external server exposes no engine counters
+here: `window_metrics` is {} (shown as not measured, never as 0).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from slotune.tuner.measure import failures
+from slotune.tuner.spec.engines import EngineDescription, Value
+
+# Run as `python -c TIED PARENT_PID ARGV...`: get SIGKILL when the trial process dies (PR_SET_PDEATHSIG,
+# which survives exec), then become the server. A preexec_fn would do the same but is unsafe in a
+# process with threads.
+TIED = """\
+import ctypes, os, signal, sys
+ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
+if os.getppid() != int(sys.argv[1]):
+    os._exit(1)
+os.execvp(sys.argv[2], sys.argv[2:])
+"""
+
+
+class ServerFailure(RuntimeError):
+    """The server could not be started or died; `reason` is the trial's failure reason."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class ExternalServer:
+    def __init__(
+        self,
+        engine: EngineDescription,
+        values: dict[str, Value],
+        *,
+        binary: str,
+        model: str,
+        tokenizer: Any,
+        log_path: Path,
+        ready_timeout_s: float = 300.0,
+        stop_grace_s: float = 10.0,
+    ) -> None:
+        self.engine, self.values, self.binary, self.model = engine, values, binary, model
+        self.tokenizer, self.log_path = tokenizer, Path(log_path)
+        self.ready_timeout_s, self.stop_grace_s = ready_timeout_s, stop_grace_s
+        self.url, self.argv, self.load_time_s = "", [], 0.0
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> ExternalServer:
+        port = _free_port()
+        self.argv = self.engine.argv(self.values, binary=self.binary, model=self.model, port=port)
+        self.url = f"http://127.0.0.1:{port}"
+        t0 = time.perf_counter()
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", TIED, str(os.getpid()), *self.argv],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group: teardown reaches whatever it starts
+            )
+        try:
+            self._wait_ready(t0 + self.ready_timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        self.load_time_s = time.perf_counter() - t0
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _wait_ready(self, deadline: float) -> None:
+        while not self._get_ok(self.engine.ready_path):
+            self._raise_if_ended(serving=False)
+            if time.perf_counter() > deadline:
+                raise ServerFailure(failures.not_ready(self.ready_timeout_s))
+            time.sleep(0.2)
+        body = {"prompt": "Hello", "max_tokens": 1, "temperature": 0}
+        try:
+            self._post("/v1/completions", body, timeout=max(deadline - time.perf_counter(), 5.0))
+        except (OSError, ValueError) as exc:
+            self._raise_if_ended(serving=False)
+            raise ServerFailure(f"failed to start: its first completion failed: {exc}") from None
+
+    def _get_ok(self, path: str) -> bool:
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=2) as r:
+                return r.status == 200
+        except (OSError, ValueError):
+            return False
+
+    def _post(self, path: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+        req = urllib.request.Request(
+            self.url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return json.loads(r.read())
+
+    def _raise_if_ended(self, *, serving: bool) -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise ServerFailure(failures.server_ended(self.proc.returncode, self.log_tail(), serving=serving))
+
+    def log_tail(self, n_bytes: int = 4000) -> str:
+        with contextlib.suppress(OSError), open(self.log_path, "rb") as f:
+            f.seek(max(f.seek(0, os.SEEK_END) - n_bytes, 0))
+            return f.read().decode(errors="replace")
+        return ""
+
+    def stop(self) -> None:
+        """SIGTERM to the server's process group, SIGKILL after `stop_grace_s`; returns once it is gone."""
+        if self.proc is None:
+            return
+        for sig, wait_s in ((signal.SIGTERM, self.stop_grace_s), (signal.SIGKILL, None)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, sig)
+            try:
+                self.proc.wait(wait_s)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        with contextlib.suppress(ProcessLookupError):  # anything it started that outlived it
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+    def begin_window(self) -> None:
+        pass
+
+    def sample(self) -> None:
+        pass
+
+    def window_metrics(self) -> dict[str, float]:
+        return {}
+
+    def check(self) -> None:
+        self._raise_if_ended(serving=True)
+
+    @property
+    def is_hopeless(self) -> bool:
+        return False
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
