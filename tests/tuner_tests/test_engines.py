@@ -34,6 +34,11 @@ LLAMA_HELP = """\
 --draft, --draft-n, --draft-max N       the argument has been removed. use --spec-draft-n-max or
                                         --spec-ngram-mod-n-max
 -m,    --model FNAME                    model path to load
+
+----- sampling params -----
+
+These options are deprecated in favour of the server's own.
+--samplers SAMPLERS                     samplers that will be used for generation
 """
 
 ARGPARSE_HELP = """\
@@ -133,6 +138,7 @@ def test_help_texts_are_read_with_their_allowed_values():
     assert flags["--spec-type"].allowed == ["none", "draft-simple", "ngram-simple", "ngram-mod"]
     assert flags["--threads"].allowed == [] and "--spec-ngram-mod-n-match" in flags and "--usage" in flags
     assert "--default" not in flags and "LLAMA_ARG_THREADS" not in flags
+    assert "deprecated" not in flags["--model"].text  # a section's own text is no option's help
     assert flags["--draft-max"].text.startswith("the argument has been removed. use --spec-draft-n-max or --spec")
     flags = parse_help(ARGPARSE_HELP)
     assert flags["--kv-cache-dtype"].allowed == ["auto", "fp8", "fp8_e4m3"] and "--max-num-seqs" in flags

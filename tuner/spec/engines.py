@@ -201,6 +201,8 @@ def parse_help(text: str) -> dict[str, FlagHelp]:
             for n in current:
                 found.setdefault(n, FlagHelp(re.split(r"[|,]", choices.group(1)) if choices else [], ""))
             line = line[names.end() :]
+        elif line[:1].strip():  # other text at the margin (a section title): no option's help
+            current = []
         allowed = re.search(r"allowed values:\s*([\w.-]+(?:,\s*[\w.-]+)*)", line)
         for n in current:
             old = found[n]
