@@ -51,6 +51,10 @@ options:
 """
 
 
+def _toy(knobs: dict, *, binary: str = "toy", command: list[str]) -> EngineDescription:
+    return EngineDescription.model_validate({"name": "toy", "binary": binary, "command": command, "knobs": knobs})
+
+
 def test_the_builtin_llama_server_renders_a_launch():
     e = load_engine("llama-server")
     assert "llama-server" in builtin_engines()
@@ -91,16 +95,12 @@ def test_values_the_engine_would_refuse_are_named():
 
 
 def test_bool_knobs_render_as_a_switch_or_as_a_value():
-    e = EngineDescription.model_validate(
+    e = _toy(
         {
-            "name": "toy",
-            "binary": "toy",
-            "command": ["{binary}", "--port", "{port}"],
-            "knobs": {
-                "mlock": {"flag": "--mlock", "type": "bool"},
-                "fa": {"flag": "-fa", "type": "bool", "bool_values": ["on", "off"]},
-            },
-        }
+            "mlock": {"flag": "--mlock", "type": "bool"},
+            "fa": {"flag": "-fa", "type": "bool", "bool_values": ["on", "off"]},
+        },
+        command=["{binary}", "--port", "{port}"],
     )
     assert e.argv({"mlock": True, "fa": False}, binary="toy", model="m", port=9)[3:] == ["--mlock", "-fa", "off"]
     assert e.argv({"mlock": False}, binary="toy", model="m", port=9)[3:] == []
@@ -145,18 +145,15 @@ def test_help_texts_are_read_with_their_allowed_values():
 
 
 def test_flags_and_choices_the_binary_lacks_are_named():
-    e = EngineDescription.model_validate(
+    e = _toy(
         {
-            "name": "toy",
-            "binary": "llama-server",
-            "command": ["{binary}", "--model", "{model}"],
-            "knobs": {
-                "threads": {"flag": "--threads", "type": "int"},
-                "slots": {"flag": "--n-slots", "type": "int"},  # renamed: llama.cpp says --parallel
-                "ctk": {"flag": "--cache-type-k", "type": "choice", "choices": ["f16", "q3_k"]},
-                "draft": {"flag": "--draft-max", "type": "int"},  # still listed, but removed
-            },
-        }
+            "threads": {"flag": "--threads", "type": "int"},
+            "slots": {"flag": "--n-slots", "type": "int"},  # renamed: llama.cpp says --parallel
+            "ctk": {"flag": "--cache-type-k", "type": "choice", "choices": ["f16", "q3_k"]},
+            "draft": {"flag": "--draft-max", "type": "int"},  # still listed, but removed
+        },
+        binary="llama-server",
+        command=["{binary}", "--model", "{model}"],
     )
     problems = e.help_problems(LLAMA_HELP)
     assert len(problems) == 3

@@ -1,7 +1,8 @@
 """An external engine's server for one trial (a `TrialServer`, tuner/measure/server.py).
 
 Launched from its engine file (tuner/spec/engines.py) on a free loopback port, in its own process
-group and tied to the trial process (it gets SIGKILL when the trial process dies, however it dies);
+group and tied to the trial process (tuner/measure/tied.py: SIGKILL when the trial process dies,
+however it dies);
 ready once it is alive, its health path answers 200 and one real completion succeeds, within
 `ready_timeout_s`; `check` notices that it died mid-replay; teardown sends SIGTERM to the whole
 group, then SIGKILL, and returns only once the server is gone. Every failure is a `ServerFailure`
@@ -26,17 +27,6 @@ from typing import Any
 
 from slotune.tuner.measure import failures
 from slotune.tuner.spec.engines import EngineDescription, Value
-
-# Run as `python -c TIED PARENT_PID ARGV...`: get SIGKILL when the trial process dies (PR_SET_PDEATHSIG,
-# which survives exec), then become the server. A preexec_fn would do the same but is unsafe in a
-# process with threads.
-TIED = """\
-import ctypes, os, signal, sys
-ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
-if os.getppid() != int(sys.argv[1]):
-    os._exit(1)
-os.execvp(sys.argv[2], sys.argv[2:])
-"""
 
 
 class ServerFailure(RuntimeError):
@@ -73,7 +63,7 @@ class ExternalServer:
         t0 = time.perf_counter()
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-c", TIED, str(os.getpid()), *self.argv],
+                [sys.executable, "-m", "slotune.tuner.measure.tied", str(os.getpid()), *self.argv],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -11,11 +11,9 @@ measured requests only; in_process drives the engine directly (`run_in_process_r
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import pickle
-import signal
 import subprocess
 import sys
 import tempfile
@@ -32,6 +30,7 @@ from slotune.tuner.measure.in_process_replay import run_in_process_replay
 from slotune.tuner.measure.intervals import bootstrap_intervals
 from slotune.tuner.measure.metrics import CI_PERCENTILES, ReplayResult, breaks_slo_so_far
 from slotune.tuner.measure.server import BundledServer, InFlightWatchdog, TrialServer
+from slotune.tuner.measure.tied import die_with_parent
 from slotune.tuner.spec.slo import is_feasible, slo_violations
 from slotune.tuner.spec.workload_spec import WorkloadSpec
 
@@ -216,23 +215,6 @@ def _run_client(
     if not is_started:
         raise RuntimeError("HTTP client finished without starting its measured run")
     return ReplayResult.from_dict(out["result"])
-
-
-def die_with_parent(parent_pid: int | None) -> None:
-    """Get SIGKILL when `tune run` (our parent) dies, even by SIGKILL (Linux PR_SET_PDEATHSIG).
-
-    The backstop for what the parent cannot do itself: a SIGTERM or SIGINT makes it kill our
-    process group (tuner/measure/trial_process.py), a SIGKILL does not. Set here rather than in a Popen
-    preexec_fn, which is unsafe in the parent's threads (Optuna's heartbeat runs one); a parent
-    that died before this call is caught by the getppid check.
-    """
-    if parent_pid is None or not sys.platform.startswith("linux"):
-        return
-    PR_SET_PDEATHSIG = 1
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent_pid:
-        os._exit(1)  # orphaned already: nobody would read the result
 
 
 def main(argv: list[str], run: Callable[[dict[str, Any]], dict[str, Any]] = run_trial) -> int:
