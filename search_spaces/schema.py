@@ -24,8 +24,9 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from slotune.engine.config import EngineConfig
-from slotune.tuner.spec.yaml_reader import SpecError, load_yaml_mapping
+from slotune.tuner.spec.server import ServerConfig, TrialConfig
 from slotune.tuner.spec.slo import METRICS_OF_KIND
+from slotune.tuner.spec.yaml_reader import SpecError, load_yaml_mapping
 
 MAX_GRID_VALUES = 10_000  # values of one knob in a grid
 MAX_GRID_SIZE = 1_000_000  # configs in a whole grid (Optuna's GridSampler lists them all)
@@ -47,7 +48,9 @@ Scalar = Annotated[Any, AfterValidator(_scalar)]
 class Knob(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    name: str = Field(description="dotted EngineConfig field, e.g. 'kernels.decode_attention.block_n'")
+    name: str = Field(
+        description="a dotted EngineConfig field, e.g. 'kernels.decode_attention.block_n', or a server engine's knob"
+    )
     type: Literal["categorical", "int", "float"]
     choices: list[Scalar] | None = None
     low: float | None = None
@@ -263,6 +266,10 @@ class SearchSpace(BaseModel):
 
     name: str = "custom"
     description: str = ""
+    engine: str | None = Field(
+        None,
+        description="the server engine whose knobs this space names (a spec's server.engine); none: the bundled engine",
+    )
     knobs: list[Knob]
     forbidden: list[dict[str, list[Scalar]]] = Field(default_factory=list)
     starts: list[Start] = Field(default_factory=list, description="known-good corners, enqueued after the references")
@@ -274,24 +281,9 @@ class SearchSpace(BaseModel):
         if dup:
             raise ValueError(f"knobs declared twice: {sorted(dup)}")
         by_name = {k.name: k for k in self.knobs}
-        base = EngineConfig()
+        base = self.base_config()
         for i, k in enumerate(self.knobs):
-            ann = _field_type(k.name)
-            if ann is None:
-                raise ValueError(f"knob '{k.name}': not a valid EngineConfig field/value (no field '{k.name}')")
-            if k.type == "float" and _is_int_field(ann):
-                raise ValueError(
-                    f"knob '{k.name}': not a valid EngineConfig field/value: a float knob on a whole-number "
-                    "field; use type int (or categorical)"
-                )
-            for value in k.probe_values():
-                try:
-                    base.with_updates({k.name: value})
-                except ValueError as exc:
-                    reason = _first_problem(exc)
-                    raise ValueError(
-                        f"knob '{k.name}': not a valid EngineConfig field/value: {value!r} ({reason})"
-                    ) from None
+            self._check_knob(k, base)
             for cond, vals in k.when.items():
                 if cond not in by_name:
                     raise ValueError(f"knob '{k.name}': condition on '{cond}', which is not a knob of this space")
@@ -329,8 +321,38 @@ class SearchSpace(BaseModel):
                 self._check_start(at, f"{where}.params" if i == 0 else at, start.rung(i), by_name, base)
         return self
 
+    def base_config(self) -> TrialConfig:
+        """The config this space's values are checked on: the bundled engine's defaults, or a launch of
+        its server engine with nothing set."""
+        if self.engine is None:
+            return EngineConfig()
+        return ServerConfig(engine=self.engine, model="-")
+
+    def _check_knob(self, k: Knob, base: TrialConfig) -> None:
+        """The knob names a field of the config, and every value it can take is one the config takes."""
+        what = "EngineConfig field/value" if isinstance(base, EngineConfig) else f"{self.engine} knob/value"
+        if isinstance(base, ServerConfig):
+            names = base.knob_names()
+            if k.name not in names:
+                raise ValueError(f"knob '{k.name}': not a {self.engine} knob (its knobs: {', '.join(names)})")
+            is_int = base.description().knobs[k.name].type == "int"
+        else:
+            ann = _field_type(k.name)
+            if ann is None:
+                raise ValueError(f"knob '{k.name}': not a valid {what} (no field '{k.name}')")
+            is_int = _is_int_field(ann)
+        if k.type == "float" and is_int:
+            raise ValueError(
+                f"knob '{k.name}': not a valid {what}: a float knob on a whole-number field; use type int (or categorical)"
+            )
+        for value in k.probe_values():
+            try:
+                base.with_updates({k.name: value})
+            except ValueError as exc:
+                raise ValueError(f"knob '{k.name}': not a valid {what}: {value!r} ({_first_problem(exc)})") from None
+
     def _check_start(
-        self, where: str, values_at: str, params: dict[str, Any], by_name: dict[str, Knob], base: EngineConfig
+        self, where: str, values_at: str, params: dict[str, Any], by_name: dict[str, Knob], base: TrialConfig
     ) -> None:
         """A start's params (or one of its repairs, over them): knobs of this space, values they can
         take (a bad one named as `values_at`.knob), conditions met, no forbidden combination, a valid
@@ -348,7 +370,8 @@ class SearchSpace(BaseModel):
         try:
             base.with_updates(params)
         except ValueError as exc:
-            raise ValueError(f"{where}: not a valid EngineConfig: {_first_problem(exc)}") from None
+            what = "EngineConfig" if self.engine is None else f"{self.engine} launch"
+            raise ValueError(f"{where}: not a valid {what}: {_first_problem(exc)}") from None
 
     @staticmethod
     def _check_values(where: str, knob: Knob, values: list[Any]) -> None:

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from slotune.engine.config import EngineConfig
 from slotune.tuner.decide.confirm import candidates, run_confirmation
+from slotune.tuner.measure.measurement import Measurement
 from slotune.tuner.measure.trial_process import (
     DEFAULT_TRIAL_RUNNER,
     TrialFailure,
@@ -20,20 +20,19 @@ from slotune.tuner.measure.trial_process import (
     omp_wait_policy,
     trials_die_with_this_process,
 )
-from slotune.tuner.measure.measurement import Measurement
 from slotune.tuner.report.confirmation import best_yaml_header, confirmation_section, progress_line
 from slotune.tuner.report.markdown import write_atomic, write_report
 from slotune.tuner.report.progress import Progress
 from slotune.tuner.search.budget import TrialBudget
 from slotune.tuner.search.objective import TrialObjective
 from slotune.tuner.search.records import TrialRecord, store_side_measurement, store_winner
-from slotune.tuner.search.retry import retry_if_infrastructure
 from slotune.tuner.search.references import (
     reference_configs,
     reference_metrics,
     side_measurement,
     trial_tag,
 )
+from slotune.tuner.search.retry import retry_if_infrastructure
 from slotune.tuner.search.starts import StartRepairs, enqueue_reference_trials
 from slotune.tuner.search.study import (
     HEARTBEAT_GRACE_S,
@@ -43,6 +42,7 @@ from slotune.tuner.search.study import (
     fail_orphaned_trials,
     open_study,
 )
+from slotune.tuner.spec.server import parse_config
 from slotune.tuner.spec.tuning_spec import TuningSpec, default_spec_path
 from slotune.tuner.sweep import sweep_after_study
 from slotune.tuner.tracking import MLflowTracker
@@ -120,10 +120,11 @@ def run_command(
         fail_orphaned_trials(study, on_failed)
     with Progress(spec, total, enabled=progress) as prog, trials_die_with_this_process():
         prog.seed_rows(study)
-        prog.say(
-            f"trials run with OMP_WAIT_POLICY={spec.budget.trial_omp_wait_policy}"
-            f" (budget.trial_omp_wait_policy; {os.cpu_count()} cores)"
-        )
+        if spec.server is None:
+            prog.say(
+                f"trials run with OMP_WAIT_POLICY={spec.budget.trial_omp_wait_policy}"
+                f" (budget.trial_omp_wait_policy; {os.cpu_count()} cores)"
+            )
         # The budget counts every measured trial of the study (resumed runs and all processes
         # together), not forbidden combinations or invalid configs, rejected before any measurement.
         budget = TrialBudget(total)
@@ -277,7 +278,7 @@ def finalize(
     best = next(t for t in trials if t.number == confirmation.winner)
     store_winner(study, best.number)  # the declared winner, for later studies' warm starts
     remeasure = confirmation.declared()
-    config = EngineConfig.model_validate(best.config)
+    config = parse_config(best.config)
     write_atomic(out / "best.yaml", best_yaml_header(spec, best, confirmation, remeasure) + config.to_yaml())
     refs = reference_metrics(study)
     summary = {

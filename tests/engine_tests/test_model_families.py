@@ -19,6 +19,9 @@ from slotune.engine.llm_engine import LLMEngine
 from slotune.engine.loader import load_model
 from slotune.engine.model_runner import ModelRunner
 from slotune.engine.models.llama import LlamaModel
+from slotune.tuner.spec.preflight import preflight
+from slotune.tuner.spec.tuning_spec import TuningSpec
+from slotune.tuner.spec.yaml_reader import SpecError
 from tests.engine_driver import IdsTokenizer, generate
 from tests.hf_checkpoints import hf_checkpoint, write_gguf
 
@@ -204,6 +207,17 @@ def test_unknown_gguf_architecture_is_refused_by_name(tmp_path):
     write_gguf(path, ref, "gemma2")
     with pytest.raises(ValueError, match="unsupported GGUF architecture 'gemma2' \\(supported: llama, qwen2, qwen3\\)"):
         load_model(str(path))
+    # `tune validate` says so before a study, from the header alone
+    spec = TuningSpec.model_validate(
+        {
+            "name": "g",
+            "model": str(path),
+            "objective": {"kind": "latency", "metric": "tpot"},
+            "output_dir": str(tmp_path),
+        }
+    )
+    with pytest.raises(SpecError, match="model: .*unsupported GGUF architecture 'gemma2'"):
+        preflight(spec)
 
 
 @pytest.mark.parametrize("family", ["qwen2-biases-tied", "mistral-past-window", "qwen3-qk-norm-head-dim"])

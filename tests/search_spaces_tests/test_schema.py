@@ -13,7 +13,7 @@ def test_builtin_space_samples_valid_configs(name):
     for _ in range(20):
         t = study.ask()
         params = space.sample(t)
-        EngineConfig().with_updates(params)  # every sample is a valid EngineConfig
+        space.base_config().with_updates(params)  # every sample is a valid config of its engine
         for k in space.knobs:  # conditional knobs appear only when their condition holds
             cond = all(params.get(f) in v for f, v in k.when.items())
             assert (k.name in params) == cond

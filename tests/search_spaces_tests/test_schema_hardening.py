@@ -9,7 +9,6 @@ import pytest
 from slotune.tuner.spec.tuning_spec import TuningSpec
 from pydantic import ValidationError
 
-from slotune.engine.config import EngineConfig
 from slotune.search_spaces.schema import MAX_GRID_SIZE, SearchSpace, builtin_spaces
 from slotune.tuner.spec.yaml_reader import SpecError
 
@@ -185,12 +184,13 @@ def test_space_file_problems_name_the_file(tmp_path):
 @pytest.mark.parametrize("name", sorted(builtin_spaces()))
 def test_builtin_spaces_pass_and_every_grid_value_builds_a_config(name):
     s = SearchSpace.load(name)
+    base = s.base_config()  # an EngineConfig, or a launch of the space's server engine
     for k in s.knobs:
         for v in k.probe_values():
-            EngineConfig().with_updates({k.name: v})
+            base.with_updates({k.name: v})
         assert k.distribution() is not None
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
     for _ in range(5):
         t = study.ask()
-        EngineConfig().with_updates(s.sample(t))
+        base.with_updates(s.sample(t))
         study.tell(t, 0.0)

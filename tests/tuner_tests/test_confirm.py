@@ -280,3 +280,38 @@ def test_the_cost_objective_picks_the_cheapest_config_that_meets_the_slo(tmp_pat
     parent = next(r for r in runs if r["tags"].get("slotune.role") == "study")
     assert parent["params"]["usd_per_hour"] == "2.0" and parent["tags"]["slotune.confirmed"] == "True"
     assert parent["tags"]["slotune.best_by_trial"] == parent["tags"]["slotune.best_trial"] == str(summary["trial"])
+
+
+def test_a_candidate_that_is_the_default_config_takes_the_defaults_measurements(tmp_path, monkeypatch):
+    """The default config among the candidates (an external server's default trial, or the bundled
+    engine's tagged one) is measured once per seed, as the default; the measurement is stood in for:
+    what is asserted is which configs are measured."""
+    import slotune.tuner.decide.confirm as confirm
+
+    spec = TuningSpec.from_yaml(write_spec(tmp_path, confirm={"candidates": 2, "seeds": 2}))
+    base = spec.base_config()
+    other = base.with_updates({"max_num_seqs": 2})
+    study = optuna.create_study()
+    for cfg in (base, other):
+        attrs = {"config": cfg.model_dump(mode="json"), "feasible": True}
+        study.add_trial(optuna.trial.create_trial(value=1.0, user_attrs=attrs))
+    measured = []
+
+    def measure(spec, config, seed, **kw):
+        measured.append((config, seed))
+        return SimpleNamespace(
+            metrics=Measurement.from_dict({"tpot_p95": 0.01 if config == base else 0.02, "ttft_p95": 0.1})
+        )
+
+    monkeypatch.setattr(confirm, "measure", measure)
+    c = confirm.run_confirmation(spec, study, study.trials)
+    assert measured == [(base, 1000), (other, 1000), (other, 1001), (base, 1001)]
+    assert [(r.trial, r.seed) for r in c.runs] == [
+        (None, 1000),
+        (0, 1000),
+        (1, 1000),
+        (1, 1001),
+        (None, 1001),
+        (0, 1001),
+    ]
+    assert c.winner == 0 and c.confirmed and c.median(0) == c.median(None)

@@ -62,6 +62,7 @@ def test_it_serves_its_knobs_and_leaves_nothing_behind(tmp_path):
         assert server.window_metrics() == {}  # no engine counters from outside: not measured, not 0
         assert "--cache-type-k" in server.argv and server.load_time_s > 0
     assert not _alive(pid)
+    server.check()  # stopped by us, as a trial stops it after its replay: not a crash
 
 
 def test_a_flag_the_binary_does_not_know_is_a_bad_flag(tmp_path):
@@ -83,6 +84,8 @@ def test_kill_9_while_serving_is_a_crash_under_load(tmp_path):
         server.proc.wait(10)
         with pytest.raises(ServerFailure, match="^crashed under load: killed by signal 9"):
             server.check()
+    with pytest.raises(ServerFailure, match="^crashed under load: killed by signal 9"):
+        server.check()  # still a crash once the trial has stopped it
 
 
 def test_the_server_dies_with_a_killed_trial_process(tmp_path):

@@ -132,7 +132,7 @@ def test_workers_ride_out_a_database_restart(tmp_path, postgres, fake_trials, mo
         search_space={"name": "grid64", "knobs": [{"name": "max_num_seqs", "type": "int", "low": 1, "high": 64}]},
     )
     open_study(TuningSpec.from_yaml(spec))
-    env = {**os.environ, "FAKE_TRIAL_SLEEP": "1"}
+    env = {**os.environ, "FAKE_TRIAL_SLEEP": "1", "SLOTUNE_DEBUG": "1"}  # a worker that dies prints its traceback
     cmd = [sys.executable, "-m", "slotune.tuner.cli_main", "run", str(spec), "--worker", "--no-progress"]
     cmd += ["--trial-runner", fake_trials[-1]]
     workers = [

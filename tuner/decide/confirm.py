@@ -17,13 +17,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from slotune.engine.config import EngineConfig
 from slotune.tuner.decide.aggregate import median_metrics
 from slotune.tuner.measure.measurement import Measurement
 from slotune.tuner.measure.trial_process import DEFAULT_TRIAL_RUNNER, TrialFailure, measure
 from slotune.tuner.measure.units import metric_label, overlaps
 from slotune.tuner.search.records import TrialRecord, store_confirmation, stored_confirmation
 from slotune.tuner.search.trials import ranked_feasible
+from slotune.tuner.spec.server import parse_config
 from slotune.tuner.spec.slo import SLOLimits, judge
 from slotune.tuner.spec.workload_spec import MAX_SEED
 
@@ -145,21 +145,27 @@ def run_confirmation(
         return judge_runs(spec, {"seeds": [], "runs": []}, trials)
     seeds = confirm_seeds(spec)
     stored = {(m["trial"], m["seed"]): m for m in (stored_confirmation(study) or {}).get("runs", []) if "metrics" in m}
-    configs = {t.number: EngineConfig.model_validate(t.config) for t in trials}
-    limits, todo, runs = SLOLimits.from_objective(spec.objective), plan([t.number for t in trials], seeds), []
+    configs = {t.number: parse_config(t.config) for t in trials}
+    # A candidate that is the default config itself takes the default's measurements, not its own.
+    default = spec.base_config()
+    as_default = [n for n, c in configs.items() if c == default]
+    limits, runs = SLOLimits.from_objective(spec.objective), []
+    todo = plan([t.number for t in trials if t.number not in as_default], seeds)
     for i, (number, seed) in enumerate(todo):
         if (number, seed) in stored:
             runs.append(stored.pop((number, seed)))
-            continue
-        try:
-            r = measure(
-                spec, configs.get(number) or spec.base_config(), seed=seed, early_stop=False, runner=runner, gates=False
-            )
-            runs.append({"trial": number, "seed": seed, "metrics": r.metrics.to_dict()})
-        except TrialFailure as exc:
-            runs.append({"trial": number, "seed": seed, "error": exc.reason})
-        store_confirmation(study, {"seeds": seeds, "runs": runs + list(stored.values())})
-        on_run(_run(runs[-1], spec.objective.metric_key(), limits), i + 1, len(todo))
+        else:
+            try:
+                r = measure(
+                    spec, configs.get(number) or default, seed=seed, early_stop=False, runner=runner, gates=False
+                )
+                runs.append({"trial": number, "seed": seed, "metrics": r.metrics.to_dict()})
+            except TrialFailure as exc:
+                runs.append({"trial": number, "seed": seed, "error": exc.reason})
+            store_confirmation(study, {"seeds": seeds, "runs": runs + list(stored.values())})
+            on_run(_run(runs[-1], spec.objective.metric_key(), limits), i + 1, len(todo))
+        if number is None:
+            runs += [{**runs[-1], "trial": n} for n in as_default]
     return judge_runs(spec, {"seeds": seeds, "runs": runs}, trials)
 
 

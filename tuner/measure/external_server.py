@@ -55,6 +55,7 @@ class ExternalServer:
         self.ready_timeout_s, self.stop_grace_s = ready_timeout_s, stop_grace_s
         self.url, self.argv, self.load_time_s = "", [], 0.0
         self.proc: subprocess.Popen | None = None
+        self._ended: str | None = None  # once stopped: why it had ended on its own, or "" (we stopped it)
 
     def __enter__(self) -> ExternalServer:
         port = _free_port()
@@ -121,6 +122,10 @@ class ExternalServer:
         """SIGTERM to the server's process group, SIGKILL after `stop_grace_s`; returns once it is gone."""
         if self.proc is None:
             return
+        if self.proc.poll() is not None and self._ended is None:  # it ended before we stopped it
+            self._ended = failures.server_ended(self.proc.returncode, self.log_tail(), serving=True)
+        if self._ended is None:
+            self._ended = ""  # stopped by us
         for sig, wait_s in ((signal.SIGTERM, self.stop_grace_s), (signal.SIGKILL, None)):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, sig)
@@ -142,7 +147,11 @@ class ExternalServer:
         return {}
 
     def check(self) -> None:
-        self._raise_if_ended(serving=True)
+        """Raises when the server ended on its own while serving (before `stop`, or since it started)."""
+        if self._ended:
+            raise ServerFailure(self._ended)
+        if self._ended is None:
+            self._raise_if_ended(serving=True)
 
     @property
     def is_hopeless(self) -> bool:

@@ -9,6 +9,7 @@ from slotune.evals.gate_spec import GateSpec
 
 GATE_METRIC_WORDS = {
     "top1": "top-1 agreement",
+    "match": "greedy match",
     "acc": "accuracy",
     "acc_norm": "normalized accuracy",
     "exact_match": "exact match",
@@ -44,6 +45,11 @@ def gate_words(result: Mapping[str, Any], spec: GateSpec | None = None) -> str:
     ):  # passed or failed on a confidence bound: its own words say how
         return f"{what} {_num(cand)} ({reason.removeprefix('ok: ').removeprefix('failed: ')})"
     parts = []
+    if result.get("kind") == "greedy_match" and margin is not None:
+        floor = 1 - float(margin)
+        return (
+            f"{what} {_num(cand)} {'>=' if cand >= floor - 1e-12 else '<'} {floor:.3g} of the default launch's answers"
+        )
     if result.get("kind") == "agreement":
         if margin is not None:
             floor = 1 - float(margin)

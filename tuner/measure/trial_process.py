@@ -139,7 +139,7 @@ def omp_wait_policy(setting: str = "auto") -> str:
     return _AUTO_POLICY
 
 
-def trial_env(threads: int | None = None, wait_policy: str = "auto") -> dict[str, str]:
+def trial_env(threads: int | None = None, wait_policy: str | None = "auto") -> dict[str, str]:
     """Environment of a trial process.
 
     The OpenMP wait policy decides what idle worker threads do between torch ops. Spinning
@@ -149,9 +149,12 @@ def trial_env(threads: int | None = None, wait_policy: str = "auto") -> dict[str
     (other trials, workers, CI jobs): under load one trial ran at 2.8 tokens/s spinning and 28
     tokens/s passive. Hence `budget.trial_omp_wait_policy` (auto: passive only on a loaded
     machine). A user's own OMP_WAIT_POLICY wins. Note: `tune serve` sets no policy, so it runs
-    with libgomp's default (spin briefly, then sleep), which is neither of the two.
+    with libgomp's default (spin briefly, then sleep), which is neither of the two. `wait_policy`
+    None: the environment as the user has it (an external server, launched as the user launches it).
     """
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if wait_policy is None:
+        return env
     env["OMP_WAIT_POLICY"] = omp_wait_policy(wait_policy).upper()
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)
@@ -179,7 +182,7 @@ def run_trial_process(
     memory_gb: float,
     on_phase: Callable[[str], None] | None = None,
     threads: int | None = None,
-    wait_policy: str = "auto",
+    wait_policy: str | None = "auto",
     runner: tuple[str, ...] = DEFAULT_TRIAL_RUNNER,
 ) -> dict[str, Any]:
     """Run the trial process (`runner IN.json OUT.json`) on `request`; raise TrialFailure on any fault.
@@ -264,7 +267,9 @@ def trial_request(
     (`budget.measure`: served over HTTP or in process)."""
     es = spec.early_stop.model_dump(mode="json")
     es["enabled"] = es["enabled"] and early_stop
+    reference = {"reference": spec.base_config().model_dump(mode="json")} if spec.server and gates else {}
     return {
+        **reference,  # an external server's gates compare its answers with the default launch's
         "config": config.model_dump(mode="json"),
         "workload": (workload or spec.workload).model_dump(mode="json"),
         "objective": spec.objective.model_dump(mode="json"),
@@ -309,8 +314,9 @@ def measure(
         timeout_s=b.trial_timeout_s,
         memory_gb=b.trial_memory_gb,
         on_phase=on_phase,
-        threads=b.trial_threads,
-        wait_policy=b.trial_omp_wait_policy,
+        # an external server's threads are its knobs; the OpenMP settings are the bundled engine's
+        threads=None if spec.server else b.trial_threads,
+        wait_policy=None if spec.server else b.trial_omp_wait_policy,
         runner=runner,
     )
     if spec.cost is not None:  # priced here, after any trial process: the same price for every measurement

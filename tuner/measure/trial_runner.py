@@ -23,14 +23,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from slotune.engine.config import EngineConfig
+from slotune.evals.baseline import default_cache_dir
 from slotune.evals.gate_spec import GateSpec
 from slotune.evals.gates import evaluate_gates
+from slotune.tuner.measure import external_trial
+from slotune.tuner.measure.external_server import ServerFailure
 from slotune.tuner.measure.in_process_replay import run_in_process_replay
 from slotune.tuner.measure.intervals import bootstrap_intervals
 from slotune.tuner.measure.metrics import CI_PERCENTILES, ReplayResult, breaks_slo_so_far
 from slotune.tuner.measure.server import BundledServer, InFlightWatchdog, TrialServer
 from slotune.tuner.measure.tied import die_with_parent
+from slotune.tuner.spec.server import ServerConfig, parse_config
 from slotune.tuner.spec.slo import is_feasible, slo_violations
 from slotune.tuner.spec.workload_spec import WorkloadSpec
 
@@ -46,14 +49,27 @@ def run_trial(req: dict[str, Any]) -> dict[str, Any]:
             Path(tmp).write_text(text)
             os.replace(tmp, phase_file)
 
-    cfg = EngineConfig.model_validate(req["config"])
+    cfg = parse_config(req["config"])
     objective = req["objective"]
     measure = req.get("measure", "served")  # validated as budget.measure (tuner/spec/sections.py)
     from slotune.engine import LLM  # imports torch (the trial process's own import; the parent never loads it)
 
     phase("loading model")
     t0 = time.perf_counter()
-    if measure == "served":
+    gate_specs = [GateSpec.model_validate(g) for g in req.get("gates") or []]
+    if isinstance(cfg, ServerConfig):  # served only (TuningSpec._check_server)
+        with tempfile.TemporaryDirectory(prefix="slotune-server-") as d:
+            server = external_trial.external_server(cfg, Path(d) / "server.log")
+            answers: dict[str, list[str]] = {}
+
+            def take_answers() -> None:  # while it still serves: its gates are judged on its own answers
+                if gate_specs:
+                    phase("quality gates: answers")
+                    answers.update(external_trial.answers(server, gate_specs))
+
+            res, load_s = _replay_served(server, req, phase, after=take_answers)
+        llm = None
+    elif measure == "served":
         server = BundledServer(cfg, objective, req.get("early_stop") or {})
         res, load_s = _replay_served(server, req, phase)
         llm = server.llm
@@ -74,10 +90,13 @@ def run_trial(req: dict[str, Any]) -> dict[str, Any]:
     violations["early_stop"] = 1.0 if res.early_stopped else 0.0
     gates = None
     if req.get("gates") and is_feasible(violations):  # cheap first: gates only for SLO-meeting trials
-        phase("quality gates")  # served: the server has stopped; the same engine, idle
-        report = evaluate_gates(
-            cfg, [GateSpec.model_validate(g) for g in req["gates"]], llm=llm, cache_dir=req.get("cache_dir")
-        )
+        phase("quality gates")  # served: the server has stopped (the bundled engine stays loaded, idle)
+        if isinstance(cfg, ServerConfig):
+            reference = ServerConfig.model_validate(req["reference"])
+            cache = Path(req.get("cache_dir") or default_cache_dir())
+            report = external_trial.judge_gates(cfg, reference, gate_specs, answers, server.tokenizer, cache)
+        else:
+            report = evaluate_gates(cfg, gate_specs, llm=llm, cache_dir=req.get("cache_dir"))
         gates = report.to_dict()
         violations["quality_gates"] = 0.0 if report.passed else 1.0
     return {
@@ -124,9 +143,9 @@ def _replay_in_process(llm, req: dict[str, Any], phase: Callable[[str], None]):
 
 
 def _replay_served(
-    server: TrialServer, req: dict[str, Any], phase: Callable[[str], None]
+    server: TrialServer, req: dict[str, Any], phase: Callable[[str], None], after: Callable[[], None] = lambda: None
 ) -> tuple[ReplayResult, float]:
-    """Start `server`, replay the workload from a client process over HTTP, stop it.
+    """Start `server`, replay the workload from a client process over HTTP, run `after`, stop it.
 
     Latency and throughput metrics (and the records) are the client's; what the server saw over
     the client's measured run (engine counters, peak memory) is `server.window_metrics()`, as
@@ -135,6 +154,8 @@ def _replay_served(
     phase("starting server")
     with server:
         client = _run_client(server.url, req, server.tokenizer, server.begin_window, server.sample)
+        server.check()
+        after()
     server.check()
     num_broken = client.metrics.get("num_errors", 0.0)
     if num_broken and not server.is_hopeless:  # loopback to our own server: a bug, not a measurement
@@ -229,7 +250,7 @@ def main(argv: list[str], run: Callable[[dict[str, Any]], dict[str, Any]] = run_
     except Exception as exc:  # recorded by the parent as the trial's failure reason
         result = {
             "status": "error",
-            "error": f"{type(exc).__name__}: {exc}",
+            "error": exc.reason if isinstance(exc, ServerFailure) else f"{type(exc).__name__}: {exc}",
             "traceback": traceback.format_exc(limit=8),
         }
     try:

@@ -67,8 +67,9 @@ class WinnerFacts:
     default_latencies: dict[str, list[float]] | None  # its per-request TTFT/TPOT, when stored
 
     def gates_table(self) -> list[list[str]]:
-        """gate | kind | result in words | unquantized | winner | pass (header first)."""
-        rows = [["gate", "kind", "result", "unquantized", "winner", "pass"]]
+        """gate | kind | result in words | reference | winner | pass (header first). The reference is the
+        unquantized model, or for an external server its default launch."""
+        rows = [["gate", "kind", "result", "reference", "winner", "pass"]]
         for g in self.gates:
             rows.append(
                 [

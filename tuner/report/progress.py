@@ -110,7 +110,7 @@ class Progress:
         feasible = {True: "yes", False: "no", None: "-"}[trial.feasible]
         if trial.early_stopped:
             feasible = "no (early stop)"
-        detail = trial.fail_reason or ", ".join(f"{k}={v}" for k, v in trial.params.items())
+        detail = trial.fail_reason or ", ".join(f"{k}={v}" for k, v in trial.params.items()) or "no knob set"
         tag = trial_label(trial)
         self.rows.append(
             (f"{trial.number}" + (f" ({tag})" if tag else ""), trial.state.name, value, feasible, detail[:100])

@@ -43,13 +43,12 @@ def config_words(params: Mapping[str, Any], default: Mapping[str, Any]) -> str:
     return " + ".join(_KNOB_WORDS[k](v) if k in _KNOB_WORDS else f"{k}={v}" for k, v in changed)
 
 
-def _config_value(config: Mapping[str, Any], dotted: str) -> Any:
-    v: Any = config
-    for part in dotted.split("."):
-        if not isinstance(v, Mapping) or part not in v:
-            return None
-        v = v[part]
-    return v
+def _default_value(base, name: str) -> Any:
+    """A knob's value in the study's base config; None for a name it no longer has (an older study)."""
+    try:
+        return base.value_at(name)
+    except (AttributeError, KeyError):
+        return None
 
 
 def _ratio(winner: float, ref: float, direction: str) -> float | None:
@@ -143,8 +142,9 @@ def winner_facts(
     rdefault = Measurement.from_dict((remeasure or {}).get("default"))
     card, card_default = (rm, rdefault) if rm and rdefault else (bm, default)
     gates = gate_facts(best.gates, spec.quality_gates)
-    base = spec.base_config().model_dump(mode="json")
-    defaults = {k: _config_value(base, k) for k in best.params}
+    base_config = spec.base_config()
+    base = base_config.model_dump(mode="json")
+    defaults = {k: _default_value(base_config, k) for k in best.params}
 
     # The default config won: its trial and its confirmation measurements are the same config, so
     # the card claims no improvement over it (a ratio between them is the machine's drift).

@@ -27,6 +27,7 @@ from slotune.tuner.search.records import (
     UNMEASURED_OVER_BUDGET,
     TrialRecord,
 )
+from slotune.tuner.search.references import DEFAULT_TAG, default_is_base
 from slotune.tuner.search.trials import earlier_measurement, enqueue_unexplored
 from slotune.tuner.spec.slo import CONSTRAINT_KEYS, constraint_values, is_feasible
 from slotune.tuner.spec.yaml_reader import format_error
@@ -85,7 +86,8 @@ class TrialObjective:
             records.set_fail_reason(trial, reason)
             trial.study.stop()
             raise optuna.TrialPruned(reason)
-        params = self.space.sample(trial)
+        is_base = TrialRecord.of(trial).tag == DEFAULT_TAG and default_is_base(self.base)
+        params = {} if is_base else self.space.sample(trial)
         reason = self.space.forbidden_reason(params)
         if reason:  # costs nothing to measure, so it does not count against the budget
             records.set_forbidden(trial, reason)

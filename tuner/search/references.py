@@ -15,6 +15,7 @@ from typing import Any
 
 from slotune.tuner.measure.measurement import Measurement
 from slotune.tuner.search.records import TrialRecord, stored_side_measurement
+from slotune.tuner.spec.server import ServerConfig
 
 DEFAULT_TAG, NAIVE_TAG = "default", "naive"
 LEGACY_TAGS = {"baseline": NAIVE_TAG}  # studies made before the rename tagged the naive config "baseline"
@@ -28,8 +29,17 @@ NAIVE_UPDATES = {
 
 
 def reference_configs(base) -> list[tuple[str, Any]]:
-    """[(tag, EngineConfig)] of the references of a study whose fixed config is `base`."""
+    """[(tag, config)] of the references of a study whose fixed config is `base`. An external server's
+    default launch is its naive server too: only "default"."""
+    if isinstance(base, ServerConfig):
+        return [(DEFAULT_TAG, base)]
     return [(DEFAULT_TAG, base), (NAIVE_TAG, base.with_updates(NAIVE_UPDATES))]
+
+
+def default_is_base(base) -> bool:
+    """Whether the default trial measures the base config itself, sampling no knob: an external
+    server's default leaves its flags off, which no value of a search space expresses."""
+    return isinstance(base, ServerConfig)
 
 
 def trial_tag(trial) -> str | None:

@@ -6,14 +6,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from slotune.engine.config import EngineConfig
-from slotune.tuner.search.references import (
-    DEFAULT_TAG,
-    reference_configs,
-)
 from slotune.tuner.search.records import TrialRecord, enqueue, stored_fingerprint, stored_winner
+from slotune.tuner.search.references import DEFAULT_TAG, default_is_base, reference_configs
 from slotune.tuner.search.study import spec_fingerprint
 from slotune.tuner.search.trials import best_trial
+from slotune.tuner.spec.server import parse_config
 from slotune.tuner.spec.slo import SLO_KEYS
 from slotune.tuner.spec.tuning_spec import TuningSpec
 
@@ -37,7 +34,7 @@ def enqueue_reference_trials(study, spec: TuningSpec) -> None:
     space = spec.search_space
     base = spec.base_config()
     for tag, cfg in reference_configs(base):
-        params = _params_of(space, cfg, base)
+        params = {} if tag == DEFAULT_TAG and default_is_base(base) else _params_of(space, cfg, base)
         if params is not None and (tag == DEFAULT_TAG or cfg != base):
             enqueue(study, params, tag=tag)
     for start in space.starts:
@@ -106,7 +103,9 @@ def warm_starts(spec: TuningSpec, own_name: str) -> list[tuple[str, dict[str, An
         )
         if best is None or not best.config:
             continue
-        cfg = EngineConfig.model_validate(best.config)
+        cfg = parse_config(best.config)
+        if type(cfg) is not type(base):  # a study of the other kind of config
+            continue
         knobs = {k.name: k for k in space.knobs}
         params = _params_of(space, cfg, base) or {
             k: v for k, v in best.params.items() if k in knobs and knobs[k].can_take(v)

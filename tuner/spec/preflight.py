@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from slotune.engine.config import EngineConfig
 from slotune.engine.gguf_header import read_gguf_header
+from slotune.engine.paths import resolve_model_path
+from slotune.tuner.spec.server import ServerConfig
 from slotune.tuner.spec.trace_reader import load_trace
 from slotune.tuner.spec.tuning_spec import TuningSpec
 from slotune.tuner.spec.workload_spec import (
@@ -20,7 +23,8 @@ from slotune.tuner.spec.yaml_reader import Problem, SpecError
 
 
 def preflight(spec: TuningSpec) -> None:
-    """Checks a spec needs before a study runs, beyond its own text: the model (and draft) can be found,
+    """Checks a spec needs before a study runs, beyond its own text: the model (and draft) can be found
+    and the bundled engine implements it (an external server's binary knows its flags instead),
     max_model_len fits the model's context, the trace rows are well formed, and the output and storage
     locations can be written. Reads model metadata only (no weights).
 
@@ -46,12 +50,18 @@ def preflight(spec: TuningSpec) -> None:
     elif wl.trace:
         run("workload.trace", read_trace, wl.trace)
     base = spec.base_config()
-    try:
-        problems += _check_context(spec, base)
-    except (SpecError, ValueError, OSError) as exc:
-        problems.append(Problem(str(exc), field="model"))
-    if base.speculative.method == "model":
-        run("engine.speculative.draft_model", _model_context, base.speculative.draft_model)
+    if isinstance(base, ServerConfig):
+        run("model", _model_context, base.model)
+        problems += _check_server(base)
+    else:
+        try:
+            _check_loadable(base.model)
+            problems += _check_context(spec, base)
+        except (SpecError, ValueError, OSError) as exc:
+            problems.append(Problem(str(exc), field="model"))
+        if base.speculative.method == "model":
+            run("engine.speculative.draft_model", _check_loadable, base.speculative.draft_model)
+            run("engine.speculative.draft_model", _model_context, base.speculative.draft_model)
     if problems:
         raise SpecError(problems=problems)
 
@@ -111,11 +121,36 @@ def _check_context(spec: TuningSpec, base: EngineConfig) -> list[Problem]:
     return problems
 
 
+def _check_loadable(model: str) -> None:
+    """The bundled engine implements the model's architecture: the error loading it would raise, early."""
+    from slotune.engine.loader import check_loadable  # imports torch: only when checking the model
+
+    check_loadable(model)
+
+
+def _check_server(server: ServerConfig) -> list[Problem]:
+    """The server's binary exists, and its own `--help` lists every flag and choice the engine file uses."""
+    engine = server.description()
+    binary = server.resolved_binary()
+    if binary is None:
+        where = "on PATH" if "/" not in (server.binary or engine.binary) else "there"
+        return [
+            Problem(
+                f"`{server.binary or engine.binary}` is not {where}; install {engine.name} or set server.binary "
+                "to its path",
+                field="server.binary",
+            )
+        ]
+    try:
+        out = subprocess.run([binary, *engine.help], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return [Problem(f"`{binary} {' '.join(engine.help)}` did not run: {exc}", field="server.binary")]
+    return [Problem(p, field="server.engine") for p in engine.help_problems(out.stdout + out.stderr)]
+
+
 def _model_context(model: str) -> tuple[int | None, str]:
     """The model's context length from its metadata (GGUF `<arch>.context_length`, HF config.json
     `max_position_embeddings`), without loading weights. Raises FileNotFoundError if the model is absent."""
-    from slotune.engine.loader import resolve_model_path  # imports torch: only when checking the model
-
     path = resolve_model_path(model)
     if path.is_dir():
         cfg = _load_json(path / "config.json")

@@ -21,6 +21,7 @@ from slotune.evals.gate_spec import GateSpec
 from slotune.evals.tasks import data_dir as tasks_data_dir
 from slotune.search_spaces.schema import SearchSpace, builtin_spaces
 from slotune.tuner.spec.sections import Budget, Confirm, Cost, EarlyStop, ObjectiveSpec, Screening, Sweep
+from slotune.tuner.spec.server import ServerConfig, ServerSection, TrialConfig
 from slotune.tuner.spec.slo import COST_METRICS
 from slotune.tuner.spec.workload_spec import (
     MAX_SEED,
@@ -42,6 +43,10 @@ class TuningSpec(StrictModel):
     engine: dict[str, Any] = Field(
         default_factory=dict,
         description="fixed EngineConfig fields for every trial (not `model`: that is the top-level field)",
+    )
+    server: ServerSection | None = Field(
+        None,
+        description="launch this engine's server for every trial (llama-server) instead of the bundled engine",
     )
     workload: WorkloadSpec = Field(
         "chat-small",
@@ -139,7 +144,7 @@ class TuningSpec(StrictModel):
             gate = g if isinstance(g, GateSpec) else _validate_nested(GateSpec, g, prefix=f"[{i}]")
             if any(gate.name == other.name for other in gates):
                 raise ValueError(f"[{i}]: gate name '{gate.name}' used twice; names identify gates in reports")
-            if gate.kind != "agreement":
+            if gate.task is not None:  # an lm-eval task's metric must be one it reports
                 metrics = _task_metrics(gate.task)
                 if gate.metric_name not in metrics:
                     raise ValueError(
@@ -178,7 +183,43 @@ class TuningSpec(StrictModel):
             )
         if self.screening.enabled:
             self._check_screening()
+        self._check_server()
         return self
+
+    def _check_server(self) -> None:
+        """The search space, the fixed config and the stages a study runs fit what `server` launches."""
+        engine = self.server.engine if self.server else None
+        if self.search_space.engine != engine:
+            space = f"search_space '{self.search_space.name}'"
+            if engine is None:
+                raise ValueError(
+                    f"{space} names {self.search_space.engine} knobs; add `server: {{engine: "
+                    f"{self.search_space.engine}}}` or use a space of the bundled engine (latency, throughput)"
+                )
+            tunes = f"tunes {self.search_space.engine}" if self.search_space.engine else "tunes the bundled engine"
+            raise ValueError(f"{space} {tunes}, not {engine}; use a space for {engine}, e.g. {engine}-cpu")
+        if engine is None:
+            for i, g in enumerate(self.quality_gates):
+                if g.kind == "greedy_match":
+                    raise ValueError(
+                        f"quality_gates[{i}] '{g.name}': greedy_match judges an external server (`server:`); "
+                        "the bundled engine's logits are judged by kind agreement"
+                    )
+            return
+        served = self.server.description().gates
+        for i, g in enumerate(self.quality_gates):
+            if g.kind not in served:
+                raise ValueError(
+                    f"quality_gates[{i}] '{g.name}': kind {g.kind} needs the bundled engine; {engine} is judged "
+                    f"through its API by {', '.join(served) or 'no gate kind'}"
+                )
+        for field, wrong, fix in (
+            ("engine", bool(self.engine), "the bundled engine's fields; set server.knobs instead"),
+            ("budget.measure", self.budget.measure != "served", "in_process drives the bundled engine; use served"),
+            ("sweep.enabled", self.sweep.enabled, "load sweeps run on the bundled engine only for now; remove it"),
+        ):
+            if wrong:
+                raise ValueError(f"{field} with server.engine {engine}: {fix}")
 
     def _check_screening(self) -> None:
         if len(self.objective.metrics) > 1:
@@ -218,7 +259,10 @@ class TuningSpec(StrictModel):
         data = load_yaml_mapping(path, "spec file")
         return cls.model_validate(data, context={"base_dir": Path(os.path.abspath(path)).parent})
 
-    def base_config(self) -> EngineConfig:
+    def base_config(self) -> TrialConfig:
+        """Every trial's config before its searched values: the bundled engine's, or the server's launch."""
+        if self.server is not None:
+            return ServerConfig(**self.server.model_dump(), model=self.model)
         return EngineConfig.model_validate({**self.engine, "model": self.model})
 
     def resolved_output_dir(self) -> Path:
@@ -245,7 +289,8 @@ def resolved_dict(spec: TuningSpec) -> dict[str, Any]:
     d["output_dir"] = str(spec.resolved_output_dir())
     d["storage"] = spec.resolved_storage()
     d["mlflow_tracking_uri"] = spec.resolved_tracking_uri()
-    d["engine"] = spec.base_config().model_dump(mode="json", exclude_defaults=True)
+    if spec.server is None:
+        d["engine"] = spec.base_config().model_dump(mode="json", exclude_defaults=True)
     return d
 
 

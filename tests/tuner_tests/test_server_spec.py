@@ -1,0 +1,211 @@
+"""A spec that tunes an external server (`server:`, tuner/spec/server.py): what it accepts and refuses,
+the trial config it makes, `tune validate`'s checks of the binary, and a real study of llama.cpp's
+llama-server (skipped where it is not on PATH; .ci/run builds it)."""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import stat
+
+import optuna
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from slotune.engine.config import EngineConfig
+from slotune.engine.paths import resolve_model_path
+from slotune.search_spaces.schema import SearchSpace
+from slotune.tuner.run import run_command
+from slotune.tuner.spec.preflight import preflight
+from slotune.tuner.spec.server import ServerConfig, parse_config
+from slotune.tuner.spec.tuning_spec import TuningSpec
+from slotune.tuner.spec.yaml_reader import SpecError
+
+from tests.tuner_tests.conftest import TINY_WORKLOAD
+
+LLAMA_SERVER = shutil.which("llama-server")
+OBJECTIVE = {"kind": "latency", "metric": "tpot", "percentile": 95, "ttft_limit_s": 30.0}
+
+
+def _spec(tmp_path, **over) -> dict:
+    spec = {
+        "name": "ls",
+        "server": {"engine": "llama-server", "knobs": {"threads": 2, "ctx_per_slot": 512}},
+        "workload": TINY_WORKLOAD,
+        "objective": OBJECTIVE,
+        "search_space": "llama-server-cpu",
+        "output_dir": str(tmp_path / "out"),
+    }
+    return {**spec, **over}
+
+
+def _problem(data: dict) -> str:
+    with pytest.raises(ValidationError) as exc:
+        TuningSpec.model_validate(data)
+    return str(exc.value)
+
+
+def test_a_server_spec_makes_launch_configs_of_its_engine(tmp_path):
+    spec = TuningSpec.model_validate(_spec(tmp_path))
+    base = spec.base_config()
+    assert isinstance(base, ServerConfig) and base.model == "smollm2-135m"
+    assert base.knobs == {"threads": 2, "ctx_per_slot": 512}
+    trial = base.with_updates({"parallel": 4, "cache_type_k": "q8_0"})
+    assert trial.knobs == {"threads": 2, "ctx_per_slot": 512, "parallel": 4, "cache_type_k": "q8_0"}
+    assert trial.value_at("flash_attn") == "auto" and trial.value_at("batch_size") is None  # the engine's own
+    assert parse_config(trial.model_dump(mode="json")) == trial
+    assert isinstance(parse_config(EngineConfig().model_dump(mode="json")), EngineConfig)
+    with pytest.raises(ValueError, match="a quantized V cache needs flash attention"):
+        trial.with_updates({"cache_type_v": "q8_0", "flash_attn": "off"})
+    with pytest.raises(ValueError, match="ctx_size is set from parallel \\* ctx_per_slot"):
+        trial.with_updates({"ctx_size": 4096})
+
+
+def test_best_yaml_holds_the_launch_command_with_the_model_file():
+    cfg = ServerConfig(
+        engine="llama-server", model="smollm2-135m", knobs={"threads": 2, "parallel": 4, "ctx_per_slot": 512}
+    )
+    text = cfg.to_yaml()
+    launch = shlex.split(text.splitlines()[0].removeprefix("# launch: "))
+    assert launch[launch.index("--model") + 1] == str(resolve_model_path("smollm2-135m"))
+    assert launch[launch.index("--parallel") + 1] == "4" and launch[launch.index("--ctx-size") + 1] == "2048"
+    assert ServerConfig.model_validate(yaml.safe_load(text)) == cfg
+    with pytest.raises(ValueError, match="external server llama-server .* the command on its `# launch:` line"):
+        EngineConfig.from_dict(yaml.safe_load(text))  # `tune serve best.yaml` says how to start it instead
+
+
+@pytest.mark.parametrize(
+    ("over", "message"),
+    [
+        ({"search_space": "latency"}, "search_space 'latency' tunes the bundled engine, not llama-server"),
+        (
+            {"server": None},
+            "search_space 'llama-server-cpu' names llama-server knobs; add `server: {engine: llama-server}`",
+        ),
+        ({"server": {"engine": "vllm"}}, "no built-in engine 'vllm'; built in: llama-server"),
+        ({"server": {"engine": "llama-server", "knobs": {"parallel": 0}}}, "knobs: parallel: 0 is below 1"),
+        ({"server": {"engine": "llama-server", "knobs": {"slots": 2}}}, "'slots' is not a knob of llama-server"),
+        ({"engine": {"max_num_seqs": 4}}, "engine with server.engine llama-server: the bundled engine's fields"),
+        (
+            {"quality_gates": [{"name": "a", "kind": "agreement", "min_top1": 0.9}]},
+            "quality_gates[0] 'a': kind agreement needs the bundled engine; llama-server is judged through its "
+            "API by greedy_match",
+        ),
+        (
+            {
+                "server": None,
+                "search_space": "latency",
+                "quality_gates": [{"name": "g", "kind": "greedy_match", "min_match": 0.9}],
+            },
+            "quality_gates[0] 'g': greedy_match judges an external server",
+        ),
+        ({"quality_gates": [{"name": "g", "kind": "greedy_match"}]}, "greedy_match needs min_match"),
+        ({"budget": {"measure": "in_process"}}, "budget.measure with server.engine llama-server"),
+    ],
+)
+def test_a_spec_that_does_not_fit_its_server_is_refused_by_name(tmp_path, over, message):
+    assert message in _problem(_spec(tmp_path, **over))
+
+
+def test_a_space_for_a_server_names_only_its_engines_knobs():
+    def problem(knob: dict) -> str:
+        with pytest.raises(ValidationError) as exc:
+            SearchSpace.model_validate({"engine": "llama-server", "knobs": [knob]})
+        return str(exc.value)
+
+    assert "knob 'max_num_seqs': not a llama-server knob (its knobs: threads" in problem(
+        {"name": "max_num_seqs", "type": "int", "low": 1, "high": 4}
+    )
+    assert "not a llama-server knob" in problem({"name": "ctx_size", "type": "int", "low": 512, "high": 4096})
+    assert "a float knob on a whole-number field" in problem({"name": "parallel", "type": "float", "low": 1, "high": 4})
+    assert "'q9' is not one of" in problem({"name": "cache_type_k", "type": "categorical", "choices": ["f16", "q9"]})
+
+
+def _fake_binary(tmp_path, help_text: str) -> str:
+    """A stand-in executable that prints `help_text` for --help: a build of llama-server whose flags
+    differ from the engine file's cannot be had here otherwise."""
+    path = tmp_path / "llama-server"
+    path.write_text(f"#!/bin/sh\ncat <<'EOF'\n{help_text}\nEOF\n")
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return str(path)
+
+
+def test_validate_names_a_missing_binary_and_flags_its_help_lacks(tmp_path):
+    missing = _spec(tmp_path, server={"engine": "llama-server", "binary": str(tmp_path / "nope")})
+    with pytest.raises(
+        SpecError, match=r"server.binary: `.*nope` is not there; install llama-server or set server.binary"
+    ):
+        preflight(TuningSpec.model_validate(missing))
+    old = _fake_binary(tmp_path, "-t,    --threads N    threads\n-np,   --parallel N   slots\n")
+    with pytest.raises(SpecError) as exc:
+        preflight(TuningSpec.model_validate(_spec(tmp_path, server={"engine": "llama-server", "binary": old})))
+    text = str(exc.value)
+    assert "server.engine: cache_type_k: `llama-server` does not know --cache-type-k" in text
+    assert "--threads" not in text.replace("--threads-batch", "")
+
+
+@pytest.mark.skipif(LLAMA_SERVER is None, reason="needs llama.cpp's llama-server on PATH")
+def test_the_real_binary_knows_every_flag_of_its_engine_file(tmp_path):
+    preflight(TuningSpec.model_validate(_spec(tmp_path)))
+
+
+@pytest.mark.skipif(LLAMA_SERVER is None, reason="needs llama.cpp's llama-server on PATH")
+def test_a_study_of_llama_server_measures_its_launches_and_writes_the_winners_command(tmp_path):
+    """Three trials, each a real llama-server launched with its flags, the default launch first; each
+    judged by a greedy_match gate against the default's answers; the best confirmed on a fresh seed;
+    best.yaml the winner's launch."""
+    space = {
+        "name": "two",
+        "engine": "llama-server",
+        "knobs": [
+            {"name": "parallel", "type": "categorical", "choices": [1, 2]},
+            {"name": "cache_type_k", "type": "categorical", "choices": ["f16", "q8_0"]},
+        ],
+    }
+    gate = {"name": "same", "kind": "greedy_match", "min_match": 0.5, "limit": 4, "max_tokens": 8}
+    data = _spec(
+        tmp_path,
+        search_space=space,
+        budget={"n_trials": 3, "trial_timeout_s": 300},
+        sampler="random",
+        quality_gates=[gate],
+    )
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump({**data, "confirm": {"candidates": 1, "seeds": 1}}))
+    summary = run_command(path, progress=False)
+    assert summary is not None and summary["metrics"]["tpot_p95"] > 0
+    assert summary["references"]["default"]["tpot_p95"] > 0
+    study = optuna.load_study(study_name="ls", storage=f"sqlite:///{tmp_path / 'out' / 'study.db'}")
+    default = study.trials[0]  # the engine's own defaults with the spec's knobs: no knob sampled
+    assert default.user_attrs["tag"] == "default" and default.params == {}
+    assert default.user_attrs["config"]["knobs"] == {"threads": 2, "ctx_per_slot": 512}
+    same = default.user_attrs["gates"]["gates"][0]  # the default is the gate's reference launch
+    assert same["passed"] and same["candidate"] == 1.0 and same["num_items"] == 4
+    assert len(list((tmp_path / "out" / "cache").glob("greedy_match-*.json"))) == 1  # its answers, kept for the rest
+    measured = [t for t in study.trials if t.state.name == "COMPLETE"]
+    assert all(0 <= t.user_attrs["gates"]["gates"][0]["candidate"] <= 1 for t in measured)
+    assert len(measured) == 3 and all(t.user_attrs["config"]["engine"] == "llama-server" for t in measured)
+    best = (tmp_path / "out" / "best.yaml").read_text()
+    winner = ServerConfig.model_validate(yaml.safe_load(best))
+    assert winner.knobs == {"threads": 2, "ctx_per_slot": 512, **summary["params"]}  # the default may win
+    launch = best.splitlines()[1]
+    assert launch.startswith("# launch: ") and "--threads 2" in launch
+    assert all(f"--parallel {v}" in launch for k, v in summary["params"].items() if k == "parallel")
+
+
+def test_greedy_match_scores_the_reference_tokens_reproduced_before_the_first_difference():
+    from slotune.evals.gate_spec import GateSpec
+    from slotune.evals.greedy_match import greedy_match_gate, match_score
+
+    assert match_score([1, 2, 3, 4], [1, 2, 9, 4]) == 0.5
+    assert match_score([1, 2], [1, 2, 3]) == 1.0 and match_score([], []) == 1.0 and match_score([], [1]) == 0.0
+
+    class Chars:  # one token per character: the scores are then easy to read
+        def encode(self, text):
+            return [ord(c) for c in text]
+
+    gate = GateSpec(name="g", kind="greedy_match", min_match=0.8)
+    r = greedy_match_gate(gate, ["abcd", "abxx"], ["abcd", "abcd"], Chars())
+    assert r.candidate == 0.75 and not r.passed and "1 of 2 identical" in r.reason
+    assert greedy_match_gate(gate, ["abcd", "abcd"], ["abcd", "abcd"], Chars()).passed

@@ -1,0 +1,99 @@
+"""An external server as the thing a study tunes: the spec's `server:` section and one trial's launch.
+
+`ServerSection` is what the user writes (the engine, its binary, the knob values every trial
+keeps); `ServerConfig` is one launch: those with the model and the searched knob values on top.
+It offers what the tuner asks of a config (`with_updates`, `value_at`, `model_dump`), so the search,
+the confirmation and best.yaml handle it as they handle the bundled engine's EngineConfig.
+`parse_config` tells the two apart in stored JSON.
+"""
+
+from __future__ import annotations
+
+import functools
+import shlex
+import shutil
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import Field, field_validator, model_validator
+
+from slotune.engine.config import EngineConfig, StrictModel
+from slotune.engine.paths import resolve_model_path
+from slotune.tuner.spec.engines import EngineDescription, Value, load_engine
+
+
+@functools.lru_cache(maxsize=16)
+def engine_description(engine: str) -> EngineDescription:
+    """`load_engine`, read once per process (every trial config asks for it)."""
+    return load_engine(engine)
+
+
+class ServerSection(StrictModel):
+    """The spec's `server:`: launch this engine's server for every trial instead of the bundled engine."""
+
+    engine: str = Field(min_length=1, description="a built-in engine (llama-server) or an engine file")
+    binary: str | None = Field(None, description="the executable; default: the engine file's, looked up on PATH")
+    knobs: dict[str, Value] = Field(default_factory=dict, description="knob values every trial keeps")
+
+    @field_validator("engine")
+    @classmethod
+    def _engine_known(cls, v: str) -> str:
+        engine_description(v)  # SpecError (a ValueError) naming the built-in engines
+        return v
+
+    @model_validator(mode="after")
+    def _knobs_ok(self) -> ServerSection:
+        problems = self.description().check_values(self.knobs)
+        if problems:
+            raise ValueError("knobs: " + "; ".join(problems))
+        return self
+
+    def description(self) -> EngineDescription:
+        return engine_description(self.engine)
+
+    def resolved_binary(self) -> str | None:
+        """The executable's path, or None when it is not there (not on PATH, not a file)."""
+        name = self.binary or self.description().binary
+        return shutil.which(name) if "/" not in name else (name if Path(name).is_file() else None)
+
+
+class ServerConfig(ServerSection):
+    """One launch of an external server: a trial's config."""
+
+    model: str = Field(min_length=1, description="the weights the server loads: a bundled name or a file")
+
+    def with_updates(self, updates: dict[str, Any]) -> ServerConfig:
+        """Copy with these knob values on top, validated (ValueError naming each problem)."""
+        return ServerConfig.model_validate({**self.model_dump(), "knobs": {**self.knobs, **updates}})
+
+    def value_at(self, name: str) -> Value | None:
+        """The knob's value at launch: set here, else the engine's own default (None: unknown)."""
+        return self.knobs.get(name, self.description().knobs[name].default)
+
+    def argv(self, port: int = 8080, host: str = "127.0.0.1") -> list[str]:
+        """The launch command, the model resolved to its file (a bundled name to the installed GGUF)."""
+        try:
+            model = str(resolve_model_path(self.model))
+        except FileNotFoundError:
+            model = self.model
+        binary = self.resolved_binary() or self.binary or self.description().binary
+        return self.description().argv(self.knobs, binary=binary, model=model, port=port, host=host)
+
+    def to_yaml(self) -> str:
+        """As best.yaml holds it: the launch command as a comment, then this config."""
+        return f"# launch: {shlex.join(self.argv())}\n" + yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+    def knob_names(self) -> list[str]:
+        """The knobs a search space may name: those passed to the engine directly, not computed."""
+        return [n for n, k in self.description().knobs.items() if k.value is None]
+
+
+TrialConfig = EngineConfig | ServerConfig
+
+
+def parse_config(data: dict[str, Any]) -> TrialConfig:
+    """A trial's stored config (JSON) as its object: a ServerConfig when it names a server engine."""
+    if "knobs" in data and "engine" in data:
+        return ServerConfig.model_validate(data)
+    return EngineConfig.model_validate(data)
