@@ -57,7 +57,10 @@ def check_loadable(model: str) -> None:
     metadata alone (a GGUF's header, an HF config.json), without reading weights."""
     path = resolve_model_path(model)
     if path.is_dir():
-        _hf_config(path, json.loads((path / "config.json").read_text()))
+        try:
+            _hf_config(path, json.loads((path / "config.json").read_text()))
+        except KeyError as exc:
+            raise ValueError(f"{path / 'config.json'}: no {exc.args[0]!r}, which the model needs") from None
         return
     meta = gguf_metadata(path)
     name = meta.get("general.architecture")

@@ -14,6 +14,16 @@ from typer.testing import CliRunner
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "05-own-model"
 
+# a config.json the engine would load (tune validate checks that, from the config alone)
+LLAMA_CONFIG = {
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "vocab_size": 256,
+}
+
 
 def test_own_model_example_resolves_model_against_its_folder(tmp_path, monkeypatch):
     ex = tmp_path / "ex"
@@ -26,7 +36,10 @@ def test_own_model_example_resolves_model_against_its_folder(tmp_path, monkeypat
     assert r.exit_code == 2
     assert f"../ex/spec.yaml: model: model '{ex / 'my-model'}': not a bundled name" in r.stderr
     (ex / "my-model").mkdir()
-    (ex / "my-model" / "config.json").write_text(json.dumps({"max_position_embeddings": 4096}))
+    (ex / "my-model" / "config.json").write_text(json.dumps({"model_type": "llama", "max_position_embeddings": 4096}))
+    r = CliRunner().invoke(app, ["validate", "../ex/spec.yaml"])
+    assert r.exit_code == 2 and "config.json: no 'num_attention_heads', which the model needs" in r.stderr
+    (ex / "my-model" / "config.json").write_text(json.dumps({**LLAMA_CONFIG, "max_position_embeddings": 4096}))
     r = CliRunner().invoke(app, ["validate", "../ex/spec.yaml"])
     assert r.exit_code == 0, r.stderr
     assert f"model:{ex / 'my-model'}" in "".join(r.stdout.split())  # however the console wrapped a long path

@@ -354,7 +354,11 @@ def test_max_model_len_beyond_the_model_context(tmp_path):
         preflight(spec)
     preflight(TuningSpec.model_validate({**BASE_DICT, "engine": {"max_model_len": 8192}}))
     # an HF checkpoint dir: config.json's max_position_embeddings; a knob that can sample past it
-    write(tmp_path / "m" / "config.json", json.dumps({"model_type": "llama", "max_position_embeddings": 1024}))
+    llama = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2}
+    write(
+        tmp_path / "m" / "config.json",
+        json.dumps({**llama, "num_attention_heads": 4, "vocab_size": 256, "max_position_embeddings": 1024}),
+    )
     space = {"knobs": [{"name": "max_model_len", "type": "categorical", "choices": [512, 4096]}]}
     spec = TuningSpec.model_validate(
         {
