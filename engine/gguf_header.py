@@ -10,9 +10,11 @@ from slotune.tuner.spec.yaml_reader import SpecError
 GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 
 
-def read_gguf_header(path: Path, keys: tuple[str, ...]) -> dict[str, Any]:
-    """Scalar and string values of `keys` from a GGUF file's metadata, reading only up to the last one
-    found (gguf's GGUFReader decodes every field, the tokenizer's arrays included: seconds per file)."""
+def read_gguf_header(path: Path, keys: tuple[str, ...], prefix: str | None = None) -> dict[str, Any]:
+    """Scalar and string values of `keys`, and of every key starting with `prefix`, from a GGUF file's
+    metadata (an array's value is None: the key is there, its items skipped), reading only up to the
+    last key wanted when no prefix is given (gguf's GGUFReader decodes every field, the tokenizer's
+    arrays included: seconds per file)."""
     import struct
 
     want, out = set(keys), {}
@@ -49,11 +51,11 @@ def read_gguf_header(path: Path, keys: tuple[str, ...]) -> dict[str, Any]:
         read("Q")  # tensor count
         for _ in range(read("Q")):
             key, vtype = read_str(), read("I")
-            if key in want:
+            if key in want or (prefix is not None and key.startswith(prefix)):
                 out[key] = (
                     read(GGUF_SCALARS[vtype]) if vtype in GGUF_SCALARS else read_str() if vtype == 8 else skip(vtype)
                 )
-                if want <= out.keys():
+                if prefix is None and want <= out.keys():
                     break
             else:
                 skip(vtype)

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from slotune.engine.gguf_header import read_gguf_header
 from slotune.engine.layers.ops import ROPE_TYPES
 from slotune.engine.paths import BUNDLED_MODELS, cache_root, resolve_model_path  # noqa: F401 (re-exported)
 
@@ -62,11 +63,10 @@ def check_loadable(model: str) -> None:
         except KeyError as exc:
             raise ValueError(f"{path / 'config.json'}: no {exc.args[0]!r}, which the model needs") from None
         return
-    meta = gguf_metadata(path)
-    name = meta.get("general.architecture")
+    name = read_gguf_header(path, ("general.architecture",)).get("general.architecture")
     if name not in GGUF_ARCHS:
         raise ValueError(_unsupported_arch(path, name))
-    _gguf_hparams(path, meta, name)
+    _gguf_hparams(path, read_gguf_header(path, (), prefix=f"{name}."), name)
 
 
 def _unsupported_arch(path: Path, name: Any) -> str:
