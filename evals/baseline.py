@@ -104,18 +104,23 @@ class Baseline:
         return self._llm
 
     def cached(self, key: dict[str, Any], compute: Callable[[], Any]) -> Any:
-        full = {**key, **self.identity}
-        digest = hashlib.sha256(json.dumps(full, sort_keys=True).encode()).hexdigest()[:24]
-        path = self.cache_dir / f"{key.get('kind', 'gate')}-{digest}.json"
-        if path.exists():
-            try:
-                return json.loads(path.read_text())["value"]
-            except (ValueError, KeyError):
-                log.warning("ignoring unreadable baseline cache %s", path)
-        value = compute()
-        self.cache_dir.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.cache_dir, suffix=".tmp")  # atomic: parallel trials share it
-        with os.fdopen(fd, "w") as fh:
-            json.dump({"key": full, "value": value}, fh)
-        os.replace(tmp, path)
-        return value
+        return cached_value(self.cache_dir, {**key, **self.identity}, compute)
+
+
+def cached_value(cache_dir: Path, key: dict[str, Any], compute: Callable[[], Any]) -> Any:
+    """The value stored under `key` (JSON) in `cache_dir`, else `compute()`d and stored, atomically:
+    parallel trials share the folder."""
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+    path = cache_dir / f"{key.get('kind', 'gate')}-{digest}.json"
+    if path.exists():
+        try:
+            return json.loads(path.read_text())["value"]
+        except (ValueError, KeyError):
+            log.warning("ignoring unreadable baseline cache %s", path)
+    value = compute()
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=cache_dir, suffix=".tmp")
+    with os.fdopen(fd, "w") as fh:
+        json.dump({"key": key, "value": value}, fh)
+    os.replace(tmp, path)
+    return value

@@ -5,8 +5,8 @@ agreement prompt (the first 64 tokens of a shipped passage, evals/agreement.py) 
 greedily, `max_tokens` tokens, by the candidate and by the reference (the engine's default launch:
 16-bit KV cache, no drafts). A prompt scores the share of the reference answer's tokens that the
 candidate reproduces before it first differs; the gate passes when the mean score is at least
-`min_match`. The reference answers are cached per model, launch and prompts (evals/baseline.py's
-cache), so a study launches the reference once.
+`min_match`. The reference answers are cached per model, launch and prompts (evals/baseline.py:
+`cached_value`), so a study launches the reference once.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import hashlib
 import json
 import statistics
 import urllib.request
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -61,30 +60,15 @@ def match_score(reference: list[int], candidate: list[int]) -> float:
     return n / len(reference)
 
 
-def reference_key(gate: GateSpec, model_file: Path, launch: dict[str, Any], prompts: list[list[int]]) -> Path:
-    """The cache file of the reference's answers: model, reference launch, prompts and answer length."""
-    key = {
+def reference_key(gate: GateSpec, model_file: Path, launch: dict[str, Any], prompts: list[list[int]]) -> dict[str, Any]:
+    """What the reference's answers depend on: model, reference launch, prompts and answer length."""
+    return {
         "kind": gate.kind,
         "model": model_identity(model_file),
         "launch": launch,
         "prompts": hashlib.sha256(json.dumps(prompts).encode()).hexdigest()[:16],
         "max_tokens": gate.max_tokens or DEFAULT_MAX_TOKENS,
     }
-    return Path(f"greedy_match-{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]}.json")
-
-
-def cached_answers(path: Path, compute: Callable[[], list[str]]) -> list[str]:
-    """The answers stored at `path`, else `compute()`d and stored (atomically: parallel trials share it)."""
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        pass
-    answers = compute()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{id(answers)}.tmp")
-    tmp.write_text(json.dumps(answers))
-    tmp.replace(path)
-    return answers
 
 
 def greedy_match_gate(gate: GateSpec, candidate: list[str], reference: list[str], tokenizer) -> GateResult:

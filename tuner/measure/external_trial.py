@@ -10,10 +10,10 @@ import time
 from pathlib import Path
 
 from slotune.engine.paths import resolve_model_path
+from slotune.evals.baseline import cached_value
 from slotune.evals.gate_spec import GateReport, GateResult, GateSpec
 from slotune.evals.greedy_match import (
     DEFAULT_MAX_TOKENS,
-    cached_answers,
     gate_prompts,
     greedy_answers,
     greedy_match_gate,
@@ -60,11 +60,9 @@ def judge_gates(
     for g in gates:
         t0 = time.perf_counter()
         try:
-            path = cache_dir / reference_key(
-                g, model_file, reference.model_dump(mode="json"), gate_prompts(tokenizer, g)
-            )
-            ref = cached_answers(
-                path, lambda g=g: candidate[g.name] if cfg == reference else _reference_answers(reference, g)
+            key = reference_key(g, model_file, reference.model_dump(mode="json"), gate_prompts(tokenizer, g))
+            ref = cached_value(
+                cache_dir, key, lambda g=g: candidate[g.name] if cfg == reference else _reference_answers(reference, g)
             )
             r = greedy_match_gate(g, candidate[g.name], ref, tokenizer)
         except Exception as exc:  # recorded, not raised: a failed gate makes the trial infeasible
