@@ -122,10 +122,9 @@ class ExternalServer:
         """SIGTERM to the server's process group, SIGKILL after `stop_grace_s`; returns once it is gone."""
         if self.proc is None:
             return
-        if self.proc.poll() is not None and self._ended is None:  # it ended before we stopped it
-            self._ended = failures.server_ended(self.proc.returncode, self.log_tail(), serving=True)
-        if self._ended is None:
-            self._ended = ""  # stopped by us
+        if self._ended is None:  # "" when we stop it; why it ended, when it had ended on its own
+            ended = self.proc.poll() is not None
+            self._ended = failures.server_ended(self.proc.returncode, self.log_tail(), serving=True) if ended else ""
         for sig, wait_s in ((signal.SIGTERM, self.stop_grace_s), (signal.SIGKILL, None)):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, sig)
