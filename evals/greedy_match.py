@@ -31,13 +31,16 @@ def gate_prompts(tokenizer, gate: GateSpec) -> list[list[int]]:
     return agreement_prompts(tokenizer, gate.limit)
 
 
-def greedy_answers(url: str, prompts: list[list[int]], max_tokens: int, concurrency: int = 1) -> list[str]:
+def greedy_answers(
+    url: str, prompts: list[list[int]], max_tokens: int, concurrency: int = 1, model: str | None = None
+) -> list[str]:
     """Each prompt (token ids) completed greedily by the server at `url` (OpenAI /v1/completions).
     One at a time by default: batched with others, llama-server's greedy answers change with the batch
-    (bench/tuner/greedy_match_noise.py), and the gate would judge that noise."""
+    (bench/tuner/greedy_match_noise.py), and the gate would judge that noise. `model`: the id requests
+    name (OpenAI's API requires one; llama-server ignores it)."""
 
     def one(prompt: list[int]) -> str:
-        body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+        body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, **({"model": model} if model else {})}
         req = urllib.request.Request(
             f"{url}/v1/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
         )

@@ -24,6 +24,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from slotune.engine.config import EngineConfig
+from slotune.tuner.spec.engines import engine_ref
 from slotune.tuner.spec.server import ServerConfig, TrialConfig
 from slotune.tuner.spec.slo import METRICS_OF_KIND
 from slotune.tuner.spec.yaml_reader import SpecError, load_yaml_mapping
@@ -335,7 +336,8 @@ class SearchSpace(BaseModel):
             names = base.knob_names()
             if k.name not in names:
                 raise ValueError(f"knob '{k.name}': not a {self.engine} knob (its knobs: {', '.join(names)})")
-            is_int = base.description().knobs[k.name].type == "int"
+            knob = base.description().knobs.get(k.name)  # None: the weights file (`model`)
+            is_int = knob is not None and knob.type == "int"
         else:
             ann = _field_type(k.name)
             if ann is None:
@@ -399,6 +401,8 @@ class SearchSpace(BaseModel):
                 )
             path = names[str(ref)]
         data = load_yaml_mapping(path, "search space file")
+        if "engine" in data:  # an engine file is relative to this one
+            data = {**data, "engine": engine_ref(data["engine"], Path(path).parent)}
         try:
             return cls.model_validate(data)
         except ValidationError as exc:

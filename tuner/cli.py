@@ -262,14 +262,23 @@ def serve(
         ),
     ] = None,
     record_traffic_max_mib: Annotated[float, typer.Option(min=1, help="bound of the recording folder")] = 256,
+    model: Annotated[
+        Optional[str], typer.Option(help="serve this model instead of CONFIG's: a bundled name or a path")
+    ] = None,
+    set_: Annotated[
+        Optional[list[str]], typer.Option("--set", help="override a config field: --set max_num_seqs=8")
+    ] = None,
 ) -> None:
     """Serve CONFIG over an OpenAI-compatible HTTP API."""
     with _reading(config):
         _check_yaml(config)
         from slotune.engine.serving.server import serve_command  # per command; imports torch, FastAPI
+        from slotune.tuner.commands import parse_overrides
 
+        overrides = parse_overrides(set_ or [])
         serve_command(
             config=config,
+            overrides={**overrides, **({"model": model} if model else {})},
             host=host,
             port=port,
             api_key=api_key,

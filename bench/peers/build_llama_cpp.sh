@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build llama.cpp's llama-server and llama-bench from the sdist that llama-cpp-python vendors,
+# Build llama.cpp's llama-server, llama-bench and llama-quantize from the sdist that llama-cpp-python vendors,
 # into a cache outside the repo (default ~/.cache/slotune/llama.cpp). Idempotent: a finished
 # build is reused. About 15 min on 2 cores; .ci/run builds it for the external-engine tests.
 #
@@ -19,7 +19,7 @@ ISA=(-DGGML_AVX=$(has avx) -DGGML_AVX2=$(has avx2) -DGGML_FMA=$(has fma) -DGGML_
      -DGGML_AVX512_BF16=$(has avx512_bf16))
 if [ "$AVX512" = ON ]; then TAG=avx512; else TAG=avx2; fi
 BUILD="$CACHE/llama.cpp-build-$TAG"
-if [ -x "$BUILD/bin/llama-server" ] && [ -x "$BUILD/bin/llama-bench" ]; then
+if [ -x "$BUILD/bin/llama-server" ] && [ -x "$BUILD/bin/llama-bench" ] && [ -x "$BUILD/bin/llama-quantize" ]; then
   echo "$BUILD/bin"; exit 0
 fi
 mkdir -p "$CACHE"
@@ -35,5 +35,5 @@ command -v cmake >/dev/null || pip install -q cmake
 cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release \
   -DGGML_NATIVE=OFF "${ISA[@]}" \
   -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DLLAMA_CURL=OFF > "$CACHE/build.log" 2>&1
-cmake --build "$BUILD" -j"$(nproc)" --target llama-server llama-bench > "$CACHE/build.log" 2>&1
+cmake --build "$BUILD" -j"$(nproc)" --target llama-server llama-bench llama-quantize > "$CACHE/build.log" 2>&1
 echo "$BUILD/bin"

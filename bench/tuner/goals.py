@@ -43,6 +43,7 @@ from slotune.tuner.measure import machine
 
 HERE = Path(__file__).resolve().parent
 MAJOR_LEVERS = ("quantization", "kv_dtype", "scheduling")
+SERVER_LEVERS = ("model", "parallel", "flash_attn", "cache_type_k")  # a llama-server spec's
 
 
 def run_study(spec_path: Path, seed: int, runs: Path, confirm: dict | None = None) -> dict:
@@ -135,6 +136,7 @@ def relative_to_default(
 def main() -> None:
     from slotune.engine.config import EngineConfig
     from slotune.tuner.measure.metrics import ci_keys
+    from slotune.tuner.spec.server import parse_config
     from slotune.tuner.measure.trial_process import TrialFailure, measure, omp_wait_policy
     from slotune.tuner.spec.tuning_spec import TuningSpec
 
@@ -181,8 +183,14 @@ def main() -> None:
     # One OpenMP wait policy for the studies and the re-measures, decided once here (as `tune run` decides
     # it once per run): "auto" decided again before the re-measures could differ, and passive waiting
     # costs tens of percent on this machine (tuner/measure/trial_process.py trial_env).
-    policy = omp_wait_policy(spec.budget.trial_omp_wait_policy)
-    os.environ["OMP_WAIT_POLICY"] = policy.upper()
+    # An external server runs in the user's environment, as `tune run` launches it.
+    policy = (
+        os.environ.get("OMP_WAIT_POLICY", "unset")
+        if spec.server
+        else omp_wait_policy(spec.budget.trial_omp_wait_policy)
+    )
+    if not spec.server:
+        os.environ["OMP_WAIT_POLICY"] = policy.upper()
     print(f"OMP_WAIT_POLICY={policy}", flush=True)
     studies = []
     for s in args.seeds:
@@ -208,7 +216,10 @@ def main() -> None:
     base = spec.base_config()
     configs = {"default": base}
     for st in studies:
-        configs[f"winner-seed{st['seed']}"] = EngineConfig.from_yaml(st["best_yaml"])
+        best = Path(st["best_yaml"])
+        configs[f"winner-seed{st['seed']}"] = (
+            parse_config(yaml.safe_load(best.read_text())) if spec.server else EngineConfig.from_yaml(best)
+        )
     for item in args.hand:
         name, _, updates = item.partition("=")
         configs[f"hand:{name}"] = base.with_updates(json.loads(updates))
@@ -216,7 +227,7 @@ def main() -> None:
     if args.remeasure_candidates:
         for st in studies:
             for n, dump in confirm_candidates(st, spec.name).items():
-                cfg = EngineConfig.model_validate(dump)
+                cfg = parse_config(dump)
                 same = next((name for name, c in configs.items() if c == cfg), None)
                 candidates[f"{st['seed']}:{n}"] = same or f"seed{st['seed']}-trial{n}"
                 configs.setdefault(candidates[f"{st['seed']}:{n}"], cfg)
@@ -250,7 +261,10 @@ def main() -> None:
                 "declared_default": declared_default(st["summary"]),
                 "declaration_seeds": len((st["summary"].get("remeasured") or {}).get("seeds") or []),
                 "declared_half_width": declared_half_width(st["summary"]),
-                "major_levers": {k: configs[f"winner-seed{st['seed']}"].value_at(k) for k in MAJOR_LEVERS},
+                "major_levers": {
+                    k: configs[f"winner-seed{st['seed']}"].value_at(k)
+                    for k in (SERVER_LEVERS if spec.server else MAJOR_LEVERS)
+                },
                 "params": st["summary"]["params"],
                 "trial": st["summary"]["trial"],
                 "wall_s": st["wall_s"],
@@ -392,7 +406,7 @@ def markdown(r: dict) -> str:
         )
     lines += [
         "",
-        f"- Winners agree on the major levers ({', '.join(MAJOR_LEVERS)}): "
+        f"- Winners agree on the major levers ({', '.join(r['winners'][0]['major_levers'])}): "
         f"**{'yes' if r['winners_agree_on_major_levers'] else 'no'}** "
         f"({'; '.join(w['name'] + ': ' + json.dumps(w['major_levers']) for w in r['winners'])}).",
         f"- Winners' re-measured intervals overlap (within noise): **{'yes' if r['winners_within_noise'] else 'no'}**.",

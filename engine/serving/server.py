@@ -21,6 +21,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
@@ -605,14 +606,18 @@ def serve_command(
     grace_s: float = 20.0,
     record_traffic: Path | None = None,
     record_traffic_max_mib: float = 256,
+    overrides: dict[str, Any] | None = None,
 ) -> None:
-    """Load, warm up, serve; on SIGTERM stop accepting, drain for grace_s, exit 0.
+    """Load, warm up, serve; on SIGTERM stop accepting, drain for grace_s, exit 0. `overrides`
+    (dotted EngineConfig fields) go over CONFIG's.
 
     A second SIGTERM/SIGINT skips the rest of the grace period (aborts what is left).
     With `record_traffic`, what is served is recorded there (engine/serving/traffic_recorder.py), the
     folder bounded by `record_traffic_max_mib`.
     """
     cfg = EngineConfig.from_yaml(config) if config else EngineConfig()
+    if overrides:
+        cfg = cfg.with_updates(overrides)
     llm = AsyncLLM(cfg)
     recorder = None
     if record_traffic is not None:

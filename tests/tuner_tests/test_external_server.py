@@ -59,7 +59,12 @@ def test_it_serves_its_knobs_and_leaves_nothing_behind(tmp_path):
         props = urllib.request.urlopen(server.url + "/props", timeout=10).read().decode()
         assert '"total_slots":2' in props.replace(" ", "")
         server.check()
-        assert server.window_metrics() == {}  # no engine counters from outside: not measured, not 0
+        server.begin_window()
+        server._post("/v1/completions", {"prompt": "Hello there", "max_tokens": 5, "temperature": 0}, timeout=60)
+        seen = server.window_metrics()  # what it resolved, and its counters' rise: no bundled-engine counter
+        assert seen["server_slots"] == 2 and seen["server_ctx_per_slot"] == 512
+        assert seen["server_generated_tokens"] == 5 and seen["server_decode_calls"] >= 5
+        assert all(k.startswith("server_") for k in seen)
         assert "--cache-type-k" in server.argv and server.load_time_s > 0
     assert not _alive(pid)
     server.check()  # stopped by us, as a trial stops it after its replay: not a crash
@@ -71,6 +76,7 @@ def test_a_flag_the_binary_does_not_know_is_a_bad_flag(tmp_path):
             **load_engine("llama-server").model_dump(),
             "knobs": {"slots": {"flag": "--n-slots", "type": "int"}},
             "rules": [],
+            "slot_context": None,
         }
     )
     with pytest.raises(ServerFailure, match=r"^bad flag: exit code \d+: .*--n-slots"):
@@ -114,3 +120,30 @@ def test_the_server_dies_with_a_killed_trial_process(tmp_path):
         assert _wait_gone(pid)
     finally:
         trial.kill()
+
+
+@pytest.mark.skipif(shutil.which("llama-quantize") is None, reason="needs llama.cpp's llama-quantize on PATH")
+def test_greedy_match_passes_the_reference_and_fails_weights_requantized_to_2_bits(tmp_path):
+    """The negative control: the bundled Q4_1 GGUF requantized to Q2_K by llama-quantize is known to
+    damage output; the gate fails it, and passes the reference launch judged against itself."""
+    from slotune.evals.gate_spec import GateSpec
+    from slotune.tuner.measure.external_trial import answers, external_server, judge_gates
+    from slotune.tuner.spec.server import ServerConfig
+
+    q2 = tmp_path / "q2_k.gguf"
+    subprocess.run(
+        ["llama-quantize", "--allow-requantize", str(resolve_model_path("smollm2-135m")), str(q2), "Q2_K"],
+        check=True,
+        capture_output=True,
+    )
+    gate = GateSpec(name="same", kind="greedy_match", min_match=0.8, limit=8, max_tokens=16)
+    reference = ServerConfig(engine="llama-server", model="smollm2-135m", knobs={"threads": 2})
+    scores = {}
+    for model in ("smollm2-135m", str(q2)):
+        cfg = reference.with_updates({"model": model})
+        with external_server(cfg, tmp_path / "server.log") as server:
+            assert str(q2) in server.argv or model != str(q2)
+            report = judge_gates(cfg, reference, [gate], answers(server, [gate]), server.tokenizer, tmp_path)
+        scores[model] = report.gates[0]
+    assert scores["smollm2-135m"].passed and scores["smollm2-135m"].candidate == 1.0
+    assert not scores[str(q2)].passed and scores[str(q2)].candidate < 0.5

@@ -7,6 +7,8 @@ from __future__ import annotations
 import shlex
 import shutil
 import stat
+import sys
+from pathlib import Path
 
 import optuna
 import pytest
@@ -114,12 +116,45 @@ def test_a_space_for_a_server_names_only_its_engines_knobs():
             SearchSpace.model_validate({"engine": "llama-server", "knobs": [knob]})
         return str(exc.value)
 
-    assert "knob 'max_num_seqs': not a llama-server knob (its knobs: threads" in problem(
+    assert "knob 'max_num_seqs': not a llama-server knob (its knobs: model, threads" in problem(
         {"name": "max_num_seqs", "type": "int", "low": 1, "high": 4}
     )
     assert "not a llama-server knob" in problem({"name": "ctx_size", "type": "int", "low": 512, "high": 4096})
     assert "a float knob on a whole-number field" in problem({"name": "parallel", "type": "float", "low": 1, "high": 4})
     assert "'q9' is not one of" in problem({"name": "cache_type_k", "type": "categorical", "choices": ["f16", "q9"]})
+
+
+def test_server_models_become_the_weights_knob(tmp_path):
+    """server.models: the study chooses the weights among the spec's model and these files."""
+    (tmp_path / "q8.gguf").write_bytes(resolve_model_path("smollm2-135m").read_bytes())
+    path = tmp_path / "spec.yaml"
+    data = _spec(tmp_path, server={"engine": "llama-server", "knobs": {"threads": 2}, "models": ["q8.gguf"]})
+    path.write_text(yaml.safe_dump(data))
+    spec = TuningSpec.from_yaml(path)
+    knob = spec.search_space.knobs[0]
+    assert knob.name == "model" and knob.choices == ["smollm2-135m", str(tmp_path / "q8.gguf")]
+    launch = spec.base_config().with_updates({"model": knob.choices[1], "parallel": 2})
+    assert launch.value_at("model") == knob.choices[1] and launch.knobs == {"threads": 2, "parallel": 2}
+    assert launch.argv()[launch.argv().index("--model") + 1] == str(tmp_path / "q8.gguf")
+    assert TuningSpec.model_validate(spec.model_dump()).search_space == spec.search_space  # read back as it was
+    both = {**data, "search_space": {"engine": "llama-server", "knobs": [knob.model_dump(exclude_none=True)]}}
+    assert "server.models and search_space knob 'model' both list the weights" in _problem(both)
+    if LLAMA_SERVER:
+        (tmp_path / "q8.gguf").unlink()
+        with pytest.raises(SpecError, match=r"server.models\[0\]: .*q8.gguf"):
+            preflight(TuningSpec.from_yaml(path))
+
+
+@pytest.mark.skipif(LLAMA_SERVER is None, reason="needs llama.cpp's llama-server on PATH")
+def test_validate_names_a_slot_context_shorter_than_the_longest_request(tmp_path):
+    workload = {
+        **TINY_WORKLOAD,
+        "prompt_len": {"kind": "uniform", "min": 8, "max": 500},
+        "output_len": {"kind": "fixed", "value": 64},
+    }
+    spec = TuningSpec.model_validate(_spec(tmp_path, workload=workload))
+    with pytest.raises(SpecError, match="server.knobs: ctx_per_slot 512: the workload's requests reach 564 tokens"):
+        preflight(spec)
 
 
 def _fake_binary(tmp_path, help_text: str) -> str:
@@ -209,3 +244,57 @@ def test_greedy_match_scores_the_reference_tokens_reproduced_before_the_first_di
     r = greedy_match_gate(gate, ["abcd", "abxx"], ["abcd", "abcd"], Chars())
     assert r.candidate == 0.75 and not r.passed and "1 of 2 identical" in r.reason
     assert greedy_match_gate(gate, ["abcd", "abcd"], ["abcd", "abcd"], Chars()).passed
+
+
+SLOTUNE_SERVE_ENGINE = """
+name: slotune-serve
+binary: tune
+command: ["{binary}", "serve", "--model", "{model}", "--host", "{host}", "--port", "{port}"]
+ready_path: /ready
+help: [serve, --help]
+knobs:
+  max_num_seqs: {flag: --set, format: "max_num_seqs={}", type: int, low: 1}
+  quantization: {flag: --set, format: "quantization={}", type: choice, choices: [none, int8, int4]}
+gates: [greedy_match]
+counters:
+  path: /metrics
+  fields: {steps: slotune_engine_steps_total, generated_tokens: slotune_generation_tokens_total}
+"""
+
+
+def test_a_second_engine_is_one_data_file(tmp_path):
+    """An engine file written here, for slotune's own `tune serve` launched as a command, and nothing
+    else: validate checks its flags against `tune serve --help`, and a study tunes it through its API,
+    gated by greedy_match against its default launch."""
+    (tmp_path / "slotune-serve.yaml").write_text(SLOTUNE_SERVE_ENGINE)
+    tune = str(Path(sys.executable).parent / "tune")
+    space = {
+        "name": "seqs",
+        "engine": "slotune-serve.yaml",
+        "knobs": [{"name": "max_num_seqs", "type": "categorical", "choices": [1, 4]}],
+    }
+    gate = {"name": "same", "kind": "greedy_match", "min_match": 0.5, "limit": 2, "max_tokens": 4}
+    data = _spec(
+        tmp_path,
+        server={"engine": "slotune-serve.yaml", "binary": tune},
+        search_space=space,
+        budget={"n_trials": 2, "trial_timeout_s": 300},
+        sampler="random",
+        quality_gates=[gate],
+        confirm={"candidates": 1, "seeds": 1},
+    )
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(data))
+    spec = TuningSpec.from_yaml(path)
+    assert spec.server.engine == str(tmp_path / "slotune-serve.yaml")  # relative to the spec
+    preflight(spec)  # every flag is in `tune serve --help`
+    summary = run_command(path, progress=False)
+    assert summary is not None and summary["metrics"]["tpot_p95"] > 0
+    study = optuna.load_study(study_name="ls", storage=f"sqlite:///{tmp_path / 'out' / 'study.db'}")
+    measured = [t for t in study.trials if t.state.name == "COMPLETE"]
+    assert len(measured) == 2 and measured[0].params == {}
+    assert measured[1].user_attrs["config"]["knobs"]["max_num_seqs"] in (1, 4)
+    assert measured[0].user_attrs["gates"]["gates"][0]["candidate"] == 1.0
+    assert all(t.user_attrs["metrics"]["server_generated_tokens"] > 0 for t in measured)
+    launch = (tmp_path / "out" / "best.yaml").read_text().splitlines()[1]
+    assert launch.startswith(f"# launch: {tune} serve --model ")

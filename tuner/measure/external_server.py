@@ -6,8 +6,9 @@ however it dies);
 ready once it is alive, its health path answers 200 and one real completion succeeds, within
 `ready_timeout_s`; `check` notices that it died mid-replay; teardown sends SIGTERM to the whole
 group, then SIGKILL, and returns only once the server is gone. Every failure is a `ServerFailure`
-whose reason comes from tuner/measure/failures.py. An external server exposes no engine counters
-here: `window_metrics` is {} (shown as not measured, never as 0).
+whose reason comes from tuner/measure/failures.py. `window_metrics` holds what the engine file
+names under `settings` (as the server resolved them) and `counters` (their rise over the measured
+requests), as `server_<name>`; the bundled engine's counters are not among them (not measured, never 0).
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from slotune.tuner.measure import failures
-from slotune.tuner.spec.engines import EngineDescription, Value
+from slotune.tuner.spec.engines import EngineDescription, Recorded, Value
 
 
 class ServerFailure(RuntimeError):
@@ -54,8 +57,10 @@ class ExternalServer:
         self.tokenizer, self.log_path = tokenizer, Path(log_path)
         self.ready_timeout_s, self.stop_grace_s = ready_timeout_s, stop_grace_s
         self.url, self.argv, self.load_time_s = "", [], 0.0
+        self.model_id: str | None = None  # as the server names its model (GET /v1/models)
         self.proc: subprocess.Popen | None = None
         self._ended: str | None = None  # once stopped: why it had ended on its own, or "" (we stopped it)
+        self._counters_at_start: dict[str, float] = {}
 
     def __enter__(self) -> ExternalServer:
         port = _free_port()
@@ -87,12 +92,27 @@ class ExternalServer:
             if time.perf_counter() > deadline:
                 raise ServerFailure(failures.not_ready(self.ready_timeout_s))
             time.sleep(0.2)
-        body = {"prompt": "Hello", "max_tokens": 1, "temperature": 0}
+        self.model_id = self._model_id()
+        body = {
+            "prompt": "Hello",
+            "max_tokens": 1,
+            "temperature": 0,
+            **({"model": self.model_id} if self.model_id else {}),
+        }
         try:
             self._post("/v1/completions", body, timeout=max(deadline - time.perf_counter(), 5.0))
         except (OSError, ValueError) as exc:
             self._raise_if_ended(serving=False)
-            raise ServerFailure(f"failed to start: its first completion failed: {exc}") from None
+            said = exc.read().decode(errors="replace")[:500] if isinstance(exc, urllib.error.HTTPError) else ""
+            raise ServerFailure(f"failed to start: its first completion failed: {exc} {said}".strip()) from None
+
+    def _model_id(self) -> str | None:
+        """The first id of GET /v1/models (OpenAI's API requires one in each request; None: not listed)."""
+        try:
+            with urllib.request.urlopen(self.url + "/v1/models", timeout=10) as r:
+                return str(json.loads(r.read())["data"][0]["id"])
+        except (OSError, ValueError, KeyError, IndexError, TypeError):
+            return None
 
     def _get_ok(self, path: str) -> bool:
         try:
@@ -137,13 +157,28 @@ class ExternalServer:
             os.killpg(self.proc.pid, signal.SIGKILL)
 
     def begin_window(self) -> None:
-        pass
+        self._counters_at_start = self._read(self.engine.counters)
 
     def sample(self) -> None:
         pass
 
     def window_metrics(self) -> dict[str, float]:
-        return {}
+        """`server_<name>` for each setting, and each counter's rise since `begin_window`; a value the
+        server did not give is left out."""
+        now = self._read(self.engine.counters)
+        rises = {k: v - self._counters_at_start[k] for k, v in now.items() if k in self._counters_at_start}
+        return {f"server_{k}": v for k, v in {**self._read(self.engine.settings), **rises}.items()}
+
+    def _read(self, recorded: Recorded | None) -> dict[str, float]:
+        """The numbers `recorded` names, read from the running server ({} when it cannot say)."""
+        if recorded is None:
+            return {}
+        try:
+            with urllib.request.urlopen(self.url + recorded.path, timeout=5) as r:
+                text = r.read().decode()
+        except (OSError, ValueError):
+            return {}
+        return _numbers(text, recorded.fields)
 
     def check(self) -> None:
         """Raises when the server ended on its own while serving (before `stop`, or since it started)."""
@@ -155,6 +190,23 @@ class ExternalServer:
     @property
     def is_hopeless(self) -> bool:
         return False
+
+
+def _numbers(text: str, fields: dict[str, str]) -> dict[str, float]:
+    """`fields` (name -> JSON dotted path, or Prometheus sample name) read from a response body."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        samples = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+        return {k: float(samples[v]) for k, v in fields.items() if v in samples}
+    out = {}
+    for name, dotted in fields.items():
+        value = data
+        for part in dotted.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[name] = float(value)
+    return out
 
 
 def _free_port() -> int:

@@ -40,7 +40,9 @@ def external_server(cfg: ServerConfig, log_path: Path) -> ExternalServer:
 def answers(server: ExternalServer, gates: list[GateSpec]) -> dict[str, list[str]]:
     """Each gate's greedy answers from the running `server`."""
     return {
-        g.name: greedy_answers(server.url, gate_prompts(server.tokenizer, g), g.max_tokens or DEFAULT_MAX_TOKENS)
+        g.name: greedy_answers(
+            server.url, gate_prompts(server.tokenizer, g), g.max_tokens or DEFAULT_MAX_TOKENS, model=server.model_id
+        )
         for g in gates
     }
 
@@ -55,7 +57,7 @@ def judge_gates(
 ) -> GateReport:
     """Every gate of the candidate's answers against the reference launch's (cached, else launched
     now). A gate that errors is a failed result with the error as its reason, as in evals/gates.py."""
-    model_file = resolve_model_path(cfg.model)
+    model_file = resolve_model_path(reference.model)
     results = []
     for g in gates:
         t0 = time.perf_counter()

@@ -62,8 +62,8 @@ def run_trial(req: dict[str, Any]) -> dict[str, Any]:
             server = external_trial.external_server(cfg, Path(d) / "server.log")
             answers: dict[str, list[str]] = {}
 
-            def take_answers() -> None:  # while it still serves: its gates are judged on its own answers
-                if gate_specs:
+            def take_answers(res: ReplayResult) -> None:  # while it serves: its gates judge its own answers
+                if gate_specs and is_feasible(_judged(res, objective, server.load_time_s)[1]):
                     phase("quality gates: answers")
                     answers.update(external_trial.answers(server, gate_specs))
 
@@ -77,17 +77,7 @@ def run_trial(req: dict[str, Any]) -> dict[str, Any]:
         llm = LLM(cfg)
         load_s = time.perf_counter() - t0
         res = _replay_in_process(llm, req, phase)
-    # How sure each number is: intervals over the requests, at the objective's percentile too.
-    intervals = bootstrap_intervals(
-        res.records,
-        res.metrics["duration_s"],
-        ttft_limit_s=objective.get("ttft_limit_s"),
-        tpot_limit_s=objective.get("tpot_limit_s"),
-        percentiles=(*CI_PERCENTILES, objective["percentile"]),
-    )
-    metrics = {**res.metrics, **intervals, "load_time_s": load_s}
-    violations = slo_violations(metrics, objective)
-    violations["early_stop"] = 1.0 if res.early_stopped else 0.0
+    metrics, violations = _judged(res, objective, load_s)
     gates = None
     if req.get("gates") and is_feasible(violations):  # cheap first: gates only for SLO-meeting trials
         phase("quality gates")  # served: the server has stopped (the bundled engine stays loaded, idle)
@@ -110,6 +100,22 @@ def run_trial(req: dict[str, Any]) -> dict[str, Any]:
             "tpot": [r.tpot for r in res.records if r.tpot is not None],
         },
     }
+
+
+def _judged(res: ReplayResult, objective: dict[str, Any], load_s: float) -> tuple[dict[str, float], dict[str, float]]:
+    """A replay's metrics with their intervals (how sure each number is: over the requests, at the
+    objective's percentile too), and its SLO violations."""
+    intervals = bootstrap_intervals(
+        res.records,
+        res.metrics["duration_s"],
+        ttft_limit_s=objective.get("ttft_limit_s"),
+        tpot_limit_s=objective.get("tpot_limit_s"),
+        percentiles=(*CI_PERCENTILES, objective["percentile"]),
+    )
+    metrics = {**res.metrics, **intervals, "load_time_s": load_s}
+    violations = slo_violations(metrics, objective)
+    violations["early_stop"] = 1.0 if res.early_stopped else 0.0
+    return metrics, violations
 
 
 def _replay_in_process(llm, req: dict[str, Any], phase: Callable[[str], None]):
@@ -143,9 +149,13 @@ def _replay_in_process(llm, req: dict[str, Any], phase: Callable[[str], None]):
 
 
 def _replay_served(
-    server: TrialServer, req: dict[str, Any], phase: Callable[[str], None], after: Callable[[], None] = lambda: None
+    server: TrialServer,
+    req: dict[str, Any],
+    phase: Callable[[str], None],
+    after: Callable[[ReplayResult], None] = lambda res: None,
 ) -> tuple[ReplayResult, float]:
-    """Start `server`, replay the workload from a client process over HTTP, run `after`, stop it.
+    """Start `server`, replay the workload from a client process over HTTP, run `after` on the
+    result while the server still runs, stop it.
 
     Latency and throughput metrics (and the records) are the client's; what the server saw over
     the client's measured run (engine counters, peak memory) is `server.window_metrics()`, as
@@ -155,21 +165,21 @@ def _replay_served(
     with server:
         client = _run_client(server.url, req, server.tokenizer, server.begin_window, server.sample)
         server.check()
-        after()
+        num_broken = client.metrics.get("num_errors", 0.0)
+        if num_broken and not server.is_hopeless:  # loopback to our own server: a bug, not a measurement
+            causes = {k: v for k, v in client.metrics.items() if k.startswith("num_failed_") and not k[11:].isdigit()}
+            raise RuntimeError(f"{num_broken:g} requests broke over HTTP without an early stop: {causes}")
+        result = ReplayResult(
+            config=req["config"],
+            workload=client.workload,
+            metrics={**client.metrics, **server.window_metrics()},  # _run_client raised unless the window began
+            records=client.records,
+            early_stopped=client.early_stopped or server.is_hopeless,
+            device=client.device,
+            started_at=client.started_at,
+        )
+        after(result)
     server.check()
-    num_broken = client.metrics.get("num_errors", 0.0)
-    if num_broken and not server.is_hopeless:  # loopback to our own server: a bug, not a measurement
-        causes = {k: v for k, v in client.metrics.items() if k.startswith("num_failed_") and not k[11:].isdigit()}
-        raise RuntimeError(f"{num_broken:g} requests broke over HTTP without an early stop: {causes}")
-    result = ReplayResult(
-        config=req["config"],
-        workload=client.workload,
-        metrics={**client.metrics, **server.window_metrics()},  # _run_client raised unless the window began
-        records=client.records,
-        early_stopped=client.early_stopped or server.is_hopeless,
-        device=client.device,
-        started_at=client.started_at,
-    )
     return result, server.load_time_s
 
 

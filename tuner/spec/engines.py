@@ -38,6 +38,7 @@ class EngineKnob(StrictModel):
     bool_values: tuple[str, str] | None = None  # a bool as the flag's argument (on, off); None: a switch
     default: Value | None = None  # what the engine does with the flag left off, where a rule needs it
     value: str | None = None  # the flag's argument as a formula of knob names, e.g. "parallel * ctx_per_slot"
+    format: str = Field("{}", pattern=r"\{\}")  # the argument, {} standing for the value: "max_num_seqs={}"
 
     @model_validator(mode="after")
     def _check(self) -> EngineKnob:
@@ -50,6 +51,14 @@ class EngineKnob(StrictModel):
         if self.bool_values is not None and self.type != "bool":
             raise ValueError("`bool_values` is for bool knobs")
         return self
+
+
+class Recorded(StrictModel):
+    """What a trial records from a running server: `fields` name a metric after a value at `path`
+    (a JSON field by dotted path, or a Prometheus sample by name)."""
+
+    path: str = Field(pattern=r"^/")
+    fields: dict[str, str]
 
 
 class Rule(StrictModel):
@@ -72,12 +81,17 @@ class EngineDescription(StrictModel):
     knobs: dict[str, EngineKnob]
     rules: list[Rule] = []
     gates: list[str] = []  # the gate kinds this engine can serve through its API
+    slot_context: str | None = None  # the knob bounding one request's tokens, prompt and output
+    settings: Recorded | None = None  # JSON of what it resolved at start (slots, context), once per trial
+    counters: Recorded | None = None  # Prometheus counters, recorded as their rise over the measured requests
 
     @model_validator(mode="after")
     def _check(self) -> EngineDescription:
         for name in self.knobs:
             if not re.fullmatch(_NAME, name):
                 raise ValueError(f"knob name {name!r}: use lower-case letters, digits and _")
+            if name == "model":
+                raise ValueError("knob name 'model': the weights are {model} in `command`; name the knob otherwise")
         for part in re.findall(r"{(\w+)}", " ".join(self.command)):
             if part not in _PLACEHOLDERS:
                 raise ValueError(f"command: unknown placeholder {{{part}}}; use {', '.join(_PLACEHOLDERS)}")
@@ -91,6 +105,8 @@ class EngineDescription(StrictModel):
                 _evaluate(knob.value, dict.fromkeys(_names(knob.value), 1))
             except (SyntaxError, ValueError, ZeroDivisionError) as exc:
                 raise ValueError(f"knob '{name}': {exc}") from None
+        if self.slot_context is not None and self.slot_context not in self.knobs:
+            raise ValueError(f"slot_context: '{self.slot_context}' is not a knob of this engine")
         for i, rule in enumerate(self.rules):
             for part in ("when", "require"):
                 unknown = sorted(set(getattr(rule, part)) - set(self.knobs))
@@ -148,13 +164,13 @@ class EngineDescription(StrictModel):
             if knob.value is not None:
                 if any(ref not in values for ref in _names(knob.value)):
                     continue
-                args += [knob.flag, _format(_evaluate(knob.value, values))]
+                args += [knob.flag, knob.format.replace("{}", _format(_evaluate(knob.value, values)))]
             elif knob.type == "bool" and knob.bool_values is None:
                 args += [knob.flag] if values[name] else []
             elif knob.type == "bool":
-                args += [knob.flag, knob.bool_values[0 if values[name] else 1]]
+                args += [knob.flag, knob.format.replace("{}", knob.bool_values[0 if values[name] else 1])]
             else:
-                args += [knob.flag, _format(values[name])]
+                args += [knob.flag, knob.format.replace("{}", _format(values[name]))]
         return args
 
     def help_problems(self, help_text: str) -> list[str]:
@@ -190,10 +206,12 @@ class FlagHelp(NamedTuple):
 def parse_help(text: str) -> dict[str, FlagHelp]:
     """Flags listed by a `--help` text -> their allowed values and help. Reads llama.cpp's layout
     (an option's names at the start of a line, its help indented below; `[on|off|auto]` or
-    `a,b,c` hints and "allowed values: a, b" lines) and argparse's (`--flag {a,b}`)."""
+    `a,b,c` hints and "allowed values: a, b" lines), argparse's (`--flag {a,b}`) and rich's boxed
+    panels (typer)."""
     found: dict[str, FlagHelp] = {}
     current: list[str] = []
     for line in text.splitlines():
+        line = re.sub(r"^│", " ", line)
         names = re.match(r"^\s{0,4}(-[^\s,]+(?:,\s*-[^\s,]+)*)(?:[ =]+(\S+))?", line)
         if names and not line.startswith(" " * 5):
             current = re.split(r",\s*", names.group(1))
@@ -224,6 +242,14 @@ def load_engine(name_or_path: str | Path) -> EngineDescription:
         return EngineDescription.model_validate(load_yaml_mapping(path, "engine file"))
     except ValidationError as exc:
         raise SpecError.from_validation(exc, path) from None
+
+
+def engine_ref(ref: object, base: Path | None) -> object:
+    """An engine as a spec or search space names it: a built-in name as it is, a file resolved against
+    `base` (the folder of the file that names it)."""
+    if not isinstance(ref, str) or base is None or ("/" not in ref and not Path(ref).suffix):
+        return ref
+    return str((base / Path(ref).expanduser()).resolve())
 
 
 def builtin_engines() -> list[str]:

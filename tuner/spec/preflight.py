@@ -52,7 +52,10 @@ def preflight(spec: TuningSpec) -> None:
     base = spec.base_config()
     if isinstance(base, ServerConfig):
         run("model", _model_context, base.model)
+        for i, m in enumerate(spec.server.models):
+            run(f"server.models[{i}]", _model_context, m)
         problems += _check_server(base)
+        problems += _check_slot_context(spec, base)
     else:
         try:
             _check_loadable(base.model)
@@ -142,10 +145,27 @@ def _check_server(server: ServerConfig) -> list[Problem]:
             )
         ]
     try:
-        out = subprocess.run([binary, *engine.help], capture_output=True, text=True, timeout=60)
+        env = {**os.environ, "COLUMNS": "200"}  # rich (typer) cuts long flags to the terminal's width
+        out = subprocess.run([binary, *engine.help], capture_output=True, text=True, timeout=60, env=env)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return [Problem(f"`{binary} {' '.join(engine.help)}` did not run: {exc}", field="server.binary")]
     return [Problem(p, field="server.engine") for p in engine.help_problems(out.stdout + out.stderr)]
+
+
+def _check_slot_context(spec: TuningSpec, server: ServerConfig) -> list[Problem]:
+    """Each server slot holds the workload's longest request (its prompt and output lengths' bounds)."""
+    knob = server.description().slot_context
+    ctx = server.knobs.get(knob) if knob else None
+    longest = spec.workload.longest_request()
+    if not isinstance(ctx, int) or longest is None or longest <= ctx:
+        return []
+    return [
+        Problem(
+            f"{knob} {ctx}: the workload's requests reach {longest} tokens (longest prompt and output); "
+            f"raise it to at least {longest}",
+            field="server.knobs",
+        )
+    ]
 
 
 def _model_context(model: str) -> tuple[int | None, str]:

@@ -22,6 +22,8 @@ from slotune.engine.config import EngineConfig, StrictModel
 from slotune.engine.paths import resolve_model_path
 from slotune.tuner.spec.engines import EngineDescription, Value, load_engine
 
+MODEL_KNOB = "model"  # a search space knob choosing the weights file among server.models
+
 
 @functools.lru_cache(maxsize=16)
 def engine_description(engine: str) -> EngineDescription:
@@ -29,8 +31,8 @@ def engine_description(engine: str) -> EngineDescription:
     return load_engine(engine)
 
 
-class ServerSection(StrictModel):
-    """The spec's `server:`: launch this engine's server for every trial instead of the bundled engine."""
+class _Launch(StrictModel):
+    """An engine, its binary and knob values: what a spec's section and one launch share."""
 
     engine: str = Field(min_length=1, description="a built-in engine (llama-server) or an engine file")
     binary: str | None = Field(None, description="the executable; default: the engine file's, looked up on PATH")
@@ -43,7 +45,7 @@ class ServerSection(StrictModel):
         return v
 
     @model_validator(mode="after")
-    def _knobs_ok(self) -> ServerSection:
+    def _knobs_ok(self) -> _Launch:
         problems = self.description().check_values(self.knobs)
         if problems:
             raise ValueError("knobs: " + "; ".join(problems))
@@ -58,17 +60,31 @@ class ServerSection(StrictModel):
         return shutil.which(name) if "/" not in name else (name if Path(name).is_file() else None)
 
 
-class ServerConfig(ServerSection):
+class ServerSection(_Launch):
+    """The spec's `server:`: launch this engine's server for every trial instead of the bundled engine."""
+
+    models: list[str] = Field(
+        default_factory=list,
+        description="more weights files the study chooses among; the spec's model is the default's",
+    )
+
+
+class ServerConfig(_Launch):
     """One launch of an external server: a trial's config."""
 
     model: str = Field(min_length=1, description="the weights the server loads: a bundled name or a file")
 
     def with_updates(self, updates: dict[str, Any]) -> ServerConfig:
-        """Copy with these knob values on top, validated (ValueError naming each problem)."""
-        return ServerConfig.model_validate({**self.model_dump(), "knobs": {**self.knobs, **updates}})
+        """Copy with these knob values (and `model`, the weights) on top, validated (ValueError naming
+        each problem)."""
+        knobs = {k: v for k, v in updates.items() if k != MODEL_KNOB}
+        model = updates.get(MODEL_KNOB, self.model)
+        return ServerConfig.model_validate({**self.model_dump(), "model": model, "knobs": {**self.knobs, **knobs}})
 
     def value_at(self, name: str) -> Value | None:
         """The knob's value at launch: set here, else the engine's own default (None: unknown)."""
+        if name == MODEL_KNOB:
+            return self.model
         return self.knobs.get(name, self.description().knobs[name].default)
 
     def argv(self, port: int = 8080, host: str = "127.0.0.1") -> list[str]:
@@ -85,8 +101,9 @@ class ServerConfig(ServerSection):
         return f"# launch: {shlex.join(self.argv())}\n" + yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
     def knob_names(self) -> list[str]:
-        """The knobs a search space may name: those passed to the engine directly, not computed."""
-        return [n for n, k in self.description().knobs.items() if k.value is None]
+        """The knobs a search space may name: the weights (`model`) and the engine's knobs passed to it
+        directly, not computed."""
+        return [MODEL_KNOB] + [n for n, k in self.description().knobs.items() if k.value is None]
 
 
 TrialConfig = EngineConfig | ServerConfig

@@ -19,9 +19,10 @@ from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_va
 from slotune.engine.config import DEFAULT_MODEL, EngineConfig, StrictModel
 from slotune.evals.gate_spec import GateSpec
 from slotune.evals.tasks import data_dir as tasks_data_dir
-from slotune.search_spaces.schema import SearchSpace, builtin_spaces
+from slotune.search_spaces.schema import Knob, SearchSpace, builtin_spaces
+from slotune.tuner.spec.engines import engine_ref
 from slotune.tuner.spec.sections import Budget, Confirm, Cost, EarlyStop, ObjectiveSpec, Screening, Sweep
-from slotune.tuner.spec.server import ServerConfig, ServerSection, TrialConfig
+from slotune.tuner.spec.server import MODEL_KNOB, ServerConfig, ServerSection, TrialConfig
 from slotune.tuner.spec.slo import COST_METRICS
 from slotune.tuner.spec.workload_spec import (
     MAX_SEED,
@@ -29,7 +30,7 @@ from slotune.tuner.spec.workload_spec import (
     builtin_workloads,
     resolve_trace_path,
 )
-from slotune.tuner.spec.yaml_reader import SpecError, load_yaml_mapping, parse_yaml
+from slotune.tuner.spec.yaml_reader import SpecError, load_yaml_mapping, parse_yaml, resolve_path, resolve_ref
 
 
 class TuningSpec(StrictModel):
@@ -97,7 +98,19 @@ class TuningSpec(StrictModel):
     @field_validator("model")
     @classmethod
     def _model_ok(cls, v: str, info: ValidationInfo) -> str:
-        return _resolve_path(v, _base_dir(info), name_ok=True)
+        return resolve_path(v, _base_dir(info), name_ok=True)
+
+    @field_validator("server", mode="before")
+    @classmethod
+    def _server_paths(cls, v: Any, info: ValidationInfo) -> Any:
+        """An engine file and the weights files, relative to the spec's folder."""
+        if not isinstance(v, dict):
+            return v
+        base = _base_dir(info)
+        v = {**v, "engine": engine_ref(v.get("engine"), base)}
+        if isinstance(v.get("models"), list):
+            v["models"] = [resolve_path(m, base, name_ok=True) if isinstance(m, str) else m for m in v["models"]]
+        return v
 
     @field_validator("engine")
     @classmethod
@@ -110,7 +123,7 @@ class TuningSpec(StrictModel):
         _refuse_non_finite(v, "engine")
         spec = v.get("speculative")
         if isinstance(spec, dict) and isinstance(spec.get("draft_model"), str):
-            v = {**v, "speculative": {**spec, "draft_model": _resolve_path(spec["draft_model"], _base_dir(info))}}
+            v = {**v, "speculative": {**spec, "draft_model": resolve_path(spec["draft_model"], _base_dir(info))}}
         _validate_nested(EngineConfig, v)
         return v
 
@@ -132,6 +145,8 @@ class TuningSpec(StrictModel):
     @field_validator("search_space", mode="before")
     @classmethod
     def _space_ok(cls, v, info: ValidationInfo) -> SearchSpace:
+        if isinstance(v, dict) and "engine" in v:
+            v = {**v, "engine": engine_ref(v["engine"], _base_dir(info))}
         return _load_part(SearchSpace, v, info, builtin_spaces(), "search space")
 
     @field_validator("quality_gates", mode="before")
@@ -157,7 +172,7 @@ class TuningSpec(StrictModel):
     @field_validator("output_dir")
     @classmethod
     def _output_ok(cls, v, info: ValidationInfo):
-        return None if v is None else _resolve_path(v, _base_dir(info))
+        return None if v is None else resolve_path(v, _base_dir(info))
 
     @field_validator("storage", "mlflow_tracking_uri")
     @classmethod
@@ -220,6 +235,20 @@ class TuningSpec(StrictModel):
         ):
             if wrong:
                 raise ValueError(f"{field} with server.engine {engine}: {fix}")
+        if self.server.models:
+            self._add_model_knob()
+
+    def _add_model_knob(self) -> None:
+        """server.models becomes the space's `model` knob: the spec's model (the default's) and those."""
+        knob = Knob(name=MODEL_KNOB, type="categorical", choices=list(dict.fromkeys([self.model, *self.server.models])))
+        if knob in self.search_space.knobs:  # added already: this spec was dumped and read again
+            return
+        if any(k.name == MODEL_KNOB for k in self.search_space.knobs):
+            raise ValueError(
+                f"server.models and search_space knob '{MODEL_KNOB}' both list the weights to choose among; keep one"
+            )
+        space = self.search_space.model_dump(exclude_none=True)
+        self.search_space = SearchSpace.model_validate({**space, "knobs": [knob.model_dump(), *space["knobs"]]})
 
     def _check_screening(self) -> None:
         if len(self.objective.metrics) > 1:
@@ -262,7 +291,7 @@ class TuningSpec(StrictModel):
     def base_config(self) -> TrialConfig:
         """Every trial's config before its searched values: the bundled engine's, or the server's launch."""
         if self.server is not None:
-            return ServerConfig(**self.server.model_dump(), model=self.model)
+            return ServerConfig(**self.server.model_dump(exclude={"models"}), model=self.model)
         return EngineConfig.model_validate({**self.engine, "model": self.model})
 
     def resolved_output_dir(self) -> Path:
@@ -300,39 +329,6 @@ def _base_dir(info: ValidationInfo) -> Path | None:
     return (info.context or {}).get("base_dir")
 
 
-def _resolve_path(ref: str, base: Path | None, name_ok: bool = False) -> str:
-    """`ref` against the spec's folder; with `name_ok`, a bare name (no separator, no leading '.' or '~',
-    nothing of that name in the folder) is kept as a name (a bundled model)."""
-    if "\x00" in ref:
-        raise ValueError("contains a NUL character")
-    p = Path(ref).expanduser()
-    if p.is_absolute() or base is None:
-        return str(p) if not name_ok or p.is_absolute() else ref
-    if (
-        name_ok
-        and "/" not in ref
-        and os.sep not in ref
-        and not ref.startswith((".", "~"))
-        and p.suffix != ".gguf"
-        and not (base / p).exists()
-    ):
-        return ref
-    return os.path.normpath(base / p)
-
-
-def _resolve_ref(ref: str, base: Path | None, builtins: dict[str, Path]) -> str:
-    """A workload / search space reference: a file next to the spec, a built-in name, or a path."""
-    if "\x00" in ref:
-        raise ValueError("contains a NUL character")
-    if base is not None and (base / ref).exists():
-        return os.path.normpath(base / ref)
-    if ref in builtins:
-        return ref
-    if Path(ref).suffix not in (".yaml", ".yml", ".json") and "/" not in ref and os.sep not in ref:
-        raise ValueError(f"'{ref}' is not a file next to the spec, and not a built-in ({', '.join(sorted(builtins))})")
-    return _resolve_path(ref, base)
-
-
 def _load_part(model, value: Any, info: ValidationInfo, builtins: dict[str, Path], what: str):
     """A workload or search space as the spec gives it: the object, its mapping, or a reference (a file
     next to the spec, a built-in name) whose file's own problems are named by its path."""
@@ -342,7 +338,7 @@ def _load_part(model, value: Any, info: ValidationInfo, builtins: dict[str, Path
         return _validate_nested(model, value)
     if not isinstance(value, str):
         raise ValueError(f"a built-in {what} name, a {what} file or a {what} mapping")
-    return model.load(_resolve_ref(value, _base_dir(info), builtins))
+    return model.load(resolve_ref(value, _base_dir(info), builtins))
 
 
 def _validate_nested(model: type[BaseModel], value: Any, prefix: str = "") -> Any:
@@ -387,7 +383,7 @@ def _check_storage_url(url: str, base: Path | None) -> str:
         and parsed.database != ":memory:"
         and not parsed.database.startswith("file:")
     ):
-        db = _resolve_path(parsed.database, base)
+        db = resolve_path(parsed.database, base)
         if db != parsed.database:
             return f"{url.split(':', 1)[0]}:///{db}"
     return url

@@ -83,6 +83,10 @@ class SharedPrefix(StrictModel):
         return self
 
 
+def _bound(length: Length) -> int:
+    return length.value if isinstance(length, Fixed) else length.max
+
+
 # Fields a trace replay takes from the trace: given beside `trace: {path: ...}`, they would be ignored.
 _TRACE_DECIDES = {
     "prompt_len": "its prompt lengths",
@@ -230,6 +234,14 @@ class WorkloadSpec(StrictModel):
     @property
     def is_closed_loop(self) -> bool:
         return self.arrivals == "closed_loop"
+
+    def longest_request(self) -> int | None:
+        """The most tokens one request can hold (prompt, shared prefix and output at their bounds);
+        None when a trace or a prefix given as text decides it. Chat templates add a few more."""
+        if self.trace is not None or (self.shared_prefix and self.shared_prefix.text):
+            return None
+        prefix = self.shared_prefix.num_tokens if self.shared_prefix else 0
+        return _bound(self.prompt_len) + prefix + _bound(self.output_len)
 
     @property
     def trace_source(self) -> TraceSource | None:

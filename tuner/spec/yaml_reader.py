@@ -9,6 +9,7 @@ UTF-8 only. Its problems are `SpecError`s naming the file, line and column.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -320,3 +321,36 @@ def format_error(exc: BaseException) -> str:
         ]
         return f"{exc.title}: {len(lines)} problem(s)\n  " + "\n  ".join(lines)
     return str(exc)
+
+
+def resolve_path(ref: str, base: Path | None, name_ok: bool = False) -> str:
+    """`ref` against the spec's folder; with `name_ok`, a bare name (no separator, no leading '.' or '~',
+    nothing of that name in the folder) is kept as a name (a bundled model)."""
+    if "\x00" in ref:
+        raise ValueError("contains a NUL character")
+    p = Path(ref).expanduser()
+    if p.is_absolute() or base is None:
+        return str(p) if not name_ok or p.is_absolute() else ref
+    if (
+        name_ok
+        and "/" not in ref
+        and os.sep not in ref
+        and not ref.startswith((".", "~"))
+        and p.suffix != ".gguf"
+        and not (base / p).exists()
+    ):
+        return ref
+    return os.path.normpath(base / p)
+
+
+def resolve_ref(ref: str, base: Path | None, builtins: dict[str, Path]) -> str:
+    """A workload / search space reference: a file next to the spec, a built-in name, or a path."""
+    if "\x00" in ref:
+        raise ValueError("contains a NUL character")
+    if base is not None and (base / ref).exists():
+        return os.path.normpath(base / ref)
+    if ref in builtins:
+        return ref
+    if Path(ref).suffix not in (".yaml", ".yml", ".json") and "/" not in ref and os.sep not in ref:
+        raise ValueError(f"'{ref}' is not a file next to the spec, and not a built-in ({', '.join(sorted(builtins))})")
+    return resolve_path(ref, base)
