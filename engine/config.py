@@ -175,7 +175,8 @@ class EngineConfig(_EngineModel):
         if isinstance(data.get("engine"), str) and "knobs" in data:
             raise ValueError(
                 f"this is a launch of the external server {data['engine']} (a best.yaml of a spec with "
-                "`server:`), not a config of the bundled engine: start it with the command on its `# launch:` line"
+                "`server:`), not a config of the bundled engine: start it with `tune serve` or the command on its "
+                "`# launch:` line"
             )
         # best.yaml files written by the tuner nest the config under `engine:`.
         if set(data) == {"engine"} or ("engine" in data and "metrics" in data):

@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 def _task_gate(gate: GateSpec, llm, base: Baseline) -> GateResult:
     metric = gate.metric_name
-    key = {"kind": gate.kind, "task": gate.task, "data": task_fingerprint(gate.task), "limit": gate.limit}
+    key = task_key(gate)
     cand = None
     if base.is_candidate:  # one run serves both sides
         cand = run_task(llm, gate.task, gate.limit)
@@ -47,6 +47,18 @@ def _task_gate(gate: GateSpec, llm, base: Baseline) -> GateResult:
         raise ValueError(f"gate '{gate.name}': task {gate.task} has no metric '{metric}' (has: {', '.join(ref)})")
     if cand is None:
         cand = run_task(llm, gate.task, gate.limit)
+    return judge_task(gate, ref, cand)
+
+
+def task_key(gate: GateSpec) -> dict:
+    """What a task's baseline depends on, besides the model and its config: task, data and limit."""
+    return {"kind": gate.kind, "task": gate.task, "data": task_fingerprint(gate.task), "limit": gate.limit}
+
+
+def judge_task(gate: GateSpec, ref: dict, cand: dict) -> GateResult:
+    """A task gate's verdict: the candidate's run (`run_task`) against the baseline's per-document
+    values (`ref`: metric -> doc id -> value), paired by document."""
+    metric = gate.metric_name
     b = {int(k): v for k, v in ref[metric].items()}
     c = cand["per_doc"][metric]
     if gate.kind == "perplexity":  # lower is better: drop = candidate - baseline

@@ -72,18 +72,56 @@ def run_task(llm, task: str, limit: int | None = None, *, max_batch_tokens: int 
          "num_docs": int, "seconds": float}. Per-doc values are floats, or [loglik, units] pairs
         for perplexity metrics.
     """
+    from slotune.evals.lm_eval_adapter import SlotuneLM  # imports torch and lm_eval
+
+    return _evaluate(SlotuneLM(llm, max_batch_tokens=max_batch_tokens), task, limit)
+
+
+def run_task_api(url: str, model: str | None, task: str, limit: int | None = None) -> dict[str, Any]:
+    """Run one bundled generation task through lm-eval's `local-completions` against the
+    OpenAI-compatible server at `url` (greedy, one request at a time, text prompts: no tokenizer
+    needed). Returns what `run_task` does."""
+    from lm_eval.models.openai_completions import LocalCompletionsAPI
+
+    lm = LocalCompletionsAPI(
+        base_url=f"{url}/v1/completions",
+        model=model or "default",
+        tokenizer_backend=None,
+        tokenized_requests=False,
+        num_concurrent=1,
+        max_retries=1,
+        timeout=300,
+    )
+    return _evaluate(lm, task, limit)
+
+
+def task_output_type(task: str) -> str:
+    """How a bundled task is scored: generate_until, multiple_choice, loglikelihood_rolling, ..."""
+    task_fingerprint(task)  # raises on unknown names
+    tmpl = data_dir() / task.removeprefix(TASK_PREFIX) / "task.yaml.tmpl"
+    for line in tmpl.read_text().splitlines():
+        if line.startswith("output_type:"):
+            return line.split(":", 1)[1].strip()
+    return "generate_until"  # lm-eval's default
+
+
+def generation_tasks() -> list[str]:
+    """The bundled tasks scored on generated text (what a server's API can give)."""
+    return [t for t in bundled_tasks() if task_output_type(t) == "generate_until"]
+
+
+def _evaluate(model, task: str, limit: int | None) -> dict[str, Any]:
+    """lm-eval's simple_evaluate of one bundled task on `model` (an lm_eval LM), per document."""
     import time
 
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    from slotune.evals.lm_eval_adapter import SlotuneLM  # imports torch and lm_eval, as the two lines above
-
     task_fingerprint(task)  # raises on unknown names
     tm = TaskManager(include_path=str(tasks_dir()), include_defaults=False)
     t0 = time.perf_counter()
     res = lm_eval.simple_evaluate(
-        model=SlotuneLM(llm, max_batch_tokens=max_batch_tokens),
+        model=model,
         tasks=[task],
         limit=limit,
         task_manager=tm,

@@ -98,10 +98,14 @@ def _key(params: dict) -> tuple:
 
 
 def _is_product(cmdline: Iterable[str]) -> bool:
-    """A slotune process: `-m slotune.…`, the `tune` script, or the stand-in trial process."""
+    """A slotune process: `-m slotune.…`, the `tune` script, the stand-in trial process, or an external
+    server a trial launched (llama-server)."""
     args = list(cmdline)
     return any(
-        a.startswith("slotune.") or a.endswith("fake_trial_runner.py") or os.path.basename(a) == "tune" for a in args
+        a.startswith("slotune.")
+        or a.endswith("fake_trial_runner.py")
+        or os.path.basename(a) in ("tune", "llama-server")
+        for a in args
     )
 
 

@@ -269,9 +269,19 @@ def serve(
         Optional[list[str]], typer.Option("--set", help="override a config field: --set max_num_seqs=8")
     ] = None,
 ) -> None:
-    """Serve CONFIG over an OpenAI-compatible HTTP API."""
+    """Serve CONFIG over an OpenAI-compatible HTTP API (an external server's best.yaml: start that server)."""
     with _reading(config):
         _check_yaml(config)
+        from slotune.tuner.launch import exec_launch, server_launch
+
+        launch = server_launch(config)
+        if launch is not None:
+            options = {
+                "--api-key": api_key,
+                "--served-model-name": served_model_name,
+                "--record-traffic": record_traffic,
+            }
+            exec_launch(launch, host, port, {**options, "--model": model, "--set": set_})
         from slotune.engine.serving.server import serve_command  # per command; imports torch, FastAPI
         from slotune.tuner.commands import parse_overrides
 

@@ -147,3 +147,29 @@ def test_greedy_match_passes_the_reference_and_fails_weights_requantized_to_2_bi
         scores[model] = report.gates[0]
     assert scores["smollm2-135m"].passed and scores["smollm2-135m"].candidate == 1.0
     assert not scores[str(q2)].passed and scores[str(q2)].candidate < 0.5
+
+
+def test_an_lm_eval_generation_task_runs_through_the_servers_api(tmp_path):
+    """lm-eval's local-completions against the real server: the task's per-document scores, and a
+    gate of the reference launch judged against itself (the baseline cached from its own run)."""
+    from slotune.evals.gate_spec import GateSpec
+    from slotune.tuner.measure.external_trial import answers, external_server, judge_gates
+    from slotune.tuner.spec.server import ServerConfig
+
+    gate = GateSpec(
+        name="sums",
+        kind="lm_eval",
+        task="slotune_arithmetic_1digit_gen",
+        metric="exact_match",
+        limit=6,
+        max_abs_drop=0.2,
+    )
+    reference = ServerConfig(engine="llama-server", model="smollm2-135m", knobs={"threads": 2})
+    with external_server(reference, tmp_path / "server.log") as server:
+        run = answers(server, [gate])["sums"]
+    assert run["num_docs"] == 6 and set(run["per_doc"]["exact_match"]) == set(range(6))
+    assert 0 <= run["metrics"]["exact_match"] <= 1
+    report = judge_gates(reference, reference, [gate], {"sums": run}, None, tmp_path)
+    result = report.gates[0]
+    assert result.passed and result.drop == 0 and result.num_items == 6, result.reason
+    assert len(list(tmp_path.glob("lm_eval-*.json"))) == 1

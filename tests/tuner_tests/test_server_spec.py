@@ -92,7 +92,7 @@ def test_best_yaml_holds_the_launch_command_with_the_model_file():
         (
             {"quality_gates": [{"name": "a", "kind": "agreement", "min_top1": 0.9}]},
             "quality_gates[0] 'a': kind agreement needs the bundled engine; llama-server is judged through its "
-            "API by greedy_match",
+            "API by greedy_match, lm_eval",
         ),
         (
             {
@@ -103,6 +103,16 @@ def test_best_yaml_holds_the_launch_command_with_the_model_file():
             "quality_gates[0] 'g': greedy_match judges an external server",
         ),
         ({"quality_gates": [{"name": "g", "kind": "greedy_match"}]}, "greedy_match needs min_match"),
+        (
+            {
+                "quality_gates": [
+                    {"name": "mc", "kind": "lm_eval", "task": "slotune_general_knowledge", "max_abs_drop": 0.1}
+                ]
+            },
+            "quality_gates[0] 'mc': task slotune_general_knowledge is scored by multiple_choice, which needs the "
+            "model's log-probabilities; llama-server is judged through its API on generation tasks "
+            "(slotune_arithmetic_1digit_gen)",
+        ),
         ({"budget": {"measure": "in_process"}}, "budget.measure with server.engine llama-server"),
     ],
 )
@@ -298,3 +308,42 @@ def test_a_second_engine_is_one_data_file(tmp_path):
     assert all(t.user_attrs["metrics"]["server_generated_tokens"] > 0 for t in measured)
     launch = (tmp_path / "out" / "best.yaml").read_text().splitlines()[1]
     assert launch.startswith(f"# launch: {tune} serve --model ")
+
+
+@pytest.mark.skipif(LLAMA_SERVER is None, reason="needs llama.cpp's llama-server on PATH")
+def test_tune_serve_of_a_servers_best_yaml_becomes_that_server(tmp_path):
+    """`tune serve best.yaml` execs the winner's launch on the host and port asked for: the process
+    is llama-server itself, serving, and SIGTERM stops it."""
+    import socket
+    import subprocess
+    import time
+    import urllib.request
+
+    import psutil
+
+    best = tmp_path / "best.yaml"
+    best.write_text(
+        ServerConfig(engine="llama-server", model="smollm2-135m", knobs={"threads": 2, "parallel": 2}).to_yaml()
+    )
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    tune = str(Path(sys.executable).parent / "tune")
+    refused = subprocess.run([tune, "serve", str(best), "--api-key", "k"], capture_output=True, text=True)
+    assert refused.returncode != 0 and "--api-key: options of the bundled engine's server" in refused.stderr
+    proc = subprocess.Popen([tune, "serve", str(best), "--port", str(port)], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/props", timeout=2) as r:
+                    props = r.read().decode()
+                break
+            except OSError:
+                time.sleep(0.3)
+        assert '"total_slots":2' in props.replace(" ", "")
+        assert psutil.Process(proc.pid).cmdline()[:1] == [LLAMA_SERVER]  # exec'd: the server, not a wrapper
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert f"launching: {LLAMA_SERVER} --model " in proc.stderr.read()

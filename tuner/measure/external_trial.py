@@ -1,6 +1,7 @@
 """The parts of a trial particular to an external server: its launch, and its quality gates judged
-through its API (evals/greedy_match.py) against the spec's reference launch, which is started here,
-once per study, when its answers are not cached."""
+through its API against the spec's reference launch, which is started here, once per study, when
+its answers are not cached: greedy_match (evals/greedy_match.py) and lm-eval generation tasks over
+`local-completions` (evals/tasks.py: `run_task_api`)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import logging
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from slotune.engine.paths import resolve_model_path
-from slotune.evals.baseline import cached_value
+from slotune.evals.baseline import cached_value, model_identity
+from slotune.evals.gates import judge_task, task_key
 from slotune.evals.gate_spec import GateReport, GateResult, GateSpec
 from slotune.evals.greedy_match import (
     DEFAULT_MAX_TOKENS,
@@ -19,6 +22,7 @@ from slotune.evals.greedy_match import (
     greedy_match_gate,
     reference_key,
 )
+from slotune.evals.tasks import run_task_api
 from slotune.tuner.measure.external_server import ExternalServer, ServerFailure
 from slotune.tuner.measure.in_process_replay import load_tokenizer
 from slotune.tuner.spec.server import ServerConfig
@@ -37,14 +41,16 @@ def external_server(cfg: ServerConfig, log_path: Path) -> ExternalServer:
     )
 
 
-def answers(server: ExternalServer, gates: list[GateSpec]) -> dict[str, list[str]]:
-    """Each gate's greedy answers from the running `server`."""
-    return {
-        g.name: greedy_answers(
-            server.url, gate_prompts(server.tokenizer, g), g.max_tokens or DEFAULT_MAX_TOKENS, model=server.model_id
-        )
-        for g in gates
-    }
+def answers(server: ExternalServer, gates: list[GateSpec]) -> dict[str, Any]:
+    """What each gate judges, from the running `server`: greedy answers, or an lm-eval task's run."""
+    out: dict[str, Any] = {}
+    for g in gates:
+        if g.kind == "greedy_match":
+            prompts = gate_prompts(server.tokenizer, g)
+            out[g.name] = greedy_answers(server.url, prompts, g.max_tokens or DEFAULT_MAX_TOKENS, model=server.model_id)
+        else:
+            out[g.name] = run_task_api(server.url, server.model_id, g.task, g.limit)
+    return out
 
 
 def judge_gates(
@@ -62,22 +68,32 @@ def judge_gates(
     for g in gates:
         t0 = time.perf_counter()
         try:
-            key = reference_key(g, model_file, reference.model_dump(mode="json"), gate_prompts(tokenizer, g))
-            ref = cached_value(
-                cache_dir, key, lambda g=g: candidate[g.name] if cfg == reference else _reference_answers(reference, g)
-            )
-            r = greedy_match_gate(g, candidate[g.name], ref, tokenizer)
+            launch = reference.model_dump(mode="json")
+            if g.kind == "greedy_match":
+                key = reference_key(g, model_file, launch, gate_prompts(tokenizer, g))
+                ref = cached_value(
+                    cache_dir, key, lambda g=g: candidate[g.name] if cfg == reference else _reference_run(reference, g)
+                )
+                r = greedy_match_gate(g, candidate[g.name], ref, tokenizer)
+            else:
+                key = {**task_key(g), "model": model_identity(model_file), "launch": launch}
+                ref = cached_value(
+                    cache_dir,
+                    key,
+                    lambda g=g: (candidate[g.name] if cfg == reference else _reference_run(reference, g))["per_doc"],
+                )
+                r = judge_task(g, ref, candidate[g.name])
         except Exception as exc:  # recorded, not raised: a failed gate makes the trial infeasible
             log.exception("gate %s errored", g.name)
             r = GateResult(
-                g.name, g.kind, False, None, None, None, None, f"error: {type(exc).__name__}: {exc}", "match"
+                g.name, g.kind, False, None, None, None, None, f"error: {type(exc).__name__}: {exc}", g.metric_name
             )
         r.details["wall_s"] = time.perf_counter() - t0
         results.append(r)
     return GateReport(results)
 
 
-def _reference_answers(reference: ServerConfig, gate: GateSpec) -> list[str]:
+def _reference_run(reference: ServerConfig, gate: GateSpec) -> Any:
     with tempfile.TemporaryDirectory(prefix="slotune-reference-") as d:
         with external_server(reference, Path(d) / "server.log") as server:
             return answers(server, [gate])[gate.name]

@@ -60,7 +60,7 @@ def run_trial(req: dict[str, Any]) -> dict[str, Any]:
     if isinstance(cfg, ServerConfig):  # served only (TuningSpec._check_server)
         with tempfile.TemporaryDirectory(prefix="slotune-server-") as d:
             server = external_trial.external_server(cfg, Path(d) / "server.log")
-            answers: dict[str, list[str]] = {}
+            answers: dict[str, Any] = {}
 
             def take_answers(res: ReplayResult) -> None:  # while it serves: its gates judge its own answers
                 if gate_specs and is_feasible(_judged(res, objective, server.load_time_s)[1]):

@@ -65,6 +65,12 @@ def number(x: float, sig: int = 3) -> str:
     return f"{x:.{sig}g}"
 
 
+def format_params(params: dict[str, Any]) -> str:
+    """A trial's searched values as `knob=value, ...`; a knob left to the engine's own default (None,
+    a server flag left off) is not listed."""
+    return ", ".join(f"{k}={v}" for k, v in params.items() if v is not None)
+
+
 def seeds_words(seeds: Iterable[int]) -> str:
     """Workload seeds in words: "seed 1000", "seeds 1001, 1002"."""
     seeds = list(seeds)

@@ -11,6 +11,7 @@ from slotune.evals.gate_spec import GateSpec
 from slotune.tuner.measure.measurement import Measurement
 from slotune.tuner.measure.reasons import gate_words
 from slotune.tuner.measure.units import (
+    format_params,
     format_value,
     metric_label,
     number,
@@ -137,7 +138,7 @@ class ReportData:
                     *vals,
                     feasible,
                     *(format_value(k, t.metrics.get(k)) for k in extra),
-                    ", ".join(f"{k}={v}" for k, v in t.params.items()),
+                    format_params(t.params),
                     t.note,
                 ]
             )

@@ -6,6 +6,7 @@ import warnings
 
 from slotune.tuner.measure.measurement import Measurement
 from slotune.tuner.measure.units import (
+    format_params,
     metric_label,
     number,
 )
@@ -140,5 +141,5 @@ def _closest(records: list[TrialRecord], trials: list[TrialFacts]) -> str:
         return ""
     number = min(missed, key=lambda n: (missed[n], n))
     facts = next(t for t in trials if t.number == number)
-    params = ", ".join(f"{k}={v}" for k, v in facts.params.items()) or "the base config"
+    params = format_params(facts.params) or "the base config"
     return f"Closest to feasible: trial {number} ({params}): " + "; ".join(facts.reasons or ["no reason stored"]) + "."

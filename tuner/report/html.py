@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from importlib import resources
 
-from slotune.tuner.measure.units import axis_title, format_value, metric_label
+from slotune.tuner.measure.units import axis_title, format_params, format_value, metric_label
 from slotune.tuner.report.facts import ReportData, ReportSection, TrialFacts
 from slotune.tuner.spec.slo import metric_key, parse_metric_key
 
@@ -110,7 +110,7 @@ def _hover(t: TrialFacts, key: str) -> str:
     head = (
         f"trial {t.number}{' (' + t.tag + ')' if t.tag else ''}: {format_value(key, t.values[0] if t.values else None)}"
     )
-    body = ", ".join(f"{k}={v}" for k, v in t.params.items())
+    body = format_params(t.params)
     return "<br>".join(x for x in (head, body, t.note) if x)
 
 

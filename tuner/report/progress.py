@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
-from slotune.tuner.measure.units import format_value, metric_label
+from slotune.tuner.measure.units import format_params, format_value, metric_label
 from slotune.tuner.search.records import TrialRecord
 from slotune.tuner.search.retry import replaced_attempts
 from slotune.tuner.search.references import trial_label
@@ -110,7 +110,7 @@ class Progress:
         feasible = {True: "yes", False: "no", None: "-"}[trial.feasible]
         if trial.early_stopped:
             feasible = "no (early stop)"
-        detail = trial.fail_reason or ", ".join(f"{k}={v}" for k, v in trial.params.items()) or "no knob set"
+        detail = trial.fail_reason or format_params(trial.params) or "no knob set"
         tag = trial_label(trial)
         self.rows.append(
             (f"{trial.number}" + (f" ({tag})" if tag else ""), trial.state.name, value, feasible, detail[:100])

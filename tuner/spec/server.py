@@ -76,10 +76,11 @@ class ServerConfig(_Launch):
 
     def with_updates(self, updates: dict[str, Any]) -> ServerConfig:
         """Copy with these knob values (and `model`, the weights) on top, validated (ValueError naming
-        each problem)."""
-        knobs = {k: v for k, v in updates.items() if k != MODEL_KNOB}
+        each problem). A value None leaves the knob's flag off: the engine's own default."""
+        knobs = {**self.knobs, **{k: v for k, v in updates.items() if k != MODEL_KNOB}}
         model = updates.get(MODEL_KNOB, self.model)
-        return ServerConfig.model_validate({**self.model_dump(), "model": model, "knobs": {**self.knobs, **knobs}})
+        knobs = {k: v for k, v in knobs.items() if v is not None}
+        return ServerConfig.model_validate({**self.model_dump(), "model": model, "knobs": knobs})
 
     def value_at(self, name: str) -> Value | None:
         """The knob's value at launch: set here, else the engine's own default (None: unknown)."""

@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from slotune.engine.config import DEFAULT_MODEL, EngineConfig, StrictModel
 from slotune.evals.gate_spec import GateSpec
+from slotune.evals.tasks import generation_tasks, task_output_type
 from slotune.evals.tasks import data_dir as tasks_data_dir
 from slotune.search_spaces.schema import Knob, SearchSpace, builtin_spaces
 from slotune.tuner.spec.engines import engine_ref
@@ -30,7 +31,14 @@ from slotune.tuner.spec.workload_spec import (
     builtin_workloads,
     resolve_trace_path,
 )
-from slotune.tuner.spec.yaml_reader import SpecError, load_yaml_mapping, parse_yaml, resolve_path, resolve_ref
+from slotune.tuner.spec.yaml_reader import (
+    SpecError,
+    check_storage_url,
+    load_yaml_mapping,
+    parse_yaml,
+    resolve_path,
+    resolve_ref,
+)
 
 
 class TuningSpec(StrictModel):
@@ -181,7 +189,7 @@ class TuningSpec(StrictModel):
             return v
         if info.field_name == "mlflow_tracking_uri" and not v.startswith("sqlite:"):
             return v  # MLflow also takes http(s)://, file: and other stores; only sqlite paths are resolved here
-        return _check_storage_url(v, _base_dir(info))
+        return check_storage_url(v, _base_dir(info))
 
     @model_validator(mode="after")
     def _check(self) -> "TuningSpec":
@@ -227,6 +235,12 @@ class TuningSpec(StrictModel):
                 raise ValueError(
                     f"quality_gates[{i}] '{g.name}': kind {g.kind} needs the bundled engine; {engine} is judged "
                     f"through its API by {', '.join(served) or 'no gate kind'}"
+                )
+            if g.task and (scored := task_output_type(g.task)) != "generate_until":
+                raise ValueError(
+                    f"quality_gates[{i}] '{g.name}': task {g.task} is scored by {scored}, which needs the model's "
+                    f"log-probabilities; {engine} is judged through its API on generation tasks "
+                    f"({', '.join(generation_tasks())})"
                 )
         for field, wrong, fix in (
             ("engine", bool(self.engine), "the bundled engine's fields; set server.knobs instead"),
@@ -359,34 +373,6 @@ def _refuse_non_finite(value: Any, where: str) -> None:
     elif isinstance(value, list):
         for i, v in enumerate(value):
             _refuse_non_finite(v, f"{where}[{i}]")
-
-
-def _check_storage_url(url: str, base: Path | None) -> str:
-    """An Optuna (SQLAlchemy) storage URL: parsed, its dialect known, a relative sqlite path resolved."""
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
-
-    try:
-        parsed = make_url(url)
-        parsed.get_dialect()
-    except NoSuchModuleError:  # an ArgumentError too: first
-        raise ValueError(
-            f"'{url}': unknown database kind '{url.split(':', 1)[0]}' (e.g. sqlite, postgresql, mysql)"
-        ) from None
-    except ArgumentError:
-        raise ValueError(
-            f"'{url}' is not a database URL (e.g. sqlite:///study.db, postgresql://user@host/db)"
-        ) from None
-    if (
-        parsed.get_backend_name() == "sqlite"
-        and parsed.database
-        and parsed.database != ":memory:"
-        and not parsed.database.startswith("file:")
-    ):
-        db = resolve_path(parsed.database, base)
-        if db != parsed.database:
-            return f"{url.split(':', 1)[0]}:///{db}"
-    return url
 
 
 def _task_metrics(task: str) -> list[str]:

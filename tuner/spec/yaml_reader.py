@@ -1,5 +1,6 @@
-"""User input at the boundary: the one YAML reader for user files, the error it raises, and how
-the CLI prints errors (one `path: message` line per problem).
+"""User input at the boundary: the one YAML reader for user files, the error it raises, how the CLI
+prints errors (one `path: message` line per problem), and how a spec's paths and storage URLs
+resolve against its folder.
 
 Every spec, workload and search-space file goes through `load_yaml`, which reads plain YAML
 only: no tags (`!!python/...`), no duplicate keys, bounded size, nesting depth and alias
@@ -354,3 +355,31 @@ def resolve_ref(ref: str, base: Path | None, builtins: dict[str, Path]) -> str:
     if Path(ref).suffix not in (".yaml", ".yml", ".json") and "/" not in ref and os.sep not in ref:
         raise ValueError(f"'{ref}' is not a file next to the spec, and not a built-in ({', '.join(sorted(builtins))})")
     return resolve_path(ref, base)
+
+
+def check_storage_url(url: str, base: Path | None) -> str:
+    """An Optuna (SQLAlchemy) storage URL: parsed, its dialect known, a relative sqlite path resolved."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    try:
+        parsed = make_url(url)
+        parsed.get_dialect()
+    except NoSuchModuleError:  # an ArgumentError too: first
+        raise ValueError(
+            f"'{url}': unknown database kind '{url.split(':', 1)[0]}' (e.g. sqlite, postgresql, mysql)"
+        ) from None
+    except ArgumentError:
+        raise ValueError(
+            f"'{url}' is not a database URL (e.g. sqlite:///study.db, postgresql://user@host/db)"
+        ) from None
+    if (
+        parsed.get_backend_name() == "sqlite"
+        and parsed.database
+        and parsed.database != ":memory:"
+        and not parsed.database.startswith("file:")
+    ):
+        db = resolve_path(parsed.database, base)
+        if db != parsed.database:
+            return f"{url.split(':', 1)[0]}:///{db}"
+    return url
