@@ -148,6 +148,6 @@ def write_table(rows: Sequence[FaultRow], path: Path, outcome: str) -> None:
         "Each row is one test that injects a real fault into real processes and counts what it cost "
         "(tests/faults.py). Written by `.venv/bin/pytest -m fault --fault-table docs/faults.md` on "
         f"{time.strftime('%Y-%m-%d', time.gmtime())}, {cpu}, {os.cpu_count()} CPUs: {outcome}. "
-        "CI runs the same tests, except any marked slow. Not in the suite yet: `kill -9` of an external "
-        "engine's server mid-replay (slotune tunes only its own engine so far).\n\n" + markdown(rows)
+        "CI runs the same tests, except any marked slow; the llama-server rows where it is on PATH (CI "
+        "builds it).\n\n" + markdown(rows)
     )
