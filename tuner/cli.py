@@ -34,14 +34,7 @@ app.add_typer(workload_app, name="workload")
 
 # Problems with what the user gave (files, values, the environment): exit 2. ValueError covers
 # pydantic's ValidationError and SpecError; OSError unreadable or unwritable paths.
-_USER_ERRORS: tuple[type[BaseException], ...] = (
-    ValueError,
-    OSError,
-    KeyError,
-    yaml.YAMLError,
-    RecursionError,
-    ImportError,
-)
+_USER_ERRORS = (ValueError, OSError, KeyError, yaml.YAMLError, RecursionError, ImportError)
 _options = {"debug": False}
 
 
@@ -272,29 +265,18 @@ def serve(
     """Serve CONFIG over an OpenAI-compatible HTTP API (an external server's best.yaml: start that server)."""
     with _reading(config):
         _check_yaml(config)
-        from slotune.tuner.launch import exec_launch, server_launch
+        from slotune.tuner.launch import serve_command  # per command
 
-        launch = server_launch(config)
-        if launch is not None:
-            options = {
-                "--api-key": api_key,
-                "--served-model-name": served_model_name,
-                "--record-traffic": record_traffic,
-            }
-            exec_launch(launch, host, port, {**options, "--model": model, "--set": set_})
-        from slotune.engine.serving.server import serve_command  # per command; imports torch, FastAPI
-        from slotune.tuner.commands import parse_overrides
-
-        overrides = parse_overrides(set_ or [])
         serve_command(
-            config=config,
-            overrides={**overrides, **({"model": model} if model else {})},
+            config,
             host=host,
             port=port,
             api_key=api_key,
             served_model_name=served_model_name,
             record_traffic=record_traffic,
             record_traffic_max_mib=record_traffic_max_mib,
+            model=model,
+            overrides=set_ or [],
         )
 
 

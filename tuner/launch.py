@@ -1,5 +1,6 @@
-"""`tune serve BEST.yaml` of an external server's best.yaml: start that server as the study measured
-it (its launch command, on the host and port asked for), in place of this process."""
+"""`tune serve`: the bundled engine's server for an EngineConfig, or, for an external server's
+best.yaml, that server as the study measured it (its launch command, on the host and port asked
+for), in place of this process."""
 
 from __future__ import annotations
 
@@ -10,6 +11,38 @@ from pathlib import Path
 
 from slotune.tuner.spec.server import ServerConfig
 from slotune.tuner.spec.yaml_reader import load_yaml_mapping
+
+
+def serve_command(
+    config: Path | None,
+    *,
+    host: str,
+    port: int,
+    api_key: str | None,
+    served_model_name: str | None,
+    record_traffic: Path | None,
+    record_traffic_max_mib: float,
+    model: str | None,
+    overrides: list[str],
+) -> None:
+    """Serve CONFIG (`--model` and `--set key=value` over it), or exec a server's best.yaml launch."""
+    launch = server_launch(config)
+    if launch is not None:
+        options = {"--api-key": api_key, "--served-model-name": served_model_name, "--record-traffic": record_traffic}
+        exec_launch(launch, host, port, {**options, "--model": model, "--set": overrides})
+    from slotune.engine.serving import server  # imports torch, FastAPI
+    from slotune.tuner.commands import parse_overrides
+
+    server.serve_command(
+        config=config,
+        overrides={**parse_overrides(overrides), **({"model": model} if model else {})},
+        host=host,
+        port=port,
+        api_key=api_key,
+        served_model_name=served_model_name,
+        record_traffic=record_traffic,
+        record_traffic_max_mib=record_traffic_max_mib,
+    )
 
 
 def server_launch(config: Path | None) -> ServerConfig | None:

@@ -240,7 +240,8 @@ def main() -> None:
             t = time.perf_counter()
             try:
                 r = measure(spec, cfg, seed=spec.robustness_seed + 1000 + i, early_stop=False, gates=False)
-                runs[name].append({k: r.metrics.get(k) for k in keys} | {"violations": r.violations})
+                ci = r.metrics.interval(key) or (None, None)
+                runs[name].append(dict(zip(keys, (r.metrics.get(key), *ci))) | {"violations": r.violations})
             except TrialFailure as exc:
                 runs[name].append({"error": exc.reason})
             print(f"repeat {i} {name}: {runs[name][-1]} ({time.perf_counter() - t:.0f} s)", flush=True)
@@ -333,9 +334,8 @@ def judged(r: dict) -> dict:
             default_drift=dm / d0 if d0 and dm else None,
         )
     lo_hi = [(rows[w["name"]]["ci_low"], rows[w["name"]]["ci_high"]) for w in r["winners"]]
-    overlap = all(v is not None for iv in lo_hi for v in iv) and max(lo for lo, _ in lo_hi) <= min(
-        hi for _, hi in lo_hi
-    )
+    measured = all(v is not None for iv in lo_hi for v in iv)
+    overlap = max(lo for lo, _ in lo_hi) <= min(hi for _, hi in lo_hi) if measured else None
     eligible = {
         n: row["median"] for n, row in rows.items() if row["median"] is not None and row["slo_held"] == row["measured"]
     }
@@ -409,7 +409,8 @@ def markdown(r: dict) -> str:
         f"- Winners agree on the major levers ({', '.join(r['winners'][0]['major_levers'])}): "
         f"**{'yes' if r['winners_agree_on_major_levers'] else 'no'}** "
         f"({'; '.join(w['name'] + ': ' + json.dumps(w['major_levers']) for w in r['winners'])}).",
-        f"- Winners' re-measured intervals overlap (within noise): **{'yes' if r['winners_within_noise'] else 'no'}**.",
+        "- Winners' re-measured intervals overlap (within noise): "
+        + {True: "**yes**.", False: "**no**.", None: "not known (no intervals stored)."}[r["winners_within_noise"]],
         *_same_config_lines(r, key),
         f"- Best re-measured config of those that held the SLO in every repeat: {r['best_config']}; "
         + (

@@ -145,6 +145,8 @@ def winner_facts(
     base_config = spec.base_config()
     base = base_config.model_dump(mode="json")
     defaults = {k: _default_value(base_config, k) for k in best.params}
+    # a server flag left off (None) is the engine's own default, not a change
+    shown = {k: defaults[k] if v is None else v for k, v in best.params.items()}
 
     # The default config won: its trial and its confirmation measurements are the same config, so
     # the card claims no improvement over it (a ratio between them is the machine's drift).
@@ -230,10 +232,10 @@ def winner_facts(
     if rm:
         attainment += f"; re-measured: {_attainment(rm)}"
 
-    params = [["parameter", "winner", "default"]] + [[k, str(v), str(defaults.get(k))] for k, v in best.params.items()]
+    params = [["parameter", "winner", "default"]] + [[k, str(v), str(defaults.get(k))] for k, v in shown.items()]
     return WinnerFacts(
         number=best.number,
-        config_words=config_words(best.params, defaults),
+        config_words=config_words(shown, defaults),
         claims=_claims(key, direction, card, card_default, limits, gates, is_default),
         notes=notes,
         comparison=comparison,
