@@ -10,6 +10,7 @@ also writes it as Markdown (docs/faults.md is that file, committed).
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -107,6 +108,17 @@ def _is_product(cmdline: Iterable[str]) -> bool:
         or os.path.basename(a) in ("tune", "llama-server")
         for a in args
     )
+
+
+def wait_until(predicate, timeout_s: float = 120.0, what: str = "condition", poll_s: float = 0.2):
+    """`predicate()`'s first truthy value, polled every `poll_s` (AssertionError after `timeout_s`)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll_s)
+    raise AssertionError(f"timed out waiting for {what}")
 
 
 def processes_left(tag: str) -> list[psutil.Process]:

@@ -22,7 +22,7 @@ import yaml
 from slotune.tuner.run import run_command
 from slotune.tuner.search.records import TrialRecord
 
-from tests.faults import processes_left, study_losses
+from tests.faults import processes_left, study_losses, wait_until
 
 LLAMA_SERVER = shutil.which("llama-server")
 pytestmark = pytest.mark.skipif(LLAMA_SERVER is None, reason="needs llama.cpp's llama-server on PATH")
@@ -73,13 +73,7 @@ def _descendants(pid: int, needle: str) -> list[psutil.Process]:
 
 
 def _wait_for(predicate, timeout_s: float = 180.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+    return wait_until(predicate, timeout_s, what, poll_s=0.1)
 
 
 @pytest.mark.fault("`kill -9` of llama-server mid-replay")

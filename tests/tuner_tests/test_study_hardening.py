@@ -16,7 +16,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import optuna
@@ -31,7 +30,7 @@ from slotune.tuner.search.trials import is_measured
 from slotune.tuner.spec.tuning_spec import TuningSpec
 from slotune.tuner.tracking import tracking_summary
 
-from tests.faults import processes_left, study_losses
+from tests.faults import processes_left, study_losses, wait_until
 from tests.tuner_tests.conftest import write_spec
 from tests.tuner_tests.fake_trial_runner import FAKE_RUNNER
 
@@ -61,16 +60,6 @@ def _tune_run(spec: Path, *args: str, sleep_s: float = 0.0) -> subprocess.Popen:
         text=True,
         start_new_session=True,
     )
-
-
-def _wait_until(predicate, timeout_s: float = 120.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _trial_processes(pid: int) -> list[int]:
@@ -149,10 +138,10 @@ def test_sigterm_of_tune_run_kills_its_trial_process(tmp_path, fake_trials, faul
     proc = _tune_run(spec, sleep_s=600)
     pids: list[int] = []
     try:
-        pids = _wait_until(lambda: _trial_processes(proc.pid), what="the trial process")
+        pids = wait_until(lambda: _trial_processes(proc.pid), what="the trial process")
         os.kill(proc.pid, signal.SIGTERM)  # tune run alone, not its process group
         proc.wait(timeout=60)
-        _wait_until(lambda: all(_is_gone(p) for p in pids), timeout_s=30, what="the trial process to die")
+        wait_until(lambda: all(_is_gone(p) for p in pids), timeout_s=30, what="the trial process to die")
         left = len(processes_left(fault.tag))
     finally:
         _kill_all(proc, pids)
@@ -181,10 +170,10 @@ def test_sigkill_of_tune_run_kills_its_trial_process_and_resume_measures_the_orp
     proc = _tune_run(spec, sleep_s=600)
     pids: list[int] = []
     try:
-        pids = _wait_until(lambda: _trial_processes(proc.pid), what="the trial process")
+        pids = wait_until(lambda: _trial_processes(proc.pid), what="the trial process")
         os.kill(proc.pid, signal.SIGKILL)  # no handler runs: the parent-death signal must
         proc.wait(timeout=60)
-        _wait_until(lambda: all(_is_gone(p) for p in pids), timeout_s=30, what="the trial process to die")
+        wait_until(lambda: all(_is_gone(p) for p in pids), timeout_s=30, what="the trial process to die")
         left = len(processes_left(fault.tag))
     finally:
         _kill_all(proc, pids)
@@ -337,7 +326,7 @@ def test_the_winner_is_declared_after_a_workers_running_trial_finished(tmp_path,
     open_study(TuningSpec.from_yaml(spec))  # created, as a leader would, for the worker to join
     worker = _tune_run(spec, "--worker", sleep_s=8)
     try:
-        _wait_until(
+        wait_until(
             lambda: [t for t in _study(out).trials if t.state.name == "RUNNING" and t.user_attrs.get("pid")],
             what="the worker's trial",
         )

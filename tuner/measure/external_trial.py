@@ -57,31 +57,29 @@ def judge_gates(
     cfg: ServerConfig,
     reference: ServerConfig,
     gates: list[GateSpec],
-    candidate: dict[str, list[str]],
+    candidate: dict[str, Any],
     tokenizer,
     cache_dir: Path,
 ) -> GateReport:
     """Every gate of the candidate's answers against the reference launch's (cached, else launched
     now). A gate that errors is a failed result with the error as its reason, as in evals/gates.py."""
     model_file = resolve_model_path(reference.model)
+    launch = reference.model_dump(mode="json")
+
+    def reference_run(g: GateSpec) -> Any:  # the candidate is its own reference when it is the reference launch
+        return candidate[g.name] if cfg == reference else _reference_run(reference, g)
+
     results = []
     for g in gates:
         t0 = time.perf_counter()
         try:
-            launch = reference.model_dump(mode="json")
             if g.kind == "greedy_match":
                 key = reference_key(g, model_file, launch, gate_prompts(tokenizer, g))
-                ref = cached_value(
-                    cache_dir, key, lambda g=g: candidate[g.name] if cfg == reference else _reference_run(reference, g)
-                )
+                ref = cached_value(cache_dir, key, lambda g=g: reference_run(g))
                 r = greedy_match_gate(g, candidate[g.name], ref, tokenizer)
             else:
                 key = {**task_key(g), "model": model_identity(model_file), "launch": launch}
-                ref = cached_value(
-                    cache_dir,
-                    key,
-                    lambda g=g: (candidate[g.name] if cfg == reference else _reference_run(reference, g))["per_doc"],
-                )
+                ref = cached_value(cache_dir, key, lambda g=g: reference_run(g)["per_doc"])
                 r = judge_task(g, ref, candidate[g.name])
         except Exception as exc:  # recorded, not raised: a failed gate makes the trial infeasible
             log.exception("gate %s errored", g.name)

@@ -57,13 +57,15 @@ def run_trial(req: dict[str, Any]) -> dict[str, Any]:
     phase("loading model")
     t0 = time.perf_counter()
     gate_specs = [GateSpec.model_validate(g) for g in req.get("gates") or []]
+    judged: list[tuple[dict[str, float], dict[str, float]]] = []  # metrics and violations, once judged
     if isinstance(cfg, ServerConfig):  # served only (TuningSpec._check_server)
         with tempfile.TemporaryDirectory(prefix="slotune-server-") as d:
             server = external_trial.external_server(cfg, Path(d) / "server.log")
             answers: dict[str, Any] = {}
 
             def take_answers(res: ReplayResult) -> None:  # while it serves: its gates judge its own answers
-                if gate_specs and is_feasible(_judged(res, objective, server.load_time_s)[1]):
+                judged.append(_judged(res, objective, server.load_time_s))
+                if gate_specs and is_feasible(judged[0][1]):
                     phase("quality gates: answers")
                     answers.update(external_trial.answers(server, gate_specs))
 
@@ -77,7 +79,7 @@ def run_trial(req: dict[str, Any]) -> dict[str, Any]:
         llm = LLM(cfg)
         load_s = time.perf_counter() - t0
         res = _replay_in_process(llm, req, phase)
-    metrics, violations = _judged(res, objective, load_s)
+    metrics, violations = judged[0] if judged else _judged(res, objective, load_s)
     gates = None
     if req.get("gates") and is_feasible(violations):  # cheap first: gates only for SLO-meeting trials
         phase("quality gates")  # served: the server has stopped (the bundled engine stays loaded, idle)
