@@ -62,12 +62,17 @@ def _study(tmp_path):
 
 
 def _descendants(pid: int, needle: str) -> list[psutil.Process]:
-    """Descendants of `pid` whose command line holds `needle`; for a path, whose executable it is."""
+    """Descendants of `pid` whose command line holds `needle`; for a path, whose executable it is
+    serving on a port (not the `--help` that validation runs)."""
     with contextlib.suppress(psutil.Error):
         return [
             p
             for p in psutil.Process(pid).children(recursive=True)
-            if (p.cmdline()[:1] == [needle] if "/" in needle else needle in " ".join(p.cmdline()))
+            if (
+                p.cmdline()[:1] == [needle] and "--port" in p.cmdline()
+                if "/" in needle
+                else needle in " ".join(p.cmdline())
+            )
         ]
     return []
 
