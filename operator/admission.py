@@ -30,6 +30,7 @@ from typing import Any, Mapping
 from pydantic import ValidationError
 
 from slotune.operator import children, schedule, traffic
+from slotune.tuner.spec.server import is_launch
 from slotune.tuner.spec.tuning_spec import TuningSpec
 
 _NAME = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
@@ -250,6 +251,13 @@ def check_serving(spec: dict[str, Any]) -> Rejection | None:
     record = spec.get("recordTraffic")
     if record is None:
         return None
+    if is_launch(spec.get("config") or {}) or is_launch((spec.get("canary") or {}).get("config") or {}):
+        return Rejection(
+            "spec.recordTraffic",
+            "InvalidRecording",
+            "spec.recordTraffic: traffic is recorded by the bundled engine's server only; "
+            "remove recordTraffic, or serve a config of the bundled engine",
+        )
     claim = str((record or {}).get("claimName") or "")
     if not claim:
         return Rejection(

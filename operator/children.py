@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from slotune.operator import api, traffic
+from slotune.tuner.spec.server import is_launch
 
 DEFAULT_IMAGE = "ghcr.io/slotune/slotune:0.1.0"
 CONFIG_DIR = "/etc/slotune"
@@ -91,17 +92,9 @@ def deployment(
                 },
             }
         )
-    command = [
-        "tune",
-        "serve",
-        f"{CONFIG_DIR}/config.yaml",
-        "--host",
-        "0.0.0.0",
-        "--port",
-        str(port),
-        "--served-model-name",
-        spec.get("model") or config.get("model") or serving,
-    ]
+    command = ["tune", "serve", f"{CONFIG_DIR}/config.yaml", "--host", "0.0.0.0", "--port", str(port)]
+    if not is_launch(config):  # an external server (behind tune serve's metering proxy) names its own model
+        command += ["--served-model-name", spec.get("model") or config.get("model") or serving]
     mounts = [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}]
     volumes = [{"name": "config", "configMap": {"name": f"{name}-config"}}]
     record = spec.get("recordTraffic")

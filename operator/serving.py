@@ -15,15 +15,16 @@ from pydantic import ValidationError
 
 from slotune.engine.config import EngineConfig
 from slotune.operator import admission, api, children
+from slotune.tuner.spec.server import ServerConfig, is_launch
 
 SPEC_HASH = f"{api.GROUP}/spec-hash"
 
 
 def validate_config(config: dict[str, Any]) -> None:
-    """ValueError (one `field: message` per problem) when `config` is not a valid EngineConfig."""
-
+    """ValueError (one `field: message` per problem) when `config` is neither a valid EngineConfig
+    nor a valid external server's launch (a llama-server study's best.yaml)."""
     try:
-        EngineConfig.model_validate(config)
+        (ServerConfig if is_launch(config) else EngineConfig).model_validate(config)
     except ValidationError as exc:
         lines = [f"{'.'.join(str(x) for x in e['loc']) or 'config'}: {e['msg']}" for e in exc.errors()]
         raise ValueError("; ".join(lines)) from None

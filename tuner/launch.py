@@ -1,15 +1,12 @@
 """`tune serve`: the bundled engine's server for an EngineConfig, or, for an external server's
-best.yaml, that server as the study measured it (its launch command, on the host and port asked
-for), in place of this process."""
+best.yaml, that server as the study measured it behind a metering proxy on the host and port asked
+for (tuner/metered_proxy.py: the same /health, /ready and latency histograms as the bundled one)."""
 
 from __future__ import annotations
 
-import os
-import shlex
-import sys
 from pathlib import Path
 
-from slotune.tuner.spec.server import ServerConfig
+from slotune.tuner.spec.server import ServerConfig, is_launch
 from slotune.tuner.spec.yaml_reader import load_yaml_mapping
 
 
@@ -25,11 +22,14 @@ def serve_command(
     model: str | None,
     overrides: list[str],
 ) -> None:
-    """Serve CONFIG (`--model` and `--set key=value` over it), or exec a server's best.yaml launch."""
+    """Serve CONFIG (`--model` and `--set key=value` over it), or a server's best.yaml launch."""
     launch = server_launch(config)
     if launch is not None:
-        options = {"--api-key": api_key, "--served-model-name": served_model_name, "--record-traffic": record_traffic}
-        exec_launch(launch, host, port, {**options, "--model": model, "--set": overrides})
+        options = {"--served-model-name": served_model_name, "--record-traffic": record_traffic}
+        refuse_options(launch, {**options, "--model": model, "--set": overrides})
+        from slotune.tuner.metered_proxy import serve_metered  # imports aiohttp
+
+        serve_metered(launch, host, port, api_key)
     from slotune.engine.serving import server  # imports torch, FastAPI
     from slotune.tuner.commands import parse_overrides
 
@@ -50,24 +50,16 @@ def server_launch(config: Path | None) -> ServerConfig | None:
     if config is None:
         return None
     data = load_yaml_mapping(config, "config file")
-    if isinstance(data.get("engine"), str) and "knobs" in data:
+    if is_launch(data):
         return ServerConfig.model_validate(data)
     return None
 
 
-def exec_launch(cfg: ServerConfig, host: str, port: int, unused: dict[str, object]) -> None:
-    """Replace this process with the server. `unused`: options of `tune serve` given that only the
-    bundled engine takes (ValueError naming them)."""
+def refuse_options(cfg: ServerConfig, unused: dict[str, object]) -> None:
+    """ValueError naming the options of `tune serve` given that only the bundled engine takes."""
     given = [flag for flag, value in unused.items() if value]
     if given:
         raise ValueError(
             f"{', '.join(given)}: options of the bundled engine's server; {cfg.engine} takes its own flags "
             "(add them to the best.yaml's knobs, or run its `# launch:` command yourself)"
         )
-    if cfg.resolved_binary() is None:
-        raise ValueError(
-            f"`{cfg.binary or cfg.description().binary}` is not on PATH; install {cfg.engine} or set binary"
-        )
-    argv = cfg.argv(port=port, host=host)
-    print(f"launching: {shlex.join(argv)}", file=sys.stderr, flush=True)
-    os.execv(argv[0], argv)

@@ -3,7 +3,9 @@
 Each writes to the API exactly what the real component would: a tuning Job's command is run
 as a local process against the same API server, then the Job's status is set as the Job
 controller would; serving pods are created from the Deployment's template with the status a
-kubelet reports (podIP 127.0.0.1, Ready), and the Deployment's status as its controller would.
+kubelet reports (podIP 127.0.0.1, Ready), and the Deployment's status as its controller would;
+`run_pod` runs a pod's own container command locally and reports it Ready once its readiness
+probe's path answers.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any, Callable
 
@@ -207,6 +210,41 @@ def start_pods(cluster, ns: str, deployment: str, ready: bool = True) -> list[st
         },
     )
     return names
+
+
+def run_pod(cluster, ns: str, deployment: str, workdir: Path) -> subprocess.Popen:
+    """Run one pod of the Deployment as a kubelet would, as a local process: its container's command
+    (`tune serve` of the config in force) with the ConfigMap volume's files in `workdir`; returns once
+    the readiness probe's path answers 200, after start_pods has reported the pod Ready."""
+    client = cluster.client()
+    pod = get(client, "Deployment", ns, deployment)["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {}
+    for m in container["volumeMounts"]:
+        cm = get(client, "ConfigMap", ns, volumes[m["name"]]["configMap"]["name"])
+        local = workdir / m["name"]
+        local.mkdir(parents=True, exist_ok=True)
+        for file, text in cm["data"].items():
+            (local / file).write_text(text)
+        mounts[m["mountPath"]] = str(local)
+    argv = [_mapped(a, mounts) for a in container["command"]]
+    argv[0] = str(Path(sys.executable).with_name(argv[0]))
+    env = {**os.environ, **{e["name"]: e["value"] for e in container.get("env") or [] if "value" in e}}
+    proc = subprocess.Popen(argv, env=env, cwd=workdir, start_new_session=True)
+    probe = container["readinessProbe"]["httpGet"]["path"]
+    port = next(p["containerPort"] for p in container["ports"])
+    wait_for("the pod's readiness probe", lambda: _ready(f"http://127.0.0.1:{port}{probe}"), timeout=180)
+    start_pods(cluster, ns, deployment)
+    return proc
+
+
+def _ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
 
 
 FAKE_METRICS = textwrap.dedent("""

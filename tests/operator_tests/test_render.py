@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 from typer.testing import CliRunner
 
@@ -68,3 +69,18 @@ def test_dockerfile_pins_the_cpu_torch_and_the_operator_image_has_no_extras():
         if d and d.get("kind") == "Deployment"
     )
     assert operator["spec"]["template"]["spec"]["containers"][0]["image"].endswith("/slotune-operator:0.1.0")
+
+
+def test_a_llama_server_launch_is_rendered_as_a_serving_config():
+    from slotune.operator import children, serving
+
+    launch = {"engine": "llama-server", "knobs": {"threads": 2, "parallel": 2}, "model": "smollm2-135m"}
+    serving.validate_config(launch)
+    with pytest.raises(ValueError, match="'paralel' is not a knob of llama-server"):
+        serving.validate_config({**launch, "knobs": {"paralel": 2}})
+    owner = {"apiVersion": api.API_VERSION, "kind": "SLOServing", "name": "s", "uid": "u", "controller": True}
+    pod = children.deployment("s", "stable", {"port": 8000}, owner, launch, 1)["spec"]["template"]["spec"]
+    command = pod["containers"][0]["command"]
+    assert command == ["tune", "serve", "/etc/slotune/config.yaml", "--host", "0.0.0.0", "--port", "8000"]
+    bundled = children.deployment("s", "stable", {"port": 8000}, owner, {"max_num_seqs": 4}, 1)
+    assert "--served-model-name" in bundled["spec"]["template"]["spec"]["containers"][0]["command"]

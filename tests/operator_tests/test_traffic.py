@@ -119,6 +119,10 @@ def test_recording_claims_are_checked():
     ):
         r = admission.check_serving({"recordTraffic": record})
         assert r.reason == "InvalidRecording" and words in r.message, (record, r)
+    launch = {"engine": "llama-server", "knobs": {"parallel": 2}}
+    for spec in ({"config": launch}, {"config": {}, "canary": {"config": launch}}):
+        r = admission.check_serving({**spec, "recordTraffic": {"claimName": "rec"}})
+        assert r.field == "spec.recordTraffic" and "the bundled engine's server only" in r.message
 
 
 # --- rendering -------------------------------------------------------------------------------

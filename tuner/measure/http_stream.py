@@ -16,7 +16,7 @@ from slotune.tuner.workload.requests import WorkloadRequest
 APIS = ("completions", "chat")
 
 
-def _has_text(choice: dict) -> bool:
+def has_text(choice: dict) -> bool:
     """Does this streamed choice carry generated text (completions `text`, chat `delta.content`)?"""
     if choice.get("text"):
         return True
@@ -141,7 +141,7 @@ class StreamReplay:
                         choices = chunk.get("choices")
                         if choices:
                             choice = choices[0]  # we ask for n=1
-                            if _has_text(choice):
+                            if has_text(choice):
                                 times.append(now)
                             reason = choice.get("finish_reason") or reason
                         if chunk.get("usage"):

@@ -69,6 +69,11 @@ class ServerSection(_Launch):
     )
 
 
+def is_launch(data: dict[str, Any]) -> bool:
+    """Does this mapping (a best.yaml, a serving config) hold an external server's launch?"""
+    return isinstance(data.get("engine"), str) and "knobs" in data
+
+
 class ServerConfig(_Launch):
     """One launch of an external server: a trial's config."""
 
@@ -88,14 +93,17 @@ class ServerConfig(_Launch):
             return self.model
         return self.knobs.get(name, self.description().knobs[name].default)
 
-    def argv(self, port: int = 8080, host: str = "127.0.0.1") -> list[str]:
-        """The launch command, the model resolved to its file (a bundled name to the installed GGUF)."""
+    def model_file(self) -> str:
+        """The weights file (a bundled name resolved to the installed GGUF; else as given)."""
         try:
-            model = str(resolve_model_path(self.model))
+            return str(resolve_model_path(self.model))
         except FileNotFoundError:
-            model = self.model
+            return self.model
+
+    def argv(self, port: int = 8080, host: str = "127.0.0.1") -> list[str]:
+        """The launch command, the model resolved to its file."""
         binary = self.resolved_binary() or self.binary or self.description().binary
-        return self.description().argv(self.knobs, binary=binary, model=model, port=port, host=host)
+        return self.description().argv(self.knobs, binary=binary, model=self.model_file(), port=port, host=host)
 
     def to_yaml(self) -> str:
         """As best.yaml holds it: the launch command as a comment, then this config."""
