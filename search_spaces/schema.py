@@ -349,7 +349,12 @@ class SearchSpace(BaseModel):
             )
         for value in k.probe_values():
             try:
-                base.with_updates({k.name: value})
+                if isinstance(base, ServerConfig) and knob is not None:  # its rules need the spec's knobs too
+                    problems = [] if value is None else base.description().check_values({k.name: value}, rules=False)
+                    if problems:
+                        raise ValueError(problems[0])
+                else:
+                    base.with_updates({k.name: value})
             except ValueError as exc:
                 raise ValueError(f"knob '{k.name}': not a valid {what}: {value!r} ({_first_problem(exc)})") from None
 

@@ -114,6 +114,10 @@ def test_best_yaml_holds_the_launch_command_with_the_model_file():
             "(slotune_arithmetic_1digit_gen)",
         ),
         ({"budget": {"measure": "in_process"}}, "budget.measure with server.engine llama-server"),
+        (
+            {"server": {"engine": "llama-server", "knobs": {"spec_type": "draft-simple"}}},
+            "spec_type draft-simple drafts with a second model: set draft_model to its GGUF",
+        ),
     ],
 )
 def test_a_spec_that_does_not_fit_its_server_is_refused_by_name(tmp_path, over, message):
@@ -308,3 +312,29 @@ def test_a_second_engine_is_one_data_file(tmp_path):
     assert all(t.user_attrs["metrics"]["server_generated_tokens"] > 0 for t in measured)
     launch = (tmp_path / "out" / "best.yaml").read_text().splitlines()[1]
     assert launch.startswith(f"# launch: {tune} serve --model ")
+
+
+@pytest.mark.skipif(LLAMA_SERVER is None, reason="needs llama.cpp's llama-server on PATH")
+def test_a_draft_gguf_given_in_the_spec_drafts_when_the_study_turns_drafting_on(tmp_path):
+    """server.knobs.draft_model, relative to the spec, is checked by validate and passed to every
+    launch; the launches whose spec_type is draft-simple draft with it (the model drafting for itself
+    here: the one real GGUF with its vocabulary), the default does not."""
+    shutil.copy(resolve_model_path("smollm2-135m"), tmp_path / "draft.gguf")
+    space = {
+        "name": "draft",
+        "engine": "llama-server",
+        "knobs": [{"name": "spec_type", "type": "categorical", "choices": ["draft-simple"]}],
+    }
+    data = _spec(tmp_path, search_space=space, budget={"n_trials": 2, "trial_timeout_s": 300})
+    data["server"]["knobs"]["draft_model"] = "draft.gguf"
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump({**data, "confirm": {"candidates": 1, "seeds": 1}}))
+    (tmp_path / "missing.yaml").write_text(path.read_text().replace("draft.gguf", "nowhere.gguf"))
+    with pytest.raises(SpecError, match=r"server.knobs.draft_model: no file at .*nowhere.gguf"):
+        preflight(TuningSpec.from_yaml(tmp_path / "missing.yaml"))
+    run_command(path, progress=False)
+    study = optuna.load_study(study_name="ls", storage=f"sqlite:///{tmp_path / 'out' / 'study.db'}")
+    default, drafting = (t.user_attrs["metrics"] for t in study.trials[:2])
+    assert study.trials[1].params == {"spec_type": "draft-simple"}
+    assert default.get("server_draft_tokens", 0) == 0
+    assert drafting["server_accepted_draft_tokens"] > 0.9 * drafting["server_draft_tokens"] > 0

@@ -62,11 +62,11 @@ class Recorded(StrictModel):
 
 
 class Rule(StrictModel):
-    """A combination the engine refuses: when every `when` knob takes one of its values, every
-    `require` knob must take one of its own."""
+    """A combination the engine refuses: when every `when` knob takes one of its values (null: the
+    knob is left off), every `require` knob must take one of its own; without `require`, never."""
 
-    when: dict[str, list[Value]]
-    require: dict[str, list[Value]]
+    when: dict[str, list[Value | None]]
+    require: dict[str, list[Value | None]] = {}
     reason: str
 
 
@@ -119,8 +119,9 @@ class EngineDescription(StrictModel):
         template = [a for a in self.command if a.startswith("-")]
         return sorted(set(template) | {k.flag for k in self.knobs.values() if k.flag})
 
-    def check_values(self, values: dict[str, Value]) -> list[str]:
-        """What is wrong with one launch's knob values, in words ([] when nothing)."""
+    def check_values(self, values: dict[str, Value], rules: bool = True) -> list[str]:
+        """What is wrong with one launch's knob values, in words ([] when nothing); `rules`: the
+        combinations the engine refuses too."""
         problems = [f"'{n}' is not a knob of {self.name}" for n in values if n not in self.knobs]
         for name, v in values.items():
             knob = self.knobs.get(name)
@@ -138,13 +139,15 @@ class EngineDescription(StrictModel):
                 problems.append(f"{name}: {v} is above {knob.high}")
             elif knob.type == "bool" and not isinstance(v, bool):
                 problems.append(f"{name}: {v!r} is not true or false")
+            elif knob.type == "path" and not isinstance(v, str):
+                problems.append(f"{name}: {v!r} is not a file path")
 
         def value(k: str) -> Value | None:
             return values.get(k, self.knobs[k].default)
 
-        for rule in self.rules:
+        for rule in self.rules if rules else []:
             if all(value(k) in vs for k, vs in rule.when.items()):
-                if any(value(k) not in vs for k, vs in rule.require.items()):
+                if not rule.require or any(value(k) not in vs for k, vs in rule.require.items()):
                     problems.append(rule.reason)
         return problems
 

@@ -56,6 +56,9 @@ def preflight(spec: TuningSpec) -> None:
             run(f"server.models[{i}]", _model_context, m)
         problems += _check_server(base)
         problems += _check_slot_context(spec, base)
+        for name, value in base.knobs.items():
+            if base.description().knobs[name].type == "path":
+                run(f"server.knobs.{name}", _require_file, Path(str(value)))
     else:
         try:
             _check_loadable(base.model)
@@ -166,6 +169,11 @@ def _check_slot_context(spec: TuningSpec, server: ServerConfig) -> list[Problem]
             field="server.knobs",
         )
     ]
+
+
+def _require_file(path: Path) -> None:
+    if not path.is_file():
+        raise FileNotFoundError(f"no file at {path}")
 
 
 def _model_context(model: str) -> tuple[int | None, str]:

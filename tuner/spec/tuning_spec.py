@@ -9,6 +9,7 @@ working directory. Checks that need the file system or the model: tuner/spec/pre
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from importlib import resources
@@ -23,7 +24,7 @@ from slotune.evals.tasks import data_dir as tasks_data_dir
 from slotune.search_spaces.schema import Knob, SearchSpace, builtin_spaces
 from slotune.tuner.spec.engines import engine_ref
 from slotune.tuner.spec.sections import Budget, Confirm, Cost, EarlyStop, ObjectiveSpec, Screening, Sweep
-from slotune.tuner.spec.server import MODEL_KNOB, ServerConfig, ServerSection, TrialConfig
+from slotune.tuner.spec.server import MODEL_KNOB, ServerConfig, ServerSection, TrialConfig, engine_description
 from slotune.tuner.spec.slo import COST_METRICS
 from slotune.tuner.spec.workload_spec import (
     MAX_SEED,
@@ -118,6 +119,13 @@ class TuningSpec(StrictModel):
         v = {**v, "engine": engine_ref(v.get("engine"), base)}
         if isinstance(v.get("models"), list):
             v["models"] = [resolve_path(m, base, name_ok=True) if isinstance(m, str) else m for m in v["models"]]
+        knobs = v.get("knobs")
+        if isinstance(knobs, dict) and isinstance(v["engine"], str):
+            with contextlib.suppress(ValueError):  # an unknown engine: the field's own check says so
+                files = {k for k, d in engine_description(v["engine"]).knobs.items() if d.type == "path"}
+                v["knobs"] = {
+                    k: resolve_path(x, base) if k in files and isinstance(x, str) else x for k, x in knobs.items()
+                }
         return v
 
     @field_validator("engine")
