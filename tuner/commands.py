@@ -71,10 +71,8 @@ def validate_command(spec: Path) -> TuningSpec:
     )
     if replay is not None:
         c.print(f"  traffic: {replay}", highlight=False)
-    if s.server is not None:  # preflight found the binary and checked its flags
-        c.print(
-            f"  server: {s.server.engine} ({s.server.resolved_binary()}; every flag in its --help)", highlight=False
-        )
+    for label, server in [("server", s.server)] if s.server else [(x.label, x) for x in s.servers or []]:
+        c.print(f"  {label}: {server.engine} ({server.resolved_binary()}; every flag in its --help)", highlight=False)
     text = yaml.safe_dump(resolved_dict(s), sort_keys=False)
     if c.is_terminal:  # wrapped, never cropped at the terminal's width
         c.print(Syntax(text, "yaml", theme="ansi_dark", background_color="default", word_wrap=True))

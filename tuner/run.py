@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from slotune.tuner.decide.confirm import candidates, run_confirmation
+from slotune.tuner.decide.standings import standings
 from slotune.tuner.measure.measurement import Measurement
 from slotune.tuner.measure.trial_process import (
     DEFAULT_TRIAL_RUNNER,
@@ -20,7 +21,7 @@ from slotune.tuner.measure.trial_process import (
     omp_wait_policy,
     trials_die_with_this_process,
 )
-from slotune.tuner.report.confirmation import best_yaml_header, confirmation_section, progress_line
+from slotune.tuner.report.confirmation import best_yaml_header, confirmation_section, progress_line, shootout_section
 from slotune.tuner.report.markdown import write_atomic, write_report
 from slotune.tuner.report.progress import Progress
 from slotune.tuner.search.budget import TrialBudget
@@ -120,7 +121,7 @@ def run_command(
         fail_orphaned_trials(study, on_failed)
     with Progress(spec, total, enabled=progress) as prog, trials_die_with_this_process():
         prog.seed_rows(study)
-        if spec.server is None:
+        if not spec.is_external:
             prog.say(
                 f"trials run with OMP_WAIT_POLICY={spec.budget.trial_omp_wait_policy}"
                 f" (budget.trial_omp_wait_policy; {os.cpu_count()} cores)"
@@ -297,6 +298,9 @@ def finalize(
         "references": _stored(refs),
         "mlflow_run_id": tracker.parent_run_id if tracker is not None else None,
     }
+    servers = standings([s.label for s in spec.servers or []], confirmation, {t.number: t.config for t in trials})
+    if spec.servers:
+        summary["servers"] = [s.to_dict() for s in servers]
     write_atomic(out / "best_metrics.json", json.dumps(summary, indent=1))
     report = write_report(
         spec,
@@ -306,11 +310,12 @@ def finalize(
         out,
         sections=[
             confirmation_section(confirmation, {t.number: t.values[0] for t in trials}, spec.workload.seed),
+            *([shootout_section(servers, confirmation.key)] if spec.servers else []),
             *sweep_after_study(spec, study, best, runner=runner, say=say),
         ],
     )
     if tracker is not None:
-        tracker.log_study_end(best, config, report, out, confirmation=confirmation)
+        tracker.log_study_end(best, config, report, out, confirmation=confirmation, servers=servers)
     if prog is not None:
         prog.summary(best, remeasure, refs, out)
     if tracker is not None:

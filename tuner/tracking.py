@@ -21,10 +21,8 @@ from slotune.tuner.search.records import TrialRecord, store_parent_run, stored_p
 from slotune.tuner.search.references import trial_label
 from slotune.tuner.spec.slo import SLOLimits, judge
 
-# MLflow 3 opens an experiment on the view its kind names; without the tag it guesses, and a
-# study's experiment (runs with params and metrics, no traces) may open on the GenAI traces
-# overview. "custom_model_development" opens the runs table. (The tag and its values are
-# MLflow's own: mlflow/server/js `ExperimentKind`, `mlflow.experimentKind`.)
+# MLflow 3 opens an experiment on the view its kind names (mlflow/server/js `ExperimentKind`); without
+# the tag a study's experiment may open on the GenAI traces overview instead of the runs table.
 EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
 # The metric the runs table sorts by and charts first (mlflow.utils.mlflow_tags).
 PRIMARY_METRIC_TAG = "mlflow.experiment.primaryMetric.name"
@@ -267,15 +265,15 @@ class MLflowTracker:
             f"(the runs table)"
         )
 
-    def log_study_end(self, best, config, report_paths: dict[str, Path], out: Path, *, confirmation=None) -> None:
+    def log_study_end(self, best, config, report_paths: dict[str, Path], out: Path, **end) -> None:
         """The trials still waiting, then the parent run (`_log_study_end`); with MLflow unreachable,
         a warning: the study database and the output folder hold everything, and the next `tune run`
-        of the study logs what is missing."""
+        of the study logs what is missing. `end`: `_log_study_end`'s confirmation and servers."""
         import warnings
 
         try:
             if self.flush(self.study):
-                self._log_study_end(best, config, report_paths, out, confirmation=confirmation)
+                self._log_study_end(best, config, report_paths, out, **end)
                 return
         except Exception as exc:
             warnings.warn(
@@ -287,12 +285,19 @@ class MLflowTracker:
             stacklevel=1,
         )
 
-    def _log_study_end(self, best, config, report_paths: dict[str, Path], out: Path, *, confirmation=None) -> None:
+    def _log_study_end(self, best, config, report_paths: dict, out: Path, *, confirmation=None, servers=()) -> None:
         """Parent run: the winner's metrics and config (best.yaml, best_metrics.json), the report, and
         with a `confirmation` (tuner/decide/confirm.py) the declared value (`declared_<metric>`) and
         tags: whether the winner held, its confirmation seeds, the seeds where it missed the SLO, the
         candidates within noise of it; then close it."""
         c, rid = self.client, self.parent_run_id
+        for s in servers:  # a shoot-out (decide/standings.py): the best server, each one's median and ratio
+            if s.held and s is servers[0]:
+                c.set_tag(rid, "slotune.best_server", s.server)
+            if _loggable(s.value):
+                c.log_metric(rid, f"server_{s.server}_{confirmation.key}", float(s.value))
+            if _loggable(s.vs_winner):
+                c.log_metric(rid, f"server_{s.server}_vs_winner", float(s.vs_winner))
         if confirmation is not None:
             c.set_tag(rid, "slotune.confirmed", str(confirmation.confirmed))
             c.set_tag(rid, "slotune.best_by_trial", str(confirmation.candidates[0]))

@@ -102,13 +102,18 @@ class Confirmation:
 
 
 def candidates(study, spec) -> list[TrialRecord]:
-    """The best `confirm.candidates` feasible trials (at least 1), best first, one per distinct config."""
-    picked: list[TrialRecord] = []
-    for t in ranked_feasible(study, spec):
+    """The best `confirm.candidates` feasible trials (at least 1), best first, one per distinct config;
+    in a shoot-out also each server's best, so every server's is measured beside the others."""
+    ranked, picked = ranked_feasible(study, spec), []
+    for t in ranked:
         if all(t.config != p.config for p in picked):
             picked.append(t)
         if len(picked) == max(spec.confirm.candidates, 1):
             break
+    for label in [s.label for s in spec.servers or []]:
+        best = next((t for t in ranked if t.config.get("name") == label), None)
+        if best is not None and all(best.config != p.config for p in picked):
+            picked.append(best)
     return picked
 
 

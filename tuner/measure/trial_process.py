@@ -267,7 +267,7 @@ def trial_request(
     (`budget.measure`: served over HTTP or in process)."""
     es = spec.early_stop.model_dump(mode="json")
     es["enabled"] = es["enabled"] and early_stop
-    reference = {"reference": spec.base_config().model_dump(mode="json")} if spec.server and gates else {}
+    reference = {"reference": spec.base_config().model_dump(mode="json")} if spec.is_external and gates else {}
     return {
         **reference,  # an external server's gates compare its answers with the default launch's
         "config": config.model_dump(mode="json"),
@@ -315,8 +315,8 @@ def measure(
         memory_gb=b.trial_memory_gb,
         on_phase=on_phase,
         # an external server's threads are its knobs; the OpenMP settings are the bundled engine's
-        threads=None if spec.server else b.trial_threads,
-        wait_policy=None if spec.server else b.trial_omp_wait_policy,
+        threads=None if spec.is_external else b.trial_threads,
+        wait_policy=None if spec.is_external else b.trial_omp_wait_policy,
         runner=runner,
     )
     if spec.cost is not None:  # priced here, after any trial process: the same price for every measurement

@@ -1,8 +1,10 @@
-"""The winner's confirmation in words: the progress lines, best.yaml's header and the report's section."""
+"""The winner's confirmation in words: the progress lines, best.yaml's header, the report's section
+and a shoot-out's comparison of its servers."""
 
 from __future__ import annotations
 
 from slotune.tuner.decide.confirm import Confirmation, Run
+from slotune.tuner.decide.standings import Standing
 from slotune.tuner.measure.units import format_value, metric_label, seeds_words, value_with_ci
 from slotune.tuner.report.facts import ReportSection
 from slotune.tuner.search.references import DEFAULT_TAG
@@ -115,3 +117,27 @@ def _differences(c: Confirmation, trial: int) -> str:
     mine, theirs = c.params.get(c.winner, {}), c.params.get(trial, {})
     diff = [f"{k} {theirs[k]} (the winner: {mine[k]})" for k in mine if k in theirs and theirs[k] != mine[k]]
     return f", with {', '.join(diff)}" if diff else ""
+
+
+def shootout_section(table: list[Standing], key: str) -> ReportSection:
+    """The report's shoot-out section: each server's best, re-measured beside the others, and its ratio."""
+    label = metric_label(key)
+    won = table[0]
+    text = (
+        f"Each server's best candidate was measured in the confirmation beside the others, on the same "
+        f"seeds. The best server is {won.server} (trial {won.trial})."
+        if won.held
+        else "No server's candidate held the SLO on every seed of the confirmation."
+    )
+    rows = [["server", "best trial", f"median {label}", "held on every seed", "the winner is better by"]]
+    for s in table:
+        rows.append(
+            [
+                s.server,
+                "–" if s.trial is None else str(s.trial),
+                format_value(key, s.value) if s.value is not None else "–",
+                "yes" if s.held else "no",
+                "–" if s.vs_winner is None else f"{s.vs_winner:.2f}x",
+            ]
+        )
+    return ReportSection("Servers compared", text, rows, anchor="servers")

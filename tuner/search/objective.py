@@ -29,6 +29,8 @@ from slotune.tuner.search.records import (
 )
 from slotune.tuner.search.references import DEFAULT_TAG, default_is_base
 from slotune.tuner.search.trials import earlier_measurement, enqueue_unexplored
+from slotune.tuner.spec.server import SERVER_KNOB
+from slotune.tuner.spec.shootout import server_of_tag
 from slotune.tuner.spec.slo import CONSTRAINT_KEYS, constraint_values, is_feasible
 from slotune.tuner.spec.yaml_reader import format_error
 
@@ -57,6 +59,7 @@ class TrialObjective:
         self.runner = runner
         self.space = spec.search_space
         self.base = spec.base_config()
+        self.search = spec.search_base()  # a shoot-out's params pick a server, then its knobs
         self.progress = progress
         self.budget = budget
         self.current: int | None = None  # the number of the trial being run by this process
@@ -86,14 +89,19 @@ class TrialObjective:
             records.set_fail_reason(trial, reason)
             trial.study.stop()
             raise optuna.TrialPruned(reason)
-        is_base = TrialRecord.of(trial).tag == DEFAULT_TAG and default_is_base(self.base)
-        params = {} if is_base else self.space.sample(trial)
+        tag = TrialRecord.of(trial).tag
+        if tag == DEFAULT_TAG and default_is_base(self.base):
+            params = {}
+        elif server_of_tag(tag) is not None:  # another server's default launch: no knob of its own sampled
+            params = {SERVER_KNOB: trial.suggest_categorical(SERVER_KNOB, self.space.knobs[0].choices)}
+        else:
+            params = self.space.sample(trial)
         reason = self.space.forbidden_reason(params)
         if reason:  # costs nothing to measure, so it does not count against the budget
             records.set_forbidden(trial, reason)
             raise optuna.TrialPruned(reason)
         try:
-            config = self.base.with_updates(params)
+            config = self.search.with_updates(params)
         except ValueError as exc:  # rejected before any measurement: not counted either
             records.set_unmeasured(trial, UNMEASURED_INVALID)
             raise self._fail(trial, f"invalid config: {_config_problems(exc)}") from None

@@ -10,7 +10,8 @@ from slotune.tuner.search.records import TrialRecord, enqueue, stored_fingerprin
 from slotune.tuner.search.references import DEFAULT_TAG, default_is_base, reference_configs
 from slotune.tuner.search.study import spec_fingerprint
 from slotune.tuner.search.trials import best_trial
-from slotune.tuner.spec.server import parse_config
+from slotune.tuner.spec.server import SERVER_KNOB, parse_config
+from slotune.tuner.spec.shootout import default_tag
 from slotune.tuner.spec.slo import SLO_KEYS
 from slotune.tuner.spec.tuning_spec import TuningSpec
 
@@ -32,14 +33,16 @@ def enqueue_reference_trials(study, spec: TuningSpec) -> None:
     if spec.sampler == "grid" or any(TrialRecord.of(t).tag for t in study.get_trials(deepcopy=False)):
         return
     space = spec.search_space
-    base = spec.base_config()
+    base, search = spec.base_config(), spec.search_base()
     for tag, cfg in reference_configs(base):
         params = {} if tag == DEFAULT_TAG and default_is_base(base) else _params_of(space, cfg, base)
         if params is not None and (tag == DEFAULT_TAG or cfg != base):
             enqueue(study, params, tag=tag)
+    for label in [s.label for s in spec.servers or []][1:]:  # a shoot-out: each other server as it is run
+        enqueue(study, {SERVER_KNOB: label}, tag=default_tag(label))
     for start in space.starts:
         if start.suits(spec.objective.kind, spec.objective.metric):
-            params = _start_params(space, base, start.params)
+            params = _start_params(space, search, start.params)
             enqueue(study, params, start=start.name)
     for name, params in warm_starts(spec, study.study_name):
         enqueue(study, params, start=name)
@@ -62,7 +65,7 @@ class StartRepairs:
         start, rung = self.starts.get(record.start), record.rung
         if start is None or rung >= len(start.then) or not _missed_slo(record):
             return
-        params = _start_params(self.spec.search_space, self.spec.base_config(), start.rung(rung + 1))
+        params = _start_params(self.spec.search_space, self.spec.search_base(), start.rung(rung + 1))
         enqueue(study, params, start=start.name, rung=rung + 1)
 
 
@@ -83,7 +86,7 @@ def warm_starts(spec: TuningSpec, own_name: str) -> list[tuple[str, dict[str, An
     import optuna
 
     mine = spec_fingerprint(spec)["parts"]
-    space, base = spec.search_space, spec.base_config()
+    space, base = spec.search_space, spec.search_base()
     url = spec.resolved_storage()
     found = []
     for s in sorted(
@@ -104,7 +107,7 @@ def warm_starts(spec: TuningSpec, own_name: str) -> list[tuple[str, dict[str, An
         if best is None or not best.config:
             continue
         cfg = parse_config(best.config)
-        if type(cfg) is not type(base):  # a study of the other kind of config
+        if type(cfg) is not type(spec.base_config()):  # a study of the other kind of config
             continue
         knobs = {k.name: k for k in space.knobs}
         params = _params_of(space, cfg, base) or {

@@ -52,13 +52,16 @@ def preflight(spec: TuningSpec) -> None:
     base = spec.base_config()
     if isinstance(base, ServerConfig):
         run("model", _model_context, base.model)
-        for i, m in enumerate(spec.server.models):
+        for i, m in enumerate(spec.server.models if spec.server else []):
             run(f"server.models[{i}]", _model_context, m)
-        problems += _check_server(base)
-        problems += _check_slot_context(spec, base)
-        for name, value in base.knobs.items():
-            if base.description().knobs[name].type == "path":
-                run(f"server.knobs.{name}", _require_file, Path(str(value)))
+        launches = list(spec.search_base().launches.values()) if spec.servers else [base]
+        for i, launch in enumerate(launches):
+            where = f"servers[{i}]" if spec.servers else "server"
+            problems += _check_server(launch, where)
+            problems += _check_slot_context(spec, launch, where)
+            for name, value in launch.knobs.items():
+                if launch.description().knobs[name].type == "path":
+                    run(f"{where}.knobs.{name}", _require_file, Path(str(value)))
     else:
         try:
             _check_loadable(base.model)
@@ -134,28 +137,28 @@ def _check_loadable(model: str) -> None:
     check_loadable(model)
 
 
-def _check_server(server: ServerConfig) -> list[Problem]:
+def _check_server(server: ServerConfig, where: str) -> list[Problem]:
     """The server's binary exists, and its own `--help` lists every flag and choice the engine file uses."""
     engine = server.description()
     binary = server.resolved_binary()
     if binary is None:
-        where = "on PATH" if "/" not in (server.binary or engine.binary) else "there"
+        place = "on PATH" if "/" not in (server.binary or engine.binary) else "there"
         return [
             Problem(
-                f"`{server.binary or engine.binary}` is not {where}; install {engine.name} or set server.binary "
+                f"`{server.binary or engine.binary}` is not {place}; install {engine.name} or set {where}.binary "
                 "to its path",
-                field="server.binary",
+                field=f"{where}.binary",
             )
         ]
     try:
         env = {**os.environ, "COLUMNS": "200"}  # rich (typer) cuts long flags to the terminal's width
         out = subprocess.run([binary, *engine.help], capture_output=True, text=True, timeout=60, env=env)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return [Problem(f"`{binary} {' '.join(engine.help)}` did not run: {exc}", field="server.binary")]
-    return [Problem(p, field="server.engine") for p in engine.help_problems(out.stdout + out.stderr)]
+        return [Problem(f"`{binary} {' '.join(engine.help)}` did not run: {exc}", field=f"{where}.binary")]
+    return [Problem(p, field=f"{where}.engine") for p in engine.help_problems(out.stdout + out.stderr)]
 
 
-def _check_slot_context(spec: TuningSpec, server: ServerConfig) -> list[Problem]:
+def _check_slot_context(spec: TuningSpec, server: ServerConfig, where: str) -> list[Problem]:
     """Each server slot holds the workload's longest request (its prompt and output lengths' bounds)."""
     knob = server.description().slot_context
     ctx = server.knobs.get(knob) if knob else None
@@ -166,7 +169,7 @@ def _check_slot_context(spec: TuningSpec, server: ServerConfig) -> list[Problem]
         Problem(
             f"{knob} {ctx}: the workload's requests reach {longest} tokens (longest prompt and output); "
             f"raise it to at least {longest}",
-            field="server.knobs",
+            field=f"{where}.knobs",
         )
     ]
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import shlex
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from slotune.engine.paths import resolve_model_path
 from slotune.tuner.spec.engines import EngineDescription, Value, load_engine
 
 MODEL_KNOB = "model"  # a search space knob choosing the weights file among server.models
+SERVER_KNOB = "server"  # a shoot-out's knob choosing among its servers (tuner/spec/shootout.py)
 
 
 @functools.lru_cache(maxsize=16)
@@ -31,7 +33,7 @@ def engine_description(engine: str) -> EngineDescription:
     return load_engine(engine)
 
 
-class _Launch(StrictModel):
+class Launch(StrictModel):
     """An engine, its binary and knob values: what a spec's section and one launch share."""
 
     engine: str = Field(min_length=1, description="a built-in engine (llama-server) or an engine file")
@@ -45,7 +47,7 @@ class _Launch(StrictModel):
         return v
 
     @model_validator(mode="after")
-    def _knobs_ok(self) -> _Launch:
+    def _knobs_ok(self) -> Launch:
         problems = self.description().check_values(self.knobs)
         if problems:
             raise ValueError("knobs: " + "; ".join(problems))
@@ -55,12 +57,15 @@ class _Launch(StrictModel):
         return engine_description(self.engine)
 
     def resolved_binary(self) -> str | None:
-        """The executable's path, or None when it is not there (not on PATH, not a file)."""
+        """The executable's path: on PATH, else beside this Python (a virtual environment's scripts,
+        where `tune` is); None when it is not there."""
         name = self.binary or self.description().binary
-        return shutil.which(name) if "/" not in name else (name if Path(name).is_file() else None)
+        if "/" in name:
+            return name if Path(name).is_file() else None
+        return shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
 
 
-class ServerSection(_Launch):
+class ServerSection(Launch):
     """The spec's `server:`: launch this engine's server for every trial instead of the bundled engine."""
 
     models: list[str] = Field(
@@ -74,10 +79,11 @@ def is_launch(data: dict[str, Any]) -> bool:
     return isinstance(data.get("engine"), str) and "knobs" in data
 
 
-class ServerConfig(_Launch):
+class ServerConfig(Launch):
     """One launch of an external server: a trial's config."""
 
     model: str = Field(min_length=1, description="the weights the server loads: a bundled name or a file")
+    name: str | None = Field(None, description="its name among a shoot-out's servers")
 
     def with_updates(self, updates: dict[str, Any]) -> ServerConfig:
         """Copy with these knob values (and `model`, the weights) on top, validated (ValueError naming
@@ -88,7 +94,14 @@ class ServerConfig(_Launch):
         return ServerConfig.model_validate({**self.model_dump(), "model": model, "knobs": knobs})
 
     def value_at(self, name: str) -> Value | None:
-        """The knob's value at launch: set here, else the engine's own default (None: unknown)."""
+        """The knob's value at launch: set here, else the engine's own default (None: unknown). In a
+        shoot-out, `server` is this launch's name and `<name>.<knob>` its knobs (others' are None)."""
+        if name == SERVER_KNOB and self.name is not None:
+            return self.name
+        if self.name is not None and "." in name:
+            prefix, _, name = name.partition(".")
+            if prefix != self.name:
+                return None
         if name == MODEL_KNOB:
             return self.model
         return self.knobs.get(name, self.description().knobs[name].default)

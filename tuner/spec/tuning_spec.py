@@ -19,12 +19,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from slotune.engine.config import DEFAULT_MODEL, EngineConfig, StrictModel
 from slotune.evals.gate_spec import GateSpec
-from slotune.evals.tasks import generation_tasks, task_output_type
 from slotune.evals.tasks import data_dir as tasks_data_dir
-from slotune.search_spaces.schema import Knob, SearchSpace, builtin_spaces
+from slotune.search_spaces.schema import SearchSpace, builtin_spaces
+from slotune.tuner.spec import server_fit
 from slotune.tuner.spec.engines import engine_ref
 from slotune.tuner.spec.sections import Budget, Confirm, Cost, EarlyStop, ObjectiveSpec, Screening, Sweep
-from slotune.tuner.spec.server import MODEL_KNOB, ServerConfig, ServerSection, TrialConfig, engine_description
+from slotune.tuner.spec.server import ServerConfig, ServerSection, TrialConfig, engine_description
+from slotune.tuner.spec.shootout import Shootout, ShootoutServer, check_servers, shootout_space
 from slotune.tuner.spec.slo import COST_METRICS
 from slotune.tuner.spec.workload_spec import (
     MAX_SEED,
@@ -57,6 +58,11 @@ class TuningSpec(StrictModel):
     server: ServerSection | None = Field(
         None,
         description="launch this engine's server for every trial (llama-server) instead of the bundled engine",
+    )
+    servers: list[ShootoutServer] | None = Field(
+        None,
+        description="a shoot-out: these servers searched in one study under one SLO and set of gates; "
+        "the first is the default",
     )
     workload: WorkloadSpec = Field(
         "chat-small",
@@ -108,6 +114,28 @@ class TuningSpec(StrictModel):
     @classmethod
     def _model_ok(cls, v: str, info: ValidationInfo) -> str:
         return resolve_path(v, _base_dir(info), name_ok=True)
+
+    @field_validator("servers", mode="before")
+    @classmethod
+    def _servers_ok(cls, v: Any, info: ValidationInfo) -> Any:
+        """Each server's paths as `server:`'s, and its search space loaded (a name, a file, a mapping)."""
+        if not isinstance(v, list):
+            return v
+        out = []
+        for entry in v:
+            if isinstance(entry, dict):
+                entry = cls._server_paths(entry, info)
+                if "search_space" in entry:
+                    entry["search_space"] = cls._space_ok(entry["search_space"], info)
+            out.append(entry)
+        return out
+
+    @field_validator("servers")
+    @classmethod
+    def _servers_fit(cls, v: list[ShootoutServer] | None) -> list[ShootoutServer] | None:
+        if v is not None:
+            check_servers(v)
+        return v
 
     @field_validator("server", mode="before")
     @classmethod
@@ -165,6 +193,18 @@ class TuningSpec(StrictModel):
             v = {**v, "engine": engine_ref(v["engine"], _base_dir(info))}
         return _load_part(SearchSpace, v, info, builtin_spaces(), "search space")
 
+    @field_validator("search_space", mode="wrap")
+    @classmethod
+    def _shootout_space(cls, v, handler, info: ValidationInfo) -> SearchSpace:
+        """A shoot-out's space is its servers' spaces, assembled (a dumped spec holds it already)."""
+        servers = (info.data or {}).get("servers")
+        if not servers:
+            return handler(v)
+        space = shootout_space(servers)
+        if v != "latency" and v != space.model_dump(mode="json", exclude_none=True):
+            raise ValueError("with servers: each server names its own search_space; remove this one")
+        return space
+
     @field_validator("quality_gates", mode="before")
     @classmethod
     def _gates_ok(cls, v) -> list[GateSpec]:
@@ -214,63 +254,8 @@ class TuningSpec(StrictModel):
             )
         if self.screening.enabled:
             self._check_screening()
-        self._check_server()
+        server_fit.check(self)
         return self
-
-    def _check_server(self) -> None:
-        """The search space, the fixed config and the stages a study runs fit what `server` launches."""
-        engine = self.server.engine if self.server else None
-        if self.search_space.engine != engine:
-            space = f"search_space '{self.search_space.name}'"
-            if engine is None:
-                raise ValueError(
-                    f"{space} names {self.search_space.engine} knobs; add `server: {{engine: "
-                    f"{self.search_space.engine}}}` or use a space of the bundled engine (latency, throughput)"
-                )
-            tunes = f"tunes {self.search_space.engine}" if self.search_space.engine else "tunes the bundled engine"
-            raise ValueError(f"{space} {tunes}, not {engine}; use a space for {engine}, e.g. {engine}-cpu")
-        if engine is None:
-            for i, g in enumerate(self.quality_gates):
-                if g.kind == "greedy_match":
-                    raise ValueError(
-                        f"quality_gates[{i}] '{g.name}': greedy_match judges an external server (`server:`); "
-                        "the bundled engine's logits are judged by kind agreement"
-                    )
-            return
-        served = self.server.description().gates
-        for i, g in enumerate(self.quality_gates):
-            if g.kind not in served:
-                raise ValueError(
-                    f"quality_gates[{i}] '{g.name}': kind {g.kind} needs the bundled engine; {engine} is judged "
-                    f"through its API by {', '.join(served) or 'no gate kind'}"
-                )
-            if g.task and (scored := task_output_type(g.task)) != "generate_until":
-                raise ValueError(
-                    f"quality_gates[{i}] '{g.name}': task {g.task} is scored by {scored}, which needs the model's "
-                    f"log-probabilities; {engine} is judged through its API on generation tasks "
-                    f"({', '.join(generation_tasks())})"
-                )
-        for field, wrong, fix in (
-            ("engine", bool(self.engine), "the bundled engine's fields; set server.knobs instead"),
-            ("budget.measure", self.budget.measure != "served", "in_process drives the bundled engine; use served"),
-            ("sweep.enabled", self.sweep.enabled, "load sweeps run on the bundled engine only for now; remove it"),
-        ):
-            if wrong:
-                raise ValueError(f"{field} with server.engine {engine}: {fix}")
-        if self.server.models:
-            self._add_model_knob()
-
-    def _add_model_knob(self) -> None:
-        """server.models becomes the space's `model` knob: the spec's model (the default's) and those."""
-        knob = Knob(name=MODEL_KNOB, type="categorical", choices=list(dict.fromkeys([self.model, *self.server.models])))
-        if knob in self.search_space.knobs:  # added already: this spec was dumped and read again
-            return
-        if any(k.name == MODEL_KNOB for k in self.search_space.knobs):
-            raise ValueError(
-                f"server.models and search_space knob '{MODEL_KNOB}' both list the weights to choose among; keep one"
-            )
-        space = self.search_space.model_dump(exclude_none=True)
-        self.search_space = SearchSpace.model_validate({**space, "knobs": [knob.model_dump(), *space["knobs"]]})
 
     def _check_screening(self) -> None:
         if len(self.objective.metrics) > 1:
@@ -310,11 +295,24 @@ class TuningSpec(StrictModel):
         data = load_yaml_mapping(path, "spec file")
         return cls.model_validate(data, context={"base_dir": Path(os.path.abspath(path)).parent})
 
+    @property
+    def is_external(self) -> bool:
+        """Does every trial launch a server (`server:` or a shoot-out's `servers:`)?"""
+        return self.server is not None or bool(self.servers)
+
     def base_config(self) -> TrialConfig:
-        """Every trial's config before its searched values: the bundled engine's, or the server's launch."""
+        """The default config, every trial's before its searched values: the bundled engine's, the
+        server's launch, or the first of a shoot-out's servers."""
+        if self.servers:
+            return self.search_base().default
         if self.server is not None:
             return ServerConfig(**self.server.model_dump(exclude={"models"}), model=self.model)
         return EngineConfig.model_validate({**self.engine, "model": self.model})
+
+    def search_base(self) -> TrialConfig | Shootout:
+        """What a trial's params are applied to (`with_updates`): the base config, or in a shoot-out
+        every server's launch."""
+        return Shootout(self.servers, self.model) if self.servers else self.base_config()
 
     def resolved_output_dir(self) -> Path:
         return Path(self.output_dir) if self.output_dir else Path("runs") / self.name
@@ -340,7 +338,7 @@ def resolved_dict(spec: TuningSpec) -> dict[str, Any]:
     d["output_dir"] = str(spec.resolved_output_dir())
     d["storage"] = spec.resolved_storage()
     d["mlflow_tracking_uri"] = spec.resolved_tracking_uri()
-    if spec.server is None:
+    if not spec.is_external:
         d["engine"] = spec.base_config().model_dump(mode="json", exclude_defaults=True)
     return d
 
