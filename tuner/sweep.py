@@ -7,7 +7,6 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from slotune.engine.config import EngineConfig
 from slotune.tuner.measure.load_sweep import LoadCurve, SweepResult, load_kind, run_sweep
 from slotune.tuner.measure.trial_process import DEFAULT_TRIAL_RUNNER
 from slotune.tuner.report.facts import ReportSection
@@ -15,6 +14,7 @@ from slotune.tuner.report.markdown import write_atomic
 from slotune.tuner.report.sweep_figures import point_line, report_sections
 from slotune.tuner.search.records import TrialRecord, store_sweep, stored_sweep
 from slotune.tuner.search.references import reference_configs
+from slotune.tuner.spec.server import parse_config
 from slotune.tuner.spec.slo import SLOLimits
 
 
@@ -32,7 +32,7 @@ def sweep_after_study(
     best = TrialRecord.of(best)
     doc = stored_sweep(study, best.number)
     if doc is None:
-        winner = EngineConfig.model_validate(best.config)
+        winner = parse_config(best.config)
         refs = reference_configs(spec.base_config())
         same = [tag for tag, cfg in refs if cfg == winner]
         configs = [(f"winner (= {same[0]})" if same else "winner", winner)] + [(t, c) for t, c in refs if c != winner]

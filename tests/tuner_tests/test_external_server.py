@@ -77,6 +77,7 @@ def test_a_flag_the_binary_does_not_know_is_a_bad_flag(tmp_path):
             "knobs": {"slots": {"flag": "--n-slots", "type": "int"}},
             "rules": [],
             "slot_context": None,
+            "slots": None,
         }
     )
     with pytest.raises(ServerFailure, match=r"^bad flag: exit code \d+: .*--n-slots"):

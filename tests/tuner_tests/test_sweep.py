@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -199,6 +200,36 @@ def test_a_study_with_the_sweep_on_writes_sweep_json_and_the_report_section(tmp_
     client = MlflowClient(f"sqlite:///{tmp_path / 'out' / 'mlflow.db'}")
     parent = client.get_run(summary["mlflow_run_id"])
     assert "sweep.json" in [a.path for a in client.list_artifacts(parent.info.run_id)]  # the curves, with the report
+
+
+@pytest.mark.skipif(shutil.which("llama-server") is None, reason="needs llama.cpp's llama-server on PATH")
+def test_a_llama_server_study_sweeps_its_winner_up_to_twice_its_slots(tmp_path):
+    """The sweep after a study of the real llama-server: its default launch (llama-server's 4 slots,
+    the engine file's `slots: parallel`) swept in closed loop from 1 to 8 users, each point a launch."""
+    data = {
+        "name": "ls",
+        "server": {"engine": "llama-server", "knobs": {"threads": 2, "ctx_per_slot": 256}},
+        "workload": {**TINY_WORKLOAD, "output_len": {"kind": "fixed", "value": 8}},
+        "objective": {"kind": "latency", "metric": "tpot", "percentile": 95, "ttft_limit_s": 30.0},
+        "search_space": {
+            "name": "one",
+            "engine": "llama-server",
+            "knobs": [{"name": "parallel", "type": "categorical", "choices": [4]}],
+        },
+        "budget": {"n_trials": 1, "trial_timeout_s": 300},
+        "confirm": {"candidates": 0},
+        "sweep": {"enabled": True, "steps": 3, "min_requests": 4},
+        "output_dir": str(tmp_path / "out"),
+    }
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(data))
+    run_command(path, progress=False)
+    doc = json.loads((tmp_path / "out" / "sweep.json").read_text())
+    curve = doc["curves"][0]
+    assert curve["name"].startswith("winner") and curve["config"]["engine"] == "llama-server"
+    assert [p["offered"] for p in curve["points"]][0] == 1 and all(p.get("metrics") for p in curve["points"])
+    assert max(p["offered"] for p in curve["points"]) <= 8 == concurrency_steps(4, 3)[-1]
+    assert "## Latency against load" in (tmp_path / "out" / "report.md").read_text()
 
 
 def test_sweep_is_off_by_default_and_checked():

@@ -13,9 +13,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from slotune.engine.config import EngineConfig
 from slotune.tuner.measure.measurement import Measurement
 from slotune.tuner.measure.trial_process import DEFAULT_TRIAL_RUNNER, TrialFailure, measure
+from slotune.tuner.spec.server import ServerConfig, TrialConfig
 from slotune.tuner.spec.slo import SLOLimits, judge, metric_key
 from slotune.tuner.spec.trace_reader import load_trace
 from slotune.tuner.spec.workload_spec import WorkloadSpec
@@ -137,6 +137,11 @@ def load_kind(workload: WorkloadSpec) -> Load:
     return "concurrency" if workload.is_closed_loop else "rate"
 
 
+def batch_slots(config: TrialConfig) -> int:
+    """Requests the config serves at once: the bundled engine's max_num_seqs, or a server's slots."""
+    return config.slots() if isinstance(config, ServerConfig) else config.max_num_seqs
+
+
 def concurrency_steps(max_num_seqs: int, steps: int) -> list[int]:
     """Geometric from 1 to 2 x max_num_seqs, at most `steps` values: (16, 6) -> [1, 2, 4, 8, 16, 32]."""
     top = 2 * max_num_seqs
@@ -241,7 +246,7 @@ def _stop_reason(points: list[LoadPoint], limits: SLOLimits) -> str | None:
 
 def measure_point(
     spec,
-    config: EngineConfig,
+    config: TrialConfig,
     workload: WorkloadSpec,
     offered: float,
     limits: SLOLimits,
@@ -262,7 +267,7 @@ def measure_point(
 
 def run_sweep(
     spec,
-    config: EngineConfig,
+    config: TrialConfig,
     *,
     name: str,
     steps: int | None = None,
@@ -276,7 +281,7 @@ def run_sweep(
     Args:
         spec: the TuningSpec: workload (its shapes), objective (the SLO), budget (how to measure),
             sweep (steps, min_requests).
-        config: the EngineConfig to sweep.
+        config: the config to sweep: an EngineConfig, or a server's launch.
         name: the curve's name in the report (winner, default, ...).
         steps, min_requests: override `spec.sweep`'s.
         max_requests: measured requests per open-loop point, at most.
@@ -299,14 +304,14 @@ def run_sweep(
 
     saturation = None
     if load == "concurrency":
-        loads: list[float] = list(concurrency_steps(config.max_num_seqs, steps))
+        loads: list[float] = list(concurrency_steps(batch_slots(config), steps))
     else:
         n = (
             num_requests(wl, 0, min_requests, max_requests)
             if wl.trace_source is not None  # the swept requests
-            else min(max_requests, max(min_requests, 2 * config.max_num_seqs))
+            else min(max_requests, max(min_requests, 2 * batch_slots(config)))
         )
-        probe = measured(probe_workload(wl, config.max_num_seqs, n), math.inf)
+        probe = measured(probe_workload(wl, batch_slots(config), n), math.inf)
         saturation = probe.achieved_rps
         if not saturation:
             return LoadCurve(

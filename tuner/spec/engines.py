@@ -82,6 +82,7 @@ class EngineDescription(StrictModel):
     rules: list[Rule] = []
     gates: list[str] = []  # the gate kinds this engine can serve through its API
     slot_context: str | None = None  # the knob bounding one request's tokens, prompt and output
+    slots: str | None = None  # the knob counting the requests served at once (a load sweep's scale)
     settings: Recorded | None = None  # JSON of what it resolved at start (slots, context), once per trial
     counters: Recorded | None = None  # Prometheus counters, recorded as their rise over the measured requests
 
@@ -105,8 +106,9 @@ class EngineDescription(StrictModel):
                 _evaluate(knob.value, dict.fromkeys(_names(knob.value), 1))
             except (SyntaxError, ValueError, ZeroDivisionError) as exc:
                 raise ValueError(f"knob '{name}': {exc}") from None
-        if self.slot_context is not None and self.slot_context not in self.knobs:
-            raise ValueError(f"slot_context: '{self.slot_context}' is not a knob of this engine")
+        for field in ("slot_context", "slots"):
+            if getattr(self, field) is not None and getattr(self, field) not in self.knobs:
+                raise ValueError(f"{field}: '{getattr(self, field)}' is not a knob of this engine")
         for i, rule in enumerate(self.rules):
             for part in ("when", "require"):
                 unknown = sorted(set(getattr(rule, part)) - set(self.knobs))

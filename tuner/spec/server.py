@@ -106,6 +106,13 @@ class ServerConfig(Launch):
             return self.model
         return self.knobs.get(name, self.description().knobs[name].default)
 
+    def slots(self) -> int:
+        """Requests it serves at once (the engine file's `slots` knob, or its default), the scale of a
+        load sweep; 1 when the engine file does not say."""
+        knob = self.description().slots
+        value = self.value_at(knob) if knob else None
+        return value if isinstance(value, int) and not isinstance(value, bool) else 1
+
     def model_file(self) -> str:
         """The weights file (a bundled name resolved to the installed GGUF; else as given)."""
         try:

@@ -64,7 +64,6 @@ def _check_stages(spec, what: str) -> None:
     for field, wrong, fix in (
         ("engine", bool(spec.engine), "the bundled engine's fields; set server.knobs instead"),
         ("budget.measure", spec.budget.measure != "served", "in_process drives the bundled engine; use served"),
-        ("sweep.enabled", spec.sweep.enabled, "load sweeps run on the bundled engine only for now; remove it"),
     ):
         if wrong:
             raise ValueError(f"{field} with {what}: {fix}")
