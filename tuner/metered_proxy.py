@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
 import signal
 import sys
@@ -26,6 +25,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import generate_latest
 
+from slotune.engine.serving.api_protocol import UNAUTHORIZED, bearer_matches
 from slotune.engine.serving.event_loop import run as run_loop
 from slotune.engine.serving.serving_metrics import ServingMetrics
 from slotune.tuner.measure.external_server import ExternalServer, ServerFailure
@@ -70,9 +70,10 @@ class StreamTimer:
         metrics.generation_tokens.inc(tokens)
 
 
-def build_app(upstream: str, server: ExternalServer | None, metrics: ServingMetrics, api_key: str | None):
-    """The proxy app over `upstream` (`server`: the process /health and /ready report on)."""
-    ready_path = server.engine.ready_path if server is not None else "/health"
+def build_app(server: ExternalServer, metrics: ServingMetrics, api_key: str | None):
+    """The proxy app in front of the started `server`."""
+    upstream, ready_path = server.url, server.engine.ready_path
+    key = api_key.encode() if api_key is not None else None
 
     async def session(app: web.Application) -> object:
         # a connection per request: a kept-alive one the server has since closed fails the next request
@@ -84,7 +85,7 @@ def build_app(upstream: str, server: ExternalServer | None, metrics: ServingMetr
         await app["client"].close()
 
     async def health(_: web.Request) -> web.Response:
-        alive = server is None or server.proc is None or server.proc.poll() is None
+        alive = server.proc is not None and server.proc.poll() is None
         return web.json_response({"status": "ok" if alive else "server ended"}, status=200 if alive else 500)
 
     async def ready(request: web.Request) -> web.Response:
@@ -104,12 +105,11 @@ def build_app(upstream: str, server: ExternalServer | None, metrics: ServingMetr
         return web.Response(text=text, content_type="text/plain")
 
     async def forward(request: web.Request) -> web.StreamResponse:
-        if api_key is not None and request.path.startswith("/v1/"):
-            auth = request.headers.get("Authorization", "")
-            if not hmac.compare_digest(auth[7:].encode() if auth[:7].lower() == "bearer " else b"", api_key.encode()):
+        if key is not None and request.path.startswith("/v1/"):
+            if not bearer_matches(request.headers.get("Authorization", "").encode(), key):
                 metrics.rejected.labels("unauthorized").inc()
                 metrics.observe_status(401)
-                return web.json_response({"error": {"message": "invalid or missing API key"}}, status=401)
+                return web.json_response(UNAUTHORIZED, status=401)
         start = time.perf_counter()
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS | {"authorization"}}
         body = await request.read()
@@ -169,7 +169,7 @@ def serve_metered(cfg: ServerConfig, host: str, port: int, api_key: str | None) 
     try:
         with server:
             print(f"launched: {' '.join(server.argv)}", file=sys.stderr, flush=True)
-            code = run_loop(_serve(build_app(server.url, server, ServingMetrics(), api_key), host, port, server))
+            code = run_loop(_serve(build_app(server, ServingMetrics(), api_key), host, port, server))
     except ServerFailure as exc:
         print(f"{cfg.engine}: {exc.reason}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None

@@ -11,6 +11,7 @@ Message objects keep their extra fields (`name`, `tool_calls`, ...): chat templa
 
 from __future__ import annotations
 
+import hmac
 import json
 from typing import Any, Literal, TypeVar
 
@@ -251,9 +252,25 @@ def error_response(
     code: str | None = None,
     headers: dict[str, str] | None = None,
 ) -> JSONResponse:
-    """An OpenAI-style error body: {"error": {"message", "type", "param", "code"}}."""
-    body: dict[str, Any] = {"error": {"message": message, "type": type_, "param": param, "code": code}}
-    return JSONResponse(body, status_code=status, headers=headers)
+    """An OpenAI-style error: {"error": {"message", "type", "param", "code"}}."""
+    return JSONResponse(error_body(message, type_, param, code), status_code=status, headers=headers)
+
+
+def error_body(
+    message: str, type_: str = "invalid_request_error", param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+UNAUTHORIZED = error_body(
+    "invalid or missing API key (send 'Authorization: Bearer KEY')", "authentication_error", code="invalid_api_key"
+)
+
+
+def bearer_matches(authorization: bytes, key: bytes) -> bool:
+    """Whether an Authorization header value is `Bearer <key>` (constant-time compare)."""
+    token = authorization[7:] if authorization[:7].lower() == b"bearer " else b""
+    return hmac.compare_digest(token, key)
 
 
 def validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
 import logging
 import signal
@@ -31,8 +30,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from slotune.engine.serving.api_protocol import (
     ChatRequest,
     CompletionRequest,
+    UNAUTHORIZED,
     InvalidRequest,
     _Request,
+    bearer_matches,
     error_response,
     parse_request,
 )
@@ -119,16 +120,9 @@ class _Guard:
 
     def _refusal(self, headers: dict[bytes, bytes]) -> JSONResponse | None:
         if self.api_key is not None:
-            auth = headers.get(b"authorization", b"")
-            token = auth[7:] if auth[:7].lower() == b"bearer " else b""
-            if not hmac.compare_digest(token, self.api_key):
+            if not bearer_matches(headers.get(b"authorization", b""), self.api_key):
                 self.metrics.rejected.labels("unauthorized").inc()
-                return error_response(
-                    401,
-                    "invalid or missing API key (send 'Authorization: Bearer KEY')",
-                    "authentication_error",
-                    code="invalid_api_key",
-                )
+                return JSONResponse(UNAUTHORIZED, status_code=401)
         if not self.llm.is_accepting:
             self.metrics.rejected.labels("shutting_down").inc()
             return error_response(

@@ -27,11 +27,10 @@ def standings(servers: list[str], c: Confirmation, configs: dict[int, dict[str, 
     sign = 1 if c.direction == "minimize" else -1
     out = []
     for server in servers:
-        mine = [n for n in c.candidates if configs[n].get("name") == server]
-        if not mine:
+        n = next((n for n in c.candidates if configs[n].get("name") == server), None)
+        if n is None:
             out.append(Standing(server, None, None, False, None))
             continue
-        n = mine[0]
         value = (c.median(n) or {}).get(c.key) if c.seeds else None
         ratio = None
         if value and best:
