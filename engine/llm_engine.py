@@ -121,7 +121,8 @@ class LLMEngine:
     ) -> None:
         if request_id in self.seqs:
             raise ValueError(f"request_id '{request_id}' is already in flight")
-        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        # text: a completion's prompt, which starts with BOS where the vocabulary says so (as llama.cpp and vLLM)
+        ids = self.tokenizer.encode(prompt, add_special_tokens=True) if isinstance(prompt, str) else list(prompt)
         self._admit(ids, params)
         seq = Sequence(request_id, ids, params, time.perf_counter() if arrival_time is None else arrival_time)
         self.seqs[request_id] = seq

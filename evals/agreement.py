@@ -40,7 +40,7 @@ def agreement_prompts(tokenizer, n: int | None = None) -> list[list[int]]:
         kjv = [r for r in rows if r["source"] == "KJV"]
         gpl = [r for r in rows if r["source"] != "KJV"]
         rows = [r for pair in zip(kjv, gpl) for r in pair][:n]
-    return [tokenizer.encode(r["text"])[:PROMPT_LEN] for r in rows]
+    return [tokenizer.encode(r["text"], add_special_tokens=True)[:PROMPT_LEN] for r in rows]
 
 
 def truncated_kl(ref_idx: torch.Tensor, ref_lp: torch.Tensor, cand_lp: torch.Tensor) -> torch.Tensor:

@@ -44,8 +44,8 @@ class SlotuneLM(LM):
             continuation, context = context[-n_space:] + continuation, context[:-n_space]
         if not context:
             return [self.prefix_token_id], self.tok.encode(continuation)
-        whole = self.tok.encode(context + continuation)
-        n_ctx = len(self.tok.encode(context))
+        whole = self.tok.encode(context + continuation, add_special_tokens=True)  # BOS where due (HFLM's gemma rule)
+        n_ctx = len(self.tok.encode(context, add_special_tokens=True))
         return whole[:n_ctx], whole[n_ctx:]
 
     # --- lm-eval API -----------------------------------------------------------------------
@@ -89,7 +89,7 @@ class SlotuneLM(LM):
             until = kw.get("until") or []
             until = [until] if isinstance(until, str) else list(until)
             max_new = int(kw.get("max_gen_toks", 256))
-            prompts.append(self.tok.encode(context)[-max(1, self.max_length - max_new) :])
+            prompts.append(self.tok.encode(context, add_special_tokens=True)[-max(1, self.max_length - max_new) :])
             params.append(SamplingParams(max_tokens=max_new, temperature=float(kw.get("temperature", 0.0)), stop=until))
         if not prompts:
             return []

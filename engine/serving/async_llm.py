@@ -176,7 +176,7 @@ class AsyncLLM:
         rid = request_id or f"req-{next(self._ids)}"
         arrival = time.perf_counter()
         if isinstance(prompt, str):  # tokenize here, not on the loop thread
-            prompt = await asyncio.to_thread(self._llm.tokenizer.encode, prompt)
+            prompt = await asyncio.to_thread(self._llm.tokenizer.encode, prompt, True)  # with BOS where due
         self._queues[rid] = (asyncio.get_running_loop(), asyncio.Queue())
         try:
             if self._is_loop_running:

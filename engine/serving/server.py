@@ -70,6 +70,11 @@ class _EventStream(StreamingResponse):
                 self.on_close()
 
 
+def _chat_ids(tokenizer, messages: list[dict]) -> list[int]:
+    """The rendered conversation's ids: the template writes its own BOS."""
+    return tokenizer.encode(tokenizer.apply_chat_template(messages))
+
+
 class _Guard:
     """Pure-ASGI gate in front of /v1/*: API key, readiness, body size (also for chunked bodies).
 
@@ -301,7 +306,7 @@ def build_app(
         if chat:
             try:
                 messages = [m.as_template_input() for m in req.messages]
-                prompt = await asyncio.to_thread(llm.tokenizer.apply_chat_template, messages)
+                prompt = await asyncio.to_thread(_chat_ids, llm.tokenizer, messages)
             except ChatTemplateError as exc:  # the model's template refuses this conversation (e.g. role order)
                 return refuse(400, "invalid_request", f"messages: {exc}", "messages")
         else:

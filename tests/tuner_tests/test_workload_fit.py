@@ -23,7 +23,7 @@ class WordTokenizer:
     def __init__(self) -> None:
         self.vocab: dict[str, int] = {}
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:  # no BOS
         return [self.vocab.setdefault(w, len(self.vocab)) for w in text.split()]
 
     def decode(self, ids: list[int]) -> str:

@@ -112,7 +112,8 @@ class _Prompter:
             ]
             return self.tok.encode(self.tok.apply_chat_template(messages, add_generation_prompt=True))
         ids = self.tok.encode(body) if isinstance(body, str) else body
-        return (self.prefix_ids + ids) if with_prefix else ids
+        bos = self.tok.encode("", add_special_tokens=True)  # [BOS] where the vocabulary starts text with it
+        return bos + ((self.prefix_ids + ids) if with_prefix else ids)
 
 
 def iter_requests(spec: WorkloadSpec, tokenizer, *, seed: int | None = None) -> Iterator[WorkloadRequest]:
