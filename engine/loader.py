@@ -40,7 +40,22 @@ class ModelConfig:
     rope_scaling: dict | None = None
     # a query at position q attends keys q - sliding_window < k <= q (Mistral); None = all keys <= q
     sliding_window: int | None = None
-    qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on each q and k head, before RoPE
+    qk_norm: bool = False  # Qwen3, Gemma 3: RMSNorm over head_dim on each q and k head, before RoPE
+    # Gemma 3: the layers that attend every key (the rest: sliding_window), and the RoPE base of
+    # the windowed layers (None: rope_theta on all; rope_scaling applies to the others only)
+    full_attention_layers: tuple[int, ...] = ()
+    local_rope_theta: float | None = None
+    sandwich_norms: bool = False  # Gemma 3: each sublayer's output normed too (four norms per layer)
+    hidden_act: str = "silu"  # the MLP's gate: silu (SwiGLU) or gelu_tanh (GeGLU, Gemma)
+    embed_scale: float | None = None  # Gemma: embeddings times sqrt(hidden_size)
+    attn_scale: float | None = None  # softmax scale; None: head_dim ** -0.5
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "full_attention_layers", tuple(self.full_attention_layers))  # from JSON: a list
+
+    def window_of(self, layer: int) -> int | None:
+        """The sliding window layer `layer` attends over (None: every key)."""
+        return None if layer in self.full_attention_layers else self.sliding_window
 
 
 def load_model(model: str) -> tuple[ModelConfig, dict[str, torch.Tensor], Path]:
@@ -125,6 +140,11 @@ _GGUF_LAYER_NAMES = {
     "attn_output.bias": "self_attn.o_proj.bias",
 }
 _GGUF_QK_NORM_NAMES = {"attn_q_norm.weight": "self_attn.q_norm.weight", "attn_k_norm.weight": "self_attn.k_norm.weight"}
+_GGUF_GEMMA3_NAMES = _GGUF_QK_NORM_NAMES | {  # ffn_norm is the MLP's input norm here too
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,12 +156,15 @@ class _GgufArch:
     # row order and run NEOX (rotate-half) rope on it (Qwen2Model/Qwen3Model rename tensors only).
     is_qk_permuted: bool
     is_qk_norm: bool = False  # Qwen3: blk.N.attn_q_norm / attn_k_norm
+    names: dict[str, str] | None = None  # layer tensors besides and over _GGUF_LAYER_NAMES
 
 
 GGUF_ARCHS = {
     "llama": _GgufArch(is_qk_permuted=True),
     "qwen2": _GgufArch(is_qk_permuted=False),
-    "qwen3": _GgufArch(is_qk_permuted=False, is_qk_norm=True),
+    "qwen3": _GgufArch(is_qk_permuted=False, is_qk_norm=True, names=_GGUF_QK_NORM_NAMES),
+    # NEOX rope (rows as HF's); norms stored as 1 + w by the converter (Gemma3Model.norm_shift)
+    "gemma3": _GgufArch(is_qk_permuted=False, is_qk_norm=True, names=_GGUF_GEMMA3_NAMES),
 }
 
 
@@ -179,7 +202,7 @@ def _load_gguf(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
         raise ValueError(_unsupported_arch(path, name))
     arch = GGUF_ARCHS[name]
     hp = _gguf_hparams(path, meta, name)  # every metadata check before any tensor is read
-    layer_names = _GGUF_LAYER_NAMES | (_GGUF_QK_NORM_NAMES if arch.is_qk_norm else {})
+    layer_names = _GGUF_LAYER_NAMES | (arch.names or {})
     sd: dict[str, torch.Tensor] = {}
     rope_scaling = hp.pop("rope_scaling")
     for t in reader.tensors:
@@ -244,15 +267,16 @@ def _gguf_hparams(path: Path, meta: dict[str, Any], arch: str) -> dict[str, Any]
             f"{arch}.rope.dimension_count {meta[f'{arch}.rope.dimension_count']} != head_dim {head_dim} "
             "(rotary on part of each head)"
         )
-    if f"{arch}.attention.sliding_window_pattern" in meta:
+    if f"{arch}.attention.sliding_window_pattern" in meta and arch != "gemma3":
         problems.append(f"{arch}.attention.sliding_window_pattern (a window on some layers only)")
     try:
         rope_scaling = _gguf_rope_scaling(meta, arch)
     except ValueError as e:
         problems.append(str(e))
+    gemma3 = _gguf_gemma3(meta, int(key("block_count")), hidden, n_head, head_dim, problems) if arch == "gemma3" else {}
     if problems:
         raise ValueError(f"{path} ({arch}): not implemented: {'; '.join(problems)}")
-    return dict(
+    return gemma3 | dict(
         hidden_size=hidden,
         intermediate_size=int(key("feed_forward_length")),
         num_layers=int(key("block_count")),
@@ -264,6 +288,29 @@ def _gguf_hparams(path: Path, meta: dict[str, Any], arch: str) -> dict[str, Any]
         max_position_embeddings=int(key("context_length", 2048)),
         sliding_window=int(key("attention.sliding_window", 0)) or None,
         rope_scaling=rope_scaling,
+    )
+
+
+def _gguf_gemma3(meta: dict[str, Any], n_layer: int, hidden: int, n_head: int, head_dim: int, problems: list) -> dict:
+    """A gemma3 GGUF's ModelConfig fields beyond the llama ones, as llama.cpp's llama_model_gemma3
+    reads them: the header carries the window and the global RoPE base; the layer pattern (every
+    6th layer attends every key), the windowed layers' RoPE base (10000) and the softmax scale are
+    llama.cpp constants unless the header overrides the first two."""
+    if meta.get("gemma3.final_logit_softcapping"):
+        problems.append(f"gemma3.final_logit_softcapping {meta['gemma3.final_logit_softcapping']}")
+    windowed = int(meta.get("gemma3.attention.sliding_window") or 0) > 0
+    pattern = meta.get("gemma3.attention.sliding_window_pattern", 6)
+    if isinstance(pattern, list):  # per layer: True = windowed
+        full = tuple(i for i, swa in enumerate(pattern) if not swa)
+    else:
+        full = tuple(i for i in range(n_layer) if pattern and i % pattern == pattern - 1)
+    return dict(
+        full_attention_layers=full if windowed else (),
+        local_rope_theta=float(meta.get("gemma3.rope.freq_base_swa", 10_000.0)) if windowed else None,
+        sandwich_norms=True,
+        hidden_act="gelu_tanh",
+        embed_scale=hidden**0.5,
+        attn_scale=(hidden // n_head if n_layer == 62 else head_dim) ** -0.5,  # 62 layers: the 27B model
     )
 
 
@@ -294,7 +341,7 @@ def _gguf_rope_scaling(meta: dict[str, Any], arch: str) -> dict | None:
 
 # --- Hugging Face checkpoint dir ----------------------------------------------------------
 
-HF_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+HF_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
 
 
 def _load_hf_dir(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
@@ -310,6 +357,8 @@ def _load_hf_dir(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
         for k, v in load_file(str(f)).items():
             sd[k] = v.float()
     tied = bool(hf.get("tie_word_embeddings", "lm_head.weight" not in sd))
+    if hf.get("model_type") == "gemma3_text":  # its norms scale by (1 + w): store 1 + w, as llama.cpp's GGUFs do
+        sd = {k: v + 1.0 if k.endswith("norm.weight") else v for k, v in sd.items()}
     return ModelConfig(**cfg_without_weights, tie_word_embeddings=tied), sd
 
 
@@ -322,6 +371,8 @@ def _hf_config(path: Path, hf: dict[str, Any]) -> dict[str, Any]:
             f"{path}: model_type '{model_type}' is not implemented (supported: "
             f"{', '.join(HF_MODEL_TYPES)}, or a LlamaForCausalLM architecture)"
         )
+    if model_type == "gemma3_text":
+        return _hf_gemma3(path, hf)
     _refuse_unimplemented_math(path, hf)
     n_head = hf["num_attention_heads"]
     rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})  # transformers >= 5: rope_parameters
@@ -353,6 +404,67 @@ def _hf_config(path: Path, hf: dict[str, Any]) -> dict[str, Any]:
         rope_scaling=rope_scaling,
         sliding_window=_hf_sliding_window(path, hf),
         qk_norm=model_type == "qwen3",
+    )
+
+
+def _hf_gemma3(path: Path, hf: dict[str, Any]) -> dict[str, Any]:
+    """A Gemma3ForCausalLM config.json (transformers' Gemma3TextConfig, defaults included) -> ModelConfig
+    fields: every layer normed four times, GeGLU, q/k norms, embeddings scaled by sqrt(hidden),
+    query_pre_attn_scalar, windowed layers with their own RoPE base between full-attention ones."""
+    problems = []
+    act = hf.get("hidden_activation") or hf.get("hidden_act") or "gelu_pytorch_tanh"
+    if act != "gelu_pytorch_tanh":
+        problems.append(f"hidden_activation '{act}' (only gelu_pytorch_tanh)")
+    for key in ("attn_logit_softcapping", "final_logit_softcapping", "use_bidirectional_attention"):
+        if hf.get(key):
+            problems.append(f"{key} {hf[key]}")
+    n = hf["num_hidden_layers"]
+    pattern = hf.get("sliding_window_pattern", 6)
+    layer_types = hf.get("layer_types") or [
+        "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)
+    ]
+    if len(layer_types) != n or not set(layer_types) <= {"sliding_attention", "full_attention"}:
+        problems.append(f"layer_types {layer_types}")
+    # transformers >= 5 nests RoPE per layer type; older configs: rope_theta, rope_local_base_freq, rope_scaling
+    rope = hf.get("rope_parameters") or {}
+    full = dict(rope.get("full_attention") or hf.get("rope_scaling") or {})
+    local = dict(rope.get("sliding_attention") or {})
+    full_theta = float(full.pop("rope_theta", hf.get("rope_theta", 1_000_000.0)))
+    local_theta = float(local.pop("rope_theta", hf.get("rope_local_base_freq", 10_000.0)))
+    if (local.get("rope_type") or local.get("type") or "default") != "default":
+        problems.append(f"rope scaling on the sliding-window layers ({local})")
+    kind = full.get("rope_type") or full.get("type") or "default"
+    rope_scaling = None
+    if kind == "linear":
+        rope_scaling = {"rope_type": "linear", "factor": float(full["factor"])}
+    elif kind != "default":
+        problems.append(f"rope_scaling type '{kind}' on the full-attention layers (supported: default, linear)")
+    if problems:
+        raise ValueError(f"{path} (gemma3_text): not implemented: {'; '.join(problems)}")
+    n_head = hf.get("num_attention_heads", 8)
+    eos = hf.get("eos_token_id", 1)
+    return dict(
+        vocab_size=hf.get("vocab_size", 262_208),
+        hidden_size=hf["hidden_size"],
+        intermediate_size=hf["intermediate_size"],
+        num_layers=n,
+        num_heads=n_head,
+        num_kv_heads=hf.get("num_key_value_heads", 4),
+        head_dim=hf.get("head_dim", 256),
+        rope_theta=full_theta,
+        rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        max_position_embeddings=hf.get("max_position_embeddings", 131_072),
+        bos_token_id=hf.get("bos_token_id", 2),
+        eos_token_id=eos[0] if isinstance(eos, list) else eos,
+        rope_scaling=rope_scaling,
+        sliding_window=int(window) if (window := hf.get("sliding_window", 4096)) else None,
+        qk_norm=True,
+        full_attention_layers=tuple(i for i, t in enumerate(layer_types) if t == "full_attention"),
+        local_rope_theta=local_theta,
+        sandwich_norms=True,
+        hidden_act="gelu_tanh",
+        embed_scale=hf["hidden_size"] ** 0.5,
+        attn_scale=float(hf.get("query_pre_attn_scalar", 256)) ** -0.5,
     )
 
 

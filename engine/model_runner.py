@@ -61,7 +61,7 @@ def build_model(
 ) -> LlamaModel:
     """The model `cfg` serves: built with the kernel backend cfg.kernels selects, then its Linear
     layers converted to cfg.quantization (the quantized layers take the backend's matmul tiles)."""
-    backend = select_backend(cfg.kernels, device, model_cfg.sliding_window)
+    backend = select_backend(cfg.kernels, device, model_cfg.sliding_window, model_cfg.full_attention_layers)
     model = LlamaModel(model_cfg, sd, dtype, device, backend)
     if cfg.quantization != "none":
         quantize_model(model, cfg.quantization, cfg.quant_group_size, tiles=backend.matmul)

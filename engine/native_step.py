@@ -39,7 +39,10 @@ def native_linear(mod: torch.nn.Module) -> NativeLinear | str:
 
 
 def native_model(model: LlamaModel) -> NativeModel | str:
-    """Every tensor the native step reads, or the first projection it cannot read."""
+    """Every tensor the native step reads, or what of the model it cannot run."""
+    c = model.cfg
+    if c.sandwich_norms or c.hidden_act != "silu" or c.full_attention_layers or c.embed_scale or c.attn_scale:
+        return "Gemma 3 layers (four norms per layer, GeGLU, two rotary tables): the kernel runs two norms and SwiGLU"
     layers = []
     for ly in model.layers:
         proj = [native_linear(m) for m in (ly.qkv_proj, ly.o_proj, ly.gate_up_proj, ly.down_proj)]
@@ -47,11 +50,10 @@ def native_model(model: LlamaModel) -> NativeModel | str:
         if bad is not None:
             return bad
         norms = [None if n is None else n.data for n in (ly.q_norm, ly.k_norm)]
-        layers.append(NativeLayer(ly.input_norm.data, ly.post_norm.data, *proj, *norms))
+        layers.append(NativeLayer(ly.input_norm.data, ly.mlp_norm.data, *proj, *norms))
     lm_head = native_linear(model.lm_head)
     if isinstance(lm_head, str):
         return lm_head
-    c = model.cfg
     return NativeModel(
         c.hidden_size,
         c.intermediate_size,

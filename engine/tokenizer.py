@@ -20,7 +20,7 @@ from typing import Any
 
 from tokenizers import Tokenizer as HFTokenizer
 
-from slotune.engine.chat_template import CHATML, render
+from slotune.engine.chat_template import CHATML, GEMMA3, render
 from slotune.engine.gguf_vocab import gguf_vocab
 
 # The special tokens transformers hands a chat template (its SPECIAL_TOKENS_ATTRIBUTES).
@@ -79,14 +79,19 @@ class Tokenizer:
             for name, key in _GGUF_TOKEN_IDS.items()
             if (i := meta.get(f"tokenizer.ggml.{key}")) is not None
         }
-        template = meta.get("tokenizer.chat_template")
+        template, source = meta.get("tokenizer.chat_template"), f"{path.name}: tokenizer.chat_template"
+        stops = {int(meta[k]) for k in _GGUF_STOP_KEYS if meta.get(k) is not None}
+        if meta.get("general.architecture") == "gemma3":  # a turn ends with <end_of_turn> (llama.cpp's EOG rule)
+            stops |= {i for i, t in enumerate(tokens) if t == "<end_of_turn>"}
+            if template is None:
+                template, source = GEMMA3, "Gemma 3's template (the GGUF carries none)"
         return cls(
             vocab.tokenizer,
             bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
             eos_token_id=meta.get("tokenizer.ggml.eos_token_id"),
-            eos_token_ids=frozenset(int(meta[k]) for k in _GGUF_STOP_KEYS if meta.get(k) is not None),
+            eos_token_ids=frozenset(stops),
             chat_template=template,
-            chat_template_source=f"{path.name}: tokenizer.chat_template",
+            chat_template_source=source,
             special_tokens=special,
             add_bos=vocab.add_bos,
         )

@@ -92,6 +92,11 @@ _LAYER_NAMES = {
     "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
 }
+_GEMMA3_LAYER_NAMES = _LAYER_NAMES | {
+    "post_attention_layernorm": "post_attention_norm",
+    "pre_feedforward_layernorm": "ffn_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
+}
 
 
 def write_gguf(
@@ -104,14 +109,17 @@ def write_gguf(
 ) -> None:
     """`hf_checkpoint`'s weights as a float32 GGUF of llama.cpp architecture `arch`, as
     convert_hf_to_gguf.py writes it: q/k rows permuted for `llama` only (its LlamaModel permutes,
-    Qwen2Model/Qwen3Model only rename), key_length/value_length when the config has head_dim,
-    no output.weight when the embeddings are tied. `metadata`: extra {key: value} (strings, ints
-    or floats), to test refusals."""
+    Qwen2Model/Qwen3Model/Gemma3Model only rename), key_length/value_length when the config has
+    head_dim, no output.weight when the embeddings are tied; for gemma3, norms stored as 1 + w and
+    the window but not the layer pattern or the local RoPE base (Gemma3Model.set_gguf_parameters).
+    `metadata`: extra {key: value} (strings, ints or floats), to test refusals."""
     import gguf
 
     c = ref["config"]
     heads, kv_heads = c["num_attention_heads"], c["num_key_value_heads"]
-    theta = c.get("rope_theta") or (c.get("rope_parameters") or {}).get("rope_theta", 10000.0)
+    rope = c.get("rope_parameters") or {}
+    theta = c.get("rope_theta") or rope.get("full_attention", rope).get("rope_theta", 10000.0)
+    names = _GEMMA3_LAYER_NAMES if arch == "gemma3" else _LAYER_NAMES
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(c["num_hidden_layers"])
     w.add_context_length(c["max_position_embeddings"])
@@ -124,11 +132,15 @@ def write_gguf(
     if c.get("head_dim"):
         w.add_key_length(c["head_dim"])
         w.add_value_length(c["head_dim"])
+    if arch == "gemma3":
+        w.add_sliding_window(c["sliding_window"])
     for key, value in (metadata or {}).items():
         {str: w.add_string, int: w.add_uint32, float: w.add_float32}[type(value)](key, value)
     for k, v in ref["state_dict"].items():
         if k == "lm_head.weight" and c.get("tie_word_embeddings"):
             continue
+        if arch == "gemma3" and k.endswith("norm.weight"):
+            v = v + 1.0
         if k in _NAMES:
             w.add_tensor(_NAMES[k], v.float().numpy())
             continue
@@ -138,7 +150,7 @@ def write_gguf(
             v = permute_qk(v, heads)
         elif arch == "llama" and mod == "self_attn.k_proj":
             v = permute_qk(v, kv_heads)
-        w.add_tensor(f"blk.{i}.{_LAYER_NAMES[mod]}.{kind}", v.float().contiguous().numpy())
+        w.add_tensor(f"blk.{i}.{names[mod]}.{kind}", v.float().contiguous().numpy())
     if rope_freqs is not None:
         w.add_tensor("rope_freqs.weight", rope_freqs.float().numpy())
     for k, v in (extra or {}).items():

@@ -56,19 +56,25 @@ class TorchAttentionBackend:
     """Reference-quality attention in plain torch; what runs on CPU.
 
     `sliding_window` (Mistral): a query at position q attends keys q - window < k <= q, as
-    transformers' sliding-window mask; None: every key <= q. The cache keeps the whole context.
+    transformers' sliding-window mask; None: every key <= q. `full_layers` (Gemma 3): the layers
+    that attend every key all the same. The cache keeps the whole context.
     """
 
     name = "torch"
 
-    def __init__(self, sliding_window: int | None = None) -> None:
+    def __init__(self, sliding_window: int | None = None, full_layers: tuple[int, ...] = ()) -> None:
         self.sliding_window = sliding_window
+        self.full_layers = frozenset(full_layers)
         self._window_meta: AttentionMetadata | None = None  # the step whose windowed masks are cached
         self._window_masks: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
 
-    def _masks(self, meta: AttentionMetadata) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """(decode mask, extend mask) of this step, the window applied; built once per step, not per layer."""
-        if self.sliding_window is None:
+    def window(self, layer: int) -> int | None:
+        return None if layer in self.full_layers else self.sliding_window
+
+    def _masks(self, meta: AttentionMetadata, layer: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(decode mask, extend mask) of this step for `layer`, its window applied; built once per
+        step, not per layer."""
+        if self.window(layer) is None:
             return meta.decode_mask, meta.extend_mask
         if self._window_meta is not meta:
             self._window_masks = window_masks(meta, self.sliding_window)
@@ -148,7 +154,7 @@ class TorchAttentionBackend:
         vv = self._gather(cache, layer, meta.decode_block_tables, "v")
         b, h, d = q.shape
         hkv = kk.shape[1]
-        mask = self._masks(meta)[0]
+        mask = self._masks(meta, layer)[0]
         if q.dtype == torch.float32 and b == 1:  # the one shape where SDPA's CPU kernel is faster
             o = F.scaled_dot_product_attention(q.unsqueeze(2), kk, vv, attn_mask=mask, scale=scale, enable_gqa=True)
             return o.squeeze(2)
@@ -168,7 +174,7 @@ class TorchAttentionBackend:
         meta: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:
-        mask = self._masks(meta)[1]
+        mask = self._masks(meta, layer)[1]
         if meta.extend_mask is None:
             # One plain prefill with no cached context: attend over this step's own K/V (causal,
             # or the [T, T] window mask when the prompt is longer than the window).

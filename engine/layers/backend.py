@@ -32,14 +32,17 @@ def backend_name(kernels: KernelConfig, device: torch.device) -> Literal["torch"
     return "triton" if kernels.backend == "triton" or (kernels.backend == "auto" and device.type == "cuda") else "torch"
 
 
-def torch_backend(sliding_window: int | None = None) -> Backend:
-    return Backend("torch", TorchAttentionBackend(sliding_window), TorchOps())
+def torch_backend(sliding_window: int | None = None, full_layers: tuple[int, ...] = ()) -> Backend:
+    return Backend("torch", TorchAttentionBackend(sliding_window, full_layers), TorchOps())
 
 
-def select_backend(kernels: KernelConfig, device: torch.device, sliding_window: int | None) -> Backend:
-    """A fresh backend for one model (attention backends keep per-step state and counters)."""
+def select_backend(
+    kernels: KernelConfig, device: torch.device, sliding_window: int | None, full_layers: tuple[int, ...] = ()
+) -> Backend:
+    """A fresh backend for one model (attention backends keep per-step state and counters);
+    `full_layers`: layers outside `sliding_window` (Gemma 3)."""
     if backend_name(kernels, device) == "triton":
         from slotune.engine.layers.triton_backend import triton_backend  # imports triton: only when chosen
 
-        return triton_backend(kernels, sliding_window)
-    return torch_backend(sliding_window)
+        return triton_backend(kernels, sliding_window, full_layers)
+    return torch_backend(sliding_window, full_layers)

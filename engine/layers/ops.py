@@ -26,6 +26,12 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
+    # x: [T, 2*I] (gate | up) -> [T, I]; GeGLU with tanh-approximate GELU (Gemma)
+    gate, up = x.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up
+
+
 ROPE_TYPES = ("linear", "llama3", "yarn", "dynamic", "freq_factors")  # besides plain RoPE (scaling None)
 
 
@@ -95,4 +101,5 @@ class TorchOps:
 
     rms_norm = staticmethod(rms_norm)
     silu_and_mul = staticmethod(silu_and_mul)
+    gelu_tanh_and_mul = staticmethod(gelu_tanh_and_mul)
     rotary = staticmethod(apply_rotary)

@@ -18,6 +18,7 @@ import torch
 from slotune.engine.config import KernelConfig
 from slotune.engine.layers.attention import AttentionMetadata, KVCache, TorchAttentionBackend
 from slotune.engine.layers.backend import Backend
+from slotune.engine.layers.ops import gelu_tanh_and_mul
 from slotune.kernels.activation import silu_and_mul
 from slotune.kernels.decode_attention import paged_decode_attention
 from slotune.kernels import prefill_attention
@@ -33,9 +34,13 @@ class TritonAttentionBackend(TorchAttentionBackend):
     name = "triton"
 
     def __init__(
-        self, tiles: DecodeAttentionConfig, prefill_tiles: PrefillAttentionConfig, sliding_window: int | None = None
+        self,
+        tiles: DecodeAttentionConfig,
+        prefill_tiles: PrefillAttentionConfig,
+        sliding_window: int | None = None,
+        full_layers: tuple[int, ...] = (),
     ) -> None:
-        super().__init__(sliding_window)  # the torch masks serve the one-fresh-prompt SDPA path
+        super().__init__(sliding_window, full_layers)  # the torch masks serve the one-fresh-prompt SDPA path
         self.config = tiles
         self.prefill_config = prefill_tiles
         self._prefill_ran = self._prefill_failed = False
@@ -117,7 +122,7 @@ class TritonAttentionBackend(TorchAttentionBackend):
                 cache.k_scale[layer] if cache.is_quantized else None,
                 cache.v_scale[layer] if cache.is_quantized else None,
                 config=self.prefill_config,
-                window=self.sliding_window,
+                window=self.window(layer),
             )
         except Exception as exc:
             if self._prefill_ran:
@@ -145,7 +150,7 @@ class TritonAttentionBackend(TorchAttentionBackend):
             cache.v_scale[layer] if cache.is_quantized else None,
             config=self.config,
             max_context=meta.max_context,
-            window=self.sliding_window,
+            window=self.window(layer),
         )
 
 
@@ -154,6 +159,7 @@ class TritonOps:
 
     rms_norm = staticmethod(rms_norm)
     silu_and_mul = staticmethod(silu_and_mul)
+    gelu_tanh_and_mul = staticmethod(gelu_tanh_and_mul)  # torch's: no kernel of ours yet
 
     @staticmethod
     def rotary(x, cos_sin):
@@ -161,7 +167,7 @@ class TritonOps:
         return rotary(x, cos_sin, positions)
 
 
-def triton_backend(kernels: KernelConfig, sliding_window: int | None) -> Backend:
+def triton_backend(kernels: KernelConfig, sliding_window: int | None, full_layers: tuple[int, ...] = ()) -> Backend:
     """Our kernels with the config's tiles: attention, pointwise ops, and the quantized layers' matmul tiles."""
-    attn = TritonAttentionBackend(kernels.decode_attention, kernels.prefill_attention, sliding_window)
+    attn = TritonAttentionBackend(kernels.decode_attention, kernels.prefill_attention, sliding_window, full_layers)
     return Backend("triton", attn, TritonOps(), kernels.matmul)

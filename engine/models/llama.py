@@ -3,7 +3,9 @@
 One implementation for every family the loader reads; what differs is data in `ModelConfig`
 and the state dict: biases present or not (Qwen2, `attention_bias`, `mlp_bias`), per-head q/k
 RMSNorm (`qk_norm`, Qwen3), an attention window (`sliding_window`, Mistral; the attention
-backend applies it), an explicit head_dim.
+backend applies it), an explicit head_dim; and for Gemma 3, four norms per layer
+(`sandwich_norms`), GeGLU, scaled embeddings, its own softmax scale, and windowed layers with
+their own RoPE table between full-attention ones.
 
 QKV and gate/up projections are fused into one matmul each: fewer launches (GPU) and
 fewer Python ops per layer (CPU), same math.
@@ -46,8 +48,13 @@ class LlamaLayer(nn.Module):
             weight = torch.cat([g(n + ".weight") for n in names])
             return Linear(weight, torch.cat([g(n + ".bias") for n in names]) if all(biases) else None)
 
-        self.input_norm = nn.Parameter(g("input_layernorm.weight"), requires_grad=False)
-        self.post_norm = nn.Parameter(g("post_attention_layernorm.weight"), requires_grad=False)
+        norm = lambda n: nn.Parameter(g(n + ".weight"), requires_grad=False)  # noqa: E731
+        self.input_norm = norm("input_layernorm")
+        if cfg.sandwich_norms:  # Gemma: post_attention_layernorm norms the attention's output
+            self.attn_out_norm, self.mlp_norm = norm("post_attention_layernorm"), norm("pre_feedforward_layernorm")
+            self.mlp_out_norm = norm("post_feedforward_layernorm")
+        else:
+            self.attn_out_norm, self.mlp_norm, self.mlp_out_norm = None, norm("post_attention_layernorm"), None
         # Qwen3: [head_dim] weights of the per-head RMSNorm on q and on k
         self.q_norm = nn.Parameter(g("self_attn.q_norm.weight"), requires_grad=False) if cfg.qk_norm else None
         self.k_norm = nn.Parameter(g("self_attn.k_norm.weight"), requires_grad=False) if cfg.qk_norm else None
@@ -59,7 +66,10 @@ class LlamaLayer(nn.Module):
         self.num_kv_heads = cfg.num_kv_heads
         self.head_dim = cfg.head_dim
         self.eps = cfg.rms_norm_eps
-        self.scale = cfg.head_dim**-0.5
+        self.scale = cfg.attn_scale or cfg.head_dim**-0.5
+        self.gate = self.ops.gelu_tanh_and_mul if cfg.hidden_act == "gelu_tanh" else self.ops.silu_and_mul
+        # windowed layers of a model with a local RoPE base read the model's second table
+        self.local_rope = cfg.local_rope_theta is not None and cfg.window_of(index) is not None
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
 
@@ -87,8 +97,13 @@ class LlamaLayer(nn.Module):
         v = qkv[:, self.q_size + self.kv_size :].view(-1, self.num_kv_heads, self.head_dim)
         o = self.attn.forward(cache, self.index, q, k, v, meta, self.scale)
         x = self.o_proj(o.reshape(-1, self.q_size))
-        h, residual = ops.rms_norm(x, self.post_norm, self.eps, residual)
-        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(h))), residual
+        if self.attn_out_norm is not None:
+            x = ops.rms_norm(x, self.attn_out_norm, self.eps)[0]
+        h, residual = ops.rms_norm(x, self.mlp_norm, self.eps, residual)
+        x = self.down_proj(self.gate(self.gate_up_proj(h)))
+        if self.mlp_out_norm is not None:
+            x = ops.rms_norm(x, self.mlp_out_norm, self.eps)[0]
+        return x, residual
 
     def _qk_norm(self, qkv: torch.Tensor) -> torch.Tensor:
         """Qwen3's RMSNorm over head_dim of every q and k head (before RoPE), through the backend's
@@ -112,9 +127,13 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.dtype = dtype
-        self.backend = backend or torch_backend(cfg.sliding_window)
+        self.backend = backend or torch_backend(cfg.sliding_window, cfg.full_attention_layers)
         self.ops = self.backend.ops
         self.embed = nn.Parameter(sd.pop("model.embed_tokens.weight").to(dtype), requires_grad=False)
+        scale = (
+            None if cfg.embed_scale is None else torch.tensor(cfg.embed_scale).to(dtype)
+        )  # as transformers rounds it
+        self.register_buffer("embed_scale", scale, persistent=False)  # Gemma
         self.layers = nn.ModuleList(LlamaLayer(cfg, sd, i, dtype, self.backend) for i in range(cfg.num_layers))
         self.norm = nn.Parameter(sd.pop("model.norm.weight").to(dtype), requires_grad=False)
         lm_head = sd.pop("lm_head.weight", None)
@@ -134,6 +153,12 @@ class LlamaModel(nn.Module):
             rope_cos_sin(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, device, cfg.rope_scaling),
             persistent=False,
         )
+        local = cfg.local_rope_theta
+        self.register_buffer(  # Gemma 3's windowed layers: their own base, no scaling
+            "cos_sin_local",
+            None if local is None else rope_cos_sin(cfg.head_dim, cfg.max_position_embeddings, local, device),
+            persistent=False,
+        )
 
     def forward(
         self,
@@ -148,10 +173,13 @@ class LlamaModel(nn.Module):
         num_layers < all runs only the first layers (early-exit self-drafting).
         """
         x = self.embed[input_ids]
+        if self.embed_scale is not None:
+            x = x * self.embed_scale
         cos_sin = self.cos_sin[positions]
+        local = cos_sin if self.cos_sin_local is None else self.cos_sin_local[positions]
         residual = None
         for layer in self.layers if num_layers is None else self.layers[:num_layers]:
-            x, residual = layer(x, residual, cos_sin, cache, meta)
+            x, residual = layer(x, residual, local if layer.local_rope else cos_sin, cache, meta)
         x, _ = self.ops.rms_norm(x, self.norm, self.cfg.rms_norm_eps, residual)
         return x
 

@@ -205,7 +205,9 @@ def test_unknown_gguf_architecture_is_refused_by_name(tmp_path):
     ref = _hf(tmp_path, "LlamaConfig")
     path = tmp_path / "model.gguf"
     write_gguf(path, ref, "gemma2")
-    with pytest.raises(ValueError, match="unsupported GGUF architecture 'gemma2' \\(supported: llama, qwen2, qwen3\\)"):
+    with pytest.raises(
+        ValueError, match="unsupported GGUF architecture 'gemma2' \\(supported: llama, qwen2, qwen3, gemma3\\)"
+    ):
         load_model(str(path))
     # `tune validate` says so before a study, from the header alone
     spec = TuningSpec.model_validate(
@@ -247,3 +249,79 @@ def test_family_with_prefix_caching_speculation_and_int8_kv(family, tmp_path):
     int8 = LLMEngine(_config(tmp_path, "torch", kv_dtype="int8"), tokenizer=IdsTokenizer())
     got = generate(int8, prompts, 12)
     assert [g[:4] for g in got] == [r[:4] for r in ref["greedy"]], (got, ref["greedy"])
+
+
+GEMMA3 = {  # one windowed layer (window 8: the prompts run past it) and one full-attention layer
+    "head_dim": 16,
+    "query_pre_attn_scalar": 24,
+    "sliding_window": 8,
+    "layer_types": ["sliding_attention", "full_attention"],
+}
+
+
+def test_gemma3_matches_transformers(tmp_path):
+    """Gemma 3 (text): four norms per layer stored as (1 + w), GeGLU, q/k norms, scaled embeddings,
+    query_pre_attn_scalar, a windowed layer with the local RoPE base beside a full-attention one with
+    the global base. The native step refuses it by name rather than running two norms per layer."""
+    ids = [(11 * j + 5) % 128 for j in range(40)]
+    prompts = [ids[:9], ids[:23]]
+    ref = _hf(tmp_path, "Gemma3TextConfig", ids=ids, prompts=prompts, **GEMMA3)
+    torch.testing.assert_close(_logits(tmp_path, ids), ref["logits"], atol=1e-4, rtol=1e-4)
+    assert _greedy(tmp_path, "torch", prompts, 12) == ref["greedy"]
+    with pytest.raises(ValueError, match="Gemma 3 layers"):
+        LLMEngine(_config(tmp_path, "native"), tokenizer=IdsTokenizer())
+
+
+def test_gemma3_gguf_matches_transformers(tmp_path):
+    """A gemma3 GGUF written as convert_hf_to_gguf.py writes one (norms as 1 + w, the window but
+    neither the layer pattern nor the local RoPE base: llama.cpp's constants, 6 and 10000). Six layers
+    so that the pattern's one full-attention layer (the sixth) is there."""
+    ids = [(11 * j + 5) % 128 for j in range(40)]
+    prompts = [ids[:9], ids[:23]]
+    kw = GEMMA3 | {"num_hidden_layers": 6, "layer_types": None, "sliding_window_pattern": 6}
+    kw["rope_parameters"] = {
+        "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+    }
+    kw["query_pre_attn_scalar"] = GEMMA3["head_dim"]  # llama.cpp: head_dim (27B aside)
+    ref = _hf(tmp_path, "Gemma3TextConfig", ids=ids, prompts=prompts, **kw)
+    assert ref["config"]["layer_types"][5] == "full_attention"
+    path = tmp_path / "model.gguf"
+    write_gguf(path, ref, "gemma3")
+    torch.testing.assert_close(_logits(path, ids), ref["logits"], atol=1e-4, rtol=1e-4)
+    assert _greedy(path, "torch", prompts, 12) == ref["greedy"]
+
+
+def test_gemma3_with_prefix_caching_speculation_and_int8_kv(tmp_path):
+    """As test_family_with_prefix_caching_speculation_and_int8_kv, for Gemma 3."""
+    ids = [(11 * j + 5) % 128 for j in range(40)]
+    prompts = [ids[:23], ids[:16] + [3, 1, 4, 1, 5, 9, 2]]
+    ref = _hf(tmp_path, "Gemma3TextConfig", prompts=prompts, **GEMMA3)
+    engine = LLMEngine(_config(tmp_path, "torch", enable_prefix_caching=True), tokenizer=IdsTokenizer())
+    assert [generate(engine, [p], 12)[0] for p in prompts] == ref["greedy"]
+    assert engine.stats().prefix_cache_hits >= 2
+    spec = LLMEngine(
+        _config(
+            tmp_path, "torch", speculative={"method": "early_exit", "early_exit_layers": 1, "num_speculative_tokens": 3}
+        ),
+        tokenizer=IdsTokenizer(),
+    )
+    assert generate(spec, prompts, 12) == ref["greedy"]
+    int8 = LLMEngine(_config(tmp_path, "torch", kv_dtype="int8"), tokenizer=IdsTokenizer())
+    got = generate(int8, prompts, 12)
+    assert [g[:4] for g in got] == [r[:4] for r in ref["greedy"]], (got, ref["greedy"])
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"final_logit_softcapping": 30.0}, "final_logit_softcapping 30.0"),
+        ({"hidden_activation": "gelu"}, "hidden_activation 'gelu'"),
+        ({"use_bidirectional_attention": True}, "use_bidirectional_attention True"),
+    ],
+    ids=["softcap", "gelu", "bidirectional"],
+)
+def test_gemma3_math_it_does_not_implement_is_refused(kw, match, tmp_path):
+    _hf(tmp_path, "Gemma3TextConfig", **GEMMA3, **kw)
+    with pytest.raises(ValueError, match=match):
+        load_model(str(tmp_path))

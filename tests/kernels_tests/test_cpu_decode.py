@@ -71,7 +71,7 @@ def _reference(llm: LLM) -> LlamaModel:
     for mine, theirs in zip(model.layers, ref.layers):
         for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):
             getattr(theirs, name).weight.data = dense(getattr(mine, name)).contiguous()
-        theirs.input_norm.data, theirs.post_norm.data = mine.input_norm.float(), mine.post_norm.float()
+        theirs.input_norm.data, theirs.mlp_norm.data = mine.input_norm.float(), mine.mlp_norm.float()
     ref.embed.data, ref.norm.data = model.embed.float(), model.norm.float()
     ref.lm_head = Linear(dense(model.lm_head).contiguous())
     return ref

@@ -151,13 +151,30 @@ def test_triton_path_engine_matches_torch_path_on_the_real_model(llm):
 
 
 def _variant(variant: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """TINY with Qwen3's per-head q/k norm (weights not ones), Mistral's sliding window (8 keys) or
-    Qwen2's q/k/v biases."""
+    """TINY with Qwen3's per-head q/k norm (weights not ones), Mistral's sliding window (8 keys),
+    Qwen2's q/k/v biases, or Gemma 3's layers (q/k norm, four norms per layer, GeGLU, an 8-key window
+    on layer 0 with its own RoPE base, layer 1 attending every key)."""
     import dataclasses
 
-    mc = dataclasses.replace(TINY, qk_norm=variant == "qk_norm", sliding_window=8 if variant == "window" else None)
+    mc = dataclasses.replace(
+        TINY, qk_norm=variant in ("qk_norm", "gemma3"), sliding_window=8 if variant in ("window", "gemma3") else None
+    )
+    if variant == "gemma3":
+        mc = dataclasses.replace(
+            mc,
+            rope_theta=1e6,
+            local_rope_theta=1e4,
+            full_attention_layers=(1,),
+            sandwich_norms=True,
+            hidden_act="gelu_tanh",
+            embed_scale=mc.hidden_size**0.5,
+            attn_scale=24**-0.5,
+        )
     sd = _state_dict(mc)
     g = torch.Generator().manual_seed(1)
+    for i in range(mc.num_layers if mc.sandwich_norms else 0):
+        for n in ("pre_feedforward_layernorm", "post_feedforward_layernorm"):
+            sd[f"model.layers.{i}.{n}.weight"] = 1.0 + 0.3 * torch.randn(mc.hidden_size, generator=g)
     for i in range(mc.num_layers if mc.qk_norm else 0):
         for n in ("q_norm", "k_norm"):
             sd[f"model.layers.{i}.self_attn.{n}.weight"] = 1.0 + 0.3 * torch.randn(mc.head_dim, generator=g)
@@ -167,10 +184,10 @@ def _variant(variant: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     return mc, sd
 
 
-@pytest.mark.parametrize("variant", ["qk_norm", "window", "qkv_bias"])
+@pytest.mark.parametrize("variant", ["qk_norm", "window", "qkv_bias", "gemma3"])
 def test_triton_engine_matches_torch_engine_on_family_variants(variant, prefill_calls):
-    """q/k norm through the Triton rms_norm kernel; the sliding window in both paged attention kernels:
-    chunked prefill (16-token chunks over a cached context) and decode past the 8-key window; q/k/v
+    """q/k norm through the Triton rms_norm kernel; the sliding window in both paged attention kernels
+    (Gemma 3: on one layer of two): chunked prefill (16-token chunks over a cached context) and decode past the 8-key window; q/k/v
     biases on the Triton path (dense: the Triton int8 kernel differs from torch's by ~1e-2 with or
     without a bias, enough to flip a near-tie of this random model's greedy tokens)."""
     mc, sd = _variant(variant)
