@@ -49,9 +49,12 @@ class ModelConfig:
     hidden_act: str = "silu"  # the MLP's gate: silu (SwiGLU) or gelu_tanh (GeGLU, Gemma)
     embed_scale: float | None = None  # Gemma: embeddings times sqrt(hidden_size)
     attn_scale: float | None = None  # softmax scale; None: head_dim ** -0.5
+    no_rope_layers: tuple[int, ...] = ()  # SmolLM3: layers whose q and k are not rotated (NoPE)
+    rotary_dim: int | None = None  # Phi-3 partial_rotary_factor: RoPE on each head's first dims; None: all
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "full_attention_layers", tuple(self.full_attention_layers))  # from JSON: a list
+        for name in ("full_attention_layers", "no_rope_layers"):  # from JSON: lists
+            object.__setattr__(self, name, tuple(getattr(self, name)))
 
     def window_of(self, layer: int) -> int | None:
         """The sliding window layer `layer` attends over (None: every key)."""
@@ -163,6 +166,7 @@ GGUF_ARCHS = {
     "llama": _GgufArch(is_qk_permuted=True),
     "qwen2": _GgufArch(is_qk_permuted=False),
     "qwen3": _GgufArch(is_qk_permuted=False, is_qk_norm=True, names=_GGUF_QK_NORM_NAMES),
+    "smollm3": _GgufArch(is_qk_permuted=True),  # every 4th layer without RoPE: _gguf_hparams
     # NEOX rope (rows as HF's); norms stored as 1 + w by the converter (Gemma3Model.norm_shift)
     "gemma3": _GgufArch(is_qk_permuted=False, is_qk_norm=True, names=_GGUF_GEMMA3_NAMES),
 }
@@ -273,13 +277,16 @@ def _gguf_hparams(path: Path, meta: dict[str, Any], arch: str) -> dict[str, Any]
         rope_scaling = _gguf_rope_scaling(meta, arch)
     except ValueError as e:
         problems.append(str(e))
-    gemma3 = _gguf_gemma3(meta, int(key("block_count")), hidden, n_head, head_dim, problems) if arch == "gemma3" else {}
+    n_layer = int(key("block_count"))
+    extra = _gguf_gemma3(meta, n_layer, hidden, n_head, head_dim, problems) if arch == "gemma3" else {}
+    if arch == "smollm3":  # llama.cpp's llama_model_smollm3: NoPE on every 4th layer, not in the header
+        extra = {"no_rope_layers": tuple(i for i in range(n_layer) if (i + 1) % 4 == 0)}
     if problems:
         raise ValueError(f"{path} ({arch}): not implemented: {'; '.join(problems)}")
-    return gemma3 | dict(
+    return extra | dict(
         hidden_size=hidden,
         intermediate_size=int(key("feed_forward_length")),
-        num_layers=int(key("block_count")),
+        num_layers=n_layer,
         num_heads=n_head,
         num_kv_heads=int(key("attention.head_count_kv", n_head)),
         head_dim=head_dim,
@@ -341,7 +348,7 @@ def _gguf_rope_scaling(meta: dict[str, Any], arch: str) -> dict | None:
 
 # --- Hugging Face checkpoint dir ----------------------------------------------------------
 
-HF_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
+HF_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "smollm3", "phi3", "gemma3_text")
 
 
 def _load_hf_dir(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
@@ -359,7 +366,26 @@ def _load_hf_dir(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     tied = bool(hf.get("tie_word_embeddings", "lm_head.weight" not in sd))
     if hf.get("model_type") == "gemma3_text":  # its norms scale by (1 + w): store 1 + w, as llama.cpp's GGUFs do
         sd = {k: v + 1.0 if k.endswith("norm.weight") else v for k, v in sd.items()}
+    if hf.get("model_type") == "phi3":
+        sd = _split_phi3(sd, cfg_without_weights)
     return ModelConfig(**cfg_without_weights, tie_word_embeddings=tied), sd
+
+
+def _split_phi3(sd: dict[str, torch.Tensor], cfg: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """Phi-3's fused qkv_proj and gate_up_proj as the separate projections the model fuses again."""
+    q = cfg["num_heads"] * cfg["head_dim"]
+    kv = cfg["num_kv_heads"] * cfg["head_dim"]
+    out = {}
+    for k, v in sd.items():
+        if k.endswith("self_attn.qkv_proj.weight"):
+            p = k[: -len("qkv_proj.weight")]
+            out[p + "q_proj.weight"], out[p + "k_proj.weight"], out[p + "v_proj.weight"] = v.split([q, kv, kv])
+        elif k.endswith("mlp.gate_up_proj.weight"):
+            p = k[: -len("gate_up_proj.weight")]
+            out[p + "gate_proj.weight"], out[p + "up_proj.weight"] = v.chunk(2)
+        else:
+            out[k] = v
+    return out
 
 
 def _hf_config(path: Path, hf: dict[str, Any]) -> dict[str, Any]:
@@ -377,6 +403,8 @@ def _hf_config(path: Path, hf: dict[str, Any]) -> dict[str, Any]:
     n_head = hf["num_attention_heads"]
     rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})  # transformers >= 5: rope_parameters
     rope_type = rope.get("rope_type") or rope.get("type") or "default"
+    if model_type == "phi3" and rope_type in ("su", "yarn"):  # Phi3Config reads both as longrope
+        rope_type = "longrope"
     rope_scaling = None
     if rope_type != "default":
         if rope_type not in ROPE_TYPES:
@@ -384,9 +412,17 @@ def _hf_config(path: Path, hf: dict[str, Any]) -> dict[str, Any]:
                 f"{path}: rope_scaling type '{rope_type}' is not implemented (supported: default, "
                 f"{', '.join(t for t in ROPE_TYPES if t != 'freq_factors')})"
             )
-        rope_scaling = {k: v for k, v in rope.items() if k not in ("type", "rope_theta")} | {"rope_type": rope_type}
-        rope_scaling.setdefault("original_max_position_embeddings", hf.get("max_position_embeddings", 2048))
+        drop = ("type", "rope_theta", "partial_rotary_factor")
+        rope_scaling = {k: v for k, v in rope.items() if k not in drop} | {"rope_type": rope_type}
+        rope_scaling.setdefault(  # Phi-3 keeps it at the top level
+            "original_max_position_embeddings",
+            hf.get("original_max_position_embeddings") or hf.get("max_position_embeddings", 2048),
+        )
+        if rope_type == "longrope" and rope_scaling.get("factor") is None:  # transformers' default
+            rope_scaling["factor"] = hf["max_position_embeddings"] / rope_scaling["original_max_position_embeddings"]
     eos = hf.get("eos_token_id")
+    head_dim = hf.get("head_dim") or hf["hidden_size"] // n_head  # Qwen3: explicit, may differ
+    partial = float(rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)) or 1.0)
     return dict(
         vocab_size=hf["vocab_size"],
         hidden_size=hf["hidden_size"],
@@ -394,7 +430,7 @@ def _hf_config(path: Path, hf: dict[str, Any]) -> dict[str, Any]:
         num_layers=hf["num_hidden_layers"],
         num_heads=n_head,
         num_kv_heads=hf.get("num_key_value_heads", n_head),
-        head_dim=hf.get("head_dim") or hf["hidden_size"] // n_head,  # Qwen3: explicit, may differ
+        head_dim=head_dim,
         # transformers >= 5 nests it under rope_parameters
         rope_theta=float(hf.get("rope_theta") or rope.get("rope_theta", 10000.0)),
         rms_norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
@@ -404,7 +440,17 @@ def _hf_config(path: Path, hf: dict[str, Any]) -> dict[str, Any]:
         rope_scaling=rope_scaling,
         sliding_window=_hf_sliding_window(path, hf),
         qk_norm=model_type == "qwen3",
+        no_rope_layers=_hf_no_rope_layers(hf) if model_type == "smollm3" else (),
+        rotary_dim=int(head_dim * partial) if partial != 1.0 else None,
     )
+
+
+def _hf_no_rope_layers(hf: dict[str, Any]) -> tuple[int, ...]:
+    """SmolLM3's layers without RoPE: `no_rope_layers` holds 1 where a layer rotates, else every
+    `no_rope_layer_interval`-th layer (transformers' SmolLM3Config rule)."""
+    n, interval = hf["num_hidden_layers"], hf.get("no_rope_layer_interval", 4)
+    uses = hf.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(n)]
+    return tuple(i for i, u in enumerate(uses) if not u)
 
 
 def _hf_gemma3(path: Path, hf: dict[str, Any]) -> dict[str, Any]:
@@ -472,9 +518,9 @@ def _hf_sliding_window(path: Path, hf: dict[str, Any]) -> int | None:
     """The window every layer attends over (as transformers reads the config), or None; a window on
     some layers only is refused."""
     model_type = hf.get("model_type")
-    window = hf.get("sliding_window") if model_type in ("mistral", "qwen2", "qwen3") else None  # Llama has none
-    if model_type in ("qwen2", "qwen3") and not hf.get("use_sliding_window", False):
-        window = None  # Qwen configs carry a sliding_window that only use_sliding_window turns on
+    window = hf.get("sliding_window") if model_type in ("mistral", "qwen2", "qwen3", "smollm3", "phi3") else None
+    if model_type in ("qwen2", "qwen3", "smollm3") and not hf.get("use_sliding_window", False):
+        window = None  # these configs carry a sliding_window that only use_sliding_window turns on
     if window is None:
         return None
     layer_types = hf.get("layer_types")
@@ -502,7 +548,8 @@ def _refuse_unimplemented_math(path: Path, hf: dict[str, Any]) -> None:
         if hf.get(key):
             problems.append(f"{key} {hf[key]}")
     rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-    if float(rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)) or 1.0) != 1.0:
+    partial = float(rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)) or 1.0)
+    if partial != 1.0 and hf.get("model_type") != "phi3":  # transformers rotates part of a head in Phi-3's code only
         problems.append("partial_rotary_factor (rotary on part of each head)")
     if problems:
         raise ValueError(f"{path} ({hf.get('model_type')}): not implemented: {'; '.join(problems)}")

@@ -110,13 +110,16 @@ class ModelRunner:
                 f"({self.model_cfg.max_position_embeddings})"
             )
         rope = self.model_cfg.rope_scaling or {}
-        if rope.get("rope_type") == "dynamic" and cfg.max_model_len > rope["original_max_position_embeddings"]:
-            # transformers re-derives dynamic NTK frequencies from the longest sequence so far; keys in
-            # a paged cache were rotated at the frequencies of their own step, so past the original
-            # context no cache can give its logits
+        kind = rope.get("rope_type")
+        if kind in ("dynamic", "longrope") and cfg.max_model_len > rope["original_max_position_embeddings"]:
+            # transformers re-derives dynamic NTK frequencies (and switches longrope's short factors
+            # for its long ones) from the longest sequence so far; keys in a paged cache were rotated
+            # at the frequencies of their own step, so past the original context no cache can give
+            # its logits
+            within = "plain RoPE" if kind == "dynamic" else "RoPE with its short factors"
             raise ValueError(
-                f"rope_scaling dynamic: max_model_len ({cfg.max_model_len}) exceeds original_max_position_embeddings "
-                f"({rope['original_max_position_embeddings']}); within it dynamic NTK is plain RoPE and runs exactly; "
+                f"rope_scaling {kind}: max_model_len ({cfg.max_model_len}) exceeds original_max_position_embeddings "
+                f"({rope['original_max_position_embeddings']}); within it {kind} is {within} and runs exactly; "
                 f"set max_model_len <= {rope['original_max_position_embeddings']}"
             )
         mc = self.model_cfg

@@ -43,6 +43,10 @@ def native_model(model: LlamaModel) -> NativeModel | str:
     c = model.cfg
     if c.sandwich_norms or c.hidden_act != "silu" or c.full_attention_layers or c.embed_scale or c.attn_scale:
         return "Gemma 3 layers (four norms per layer, GeGLU, two rotary tables): the kernel runs two norms and SwiGLU"
+    if c.rotary_dim:
+        return f"RoPE on {c.rotary_dim} of {c.head_dim} dims per head (Phi-3): the kernel rotates whole heads"
+    if c.no_rope_layers:
+        return f"layers without RoPE ({list(c.no_rope_layers)}, SmolLM3): the kernel rotates every layer"
     layers = []
     for ly in model.layers:
         proj = [native_linear(m) for m in (ly.qkv_proj, ly.o_proj, ly.gate_up_proj, ly.down_proj)]

@@ -108,7 +108,7 @@ def write_gguf(
     metadata: dict | None = None,
 ) -> None:
     """`hf_checkpoint`'s weights as a float32 GGUF of llama.cpp architecture `arch`, as
-    convert_hf_to_gguf.py writes it: q/k rows permuted for `llama` only (its LlamaModel permutes,
+    convert_hf_to_gguf.py writes it: q/k rows permuted for `llama` and `smollm3` (LlamaModel permutes,
     Qwen2Model/Qwen3Model/Gemma3Model only rename), key_length/value_length when the config has
     head_dim, no output.weight when the embeddings are tied; for gemma3, norms stored as 1 + w and
     the window but not the layer pattern or the local RoPE base (Gemma3Model.set_gguf_parameters).
@@ -146,9 +146,9 @@ def write_gguf(
             continue
         _, _, i, rest = k.split(".", 3)
         mod, kind = rest.rsplit(".", 1)
-        if arch == "llama" and mod == "self_attn.q_proj":
+        if arch in ("llama", "smollm3") and mod == "self_attn.q_proj":
             v = permute_qk(v, heads)
-        elif arch == "llama" and mod == "self_attn.k_proj":
+        elif arch in ("llama", "smollm3") and mod == "self_attn.k_proj":
             v = permute_qk(v, kv_heads)
         w.add_tensor(f"blk.{i}.{names[mod]}.{kind}", v.float().contiguous().numpy())
     if rope_freqs is not None:

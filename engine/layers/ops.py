@@ -32,7 +32,7 @@ def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
     return F.gelu(gate, approximate="tanh") * up
 
 
-ROPE_TYPES = ("linear", "llama3", "yarn", "dynamic", "freq_factors")  # besides plain RoPE (scaling None)
+ROPE_TYPES = ("linear", "llama3", "yarn", "dynamic", "longrope", "freq_factors")  # besides plain RoPE (scaling None)
 
 
 def rope_frequencies(head_dim: int, theta: float, scaling: dict | None) -> tuple[torch.Tensor, float]:
@@ -47,6 +47,12 @@ def rope_frequencies(head_dim: int, theta: float, scaling: dict | None) -> tuple
         return inv, 1.0
     if kind == "linear":
         return inv / scaling["factor"], 1.0
+    if kind == "longrope":  # within the original context (the runner stops max_model_len there): short factors
+        factor, old = scaling["factor"], scaling["original_max_position_embeddings"]
+        attn = scaling.get("attention_factor")
+        if attn is None:
+            attn = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(old))
+        return inv / torch.tensor(scaling["short_factor"], dtype=torch.float64), float(attn)
     if kind == "freq_factors":
         return inv / torch.tensor(scaling["factors"], dtype=torch.float64), 1.0
     if kind == "llama3":

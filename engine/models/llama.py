@@ -2,10 +2,11 @@
 
 One implementation for every family the loader reads; what differs is data in `ModelConfig`
 and the state dict: biases present or not (Qwen2, `attention_bias`, `mlp_bias`), per-head q/k
-RMSNorm (`qk_norm`, Qwen3), an attention window (`sliding_window`, Mistral; the attention
-backend applies it), an explicit head_dim; and for Gemma 3, four norms per layer
-(`sandwich_norms`), GeGLU, scaled embeddings, its own softmax scale, and windowed layers with
-their own RoPE table between full-attention ones.
+RMSNorm (`qk_norm`, Qwen3), layers without RoPE (`no_rope_layers`, SmolLM3), RoPE on part of
+each head (`rotary_dim`, Phi-3, whose fused projections the loader splits), an attention window
+(`sliding_window`, Mistral; the attention backend applies it), an explicit head_dim; and for
+Gemma 3, four norms per layer (`sandwich_norms`), GeGLU, scaled embeddings, its own softmax
+scale, and windowed layers with their own RoPE table between full-attention ones.
 
 QKV and gate/up projections are fused into one matmul each: fewer launches (GPU) and
 fewer Python ops per layer (CPU), same math.
@@ -68,6 +69,8 @@ class LlamaLayer(nn.Module):
         self.eps = cfg.rms_norm_eps
         self.scale = cfg.attn_scale or cfg.head_dim**-0.5
         self.gate = self.ops.gelu_tanh_and_mul if cfg.hidden_act == "gelu_tanh" else self.ops.silu_and_mul
+        self.rope = index not in cfg.no_rope_layers  # SmolLM3: NoPE layers
+        self.rotary_dim = cfg.rotary_dim or cfg.head_dim  # Phi-3: the first dims of each head only
         # windowed layers of a model with a local RoPE base read the model's second table
         self.local_rope = cfg.local_rope_theta is not None and cfg.window_of(index) is not None
         self.q_size = cfg.num_heads * cfg.head_dim
@@ -92,7 +95,11 @@ class LlamaLayer(nn.Module):
             qk = qkv[:, : self.q_size + self.kv_size].view(-1, self.num_heads + self.num_kv_heads, self.head_dim)
         else:
             qk = self._qk_norm(qkv)
-        qk = ops.rotary(qk, cos_sin)
+        if self.rope and self.rotary_dim < self.head_dim:
+            rd = self.rotary_dim
+            qk = torch.cat([ops.rotary(qk[..., :rd].contiguous(), cos_sin), qk[..., rd:]], dim=-1)
+        elif self.rope:
+            qk = ops.rotary(qk, cos_sin)
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         v = qkv[:, self.q_size + self.kv_size :].view(-1, self.num_kv_heads, self.head_dim)
         o = self.attn.forward(cache, self.index, q, k, v, meta, self.scale)
@@ -148,15 +155,16 @@ class LlamaModel(nn.Module):
         self.to(device)
         if lm_head is None:  # tied: share storage after the move
             self.lm_head.weight = self.embed
+        rotary = cfg.rotary_dim or cfg.head_dim
         self.register_buffer(
             "cos_sin",
-            rope_cos_sin(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, device, cfg.rope_scaling),
+            rope_cos_sin(rotary, cfg.max_position_embeddings, cfg.rope_theta, device, cfg.rope_scaling),
             persistent=False,
         )
         local = cfg.local_rope_theta
         self.register_buffer(  # Gemma 3's windowed layers: their own base, no scaling
             "cos_sin_local",
-            None if local is None else rope_cos_sin(cfg.head_dim, cfg.max_position_embeddings, local, device),
+            None if local is None else rope_cos_sin(rotary, cfg.max_position_embeddings, local, device),
             persistent=False,
         )
 

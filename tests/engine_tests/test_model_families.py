@@ -1,9 +1,11 @@
 """Llama-family variants from tiny random checkpoints built here with transformers' config classes
 (no hub, no download): q/k/v biases (Qwen2), attention and MLP biases (Llama), rope scaling
-(linear, llama3, yarn), Mistral within and past its sliding window, Qwen3 (q/k norm, explicit
-head_dim), and GGUF files of the llama, qwen2 and qwen3 architectures. Each must give transformers' logits in float32
-and its greedy tokens through the paged cache, on the torch path and the native CPU step. What
-the engine does not implement is refused with an error naming the field, never run differently.
+(linear, llama3, yarn, dynamic, longrope), Mistral within and past its sliding window, Qwen3 (q/k
+norm, explicit head_dim), SmolLM3 (NoPE layers), Phi-3 (fused projections, partial rotary), Gemma 3,
+and GGUF files of the llama, qwen2, qwen3, smollm3 and gemma3 architectures. Each must give
+transformers' logits in float32 and its greedy tokens through the paged cache, on the torch path and,
+where it runs the model, the native CPU step. What the engine does not implement is refused with an
+error naming the field, never run differently.
 
 transformers runs in a child process (tests/hf_checkpoints.py says why).
 """
@@ -85,6 +87,19 @@ FAMILIES = {
         "LlamaConfig",
         {"rope_parameters": {**ROPE, "rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 128}},
     ),
+    # longrope within the original context: the short factors, and the attention factor of 256 / 128
+    "llama-rope-longrope": (
+        "LlamaConfig",
+        {
+            "rope_parameters": {
+                **ROPE,
+                "rope_type": "longrope",
+                "short_factor": [1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0],
+                "long_factor": [8.0] * 8,
+                "original_max_position_embeddings": 128,
+            }
+        },
+    ),
     "mistral-within-window": ("MistralConfig", {"sliding_window": 128}),
     "mistral-past-window": ("MistralConfig", {"sliding_window": 16}),  # prompts of 23 + 12 decoded: past it
     "qwen3-qk-norm-head-dim": ("Qwen3Config", {"head_dim": 32, "tie_word_embeddings": True}),  # 32 != 64 / 4
@@ -109,25 +124,26 @@ def test_family_matches_transformers(family, tmp_path):
     ("config_cls", "kw", "match"),
     [
         ("LlamaConfig", {"hidden_act": "gelu"}, "hidden_act 'gelu'"),
-        (
-            "LlamaConfig",
-            {
-                "rope_parameters": {
-                    **ROPE,
-                    "rope_type": "longrope",
-                    "short_factor": [1.0] * 8,
-                    "long_factor": [1.0] * 8,
-                    "original_max_position_embeddings": 64,
-                }
-            },
-            "rope_scaling type 'longrope' is not implemented",
-        ),
     ],
-    ids=["gelu", "longrope"],
+    ids=["gelu"],
 )
 def test_unimplemented_math_is_refused_by_name(config_cls, kw, match, tmp_path):
     _hf(tmp_path, config_cls, **kw)
     with pytest.raises(ValueError, match=match):
+        load_model(str(tmp_path))
+
+
+def test_an_unknown_rope_type_is_refused_by_name(tmp_path):
+    """Every rope type transformers builds a Llama with is implemented; a config.json naming another
+    one (as a newer transformers might write) is refused."""
+    import json
+
+    _hf(tmp_path, "LlamaConfig")
+    f = tmp_path / "config.json"
+    cfg = json.loads(f.read_text())
+    cfg["rope_parameters"] = {**ROPE, "rope_type": "mrope"}
+    f.write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="rope_scaling type 'mrope' is not implemented"):
         load_model(str(tmp_path))
 
 
@@ -206,7 +222,7 @@ def test_unknown_gguf_architecture_is_refused_by_name(tmp_path):
     path = tmp_path / "model.gguf"
     write_gguf(path, ref, "gemma2")
     with pytest.raises(
-        ValueError, match="unsupported GGUF architecture 'gemma2' \\(supported: llama, qwen2, qwen3, gemma3\\)"
+        ValueError, match="unsupported GGUF architecture 'gemma2' \\(supported: llama, qwen2, qwen3, smollm3, gemma3\\)"
     ):
         load_model(str(path))
     # `tune validate` says so before a study, from the header alone
@@ -325,3 +341,46 @@ def test_gemma3_math_it_does_not_implement_is_refused(kw, match, tmp_path):
     _hf(tmp_path, "Gemma3TextConfig", **GEMMA3, **kw)
     with pytest.raises(ValueError, match=match):
         load_model(str(tmp_path))
+
+
+def test_smollm3_matches_transformers_hf_and_gguf(tmp_path):
+    """SmolLM3: Llama layers, every 4th without RoPE (`no_rope_layers`). The HF directory's list is
+    read as it stands; a smollm3 GGUF carries none, so llama.cpp's rule (every 4th layer) applies:
+    four layers, the last one NoPE, in both. The native step refuses the NoPE layers by name."""
+    ids = [(11 * j + 5) % 128 for j in range(40)]
+    prompts = [ids[:9], ids[:23]]
+    ref = _hf(tmp_path, "SmolLM3Config", ids=ids, prompts=prompts, num_hidden_layers=4, pad_token_id=None)
+    assert ref["config"]["no_rope_layers"] == [1, 1, 1, 0]
+    torch.testing.assert_close(_logits(tmp_path, ids), ref["logits"], atol=1e-4, rtol=1e-4)
+    assert _greedy(tmp_path, "torch", prompts, 12) == ref["greedy"]
+    path = tmp_path / "model.gguf"
+    write_gguf(path, ref, "smollm3")
+    torch.testing.assert_close(_logits(path, ids), ref["logits"], atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="layers without RoPE"):
+        LLMEngine(_config(tmp_path, "native"), tokenizer=IdsTokenizer())
+
+
+def test_phi3_matches_transformers(tmp_path):
+    """Phi-3: fused qkv_proj and gate_up_proj (split at load, fused again by the model), RoPE on half
+    of each head (partial_rotary_factor 0.5), longrope within the original context (short factors,
+    attention factor sqrt(1 + ln 2 / ln 128)). The native step refuses partial rotary by name."""
+    ids = [(11 * j + 5) % 128 for j in range(40)]
+    prompts = [ids[:9], ids[:23]]
+    rope = {
+        **ROPE,
+        "rope_type": "longrope",
+        "partial_rotary_factor": 0.5,
+        "short_factor": [1.0, 1.5, 2.0, 3.0],
+        "long_factor": [4.0] * 4,
+    }
+    kw = {"rope_parameters": rope, "partial_rotary_factor": 0.5, "original_max_position_embeddings": 128}
+    # Phi3Config's special ids (32000) lie outside TINY's vocabulary
+    kw |= {"pad_token_id": None, "bos_token_id": None, "eos_token_id": None}
+    ref = _hf(tmp_path, "Phi3Config", ids=ids, prompts=prompts, **kw)
+    assert any(k.endswith("qkv_proj.weight") for k in ref["state_dict"])
+    torch.testing.assert_close(_logits(tmp_path, ids), ref["logits"], atol=1e-4, rtol=1e-4)
+    assert _greedy(tmp_path, "torch", prompts, 12) == ref["greedy"]
+    with pytest.raises(ValueError, match="RoPE on 8 of 16 dims"):
+        LLMEngine(_config(tmp_path, "native"), tokenizer=IdsTokenizer())
+    with pytest.raises(ValueError, match="rope_scaling longrope: max_model_len \\(256\\) exceeds"):
+        ModelRunner(_config(tmp_path).with_updates({"max_model_len": 256}))
