@@ -158,17 +158,20 @@ class _GgufArch:
     # interleaved pairs; convert_hf_to_gguf.py LlamaModel.modify_tensors); Qwen2/Qwen3 keep HF's
     # row order and run NEOX (rotate-half) rope on it (Qwen2Model/Qwen3Model rename tensors only).
     is_qk_permuted: bool
-    is_qk_norm: bool = False  # Qwen3: blk.N.attn_q_norm / attn_k_norm
     names: dict[str, str] | None = None  # layer tensors besides and over _GGUF_LAYER_NAMES
+
+    @property
+    def is_qk_norm(self) -> bool:  # Qwen3, Gemma 3: blk.N.attn_q_norm / attn_k_norm
+        return "attn_q_norm.weight" in (self.names or {})
 
 
 GGUF_ARCHS = {
     "llama": _GgufArch(is_qk_permuted=True),
     "qwen2": _GgufArch(is_qk_permuted=False),
-    "qwen3": _GgufArch(is_qk_permuted=False, is_qk_norm=True, names=_GGUF_QK_NORM_NAMES),
+    "qwen3": _GgufArch(is_qk_permuted=False, names=_GGUF_QK_NORM_NAMES),
     "smollm3": _GgufArch(is_qk_permuted=True),  # every 4th layer without RoPE: _gguf_hparams
     # NEOX rope (rows as HF's); norms stored as 1 + w by the converter (Gemma3Model.norm_shift)
-    "gemma3": _GgufArch(is_qk_permuted=False, is_qk_norm=True, names=_GGUF_GEMMA3_NAMES),
+    "gemma3": _GgufArch(is_qk_permuted=False, names=_GGUF_GEMMA3_NAMES),
 }
 
 

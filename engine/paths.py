@@ -33,8 +33,6 @@ def _assembled(package: str, filename: str) -> Path:
     then, by the package; atomically, so that concurrent trial processes never read half of it)."""
     path = cache_root() / "models" / filename
     if not path.exists():
-        import importlib
-
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
         importlib.import_module(package).assemble(tmp, overwrite=True)
