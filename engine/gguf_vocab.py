@@ -10,18 +10,19 @@ Two vocabularies (`tokenizer.ggml.model`):
   SentencePiece and llama.cpp merge the adjacent pair whose merged piece scores highest; a BPE
   whose merge ranks follow those scores, with byte fallback, does the same (HF's LlamaConverter).
 
-Anything else is refused by name before a weight is read: a wrong split gives fluent-looking
-but wrong output, so there is no default.
+Anything else is refused by name before a weight is read (checkpoint.check_gguf_vocab): a wrong
+split gives fluent-looking but wrong output, so there is no default. The tables here import without
+`tokenizers`, which only building a vocabulary loads.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
-from tokenizers import Tokenizer as HFTokenizer
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer as HFTokenizer
 
 # llama.cpp's token types (gguf.TokenType)
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -48,7 +49,9 @@ class PreTokenizer:
     ignore_merges: bool = False  # a word that is a token is that token (Llama 3's tokenizer.json)
     add_bos: bool = False  # llama.cpp's default when the file has no tokenizer.ggml.add_bos_token
 
-    def build(self) -> pre_tokenizers.PreTokenizer:
+    def build(self) -> Any:
+        from tokenizers import Regex, pre_tokenizers
+
         if self.split is None:
             steps = [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]
         else:
@@ -89,34 +92,23 @@ class GGUFVocab:
 
 
 def gguf_vocab(meta: dict[str, Any], path: Path) -> GGUFVocab:
-    """The tokenizer of a GGUF file from its metadata (`loader.gguf_metadata`); no tensor is read."""
-    kind = meta.get("tokenizer.ggml.model")
-    if kind == "gpt2":
-        return _byte_level_bpe(meta, path)
-    if kind == "llama":
-        return _sentencepiece_bpe(meta, path)
-    raise ValueError(
-        f"{path}: tokenizer.ggml.model '{kind}' is not supported (supported: {', '.join(VOCABULARIES)}); "
-        "use the model's HF directory (config.json + tokenizer.json) instead"
-    )
+    """The tokenizer of a GGUF file from its metadata (`gguf_header.gguf_metadata`); no tensor is read.
+    What is refused, `checkpoint.check_gguf_vocab` says."""
+    from slotune.engine.checkpoint import check_gguf_vocab  # it imports this module's tables
+
+    check_gguf_vocab(path, meta)
+    if meta["tokenizer.ggml.model"] == "gpt2":
+        return _byte_level_bpe(meta)
+    return _sentencepiece_bpe(meta)
 
 
-def _byte_level_bpe(meta: dict[str, Any], path: Path) -> GGUFVocab:
-    name = meta.get("tokenizer.ggml.pre")
-    if name not in PRE_TOKENIZERS:
-        raise ValueError(
-            f"{path}: tokenizer.ggml.pre '{name}' is not supported (supported: {', '.join(sorted(PRE_TOKENIZERS))}); "
-            "its words would be split differently from the model's training. Use the model's HF directory "
-            "(config.json + tokenizer.json) instead"
-            + (
-                ", or re-convert it with a current convert_hf_to_gguf.py, which records the pre-tokenizer"
-                if name is None
-                else ""
-            )
-        )
-    pre = PRE_TOKENIZERS[name]
-    tokens, types = _tokens(meta, path)
-    merges = [tuple(m.split(" ", 1)) for m in _require(meta, "tokenizer.ggml.merges", path)]
+def _byte_level_bpe(meta: dict[str, Any]) -> GGUFVocab:
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, normalizers
+
+    pre = PRE_TOKENIZERS[meta["tokenizer.ggml.pre"]]
+    tokens, types = _tokens(meta)
+    merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
     tok = HFTokenizer(
         models.BPE(
             vocab={t: i for i, t in enumerate(tokens)},
@@ -134,14 +126,12 @@ def _byte_level_bpe(meta: dict[str, Any], path: Path) -> GGUFVocab:
     return GGUFVocab(tok, bool(meta.get("tokenizer.ggml.add_bos_token", pre.add_bos)))
 
 
-def _sentencepiece_bpe(meta: dict[str, Any], path: Path) -> GGUFVocab:
-    tokens, types = _tokens(meta, path)
-    scores = meta.get("tokenizer.ggml.scores")
-    if scores is None or len(scores) != len(tokens):
-        raise ValueError(
-            f"{path}: a SentencePiece vocabulary needs tokenizer.ggml.scores, one per token "
-            f"({0 if scores is None else len(scores)} for {len(tokens)} tokens)"
-        )
+def _sentencepiece_bpe(meta: dict[str, Any]) -> GGUFVocab:
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, normalizers
+
+    tokens, types = _tokens(meta)
+    scores = meta["tokenizer.ggml.scores"]
     unk = [t for t, ty in zip(tokens, types) if ty == UNKNOWN]
     # SentencePiece merges only into normal pieces; control, byte and unused pieces never form from text.
     normal = {t for t, ty in zip(tokens, types) if ty == NORMAL}
@@ -180,17 +170,8 @@ def _sentencepiece_bpe(meta: dict[str, Any], path: Path) -> GGUFVocab:
     return GGUFVocab(tok, bool(meta.get("tokenizer.ggml.add_bos_token", True)))
 
 
-def _require(meta: dict[str, Any], key: str, path: Path) -> Any:
-    if meta.get(key) is None:
-        raise ValueError(
-            f"{path}: {key} is missing: the file has no complete vocabulary; re-convert it with "
-            "llama.cpp's convert_hf_to_gguf.py, or use the model's HF directory"
-        )
-    return meta[key]
-
-
-def _tokens(meta: dict[str, Any], path: Path) -> tuple[list[str], list[int]]:
-    tokens = list(_require(meta, "tokenizer.ggml.tokens", path))
+def _tokens(meta: dict[str, Any]) -> tuple[list[str], list[int]]:
+    tokens = list(meta["tokenizer.ggml.tokens"])
     types = list(meta.get("tokenizer.ggml.token_type") or [NORMAL] * len(tokens))
     return tokens, [int(t) for t in types]
 
@@ -199,6 +180,8 @@ def _add_atomic_tokens(tok: HFTokenizer, tokens: list[str], types: list[int]) ->
     """Control tokens (<|im_end|>, </s>) and user-defined ones match whole in the text and are
     never cut by BPE, as llama.cpp partitions them out first; only control tokens are special
     (skipped when decoding)."""
+    from tokenizers import AddedToken
+
     pairs = list(zip(tokens, types))
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t, ty in pairs if ty == CONTROL])
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t, ty in pairs if ty == USER_DEFINED])

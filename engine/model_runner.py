@@ -26,7 +26,8 @@ from slotune.engine.layers.attn_metadata import (
     slot_mapping,
 )
 from slotune.engine.layers.backend import backend_name, select_backend
-from slotune.engine.loader import ModelConfig, load_model
+from slotune.engine.checkpoint import ModelConfig, context_problem
+from slotune.engine.loader import load_model
 from slotune.engine.models.llama import LlamaModel
 from slotune.engine.native_step import native_decoder
 from slotune.engine.quantize import quantize_model
@@ -104,24 +105,8 @@ class ModelRunner:
         self.model = model
         self.model_cfg: ModelConfig = model.cfg
         self.load_time_s = time.perf_counter() - t0
-        if cfg.max_model_len > self.model_cfg.max_position_embeddings:
-            raise ValueError(
-                f"max_model_len ({cfg.max_model_len}) exceeds the model's context "
-                f"({self.model_cfg.max_position_embeddings})"
-            )
-        rope = self.model_cfg.rope_scaling or {}
-        kind = rope.get("rope_type")
-        if kind in ("dynamic", "longrope") and cfg.max_model_len > rope["original_max_position_embeddings"]:
-            # transformers re-derives dynamic NTK frequencies (and switches longrope's short factors
-            # for its long ones) from the longest sequence so far; keys in a paged cache were rotated
-            # at the frequencies of their own step, so past the original context no cache can give
-            # its logits
-            within = "plain RoPE" if kind == "dynamic" else "RoPE with its short factors"
-            raise ValueError(
-                f"rope_scaling {kind}: max_model_len ({cfg.max_model_len}) exceeds original_max_position_embeddings "
-                f"({rope['original_max_position_embeddings']}); within it {kind} is {within} and runs exactly; "
-                f"set max_model_len <= {rope['original_max_position_embeddings']}"
-            )
+        if problem := context_problem(self.model_cfg, cfg.max_model_len):
+            raise ValueError(problem)
         mc = self.model_cfg
         self.kv_bytes_per_token = KVCache.bytes_per_token(
             mc.num_layers, mc.num_kv_heads, mc.head_dim, self.dtype, cfg.kv_dtype

@@ -21,19 +21,12 @@ from typing import Any
 from tokenizers import Tokenizer as HFTokenizer
 
 from slotune.engine.chat_template import CHATML, GEMMA3, render
+from slotune.engine.checkpoint import GGUF_STOP_KEYS, GGUF_TOKEN_IDS
+from slotune.engine.gguf_header import gguf_metadata
 from slotune.engine.gguf_vocab import gguf_vocab
 
 # The special tokens transformers hands a chat template (its SPECIAL_TOKENS_ATTRIBUTES).
 _TEMPLATE_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
-_GGUF_TOKEN_IDS = {
-    "bos_token": "bos_token_id",
-    "eos_token": "eos_token_id",
-    "unk_token": "unknown_token_id",
-    "sep_token": "seperator_token_id",
-    "pad_token": "padding_token_id",
-    "mask_token": "mask_token_id",
-}  # "seperator" is llama.cpp's spelling of the key
-_GGUF_STOP_KEYS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
 
 
 class Tokenizer:
@@ -66,21 +59,12 @@ class Tokenizer:
     # --- construction -------------------------------------------------------------------
     @classmethod
     def from_gguf(cls, path: Path) -> "Tokenizer":
-        from slotune.engine.loader import gguf_metadata  # loader imports torch; only GGUF paths pay for it
-
         meta = gguf_metadata(path)
-        vocab = gguf_vocab(meta, path)
+        vocab = gguf_vocab(meta, path)  # checks the ids below are inside the vocabulary
         tokens = meta["tokenizer.ggml.tokens"]
-        for key in {f"tokenizer.ggml.{k}" for k in _GGUF_TOKEN_IDS.values()} | set(_GGUF_STOP_KEYS):
-            if meta.get(key) is not None and not 0 <= int(meta[key]) < len(tokens):
-                raise ValueError(f"{path}: {key} = {meta[key]} is outside the vocabulary of {len(tokens)} tokens")
-        special = {
-            name: tokens[i]
-            for name, key in _GGUF_TOKEN_IDS.items()
-            if (i := meta.get(f"tokenizer.ggml.{key}")) is not None
-        }
+        special = {name: tokens[i] for name, key in GGUF_TOKEN_IDS.items() if (i := meta.get(key)) is not None}
         template, source = meta.get("tokenizer.chat_template"), f"{path.name}: tokenizer.chat_template"
-        stops = {int(meta[k]) for k in _GGUF_STOP_KEYS if meta.get(k) is not None}
+        stops = {int(meta[k]) for k in GGUF_STOP_KEYS if meta.get(k) is not None}
         if meta.get("general.architecture") == "gemma3":  # a turn ends with <end_of_turn> (llama.cpp's EOG rule)
             stops |= {i for i, t in enumerate(tokens) if t == "<end_of_turn>"}
             if template is None:

@@ -30,7 +30,7 @@ from typing import Any, Mapping
 from pydantic import ValidationError
 
 from slotune.operator import children, schedule, traffic
-from slotune.tuner.spec.server import is_launch
+from slotune.tuner.spec.server import ServerConfig, is_launch
 from slotune.tuner.spec.tuning_spec import TuningSpec
 
 _NAME = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
@@ -207,6 +207,11 @@ def check_tuning(spec: dict[str, Any], namespace: str, admission: Admission) -> 
     message = _tuning_spec_problem(tuning_spec)
     if message is not None:
         return Rejection("spec.tuning", "InvalidSpec", message)
+    parsed = TuningSpec.model_validate(tuning_spec)
+    if not isinstance(parsed.base_config(), ServerConfig):  # the bundled engine's study
+        message = model_problem(parsed.model)
+        if message is not None:
+            return Rejection("spec.tuning.model", "UnsupportedModel", message)
     rejection = admission.check("SLOTuning", namespace, spec)
     if rejection is not None:
         return rejection
@@ -248,6 +253,14 @@ def check_tuning(spec: dict[str, Any], namespace: str, admission: Admission) -> 
 
 def check_serving(spec: dict[str, Any]) -> Rejection | None:
     """The first reason the SLOServing's spec cannot be rendered, beyond the allow-lists, or None."""
+    for field, config in (
+        ("spec.config", spec.get("config")),
+        ("spec.canary.config", (spec.get("canary") or {}).get("config")),
+    ):
+        if isinstance(config, dict) and config.get("model") and not is_launch(config):
+            message = model_problem(str(config["model"]))
+            if message is not None:
+                return Rejection(f"{field}.model", "UnsupportedModel", message)
     record = spec.get("recordTraffic")
     if record is None:
         return None
@@ -323,6 +336,22 @@ def _persists(url: str | None, spec: dict[str, Any]) -> bool:
     path = (url or "").split("://", 1)[-1]
     path = path[1:] if (url or "").lower().startswith("sqlite:///") else path
     return not path.startswith("/") or path == children.WORK_DIR or path.startswith(children.WORK_DIR + "/")
+
+
+def model_problem(model: str) -> str | None:
+    """Why the bundled engine would refuse `model`, by the check `tune validate` runs (metadata
+    only), or None. A model the operator's own file system cannot see (a path on a volume, a
+    bundled model whose package its image lacks) passes here; the Job's `tune run` checks it."""
+    from slotune.engine.checkpoint import check_model
+    from slotune.tuner.spec.yaml_reader import SpecError
+
+    try:
+        check_model(model)
+    except FileNotFoundError:
+        return None
+    except (ValueError, SpecError, OSError) as exc:
+        return str(exc)
+    return None
 
 
 def _tuning_spec_problem(tuning_spec: dict[str, Any]) -> str | None:

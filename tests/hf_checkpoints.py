@@ -106,13 +106,15 @@ def write_gguf(
     rope_freqs: torch.Tensor | None = None,
     extra: dict[str, torch.Tensor] | None = None,
     metadata: dict | None = None,
+    drop: tuple[str, ...] = (),
 ) -> None:
     """`hf_checkpoint`'s weights as a float32 GGUF of llama.cpp architecture `arch`, as
     convert_hf_to_gguf.py writes it: q/k rows permuted for `llama` and `smollm3` (LlamaModel permutes,
     Qwen2Model/Qwen3Model/Gemma3Model only rename), key_length/value_length when the config has
     head_dim, no output.weight when the embeddings are tied; for gemma3, norms stored as 1 + w and
     the window but not the layer pattern or the local RoPE base (Gemma3Model.set_gguf_parameters).
-    `metadata`: extra {key: value} (strings, ints or floats), to test refusals."""
+    To test refusals: `metadata` adds or replaces keys (None removes one), `extra` adds tensors and
+    `drop` leaves out the tensors of these GGUF names."""
     import gguf
 
     c = ref["config"]
@@ -120,29 +122,37 @@ def write_gguf(
     rope = c.get("rope_parameters") or {}
     theta = c.get("rope_theta") or rope.get("full_attention", rope).get("rope_theta", 10000.0)
     names = _GEMMA3_LAYER_NAMES if arch == "gemma3" else _LAYER_NAMES
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_block_count(c["num_hidden_layers"])
-    w.add_context_length(c["max_position_embeddings"])
-    w.add_embedding_length(c["hidden_size"])
-    w.add_feed_forward_length(c["intermediate_size"])
-    w.add_head_count(heads)
-    w.add_head_count_kv(kv_heads)
-    w.add_rope_freq_base(float(theta))
-    w.add_layer_norm_rms_eps(c["rms_norm_eps"])
+    kv = {
+        "block_count": c["num_hidden_layers"],
+        "context_length": c["max_position_embeddings"],
+        "embedding_length": c["hidden_size"],
+        "feed_forward_length": c["intermediate_size"],
+        "attention.head_count": heads,
+        "attention.head_count_kv": kv_heads,
+        "rope.freq_base": float(theta),
+        "attention.layer_norm_rms_epsilon": float(c["rms_norm_eps"]),
+    }
     if c.get("head_dim"):
-        w.add_key_length(c["head_dim"])
-        w.add_value_length(c["head_dim"])
+        kv |= {"attention.key_length": c["head_dim"], "attention.value_length": c["head_dim"]}
     if arch == "gemma3":
-        w.add_sliding_window(c["sliding_window"])
-    for key, value in (metadata or {}).items():
-        {str: w.add_string, int: w.add_uint32, float: w.add_float32}[type(value)](key, value)
+        kv["attention.sliding_window"] = c["sliding_window"]
+    kv = {f"{arch}.{k}": v for k, v in kv.items()} | (metadata or {})
+    w = gguf.GGUFWriter(str(path), kv.pop("general.architecture", arch))
+    for key, value in kv.items():
+        if value is None:
+            continue
+        if isinstance(value, list):
+            w.add_array(key, value)
+        else:
+            {bool: w.add_bool, str: w.add_string, int: w.add_uint32, float: w.add_float32}[type(value)](key, value)
+    tensors = {}
     for k, v in ref["state_dict"].items():
         if k == "lm_head.weight" and c.get("tie_word_embeddings"):
             continue
         if arch == "gemma3" and k.endswith("norm.weight"):
             v = v + 1.0
         if k in _NAMES:
-            w.add_tensor(_NAMES[k], v.float().numpy())
+            tensors[_NAMES[k]] = v.float().numpy()
             continue
         _, _, i, rest = k.split(".", 3)
         mod, kind = rest.rsplit(".", 1)
@@ -150,11 +160,13 @@ def write_gguf(
             v = permute_qk(v, heads)
         elif arch in ("llama", "smollm3") and mod == "self_attn.k_proj":
             v = permute_qk(v, kv_heads)
-        w.add_tensor(f"blk.{i}.{names[mod]}.{kind}", v.float().contiguous().numpy())
+        tensors[f"blk.{i}.{names[mod]}.{kind}"] = v.float().contiguous().numpy()
     if rope_freqs is not None:
-        w.add_tensor("rope_freqs.weight", rope_freqs.float().numpy())
-    for k, v in (extra or {}).items():
-        w.add_tensor(k, v.numpy())
+        tensors["rope_freqs.weight"] = rope_freqs.float().numpy()
+    tensors |= {k: v.numpy() for k, v in (extra or {}).items()}
+    for name, array in tensors.items():
+        if name not in drop:
+            w.add_tensor(name, array)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -7,6 +7,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from slotune.engine.checkpoint import ROPE_TYPES
+
 
 def rms_norm(
     x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
@@ -30,9 +32,6 @@ def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
     # x: [T, 2*I] (gate | up) -> [T, I]; GeGLU with tanh-approximate GELU (Gemma)
     gate, up = x.chunk(2, dim=-1)
     return F.gelu(gate, approximate="tanh") * up
-
-
-ROPE_TYPES = ("linear", "llama3", "yarn", "dynamic", "longrope", "freq_factors")  # besides plain RoPE (scaling None)
 
 
 def rope_frequencies(head_dim: int, theta: float, scaling: dict | None) -> tuple[torch.Tensor, float]:

@@ -24,7 +24,7 @@ from slotune.engine.layers.attention import AttentionMetadata, KVCache
 from slotune.engine.layers.backend import Backend, torch_backend
 from slotune.engine.layers.linear import Linear
 from slotune.engine.layers.ops import rope_cos_sin
-from slotune.engine.loader import ModelConfig
+from slotune.engine.checkpoint import ModelConfig
 
 
 class LlamaLayer(nn.Module):

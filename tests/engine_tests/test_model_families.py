@@ -164,13 +164,16 @@ def test_dynamic_rope_past_its_original_context_is_refused(tmp_path):
 
 def test_a_weight_the_model_does_not_use_is_refused(tmp_path):
     _hf(tmp_path, "LlamaConfig")
-    f = tmp_path / "model.safetensors"
-    sd = load_file(str(f))
-    sd["model.layers.0.self_attn.q_norm.weight"] = torch.ones(16)  # e.g. Qwen3's q_norm
-    save_file(sd, str(f))
     mcfg, sd, _ = load_model(str(tmp_path))
-    with pytest.raises(ValueError, match="does not use.*q_norm"):
-        LlamaModel(mcfg, sd, torch.float32, torch.device("cpu"))
+    f = tmp_path / "model.safetensors"
+    extra = load_file(str(f)) | {"model.layers.0.self_attn.q_norm.weight": torch.ones(16)}  # e.g. Qwen3's q_norm
+    save_file(extra, str(f))
+    with pytest.raises(ValueError, match=r"q_norm.weight' \(not part of the llama layout"):
+        load_model(str(tmp_path))  # from the safetensors header, before a weight is read
+    with pytest.raises(ValueError, match="does not use.*q_norm"):  # the model's own check behind it
+        LlamaModel(
+            mcfg, sd | {"model.layers.0.self_attn.q_norm.weight": torch.ones(16)}, torch.float32, torch.device("cpu")
+        )
 
 
 def test_llama3_gguf_with_rope_freqs_matches_transformers(tmp_path):

@@ -15,7 +15,7 @@ import torch
 from slotune.engine import EngineConfig, SamplingParams
 from tests.engine_driver import IdsTokenizer, generate
 from slotune.engine.llm_engine import LLMEngine
-from slotune.engine.loader import ModelConfig
+from slotune.engine.checkpoint import ModelConfig
 from slotune.engine.model_runner import ModelRunner
 from tests.kernels_tests.device import DEV
 

@@ -9,8 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from pydantic import ValidationError
+from safetensors.numpy import save_file
 from slotune.tuner.cli import app
 from slotune.tuner.spec.preflight import preflight
 from slotune.tuner.spec.tuning_spec import TuningSpec
@@ -359,6 +361,8 @@ def test_max_model_len_beyond_the_model_context(tmp_path):
         tmp_path / "m" / "config.json",
         json.dumps({**llama, "num_attention_heads": 4, "vocab_size": 256, "max_position_embeddings": 1024}),
     )
+    save_file({"model.embed_tokens.weight": np.zeros((256, 64), np.float32)}, str(tmp_path / "m" / "model.safetensors"))
+    write(tmp_path / "m" / "tokenizer.json", "{}")  # the check reads only that it is there
     space = {"knobs": [{"name": "max_model_len", "type": "categorical", "choices": [512, 4096]}]}
     spec = TuningSpec.model_validate(
         {

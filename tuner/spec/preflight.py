@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from slotune.engine.checkpoint import ModelConfig, check_model, context_problem
 from slotune.engine.config import EngineConfig
 from slotune.engine.gguf_header import read_gguf_header
 from slotune.engine.paths import resolve_model_path
@@ -64,12 +65,11 @@ def preflight(spec: TuningSpec) -> None:
                     run(f"{where}.knobs.{name}", _require_file, Path(str(value)))
     else:
         try:
-            _check_loadable(base.model)
-            problems += _check_context(spec, base)
+            problems += _check_context(spec, base, check_model(base.model), _model_context(base.model)[1])
         except (SpecError, ValueError, OSError) as exc:
             problems.append(Problem(str(exc), field="model"))
         if base.speculative.method == "model":
-            run("engine.speculative.draft_model", _check_loadable, base.speculative.draft_model)
+            run("engine.speculative.draft_model", check_model, base.speculative.draft_model)
             run("engine.speculative.draft_model", _model_context, base.speculative.draft_model)
     if problems:
         raise SpecError(problems=problems)
@@ -107,34 +107,24 @@ def _check_writable_file(path: Path) -> None:
     _check_writable_dir(path.parent)
 
 
-def _check_context(spec: TuningSpec, base: EngineConfig) -> list[Problem]:
-    """max_model_len (the engine's, and every value the space can sample) within the model's context."""
-    limit, source = _model_context(spec.model)
-    if limit is None:
-        return []
+def _check_context(spec: TuningSpec, base: EngineConfig, model: ModelConfig, source: str) -> list[Problem]:
+    """max_model_len (the engine's, and every value the space can sample) runs on the model: within
+    its context, and within what its RoPE scaling computes exactly."""
     lens = {"engine.max_model_len": [base.max_model_len]}
     for k in spec.search_space.knobs:
         if k.name == "max_model_len":
             lens["search_space"] = list(k.choices) if k.type == "categorical" else [int(k.high)]
     problems = []
     for field, values in lens.items():
-        over = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool) and v > limit]
-        if over:
-            what = "max_model_len" if field.startswith("engine") else "knob 'max_model_len' can sample"
-            problems.append(
-                Problem(
-                    f"{what} {max(over)}, beyond the model's context of {limit} tokens ({source}); use at most {limit}",
-                    field=field,
-                )
-            )
+        for n in sorted({v for v in values if isinstance(v, int) and not isinstance(v, bool)}, reverse=True):
+            if problem := context_problem(model, n, f" ({source})"):
+                if field == "search_space":
+                    head = "max_model_len "
+                    knob = "knob 'max_model_len' can sample "
+                    problem = knob + problem[len(head) :] if problem.startswith(head) else f"{knob}{n}: {problem}"
+                problems.append(Problem(problem, field=field))
+                break
     return problems
-
-
-def _check_loadable(model: str) -> None:
-    """The bundled engine implements the model's architecture: the error loading it would raise, early."""
-    from slotune.engine.loader import check_loadable  # imports torch: only when checking the model
-
-    check_loadable(model)
 
 
 def _check_server(server: ServerConfig, where: str) -> list[Problem]:
