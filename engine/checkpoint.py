@@ -428,7 +428,7 @@ HF_MODEL_TYPES = tuple(HF_FAMILY_KEYS)
 HF_NEUTRAL_KEYS: dict[str, tuple | None] = {
     k: None
     for k in (
-        "_name_or_path architectures auto_map transformers_version torch_dtype dtype use_cache "
+        "_name_or_path _model_name_or_path architectures auto_map transformers_version torch_dtype dtype use_cache "
         "initializer_range attention_dropout embd_pdrop resid_pdrop pad_token_id sep_token_id "
         "decoder_start_token_id pretraining_tp attention_bias mlp_bias cache_implementation "
         "is_llama_config transformers.js_config id2label label2id problem_type return_dict "
