@@ -141,6 +141,9 @@ _GGUF_GEMMA3_NAMES = _GGUF_QK_NORM_NAMES | {  # ffn_norm is the MLP's input norm
     "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
 }
 
+_GGUF_PHI3_NAMES = {"attn_qkv.weight": "self_attn.qkv_proj.weight", "ffn_up.weight": "mlp.gate_up_proj.weight"}
+_GGUF_ROPE_FACTORS = ("rope_factors_long.weight", "rope_factors_short.weight")  # phi3: longrope
+
 # `{arch}.<key>` read for every architecture (llama.cpp's LLM_KV names)
 GGUF_KEYS = {
     "context_length",
@@ -201,6 +204,8 @@ GGUF_ARCHS = {
         names=_GGUF_GEMMA3_NAMES,
         keys=("attention.sliding_window_pattern", "rope.freq_base_swa"),
     ),
+    # fused qkv and gate_up (split at load), RoPE on part of each head, longrope as two tensors
+    "phi3": _GgufArch(is_qk_permuted=False, names=_GGUF_PHI3_NAMES, keys=("rope.scaling.attn_factor",)),
 }
 
 
@@ -218,9 +223,10 @@ def gguf_config(path: Path, meta: dict[str, Any], tensors: dict[str, tuple[int, 
     if int(meta.get("split.count") or 1) > 1:
         raise ValueError(f"{path}: split.count {meta['split.count']}: a split GGUF; merge it with llama-gguf-split")
     hp = _gguf_hparams(path, meta, name)
+    top = {*GGUF_NAMES, "rope_freqs.weight", *(_GGUF_ROPE_FACTORS if name == "phi3" else ())}
     for t in tensors:
         layer = t.split(".", 2)[-1] if t.startswith("blk.") else None
-        if (layer not in arch.layer_names) if layer else (t not in GGUF_NAMES and t != "rope_freqs.weight"):
+        if (layer not in arch.layer_names) if layer else t not in top:
             raise ValueError(f"{path}: tensor '{t}' is not part of the {name} layout this engine implements")
     if "token_embd.weight" not in tensors:
         raise ValueError(f"{path}: no token_embd.weight tensor")
@@ -231,6 +237,14 @@ def gguf_config(path: Path, meta: dict[str, Any], tensors: dict[str, tuple[int, 
                 f"'{hp['rope_scaling']['rope_type']}': which one applies is not defined"
             )
         hp["rope_scaling"] = {"rope_type": "freq_factors"}
+    if any(t in tensors for t in _GGUF_ROPE_FACTORS):  # as convert_hf_to_gguf.py's Phi3MiniModel writes longrope
+        orig = int(meta[f"{name}.rope.scaling.original_context_length"])
+        hp["rope_scaling"] = {
+            "rope_type": "longrope",
+            "original_max_position_embeddings": orig,
+            "factor": hp["max_position_embeddings"] / orig,
+            "attention_factor": float(meta.get(f"{name}.rope.scaling.attn_factor", 1.0)),
+        }
     eos = meta.get("tokenizer.ggml.eos_token_id")
     return ModelConfig(
         vocab_size=tensors["token_embd.weight"][0],
@@ -312,7 +326,8 @@ def _gguf_hparams(path: Path, meta: dict[str, Any], arch: str) -> dict[str, Any]
             f"{arch}.attention.value_length {own['attention.value_length']} != key_length "
             f"{head_dim} (one head_dim for q, k and v)"
         )
-    if int(key("rope.dimension_count", head_dim)) != head_dim:
+    rotary_dim = int(key("rope.dimension_count", head_dim))
+    if rotary_dim != head_dim and arch != "phi3":
         problems.append(
             f"{arch}.rope.dimension_count {own['rope.dimension_count']} != head_dim {head_dim} "
             "(rotary on part of each head)"
@@ -327,6 +342,7 @@ def _gguf_hparams(path: Path, meta: dict[str, Any], arch: str) -> dict[str, Any]
         extra = {"no_rope_layers": tuple(i for i in range(n_layer) if (i + 1) % 4 == 0)}
     _refuse(path, arch, problems)
     return extra | dict(
+        rotary_dim=rotary_dim if rotary_dim != head_dim else None,
         hidden_size=hidden,
         intermediate_size=int(key("feed_forward_length")),
         num_layers=n_layer,
@@ -672,5 +688,7 @@ def _hf_sliding_window(hf: dict[str, Any], family: str) -> int | None:
     return int(window)
 
 
-def with_rope_factors(cfg: ModelConfig, factors: list[float]) -> ModelConfig:
-    return replace(cfg, rope_scaling={"rope_type": "freq_factors", "factors": factors})
+def with_rope_factors(cfg: ModelConfig, tensor: str, factors: list[float]) -> ModelConfig:
+    """`cfg` with the values of a GGUF's RoPE factor tensor `tensor` (gguf_config left them out)."""
+    key = {"rope_freqs.weight": "factors", "rope_factors_long.weight": "long_factor"}.get(tensor, "short_factor")
+    return replace(cfg, rope_scaling=cfg.rope_scaling | {key: factors})

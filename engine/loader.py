@@ -78,8 +78,8 @@ def _load_gguf(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
         arr = dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
         # GGUF lists dims fastest-first; numpy data is already [rows, cols] = HF [out, in].
         arr = arr.reshape([int(d) for d in reversed(t.shape)])
-        if t.name == "rope_freqs.weight":  # Llama 3.x: per-dimension frequency divisors
-            cfg = with_rope_factors(cfg, [float(v) for v in arr.reshape(-1)])
+        if t.name.startswith("rope_"):  # Llama 3.x's rope_freqs, Phi-3's longrope factors
+            cfg = with_rope_factors(cfg, t.name, [float(v) for v in arr.reshape(-1)])
             continue
         if t.name.startswith("blk."):
             _, idx, rest = t.name.split(".", 2)
@@ -91,7 +91,7 @@ def _load_gguf(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
         else:
             hf_name = GGUF_NAMES[t.name]
         sd[hf_name] = torch.from_numpy(np.array(arr, dtype=np.float32, order="C", copy=True))
-    return cfg, sd
+    return cfg, _split_phi3(sd, cfg)
 
 
 def _unpermute_rope_rows(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -114,13 +114,12 @@ def _load_hf_dir(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
             sd[k] = v.float()
     if hf.get("model_type") == "gemma3_text":  # its norms scale by (1 + w): store 1 + w, as llama.cpp's GGUFs do
         sd = {k: v + 1.0 if k.endswith("norm.weight") else v for k, v in sd.items()}
-    if hf.get("model_type") == "phi3":
-        sd = _split_phi3(sd, cfg)
-    return cfg, sd
+    return cfg, _split_phi3(sd, cfg)
 
 
 def _split_phi3(sd: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """Phi-3's fused qkv_proj and gate_up_proj as the separate projections the model fuses again."""
+    """Phi-3's fused qkv_proj and gate_up_proj (HF and GGUF alike) as the separate projections
+    the model fuses again; other state dicts pass through."""
     q = cfg.num_heads * cfg.head_dim
     kv = cfg.num_kv_heads * cfg.head_dim
     out = {}

@@ -9,6 +9,7 @@ failed after the family tests in a full run, none in isolation).
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -91,6 +92,8 @@ _LAYER_NAMES = {
     "mlp.gate_proj": "ffn_gate",
     "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
+    "self_attn.qkv_proj": "attn_qkv",  # Phi-3's fused projections
+    "mlp.gate_up_proj": "ffn_up",
 }
 _GEMMA3_LAYER_NAMES = _LAYER_NAMES | {
     "post_attention_layernorm": "post_attention_norm",
@@ -112,7 +115,9 @@ def write_gguf(
     convert_hf_to_gguf.py writes it: q/k rows permuted for `llama` and `smollm3` (LlamaModel permutes,
     Qwen2Model/Qwen3Model/Gemma3Model only rename), key_length/value_length when the config has
     head_dim, no output.weight when the embeddings are tied; for gemma3, norms stored as 1 + w and
-    the window but not the layer pattern or the local RoPE base (Gemma3Model.set_gguf_parameters).
+    the window but not the layer pattern or the local RoPE base (Gemma3Model.set_gguf_parameters);
+    for phi3, the fused projections as they are, the rotary dims, and longrope as two factor tensors
+    with its attention factor (Phi3MiniModel).
     To test refusals: `metadata` adds or replaces keys (None removes one), `extra` adds tensors and
     `drop` leaves out the tensors of these GGUF names."""
     import gguf
@@ -136,6 +141,20 @@ def write_gguf(
         kv |= {"attention.key_length": c["head_dim"], "attention.value_length": c["head_dim"]}
     if arch == "gemma3":
         kv["attention.sliding_window"] = c["sliding_window"]
+    tensors = {}
+    if arch == "phi3":  # Phi3MiniModel.set_gguf_parameters and generate_extra_tensors
+        orig = rope.get("original_max_position_embeddings") or c["original_max_position_embeddings"]
+        partial = rope.get("partial_rotary_factor", c.get("partial_rotary_factor", 1.0))
+        kv |= {
+            "rope.scaling.original_context_length": orig,
+            "rope.dimension_count": int(partial * c["hidden_size"]) // heads,
+            "attention.sliding_window": c.get("sliding_window") or 0,
+        }
+        if rope.get("long_factor"):
+            scale = c["max_position_embeddings"] / orig
+            kv["rope.scaling.attn_factor"] = math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1 else 1.0
+            tensors["rope_factors_long.weight"] = torch.tensor(rope["long_factor"]).numpy()
+            tensors["rope_factors_short.weight"] = torch.tensor(rope["short_factor"]).numpy()
     kv = {f"{arch}.{k}": v for k, v in kv.items()} | (metadata or {})
     w = gguf.GGUFWriter(str(path), kv.pop("general.architecture", arch))
     for key, value in kv.items():
@@ -145,7 +164,6 @@ def write_gguf(
             w.add_array(key, value)
         else:
             {bool: w.add_bool, str: w.add_string, int: w.add_uint32, float: w.add_float32}[type(value)](key, value)
-    tensors = {}
     for k, v in ref["state_dict"].items():
         if k == "lm_head.weight" and c.get("tie_word_embeddings"):
             continue

@@ -2,7 +2,7 @@
 (no hub, no download): q/k/v biases (Qwen2), attention and MLP biases (Llama), rope scaling
 (linear, llama3, yarn, dynamic, longrope), Mistral within and past its sliding window, Qwen3 (q/k
 norm, explicit head_dim), SmolLM3 (NoPE layers), Phi-3 (fused projections, partial rotary), Gemma 3,
-and GGUF files of the llama, qwen2, qwen3, smollm3 and gemma3 architectures. Each must give
+and GGUF files of the llama, qwen2, qwen3, smollm3, gemma3 and phi3 architectures. Each must give
 transformers' logits in float32 and its greedy tokens through the paged cache, on the torch path and,
 where it runs the model, the native CPU step. What the engine does not implement is refused with an
 error naming the field, never run differently.
@@ -225,7 +225,8 @@ def test_unknown_gguf_architecture_is_refused_by_name(tmp_path):
     path = tmp_path / "model.gguf"
     write_gguf(path, ref, "gemma2")
     with pytest.raises(
-        ValueError, match="unsupported GGUF architecture 'gemma2' \\(supported: llama, qwen2, qwen3, smollm3, gemma3\\)"
+        ValueError,
+        match="unsupported GGUF architecture 'gemma2' \\(supported: llama, qwen2, qwen3, smollm3, gemma3, phi3\\)",
     ):
         load_model(str(path))
     # `tune validate` says so before a study, from the header alone
@@ -381,8 +382,12 @@ def test_phi3_matches_transformers(tmp_path):
     kw |= {"pad_token_id": None, "bos_token_id": None, "eos_token_id": None}
     ref = _hf(tmp_path, "Phi3Config", ids=ids, prompts=prompts, **kw)
     assert any(k.endswith("qkv_proj.weight") for k in ref["state_dict"])
-    torch.testing.assert_close(_logits(tmp_path, ids), ref["logits"], atol=1e-4, rtol=1e-4)
-    assert _greedy(tmp_path, "torch", prompts, 12) == ref["greedy"]
+    gguf = tmp_path / "gguf" / "phi3.gguf"  # fused tensors, rotary dims and longrope factor tensors
+    gguf.parent.mkdir()
+    write_gguf(gguf, ref, "phi3")
+    for path in (tmp_path, gguf):
+        torch.testing.assert_close(_logits(path, ids), ref["logits"], atol=1e-4, rtol=1e-4)
+        assert _greedy(path, "torch", prompts, 12) == ref["greedy"]
     with pytest.raises(ValueError, match="RoPE on 8 of 16 dims"):
         LLMEngine(_config(tmp_path, "native"), tokenizer=IdsTokenizer())
     with pytest.raises(ValueError, match="rope_scaling longrope: max_model_len \\(256\\) exceeds"):
