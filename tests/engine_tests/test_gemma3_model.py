@@ -81,23 +81,23 @@ def test_gemma3_270m_greedy_tokens_equal_transformers(float32_greedy):
 @pytest.mark.skipif(shutil.which("llama-server") is None, reason="needs llama.cpp's llama-server on PATH")
 def test_llama_server_on_the_same_file_agrees_up_to_near_ties(float32_greedy, tmp_path):
     """llama-server multiplies with 8-bit quantized activations, so where the float32 model's top
-    two logits are close its greedy token may differ; past that step the completions part. Each
-    prompt must agree up to a step whose top-2 gap (the engine's own float32 logits) is small."""
+    logits are close its greedy token may differ, and past that step the completions part. Where a
+    prompt's tokens part, each side's token must be among the other's top 5 and within 1 logit of
+    its top (a near-tie both ways, not a different computation)."""
     from slotune.tuner.measure.external_server import ExternalServer
     from slotune.tuner.spec.engines import load_engine
 
     llm, outs = float32_greedy
-    launch = {"threads": 2, "parallel": 1, "ctx_per_slot": 256}
     server = ExternalServer(
         load_engine("llama-server"),
-        launch,
+        {"threads": 2, "parallel": 1, "ctx_per_slot": 256},
         binary=shutil.which("llama-server"),
         model=str(resolve_model_path("gemma3-270m")),
         tokenizer=None,
         log_path=tmp_path / "server.log",
         ready_timeout_s=120,
     )
-    report = []
+    parted = []
     with server:
         for prompt, out in zip(PROMPTS, outs):
             body = {
@@ -107,18 +107,30 @@ def test_llama_server_on_the_same_file_agrees_up_to_near_ties(float32_greedy, tm
                 "ignore_eos": True,
                 "cache_prompt": False,
                 "return_tokens": True,
+                "n_probs": 5,
             }
-            theirs = httpx.post(server.url + "/completion", json=body, timeout=120).json()["tokens"]
+            theirs = httpx.post(server.url + "/completion", json=body, timeout=120).json()
             ours = out.output_token_ids
-            at = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
+            at = next((i for i, (a, b) in enumerate(zip(ours, theirs["tokens"])) if a != b), None)
             if at is None:
-                report.append((prompt, None, None))
                 continue
-            top2 = llm.logits(out.prompt_token_ids + ours[:at]).float()[-1].topk(2).values
-            report.append((prompt, at, float(top2[0] - top2[1])))
-    print("\n".join(f"{p!r}: {'equal' if at is None else f'parts at {at}, gap {gap:.3f}'}" for p, at, gap in report))
-    assert sum(at is None for _, at, _ in report) >= len(PROMPTS) // 2, report
-    assert all(gap is None or gap < 0.5 for _, _, gap in report), report
+            mine, other = ours[at], theirs["tokens"][at]
+            logits = llm.logits(out.prompt_token_ids + ours[:at]).float()[-1]
+            their_top = {t["id"]: t["logprob"] for t in theirs["completion_probabilities"][at]["top_logprobs"]}
+            parted.append(
+                {
+                    "prompt": prompt,
+                    "at": at,
+                    "tokens": (mine, other),
+                    "in_our_top5": other in logits.topk(5).indices.tolist(),
+                    "our_gap": float(logits[mine] - logits[other]),
+                    "their_gap": their_top[other] - their_top[mine] if mine in their_top else None,
+                }
+            )
+    print(f"{len(PROMPTS) - len(parted)} of {len(PROMPTS)} equal; parted: {parted}")
+    for p in parted:
+        assert p["in_our_top5"] and p["their_gap"] is not None, p
+        assert p["our_gap"] < 1.0 and p["their_gap"] < 1.0, p
 
 
 def test_gemma3_270m_serves_a_chat_turn_in_gemmas_template():
