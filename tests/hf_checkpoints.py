@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -189,3 +190,51 @@ def write_gguf(
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+LLAMA_CPP_CONVERTER = (
+    Path(os.environ.get("SLOTUNE_PEERS_CACHE") or Path.home() / ".cache" / "slotune")
+    / "llama.cpp-src"
+    / "convert_hf_to_gguf.py"
+)  # the sdist bench/peers/build_llama_cpp.sh unpacks
+
+_CONVERT = r"""
+import json, sys
+from pathlib import Path
+converter, model_dir, out = sys.argv[1:4]
+sys.path.insert(0, str(Path(converter).parent))
+sys.argv = [converter, model_dir, "--outfile", out, "--outtype", "f32"]
+cfg = json.loads((Path(model_dir) / "config.json").read_text())
+n = cfg["vocab_size"]
+tok = Path(model_dir) / "tokenizer.json"  # Gemma3Model reads the vocabulary's size from it
+if not tok.exists():
+    tok.write_text(json.dumps({"model": {"vocab": {f"t{i}": i for i in range(n)}}, "added_tokens": []}))
+import convert_hf_to_gguf as c
+
+def set_vocab(self):  # a random model has no tokenizer of its family: a plain byte-level BPE one
+    w = self.gguf_writer
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-2")
+    w.add_token_list([f"t{i}" for i in range(n)])
+    w.add_token_types([1] * n)
+    w.add_token_merges(["t 1"])
+
+get = c.get_model_class
+def get_model_class(*args, **kwargs):
+    cls = get(*args, **kwargs)
+    cls.set_vocab = set_vocab
+    return cls
+c.get_model_class = get_model_class
+c.main()
+"""
+
+
+def convert_with_llama_cpp(model_dir: Path, out: Path) -> None:
+    """`model_dir` (an HF directory) as a float32 GGUF written by llama.cpp's own converter, in a
+    child process; only its vocabulary step is replaced (random models have no real tokenizer)."""
+    r = subprocess.run(
+        [sys.executable, "-c", _CONVERT, str(LLAMA_CPP_CONVERTER), str(model_dir), str(out)],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
