@@ -41,20 +41,17 @@ def native_linear(mod: torch.nn.Module) -> NativeLinear | str:
 def native_model(model: LlamaModel) -> NativeModel | str:
     """Every tensor the native step reads, or what of the model it cannot run."""
     c = model.cfg
-    if c.sandwich_norms or c.hidden_act != "silu" or c.full_attention_layers or c.embed_scale or c.attn_scale:
-        return "Gemma 3 layers (four norms per layer, GeGLU, two rotary tables): the kernel runs two norms and SwiGLU"
-    if c.rotary_dim:
-        return f"RoPE on {c.rotary_dim} of {c.head_dim} dims per head (Phi-3): the kernel rotates whole heads"
-    if c.no_rope_layers:
-        return f"layers without RoPE ({list(c.no_rope_layers)}, SmolLM3): the kernel rotates every layer"
     layers = []
-    for ly in model.layers:
+    for i, ly in enumerate(model.layers):
         proj = [native_linear(m) for m in (ly.qkv_proj, ly.o_proj, ly.gate_up_proj, ly.down_proj)]
         bad = next((p for p in proj if isinstance(p, str)), None)
         if bad is not None:
             return bad
-        norms = [None if n is None else n.data for n in (ly.q_norm, ly.k_norm)]
-        layers.append(NativeLayer(ly.input_norm.data, ly.mlp_norm.data, *proj, *norms))
+        norms = [None if n is None else n.data for n in (ly.q_norm, ly.k_norm, ly.attn_out_norm, ly.mlp_out_norm)]
+        table = model.cos_sin_local if ly.local_rope else model.cos_sin
+        layers.append(
+            NativeLayer(ly.input_norm.data, ly.mlp_norm.data, *proj, *norms, table if ly.rope else None, c.window_of(i))
+        )
     lm_head = native_linear(model.lm_head)
     if isinstance(lm_head, str):
         return lm_head
@@ -65,12 +62,14 @@ def native_model(model: LlamaModel) -> NativeModel | str:
         c.num_kv_heads,
         c.head_dim,
         c.rms_norm_eps,
-        c.sliding_window,
         model.embed.data,
         model.norm.data,
-        model.cos_sin,
         layers,
         lm_head,
+        rotary_dim=c.rotary_dim or c.head_dim,
+        attn_scale=c.attn_scale or c.head_dim**-0.5,
+        embed_scale=None if model.embed_scale is None else float(model.embed_scale),
+        gelu=c.hidden_act == "gelu_tanh",
     )
 
 

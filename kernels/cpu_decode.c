@@ -47,6 +47,9 @@ typedef struct {
     const void *input_norm, *post_norm; /* model dtype [D] */
     Lin qkv, o, gate_up, down;
     const void *q_norm, *k_norm; /* model dtype [head_dim]: per-head RMSNorm of q and k (Qwen3), or NULL */
+    const void *attn_out_norm, *mlp_out_norm; /* model dtype [D]: each sublayer's output normed (Gemma 3), or NULL */
+    const float *cos_sin; /* [max_pos, rot_dim]: cos in the first half, sin in the second; NULL: no RoPE (NoPE) */
+    int32_t window;       /* sliding window in keys (Mistral, Gemma 3's local layers), 0 = none */
 } Layer;
 
 typedef struct {
@@ -56,7 +59,6 @@ typedef struct {
     float eps, scale;
     int64_t num_blocks;
     const void *embed, *final_norm;
-    const float *cos_sin; /* [max_pos, D]: cos in the first half, sin in the second */
     const Layer *layers;
     Lin lm_head;
     void *k_cache, *v_cache;
@@ -68,8 +70,10 @@ typedef struct {
     float *xscale, *xsum;
     int32_t max_k;
     int32_t int8_activations; /* int4/int8 layers through the integer kernels (kernels.int8_activations) */
-    int32_t window;           /* sliding window in keys (Mistral), 0 = none */
     int32_t *ctx_slots;       /* scratch [max_batch, max_ctx]: cache slot of each key of a row */
+    float embed_scale;        /* embeddings times this (Gemma: sqrt(hidden)), 0 = none */
+    int32_t rot_dim;          /* RoPE on each head's first rot_dim dims (Phi-3: part of the head) */
+    int32_t gelu;             /* the MLP's gate: 1 = GeGLU with tanh GELU (Gemma), 0 = SwiGLU */
 } Model;
 
 static inline float bf16_to_f32(uint16_t v) {
@@ -786,6 +790,33 @@ static void silu_mul(const float *gu, float *act, int M, int I) {
     }
 }
 
+/* act[m, :] = gelu_tanh(gu[m, :I]) * gu[m, I:], tanh(y) as 1 - 2 / (e^2y + 1) */
+static void gelu_tanh_mul(const float *gu, float *act, int M, int I) {
+    const int nc = (I + VL - 1) / VL;
+#pragma omp for schedule(static)
+    for (int t = 0; t < M * nc; t++) {
+        const int m = t / nc, i = (t % nc) * VL;
+        const vf g = vf_loadn(gu + (int64_t)m * 2 * I + i, I - i);
+        const vf u = vf_loadn(gu + (int64_t)m * 2 * I + I + i, I - i);
+        const vf y = vf_mul(vf_set1(0.7978845608f), vf_fma(vf_mul(vf_set1(0.044715f), vf_mul(g, g)), g, g));
+        const vf th = vf_sub(vf_set1(1.0f), vf_div(vf_set1(2.0f), vf_add(vf_exp(vf_add(y, y)), vf_set1(1.0f))));
+        vf_storen(act + (int64_t)m * I + i, I - i, vf_mul(vf_mul(vf_mul(vf_set1(0.5f), g), vf_add(vf_set1(1.0f), th)), u));
+    }
+}
+
+/* x = rms_norm(x) * w in place: a sublayer's output normed before the residual add (Gemma 3). */
+static void rms_norm_rows(const Model *md, const void *w, float *x, int M) {
+    const int D = md->hidden;
+#pragma omp for schedule(static)
+    for (int m = 0; m < M; m++) {
+        float *xr = x + (int64_t)m * D;
+        double ss = 0.0;
+        for (int i = 0; i < D; i++) ss += (double)xr[i] * xr[i];
+        const float r = 1.0f / sqrtf((float)(ss / D) + md->eps);
+        for (int i = 0; i < D; i++) xr[i] = xr[i] * r * load_w(w, md->dtype, i);
+    }
+}
+
 /* h = rms_norm(x + res) * w; res = x + res (or x when first). Rows split over threads. */
 static void add_rms_norm(const Model *md, const void *w, float *x, float *res, float *h, int M, int first) {
     const int D = md->hidden;
@@ -961,7 +992,8 @@ void slotune_decode_step(const Model *md, int M, const int64_t *ids, const int64
         float kt[ATT_CHUNK * 512]; /* one chunk of K rows widened to float32 (head_dim <= 512) */
 #pragma omp for schedule(static)
         for (int m = 0; m < M; m++) {
-            for (int i = 0; i < D; i++) md->x[(int64_t)m * D + i] = load_w(md->embed, md->dtype, ids[m] * D + i);
+            const float es = md->embed_scale > 0.0f ? md->embed_scale : 1.0f;
+            for (int i = 0; i < D; i++) md->x[(int64_t)m * D + i] = load_w(md->embed, md->dtype, ids[m] * D + i) * es;
             /* cache slot of every key of this row, once per step for all layers and heads: a
              * division per key and head in the attention loop was ~1/2 of its time at 64 rows */
             const int32_t *bt = block_tables + (int64_t)m * bt_width;
@@ -977,10 +1009,10 @@ void slotune_decode_step(const Model *md, int M, const int64_t *ids, const int64
 #pragma omp for schedule(static)
             for (int m = 0; m < M; m++) {
                 float *r = md->qkv + (int64_t)m * qkv_n;
-                const float *cs = md->cos_sin + pos[m] * hd;
+                const float *cs = ly->cos_sin ? ly->cos_sin + pos[m] * md->rot_dim : NULL;
                 for (int h = 0; h < H + Hkv; h++) {
                     if (ly->q_norm) head_rms_norm(r + h * hd, h < H ? ly->q_norm : ly->k_norm, md->dtype, hd, md->eps);
-                    rotate(r + h * hd, cs, hd / 2);
+                    if (cs) rotate(r + h * hd, cs, md->rot_dim / 2);
                 }
                 if (slots[m] >= 0) {
                     const int64_t off = l * layer_stride + slots[m] * Hkv * hd;
@@ -993,16 +1025,21 @@ void slotune_decode_step(const Model *md, int M, const int64_t *ids, const int64
 #pragma omp for schedule(static)
             for (int t = 0; t < M * Hkv; t++) {
                 const int m = t / Hkv, kh = t % Hkv, L = (int)pos[m] + 1;
-                const int j0 = md->window > 0 && L > md->window ? L - md->window : 0;
+                const int j0 = ly->window > 0 && L > ly->window ? L - ly->window : 0;
                 attend(md, md->qkv + (int64_t)m * qkv_n + kh * G * hd, md->att + (int64_t)m * H * hd + kh * G * hd,
                        md->probs + (int64_t)t * G * md->max_ctx, kt, l * layer_stride, md->ctx_slots + (int64_t)m * md->max_ctx,
                        kh, j0, L);
             }
             matmul(md, &ly->o, md->att, H * hd, md->x, D, M);
+            if (ly->attn_out_norm) rms_norm_rows(md, ly->attn_out_norm, md->x, M);
             add_rms_norm(md, ly->post_norm, md->x, md->res, md->h, M, 0);
             matmul(md, &ly->gate_up, md->h, D, md->gu, 2 * I, M);
-            silu_mul(md->gu, md->act, M, I);
+            if (md->gelu)
+                gelu_tanh_mul(md->gu, md->act, M, I);
+            else
+                silu_mul(md->gu, md->act, M, I);
             matmul(md, &ly->down, md->act, I, md->x, D, M);
+            if (ly->mlp_out_norm) rms_norm_rows(md, ly->mlp_out_norm, md->x, M);
         }
         add_rms_norm(md, md->final_norm, md->x, md->res, md->h, M, 0);
 #pragma omp for schedule(static)

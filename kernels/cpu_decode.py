@@ -60,13 +60,17 @@ class NativeLayer:
     o: NativeLinear
     gate_up: NativeLinear  # [2 I, D] (gate | up)
     down: NativeLinear
-    q_norm: torch.Tensor | None = None  # [Dh] per-head RMSNorm weights (Qwen3), or None
+    q_norm: torch.Tensor | None = None  # [Dh] per-head RMSNorm weights (Qwen3, Gemma 3), or None
     k_norm: torch.Tensor | None = None
+    attn_out_norm: torch.Tensor | None = None  # [D] the attention's output normed (Gemma 3), or None
+    mlp_out_norm: torch.Tensor | None = None  # [D] the MLP's output normed (Gemma 3), or None
+    cos_sin: torch.Tensor | None = None  # [max_positions, rotary_dim] float32 cos | sin halves; None: NoPE
+    window: int | None = None  # sliding window in keys, None: every key
 
 
 @dataclass(slots=True)
 class NativeModel:
-    """A Llama-family decoder as plain tensors (embed, norms and cos_sin in the model dtype)."""
+    """A Llama-family decoder as plain tensors (embed and norms in the model dtype)."""
 
     hidden_size: int
     intermediate_size: int
@@ -74,12 +78,14 @@ class NativeModel:
     num_kv_heads: int
     head_dim: int
     rms_norm_eps: float
-    sliding_window: int | None
     embed: torch.Tensor  # [V, D]
     norm: torch.Tensor  # [D]
-    cos_sin: torch.Tensor  # [max_positions, Dh] float32: cos | sin halves
     layers: list[NativeLayer]
     lm_head: NativeLinear
+    rotary_dim: int  # RoPE on each head's first rotary_dim dims (head_dim but for Phi-3)
+    attn_scale: float  # softmax scale
+    embed_scale: float | None = None  # Gemma: embeddings times sqrt(hidden)
+    gelu: bool = False  # the MLP's gate: GeGLU with tanh GELU (Gemma), else SwiGLU
 
 
 class _Lin(ctypes.Structure):
@@ -104,6 +110,10 @@ class _Layer(ctypes.Structure):
         ("down", _Lin),
         ("q_norm", ctypes.c_void_p),
         ("k_norm", ctypes.c_void_p),
+        ("attn_out_norm", ctypes.c_void_p),
+        ("mlp_out_norm", ctypes.c_void_p),
+        ("cos_sin", ctypes.c_void_p),
+        ("window", ctypes.c_int32),
     ]
 
 
@@ -128,7 +138,6 @@ class _Model(ctypes.Structure):
         ("num_blocks", ctypes.c_int64),
         ("embed", ctypes.c_void_p),
         ("final_norm", ctypes.c_void_p),
-        ("cos_sin", ctypes.c_void_p),
         ("layers", ctypes.POINTER(_Layer)),
         ("lm_head", _Lin),
         ("k_cache", ctypes.c_void_p),
@@ -140,8 +149,10 @@ class _Model(ctypes.Structure):
         ("xsum", ctypes.c_void_p),
         ("max_k", ctypes.c_int32),
         ("int8_activations", ctypes.c_int32),
-        ("window", ctypes.c_int32),
         ("ctx_slots", ctypes.c_void_p),
+        ("embed_scale", ctypes.c_float),
+        ("rot_dim", ctypes.c_int32),
+        ("gelu", ctypes.c_int32),
     ]
 
 
@@ -373,7 +384,9 @@ class CpuDecoder:
                 lin(ly.o),
                 lin(ly.gate_up),
                 lin(ly.down),
-                *[None if n is None else n.data_ptr() for n in (ly.q_norm, ly.k_norm)],
+                *[None if n is None else n.data_ptr() for n in (ly.q_norm, ly.k_norm, ly.attn_out_norm)],
+                *[None if n is None else n.data_ptr() for n in (ly.mlp_out_norm, ly.cos_sin)],
+                ly.window or 0,
             )
         inter = model.intermediate_size
         d, h, hkv, hd = model.hidden_size, model.num_heads, model.num_kv_heads, model.head_dim
@@ -411,11 +424,10 @@ class CpuDecoder:
             _dtype_code(model.embed),
             k_cache.shape[2],
             model.rms_norm_eps,
-            hd**-0.5,
+            model.attn_scale,
             k_cache.shape[1],
             model.embed.data_ptr(),
             model.norm.data_ptr(),
-            model.cos_sin.data_ptr(),
             self._layers,
             lin(model.lm_head),
             k_cache.data_ptr(),
@@ -425,8 +437,10 @@ class CpuDecoder:
             *[self._scratch[n].data_ptr() for n in ("xq", "xscale", "xsum")],
             max_k,
             int(int8_activations),
-            model.sliding_window or 0,
             self._scratch["ctx_slots"].data_ptr(),
+            model.embed_scale or 0.0,
+            model.rotary_dim,
+            int(model.gelu),
         )
 
     @staticmethod

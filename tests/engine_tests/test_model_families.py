@@ -56,6 +56,12 @@ def _greedy(path, backend: str, prompts: list[list[int]], n: int) -> list[list[i
     return generate(engine, prompts, n)
 
 
+def _backends() -> list[str]:
+    from slotune.kernels.cpu_decode import load_library
+
+    return ["torch"] + ([] if isinstance(load_library(), str) else ["native"])  # native: AVX2/AVX-512 + gcc
+
+
 def _logits(path, ids: list[int]) -> torch.Tensor:
     """float32 logits at every position, the torch path (no cache)."""
     return ModelRunner(_config(path)).full_logits(ids)
@@ -113,10 +119,7 @@ def test_family_matches_transformers(family, tmp_path):
     prompts = [ids[:9], ids[:23]]
     ref = _hf(tmp_path, config, ids=ids, prompts=prompts, **kw)
     torch.testing.assert_close(_logits(tmp_path, ids), ref["logits"], atol=1e-4, rtol=1e-4)
-    from slotune.kernels.cpu_decode import load_library
-
-    backends = ["torch"] + ([] if isinstance(load_library(), str) else ["native"])  # native: AVX-512 + gcc
-    for backend in backends:
+    for backend in _backends():
         assert _greedy(tmp_path, backend, prompts, 12) == ref["greedy"], backend
 
 
@@ -282,14 +285,13 @@ GEMMA3 = {  # one windowed layer (window 8: the prompts run past it) and one ful
 def test_gemma3_matches_transformers(tmp_path):
     """Gemma 3 (text): four norms per layer stored as (1 + w), GeGLU, q/k norms, scaled embeddings,
     query_pre_attn_scalar, a windowed layer with the local RoPE base beside a full-attention one with
-    the global base. The native step refuses it by name rather than running two norms per layer."""
+    the global base; on the torch path and the native step."""
     ids = [(11 * j + 5) % 128 for j in range(40)]
     prompts = [ids[:9], ids[:23]]
     ref = _hf(tmp_path, "Gemma3TextConfig", ids=ids, prompts=prompts, **GEMMA3)
     torch.testing.assert_close(_logits(tmp_path, ids), ref["logits"], atol=1e-4, rtol=1e-4)
-    assert _greedy(tmp_path, "torch", prompts, 12) == ref["greedy"]
-    with pytest.raises(ValueError, match="Gemma 3 layers"):
-        LLMEngine(_config(tmp_path, "native"), tokenizer=IdsTokenizer())
+    for backend in _backends():
+        assert _greedy(tmp_path, backend, prompts, 12) == ref["greedy"], backend
 
 
 def test_gemma3_gguf_matches_transformers(tmp_path):
@@ -309,7 +311,8 @@ def test_gemma3_gguf_matches_transformers(tmp_path):
     path = tmp_path / "model.gguf"
     write_gguf(path, ref, "gemma3")
     torch.testing.assert_close(_logits(path, ids), ref["logits"], atol=1e-4, rtol=1e-4)
-    assert _greedy(path, "torch", prompts, 12) == ref["greedy"]
+    for backend in _backends():
+        assert _greedy(path, backend, prompts, 12) == ref["greedy"], backend
 
 
 def test_gemma3_with_prefix_caching_speculation_and_int8_kv(tmp_path):
@@ -350,24 +353,24 @@ def test_gemma3_math_it_does_not_implement_is_refused(kw, match, tmp_path):
 def test_smollm3_matches_transformers_hf_and_gguf(tmp_path):
     """SmolLM3: Llama layers, every 4th without RoPE (`no_rope_layers`). The HF directory's list is
     read as it stands; a smollm3 GGUF carries none, so llama.cpp's rule (every 4th layer) applies:
-    four layers, the last one NoPE, in both. The native step refuses the NoPE layers by name."""
+    four layers, the last one NoPE, in both; on the torch path and the native step."""
     ids = [(11 * j + 5) % 128 for j in range(40)]
     prompts = [ids[:9], ids[:23]]
     ref = _hf(tmp_path, "SmolLM3Config", ids=ids, prompts=prompts, num_hidden_layers=4, pad_token_id=None)
     assert ref["config"]["no_rope_layers"] == [1, 1, 1, 0]
-    torch.testing.assert_close(_logits(tmp_path, ids), ref["logits"], atol=1e-4, rtol=1e-4)
-    assert _greedy(tmp_path, "torch", prompts, 12) == ref["greedy"]
-    path = tmp_path / "model.gguf"
+    path = tmp_path / "gguf" / "model.gguf"
+    path.parent.mkdir()
     write_gguf(path, ref, "smollm3")
-    torch.testing.assert_close(_logits(path, ids), ref["logits"], atol=1e-4, rtol=1e-4)
-    with pytest.raises(ValueError, match="layers without RoPE"):
-        LLMEngine(_config(tmp_path, "native"), tokenizer=IdsTokenizer())
+    for model in (tmp_path, path):
+        torch.testing.assert_close(_logits(model, ids), ref["logits"], atol=1e-4, rtol=1e-4)
+        for backend in _backends():
+            assert _greedy(model, backend, prompts, 12) == ref["greedy"], (model, backend)
 
 
 def test_phi3_matches_transformers(tmp_path):
     """Phi-3: fused qkv_proj and gate_up_proj (split at load, fused again by the model), RoPE on half
     of each head (partial_rotary_factor 0.5), longrope within the original context (short factors,
-    attention factor sqrt(1 + ln 2 / ln 128)). The native step refuses partial rotary by name."""
+    attention factor sqrt(1 + ln 2 / ln 128)); on the torch path and the native step."""
     ids = [(11 * j + 5) % 128 for j in range(40)]
     prompts = [ids[:9], ids[:23]]
     rope = {
@@ -387,8 +390,7 @@ def test_phi3_matches_transformers(tmp_path):
     write_gguf(gguf, ref, "phi3")
     for path in (tmp_path, gguf):
         torch.testing.assert_close(_logits(path, ids), ref["logits"], atol=1e-4, rtol=1e-4)
-        assert _greedy(path, "torch", prompts, 12) == ref["greedy"]
-    with pytest.raises(ValueError, match="RoPE on 8 of 16 dims"):
-        LLMEngine(_config(tmp_path, "native"), tokenizer=IdsTokenizer())
+        for backend in _backends():
+            assert _greedy(path, backend, prompts, 12) == ref["greedy"], (path, backend)
     with pytest.raises(ValueError, match="rope_scaling longrope: max_model_len \\(256\\) exceeds"):
         ModelRunner(_config(tmp_path).with_updates({"max_model_len": 256}))
