@@ -1,5 +1,5 @@
 """The operator runs from the core install (`pip install slotune`, no extras): importing it, and the
-spec and EngineConfig validation it does at admission, loads none of the engine's or the tuner's
+spec, EngineConfig and model validation it does at admission, loads none of the engine's or the tuner's
 heavy dependencies. Checked in a fresh interpreter (this test process has imported them all)."""
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ def test_operator_and_its_validation_import_no_heavy_dependency():
         "from slotune.operator import admission, serving\n"
         "serving.validate_config({'quantization': 'int8', 'max_num_seqs': 4})\n"
         "print(admission._tuning_spec_problem({'name': 'x', 'objective': {'kind': 'latency', 'metric': 'tpot'}}))\n"
+        "assert admission.check_serving({'config': {'model': 'smollm2-135m'}}) is None\n"  # the model check runs
+        "from slotune.engine.checkpoint import check_model\n"
         f"print(' '.join(sorted(m for m in {HEAVY!r} if m in sys.modules)))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
