@@ -110,6 +110,25 @@ FAMILIES = {
     "mistral-past-window": ("MistralConfig", {"sliding_window": 16}),  # prompts of 23 + 12 decoded: past it
     "qwen3-qk-norm-head-dim": ("Qwen3Config", {"head_dim": 32, "tie_word_embeddings": True}),  # 32 != 64 / 4
 }
+PHI3 = {  # RoPE on half of each head, longrope within its original context
+    "rope_parameters": {
+        **ROPE,
+        "rope_type": "longrope",
+        "partial_rotary_factor": 0.5,
+        "short_factor": [1.0, 1.5, 2.0, 3.0],
+        "long_factor": [4.0] * 4,
+    },
+    "partial_rotary_factor": 0.5,
+    "original_max_position_embeddings": 128,
+    "pad_token_id": None,  # Phi3Config's special ids (32000) lie outside TINY's vocabulary
+    "bos_token_id": None,
+    "eos_token_id": None,
+}
+CACHED_FAMILIES = {  # through prefix caching, self-drafting and int8 KV (the next-but-one test)
+    **{f: FAMILIES[f] for f in ("qwen2-biases-tied", "mistral-past-window", "qwen3-qk-norm-head-dim")},
+    "smollm3-nope": ("SmolLM3Config", {"num_hidden_layers": 4, "pad_token_id": None}),
+    "phi3-partial-longrope": ("Phi3Config", PHI3),
+}
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -245,7 +264,7 @@ def test_unknown_gguf_architecture_is_refused_by_name(tmp_path):
         preflight(spec)
 
 
-@pytest.mark.parametrize("family", ["qwen2-biases-tied", "mistral-past-window", "qwen3-qk-norm-head-dim"])
+@pytest.mark.parametrize("family", CACHED_FAMILIES)
 def test_family_with_prefix_caching_speculation_and_int8_kv(family, tmp_path):
     """Prefix caching: a request sharing a 16-token (2-block) prefix with an earlier one hits the cache
     and still gives transformers' greedy tokens. Speculative decoding (self-drafting from the first
@@ -254,7 +273,7 @@ def test_family_with_prefix_caching_speculation_and_int8_kv(family, tmp_path):
     and on random weights one flipped near-tie changes every later token, so whole-sequence equality
     is not a sound requirement; the first 4 tokens (3 decode steps reading the int8 cache) must
     equal transformers' (a layout or scale error in the cache garbles them at once)."""
-    config, kw = FAMILIES[family]
+    config, kw = CACHED_FAMILIES[family]
     ids = [(11 * j + 5) % 128 for j in range(40)]
     prompts = [ids[:23], ids[:16] + [3, 1, 4, 1, 5, 9, 2]]
     ref = _hf(tmp_path, config, prompts=prompts, **kw)
@@ -373,17 +392,7 @@ def test_phi3_matches_transformers(tmp_path):
     attention factor sqrt(1 + ln 2 / ln 128)); on the torch path and the native step."""
     ids = [(11 * j + 5) % 128 for j in range(40)]
     prompts = [ids[:9], ids[:23]]
-    rope = {
-        **ROPE,
-        "rope_type": "longrope",
-        "partial_rotary_factor": 0.5,
-        "short_factor": [1.0, 1.5, 2.0, 3.0],
-        "long_factor": [4.0] * 4,
-    }
-    kw = {"rope_parameters": rope, "partial_rotary_factor": 0.5, "original_max_position_embeddings": 128}
-    # Phi3Config's special ids (32000) lie outside TINY's vocabulary
-    kw |= {"pad_token_id": None, "bos_token_id": None, "eos_token_id": None}
-    ref = _hf(tmp_path, "Phi3Config", ids=ids, prompts=prompts, **kw)
+    ref = _hf(tmp_path, "Phi3Config", ids=ids, prompts=prompts, **PHI3)
     assert any(k.endswith("qkv_proj.weight") for k in ref["state_dict"])
     gguf = tmp_path / "gguf" / "phi3.gguf"  # fused tensors, rotary dims and longrope factor tensors
     gguf.parent.mkdir()

@@ -1,6 +1,7 @@
 """examples/05-own-model/spec.yaml as its README says it works: `model: ./my-model` is relative to the
 spec's folder, from any working directory; a missing model names the path it resolved to. The model
-here is only its config.json (validate reads metadata, no weights); the example's own test
+here is its metadata only: config.json, a safetensors file's header and a tokenizer.json (validate
+reads no weights); the example's own test
 (tests/examples_tests/test_own_model_example.py) runs a real checkpoint."""
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
+from safetensors.numpy import save_file
 from slotune.tuner.cli import app
 from typer.testing import CliRunner
 
@@ -37,6 +40,13 @@ def test_own_model_example_resolves_model_against_its_folder(tmp_path, monkeypat
     assert f"../ex/spec.yaml: model: model '{ex / 'my-model'}': not a bundled name" in r.stderr
     (ex / "my-model").mkdir()
     (ex / "my-model" / "config.json").write_text(json.dumps({"model_type": "llama", "max_position_embeddings": 4096}))
+    r = CliRunner().invoke(app, ["validate", "../ex/spec.yaml"])
+    assert r.exit_code == 2 and "my-model: no *.safetensors files" in r.stderr
+    # the check reads the safetensors headers (tensor names) and that tokenizer.json is there
+    save_file(
+        {"model.embed_tokens.weight": np.zeros((256, 64), np.float32)}, str(ex / "my-model" / "model.safetensors")
+    )
+    (ex / "my-model" / "tokenizer.json").write_text("{}")
     r = CliRunner().invoke(app, ["validate", "../ex/spec.yaml"])
     assert r.exit_code == 2 and "config.json: no 'num_attention_heads', which the model needs" in r.stderr
     (ex / "my-model" / "config.json").write_text(json.dumps({**LLAMA_CONFIG, "max_position_embeddings": 4096}))
