@@ -19,7 +19,7 @@ bytes; slotune: `LLMEngine.weight_bytes`).
 Usage:
     bash bench/peers/build_llama_cpp.sh
     .venv/bin/python bench/peers/run.py [--repeats 3] [--concurrency 1,4,16,64] [--prompt short,long]
-                                        [--configs fp32,bf16,int8,int4-g32] [--quick]
+                                        [--configs fp32,bf16,int8,int4-g32] [--quick] [--model gemma3-270m]
 Writes bench/peers/results-DATE-MACHINE.{json,md}.
 """
 
@@ -167,11 +167,12 @@ def gguf_tensor_bytes(path: Path) -> int:
     return sum(int(t.n_bytes) for t in gguf.GGUFReader(str(path)).tensors)
 
 
-def slotune_config(path: Path, *, slots: int, ctx_per_slot: int) -> dict[str, Any]:
-    """The YAML's levers plus llama-server's capacity (a field the YAML sets wins)."""
-    cfg = EngineConfig.from_dict(load_yaml(path))
-    if cfg.model != MODEL:
-        raise ValueError(f"{path}: model '{cfg.model}' is not {MODEL}, the GGUF llama-server serves")
+def slotune_config(path: Path, *, slots: int, ctx_per_slot: int, model: str = MODEL) -> dict[str, Any]:
+    """The YAML's levers on `model` plus llama-server's capacity (a field the YAML sets wins)."""
+    raw = load_yaml(path)
+    if raw.get("model", model) != model:
+        raise ValueError(f"{path}: model '{raw['model']}' is not {model}, the GGUF llama-server serves")
+    cfg = EngineConfig.from_dict({**raw, "model": model})
     capacity = {
         "max_num_seqs": slots,
         "max_model_len": ctx_per_slot,
@@ -346,7 +347,7 @@ def run_round(
 IN_PROCESS = "@in-process"  # suffix of a config's in-process rows
 
 
-def measure_in_process(llm, point: Point, num_requests: int | None, seed: int) -> dict[str, Any]:
+def measure_in_process(llm, point: Point, num_requests: int | None, seed: int, model: str = MODEL) -> dict[str, Any]:
     """`measure`'s row for one point replayed on `llm` in this process (`tune bench` without HTTP)."""
     from slotune.tuner.measure.in_process_replay import run_in_process_replay
 
@@ -355,7 +356,7 @@ def measure_in_process(llm, point: Point, num_requests: int | None, seed: int) -
     return {
         "point": point.key,
         "started_at": res.started_at,
-        "model": MODEL,
+        "model": model,
         "is_exact": _is_exact(res.metrics, wl, point),
         "cached_prompt_tokens": 0,
         "workload": res.workload,
@@ -380,7 +381,7 @@ def run_in_process(
     }
     llm = LLM(EngineConfig.from_dict(server.config))
     for point in points:
-        entry["results"].append(measure_in_process(llm, point, num_requests, seed))
+        entry["results"].append(measure_in_process(llm, point, num_requests, seed, server.config["model"]))
         m = entry["results"][-1]["metrics"]
         print(
             f"  [{round_index + 1}] {entry['server']:>12} {point.key:>9}: {m['output_tokens_per_s']:7.1f} tok/s, "
@@ -482,6 +483,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--llama-extra", type=str, default="", help="more llama-server flags, e.g. '--cache-ram 0'")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--model", type=str, default=MODEL, help=f"a bundled model both servers serve (default {MODEL})")
     ap.add_argument("--machine", type=str, default=None, help="label in the file names (default from lscpu)")
     ap.add_argument("--out", type=Path, default=HERE)
     args = ap.parse_args(argv)
@@ -515,7 +517,7 @@ def _interrupt(signum: int, frame: Any) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)
-    model_path = resolve_model_path(MODEL)
+    model_path = resolve_model_path(args.model)
     tokenizer = Tokenizer.from_model_path(model_path)
     points = [Point(p, c) for p in args.prompt for c in sorted(set(args.concurrency))]
     slots, ctx = sizing(points)
@@ -537,7 +539,7 @@ def main(argv: list[str] | None = None) -> int:
         ]
     )
     for path in args.configs:
-        cfg = slotune_config(path, slots=slots, ctx_per_slot=ctx)
+        cfg = slotune_config(path, model=args.model, slots=slots, ctx_per_slot=ctx)
         servers.append(tune_serve(path.stem, cfg, threads=args.threads, port=port, workdir=workdir))
     info = machine_info()
     date = datetime.now(timezone.utc).strftime("%Y-%m-%d")
@@ -578,7 +580,7 @@ def main(argv: list[str] | None = None) -> int:
         "ctx_per_slot": ctx,
         "threads": args.threads,
         "llama_extra": args.llama_extra,
-        "model": MODEL,
+        "model": args.model,
         "output_len": OUTPUT_LEN,
         "reference": LLAMA,
         "servers": [s.name for s in servers],
