@@ -269,14 +269,15 @@ def stop(proc: subprocess.Popen, timeout_s: float = 30) -> int:
 
 
 # --- measuring ----------------------------------------------------------------------------
-def _is_exact(m: dict[str, Any], wl: WorkloadSpec, point: Point) -> bool:
-    """Every request completed with exactly prompt_len tokens in and OUTPUT_LEN out."""
+def _is_exact(m: dict[str, Any], wl: WorkloadSpec, point: Point, bos: bool) -> bool:
+    """Every request completed with exactly prompt_len tokens in (and BOS, where the vocabulary
+    adds it: Gemma) and OUTPUT_LEN out."""
     done = m["num_completed"]
     return (
         m.get("num_failed", 0) == 0
         and done == wl.num_requests
         and m["output_tokens"] == done * OUTPUT_LEN
-        and m["prompt_tokens"] == done * PROMPT_LENS[point.prompt]
+        and m["prompt_tokens"] == done * (PROMPT_LENS[point.prompt] + bos)
     )
 
 
@@ -284,7 +285,7 @@ def measure(url: str, point: Point, tokenizer, num_requests: int | None, seed: i
     wl = WorkloadSpec.load(point.workload(num_requests, seed))
     res = run_http_replay(url, wl, tokenizer=tokenizer, api="completions")
     m = res.metrics
-    is_exact = _is_exact(m, wl, point)  # what the servers' usage says they did
+    is_exact = _is_exact(m, wl, point, tokenizer.add_bos)  # what the servers' usage says they did
     cached = sum(r.cached_prompt_tokens for r in res.records)  # usage.prompt_tokens_details, where sent
     return {
         "point": point.key,
@@ -357,7 +358,7 @@ def measure_in_process(llm, point: Point, num_requests: int | None, seed: int, m
         "point": point.key,
         "started_at": res.started_at,
         "model": model,
-        "is_exact": _is_exact(res.metrics, wl, point),
+        "is_exact": _is_exact(res.metrics, wl, point, llm.tokenizer.add_bos),
         "cached_prompt_tokens": 0,
         "workload": res.workload,
         "metrics": res.metrics,
