@@ -117,8 +117,11 @@ def _unknown_keys(keys: dict[str, Any], read: set[str], neutral: dict[str, tuple
 
 # --- GGUF -------------------------------------------------------------------------------
 
-GGUF_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight"}
-GGUF_NAMES |= {"output.weight": "lm_head.weight"}
+GGUF_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
 GGUF_LAYER_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
     "ffn_norm.weight": "post_attention_layernorm.weight",
@@ -238,19 +241,24 @@ def gguf_config(path: Path, meta: dict[str, Any], tensors: dict[str, tuple[int, 
             )
         hp["rope_scaling"] = {"rope_type": "freq_factors"}
     if any(t in tensors for t in _GGUF_ROPE_FACTORS):  # as convert_hf_to_gguf.py's Phi3MiniModel writes longrope
-        orig = int(meta[f"{name}.rope.scaling.original_context_length"])
+        orig = meta.get(f"{name}.rope.scaling.original_context_length")
+        if orig is None or not all(t in tensors for t in _GGUF_ROPE_FACTORS):
+            raise ValueError(
+                f"{path}: longrope takes both {' and '.join(_GGUF_ROPE_FACTORS)} and "
+                f"{name}.rope.scaling.original_context_length"
+            )
+        orig = int(orig)
         hp["rope_scaling"] = {
             "rope_type": "longrope",
             "original_max_position_embeddings": orig,
             "factor": hp["max_position_embeddings"] / orig,
             "attention_factor": float(meta.get(f"{name}.rope.scaling.attn_factor", 1.0)),
         }
-    eos = meta.get("tokenizer.ggml.eos_token_id")
     return ModelConfig(
         vocab_size=tensors["token_embd.weight"][0],
         tie_word_embeddings="output.weight" not in tensors,
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
-        eos_token_id=eos,
+        eos_token_id=meta.get("tokenizer.ggml.eos_token_id"),
         qk_norm=arch.is_qk_norm,
         **hp,
     )

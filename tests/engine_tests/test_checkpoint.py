@@ -44,6 +44,19 @@ HF = {  # config class and kw of each base checkpoint
     "llama": ("LlamaConfig", {}),
     "qwen2": ("Qwen2Config", {}),
     "gemma3": ("Gemma3TextConfig", {"head_dim": 16, "sliding_window": 8, "layer_types": None}),
+    "phi3": (  # longrope: the GGUF carries its factors as two tensors
+        "Phi3Config",
+        {
+            "rope_parameters": {
+                "rope_theta": 1e4,
+                "rope_type": "longrope",
+                "short_factor": [1.0] * 4 + [2.0] * 4,
+                "long_factor": [4.0] * 8,
+            },
+            "original_max_position_embeddings": 128,
+            **{k: None for k in ("pad_token_id", "bos_token_id", "eos_token_id")},
+        },
+    ),
 }
 
 
@@ -212,6 +225,10 @@ MUTATIONS = {  # id -> (how to build the refused checkpoint, what its refusal sa
     "gguf-rope-twice": (
         lambda b, t: gguf_file(b, t, "llama", "llama", {"llama.rope.scaling.type": "linear"}, rope_freqs=torch.ones(8)),
         "both rope_freqs.weight and llama.rope.scaling.type 'linear'",
+    ),
+    "gguf-phi3-one-factor": (
+        lambda b, t: gguf_file(b, t, "phi3", "phi3", drop=("rope_factors_short.weight",)),
+        "longrope takes both rope_factors_long.weight and rope_factors_short.weight",
     ),
     "gguf-gemma3-softcapping": (
         lambda b, t: gguf_file(b, t, "gemma3", "gemma3", {"gemma3.final_logit_softcapping": 30.0}),
