@@ -777,30 +777,24 @@ static void softmax(float *p, int n) {
     for (int j = 0; j < n; j += VL) vf_storen(p + j, n - j, vf_mul(vf_loadn(p + j, n - j), inv));
 }
 
-/* act[m, :] = silu(gu[m, :I]) * gu[m, I:] */
-static void silu_mul(const float *gu, float *act, int M, int I) {
+/* act[m, :] = gate(gu[m, :I]) * gu[m, I:]: silu (SwiGLU), or with `gelu` tanh-approximate GELU
+ * (GeGLU), tanh(y) as 1 - 2 / (e^2y + 1) */
+static void gate_mul(const float *gu, float *act, int M, int I, int gelu) {
     const int nc = (I + VL - 1) / VL;
 #pragma omp for schedule(static)
     for (int t = 0; t < M * nc; t++) {
         const int m = t / nc, i = (t % nc) * VL;
         const vf g = vf_loadn(gu + (int64_t)m * 2 * I + i, I - i);
         const vf u = vf_loadn(gu + (int64_t)m * 2 * I + I + i, I - i);
-        const vf sg = vf_div(g, vf_add(vf_set1(1.0f), vf_exp(vf_sub(vf_zero(), g))));
-        vf_storen(act + (int64_t)m * I + i, I - i, vf_mul(sg, u));
-    }
-}
-
-/* act[m, :] = gelu_tanh(gu[m, :I]) * gu[m, I:], tanh(y) as 1 - 2 / (e^2y + 1) */
-static void gelu_tanh_mul(const float *gu, float *act, int M, int I) {
-    const int nc = (I + VL - 1) / VL;
-#pragma omp for schedule(static)
-    for (int t = 0; t < M * nc; t++) {
-        const int m = t / nc, i = (t % nc) * VL;
-        const vf g = vf_loadn(gu + (int64_t)m * 2 * I + i, I - i);
-        const vf u = vf_loadn(gu + (int64_t)m * 2 * I + I + i, I - i);
-        const vf y = vf_mul(vf_set1(0.7978845608f), vf_fma(vf_mul(vf_set1(0.044715f), vf_mul(g, g)), g, g));
-        const vf th = vf_sub(vf_set1(1.0f), vf_div(vf_set1(2.0f), vf_add(vf_exp(vf_add(y, y)), vf_set1(1.0f))));
-        vf_storen(act + (int64_t)m * I + i, I - i, vf_mul(vf_mul(vf_mul(vf_set1(0.5f), g), vf_add(vf_set1(1.0f), th)), u));
+        vf a;
+        if (gelu) {
+            const vf y = vf_mul(vf_set1(0.7978845608f), vf_fma(vf_mul(vf_set1(0.044715f), vf_mul(g, g)), g, g));
+            const vf th = vf_sub(vf_set1(1.0f), vf_div(vf_set1(2.0f), vf_add(vf_exp(vf_add(y, y)), vf_set1(1.0f))));
+            a = vf_mul(vf_mul(vf_set1(0.5f), g), vf_add(vf_set1(1.0f), th));
+        } else {
+            a = vf_div(g, vf_add(vf_set1(1.0f), vf_exp(vf_sub(vf_zero(), g))));
+        }
+        vf_storen(act + (int64_t)m * I + i, I - i, vf_mul(a, u));
     }
 }
 
@@ -1034,10 +1028,7 @@ void slotune_decode_step(const Model *md, int M, const int64_t *ids, const int64
             if (ly->attn_out_norm) rms_norm_rows(md, ly->attn_out_norm, md->x, M);
             add_rms_norm(md, ly->post_norm, md->x, md->res, md->h, M, 0);
             matmul(md, &ly->gate_up, md->h, D, md->gu, 2 * I, M);
-            if (md->gelu)
-                gelu_tanh_mul(md->gu, md->act, M, I);
-            else
-                silu_mul(md->gu, md->act, M, I);
+            gate_mul(md->gu, md->act, M, I, md->gelu);
             matmul(md, &ly->down, md->act, I, md->x, D, M);
             if (ly->mlp_out_norm) rms_norm_rows(md, ly->mlp_out_norm, md->x, M);
         }
