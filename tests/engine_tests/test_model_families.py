@@ -62,6 +62,13 @@ def _backends() -> list[str]:
     return ["torch"] + ([] if isinstance(load_library(), str) else ["native"])  # native: AVX2/AVX-512 + gcc
 
 
+def _assert_matches(path, ref: dict, ids: list[int], prompts: list[list[int]]) -> None:
+    """transformers' float32 logits on `ids` (torch path) and its greedy tokens on every backend."""
+    torch.testing.assert_close(_logits(path, ids), ref["logits"], atol=1e-4, rtol=1e-4)
+    for backend in _backends():
+        assert _greedy(path, backend, prompts, 12) == ref["greedy"], (path, backend)
+
+
 def _logits(path, ids: list[int]) -> torch.Tensor:
     """float32 logits at every position, the torch path (no cache)."""
     return ModelRunner(_config(path)).full_logits(ids)
@@ -137,9 +144,7 @@ def test_family_matches_transformers(family, tmp_path):
     ids = [(11 * j + 5) % 128 for j in range(40)]
     prompts = [ids[:9], ids[:23]]
     ref = _hf(tmp_path, config, ids=ids, prompts=prompts, **kw)
-    torch.testing.assert_close(_logits(tmp_path, ids), ref["logits"], atol=1e-4, rtol=1e-4)
-    for backend in _backends():
-        assert _greedy(tmp_path, backend, prompts, 12) == ref["greedy"], backend
+    _assert_matches(tmp_path, ref, ids, prompts)
 
 
 @pytest.mark.parametrize(
@@ -308,9 +313,7 @@ def test_gemma3_matches_transformers(tmp_path):
     ids = [(11 * j + 5) % 128 for j in range(40)]
     prompts = [ids[:9], ids[:23]]
     ref = _hf(tmp_path, "Gemma3TextConfig", ids=ids, prompts=prompts, **GEMMA3)
-    torch.testing.assert_close(_logits(tmp_path, ids), ref["logits"], atol=1e-4, rtol=1e-4)
-    for backend in _backends():
-        assert _greedy(tmp_path, backend, prompts, 12) == ref["greedy"], backend
+    _assert_matches(tmp_path, ref, ids, prompts)
 
 
 def test_gemma3_gguf_matches_transformers(tmp_path):
@@ -329,9 +332,7 @@ def test_gemma3_gguf_matches_transformers(tmp_path):
     assert ref["config"]["layer_types"][5] == "full_attention"
     path = tmp_path / "model.gguf"
     write_gguf(path, ref, "gemma3")
-    torch.testing.assert_close(_logits(path, ids), ref["logits"], atol=1e-4, rtol=1e-4)
-    for backend in _backends():
-        assert _greedy(path, backend, prompts, 12) == ref["greedy"], backend
+    _assert_matches(path, ref, ids, prompts)
 
 
 def test_gemma3_with_prefix_caching_speculation_and_int8_kv(tmp_path):
@@ -381,9 +382,7 @@ def test_smollm3_matches_transformers_hf_and_gguf(tmp_path):
     path.parent.mkdir()
     write_gguf(path, ref, "smollm3")
     for model in (tmp_path, path):
-        torch.testing.assert_close(_logits(model, ids), ref["logits"], atol=1e-4, rtol=1e-4)
-        for backend in _backends():
-            assert _greedy(model, backend, prompts, 12) == ref["greedy"], (model, backend)
+        _assert_matches(model, ref, ids, prompts)
 
 
 def test_phi3_matches_transformers(tmp_path):
@@ -398,8 +397,6 @@ def test_phi3_matches_transformers(tmp_path):
     gguf.parent.mkdir()
     write_gguf(gguf, ref, "phi3")
     for path in (tmp_path, gguf):
-        torch.testing.assert_close(_logits(path, ids), ref["logits"], atol=1e-4, rtol=1e-4)
-        for backend in _backends():
-            assert _greedy(path, backend, prompts, 12) == ref["greedy"], (path, backend)
+        _assert_matches(path, ref, ids, prompts)
     with pytest.raises(ValueError, match="rope_scaling longrope: max_model_len \\(256\\) exceeds"):
         ModelRunner(_config(tmp_path).with_updates({"max_model_len": 256}))
