@@ -269,6 +269,7 @@ def finalize(
             prog.finish()
         say("no trial met the SLO and the quality gates; see the report for why: " + str(report["md"]))
         return None
+    started = time.perf_counter()
     confirmation = run_confirmation(
         spec,
         study,
@@ -276,6 +277,7 @@ def finalize(
         runner=runner,
         on_run=lambda r, i, n: say(progress_line(r, i, n, spec.objective.metric_key())),
     )
+    confirm_s = time.perf_counter() - started
     best = next(t for t in trials if t.number == confirmation.winner)
     store_winner(study, best.number)  # the declared winner, for later studies' warm starts
     remeasure = confirmation.declared()
@@ -293,6 +295,7 @@ def finalize(
         "confirmed": confirmation.confirmed,
         "best_by_trial": confirmation.candidates[0],
         "confirm": confirmation.to_json(),
+        "confirm_s": round(confirm_s, 1),  # this run's seconds in the confirmation (a resume measures what is missing)
         "params": best.params,
         "machine": best.machine,
         "references": _stored(refs),

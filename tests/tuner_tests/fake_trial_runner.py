@@ -108,6 +108,20 @@ def _fault() -> None:
 
 
 def fake_trial(req: dict[str, Any]) -> dict[str, Any]:
+    """With `seeds`, each seed in turn as the real trial process does: a seed that raises is that seed's
+    error, a crash ends them all."""
+    if req.get("seeds") is not None:
+        by_seed = []
+        for seed in req["seeds"]:
+            try:
+                by_seed.append(_fake_once({**req, "seed": seed}))
+            except Exception as exc:  # noqa: BLE001 - as trial_runner records a seed's failure
+                by_seed.append({"error": trial_runner.error_text(exc)})
+        return {"by_seed": by_seed}
+    return _fake_once(req)
+
+
+def _fake_once(req: dict[str, Any]) -> dict[str, Any]:
     cfg = EngineConfig.model_validate(req["config"])
     if req.get("phase_file"):
         Path(req["phase_file"]).write_text("fake measurement")

@@ -7,10 +7,11 @@ engine driven directly. Workloads are tiny (3 requests of 4 tokens); no timing i
 
 from __future__ import annotations
 
-from slotune.tuner.measure.trial_process import measure
+from slotune.tuner.measure.trial_process import TrialFailure, TrialResult, measure, measure_seeds
 from slotune.tuner.spec.tuning_spec import TuningSpec
 
 from tests.tuner_tests.conftest import TINY_WORKLOAD
+from tests.tuner_tests.fake_trial_runner import FAKE_RUNNER
 
 ENGINE_KEYS = (
     "num_engine_steps",
@@ -84,3 +85,29 @@ def test_in_process_trial_drives_the_engine_directly(tmp_path):
     assert m["num_completed"] == 3 and m["output_tokens"] == 12
     assert "client_cpu_s" not in m and "queue_time_p50" in m  # no client; the engine's own queue clock
     assert all(k in m for k in ENGINE_KEYS)
+
+
+def test_one_process_replays_several_seeds_each_in_its_own_window(tmp_path):
+    """The confirmation's measurements: the config started once and replayed on each seed; each seed is
+    measured as a trial of its own (its requests, its engine counters), not added to the one before."""
+    spec = _spec(tmp_path, "served", workload={"warmup_requests": 1})
+    cfg = spec.base_config().with_updates({"max_num_seqs": 2})
+    rs = measure_seeds(spec, cfg, [1000, 1001, 1002])
+    assert [type(r) for r in rs] == [TrialResult] * 3
+    assert all(r.metrics["num_completed"] == 3 and r.metrics["output_tokens"] == 12 for r in rs)
+    steps = [r.metrics["num_engine_steps"] for r in rs]
+    assert all(0 < s < 2 * min(steps) for s in steps)  # a window per seed: the counts do not add up
+    assert all(len(r.latencies["ttft"]) == 3 for r in rs)
+
+
+def test_a_failed_process_fails_every_seed_it_was_asked(tmp_path, monkeypatch):
+    """A trial process that crashes (the stand-in runner, tests/tuner_tests/fake_trial_runner.py) fails
+    each of its seeds with the same reason; one that raises on one seed fails that seed only."""
+    spec = _spec(tmp_path, "served")
+    monkeypatch.setenv("FAKE_TRIAL_FAULT", "crash")
+    rs = measure_seeds(spec, spec.base_config(), [1000, 1001], runner=FAKE_RUNNER)
+    assert all(isinstance(r, TrialFailure) for r in rs) and rs[0].reason == rs[1].reason
+    monkeypatch.setenv("FAKE_TRIAL_FAULT", "raise")
+    monkeypatch.setenv("FAKE_TRIAL_FAULT_SEEDS", "1001")
+    ok, failed = measure_seeds(spec, spec.base_config(), [1000, 1001], runner=FAKE_RUNNER)
+    assert isinstance(ok, TrialResult) and "NotImplementedError" in failed.reason

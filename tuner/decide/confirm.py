@@ -1,13 +1,13 @@
-"""The winner's confirmation: the best trials and the default config measured again on fresh workload
-seeds, interleaved, and the winner chosen on those numbers.
+"""The winner's confirmation: the default config and the best trials measured again on fresh workload
+seeds, and the winner chosen on those numbers.
 
 A trial's own numbers come from the study's workload seed, and the best of many noisy trials is partly
-the luckiest. So the best `confirm.candidates` feasible trials and the default are measured on
-`confirm.seeds` fresh seeds (the default first on one seed, last on the next); the winner is the
-candidate with the best median that held the SLO on every seed, and its declared numbers are that
-median with its interval, beside the default's on the same seeds. Each measurement is stored in the
-study as it is taken (user attribute `confirm`), so a resumed run measures only what is missing.
-Rationale and the ablation behind it: docs/design/confirmation.md.
+the luckiest. So the default and the best `confirm.candidates` feasible trials are each started once, in
+one trial process, and replayed on `confirm.seeds` fresh seeds; the winner is the candidate with the best
+median that held the SLO on every seed, and its declared numbers are that median with its interval,
+beside the default's on the same seeds. Each process's measurements are stored in the study (user
+attribute `confirm`) as it ends, so a resumed run measures only what is missing.
+Rationale and measurements: docs/design/confirmation.md.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 from slotune.tuner.decide.aggregate import median_metrics
 from slotune.tuner.measure.measurement import Measurement
-from slotune.tuner.measure.trial_process import DEFAULT_TRIAL_RUNNER, TrialFailure, measure
+from slotune.tuner.measure.trial_process import DEFAULT_TRIAL_RUNNER, TrialFailure, TrialResult, measure_seeds
 from slotune.tuner.measure.units import metric_label, overlaps
 from slotune.tuner.search.records import TrialRecord, store_confirmation, stored_confirmation
 from slotune.tuner.search.trials import ranked_feasible
@@ -127,11 +127,10 @@ def confirm_seeds(spec) -> list[int]:
     return seeds
 
 
-def plan(trials: list[int], seeds: list[int]) -> list[tuple[int | None, int]]:
-    """The order of the measurements: (trial or None for the default, seed); the default and the
-    candidates in order on one seed, in reverse on the next, so drift over time favours none."""
-    order = [None, *trials]
-    return [(n, s) for i, s in enumerate(seeds) for n in (order if i % 2 == 0 else order[::-1])]
+def plan(trials: list[int], seeds: list[int]) -> list[tuple[int | None, tuple[int, ...]]]:
+    """The confirmation's trial processes in order: (trial, or None for the default; the seeds it
+    replays). Each config is started once and replays every seed, the default first."""
+    return [(n, tuple(seeds)) for n in [None, *trials]]
 
 
 def run_confirmation(
@@ -143,8 +142,8 @@ def run_confirmation(
     on_run: Callable[[Run, int, int], None] = lambda run, i, n: None,
 ) -> Confirmation:
     """Measure the confirmation (`plan`), reusing the study's stored measurements of the same trials
-    and seeds; store each as it is taken; `on_run(run, i, n)` after each new one. With
-    `confirm.candidates: 0`, nothing is measured: the best trial wins, unconfirmed."""
+    and seeds; store each process's measurements as they come; `on_run(run, i, n)` after each new one.
+    With `confirm.candidates: 0`, nothing is measured: the best trial wins, unconfirmed."""
     trials = [TrialRecord.of(t) for t in trials]
     if not spec.confirm.candidates:
         return judge_runs(spec, {"seeds": [], "runs": []}, trials)
@@ -156,21 +155,20 @@ def run_confirmation(
     as_default = [n for n, c in configs.items() if c == default]
     limits, runs = SLOLimits.from_objective(spec.objective), []
     todo = plan([t.number for t in trials if t.number not in as_default], seeds)
-    for i, (number, seed) in enumerate(todo):
-        if (number, seed) in stored:
-            runs.append(stored.pop((number, seed)))
-        else:
-            try:
-                r = measure(
-                    spec, configs.get(number) or default, seed=seed, early_stop=False, runner=runner, gates=False
-                )
-                runs.append({"trial": number, "seed": seed, "metrics": r.metrics.to_dict()})
-            except TrialFailure as exc:
-                runs.append({"trial": number, "seed": seed, "error": exc.reason})
+    total, done = sum(len(job) for _, job in todo), 0
+    for number, job in todo:
+        missing = [s for s in job if (number, s) not in stored]
+        got = measure_seeds(spec, configs.get(number) or default, missing, runner=runner) if missing else []
+        new = {seed: _stored(number, seed, r) for seed, r in zip(missing, got)}
+        for seed in job:
+            runs.append(new.get(seed) or stored.pop((number, seed)))
+            if number is None:
+                runs += [{**runs[-1], "trial": n} for n in as_default]
+        if new:
             store_confirmation(study, {"seeds": seeds, "runs": runs + list(stored.values())})
-            on_run(_run(runs[-1], spec.objective.metric_key(), limits), i + 1, len(todo))
-        if number is None:
-            runs += [{**runs[-1], "trial": n} for n in as_default]
+        for seed, m in new.items():
+            on_run(_run(m, spec.objective.metric_key(), limits), done + job.index(seed) + 1, total)
+        done += len(job)
     return judge_runs(spec, {"seeds": seeds, "runs": runs}, trials)
 
 
@@ -196,6 +194,12 @@ def judge_runs(spec, record: dict[str, Any], trials: list) -> Confirmation:
         return c
     best = min(held, key=lambda n: (sign * c.median(n)[key], c.candidates.index(n)))
     return dataclasses.replace(c, winner=best, confirmed=True)
+
+
+def _stored(trial: int | None, seed: int, got: TrialResult | TrialFailure) -> dict[str, Any]:
+    """One measurement as the study stores it: {trial, seed, metrics or error}."""
+    out = {"trial": trial, "seed": seed}
+    return out | ({"error": got.reason} if isinstance(got, TrialFailure) else {"metrics": got.metrics.to_dict()})
 
 
 def _run(m: dict[str, Any], key: str, limits: SLOLimits) -> Run:

@@ -308,10 +308,41 @@ def measure(
         The child's result (see `run_trial_process`), parsed; with a price (`spec.cost`), its metrics
         carry the cost per 1M tokens (`metrics.cost_metrics`, intervals included).
     """
+    result = _run(spec, trial_request(spec, config, seed, early_stop, gates, workload), runner, on_phase)
+    return TrialResult.from_json(_priced(spec, result))
+
+
+def measure_seeds(
+    spec, config, seeds: list[int], runner: tuple[str, ...] = DEFAULT_TRIAL_RUNNER, on_phase=None
+) -> list[TrialResult | TrialFailure]:
+    """Measure `config` on each of `seeds` in one trial process: started once, replayed on each seed in
+    turn, without gates or early stop (re-measurements). Per seed its TrialResult or the TrialFailure
+    that ended it; a process that fails fails every seed. The time limit is `trial_timeout_s` per seed."""
+    request = {**trial_request(spec, config, None, early_stop=False, gates=False), "seeds": list(seeds)}
+    try:
+        result = _run(spec, request, runner, on_phase, timeout_s=spec.budget.trial_timeout_s * len(seeds))
+    except TrialFailure as exc:
+        return [exc] * len(seeds)
+    by_seed = result.get("by_seed")
+    if not isinstance(by_seed, list) or len(by_seed) != len(seeds):
+        return [TrialFailure("the trial process's result lacks by_seed: one result per seed it was asked")] * len(seeds)
+    out: list[TrialResult | TrialFailure] = []
+    for r in by_seed:
+        try:
+            if "error" in r:
+                raise TrialFailure(r["error"])
+            out.append(TrialResult.from_json(_priced(spec, r)))
+        except TrialFailure as exc:
+            out.append(exc)
+    return out
+
+
+def _run(spec, request: dict[str, Any], runner, on_phase, timeout_s: float | None = None) -> dict[str, Any]:
+    """`run_trial_process` under the spec's limits."""
     b = spec.budget
-    result = run_trial_process(
-        trial_request(spec, config, seed, early_stop, gates, workload),
-        timeout_s=b.trial_timeout_s,
+    return run_trial_process(
+        request,
+        timeout_s=timeout_s or b.trial_timeout_s,
         memory_gb=b.trial_memory_gb,
         on_phase=on_phase,
         # an external server's threads are its knobs; the OpenMP settings are the bundled engine's
@@ -319,6 +350,11 @@ def measure(
         wait_policy=None if spec.is_external else b.trial_omp_wait_policy,
         runner=runner,
     )
-    if spec.cost is not None:  # priced here, after any trial process: the same price for every measurement
+
+
+def _priced(spec, result: dict[str, Any]) -> dict[str, Any]:
+    """With a price (`spec.cost`), the metrics carry the cost per 1M tokens (`metrics.cost_metrics`,
+    intervals included): priced here, after any trial process, so every measurement has the same price."""
+    if spec.cost is not None and isinstance(result.get("metrics"), dict):
         result["metrics"].update(cost_metrics(result["metrics"], spec.cost.usd_per_hour))
-    return TrialResult.from_json(result)
+    return result

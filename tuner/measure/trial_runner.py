@@ -40,7 +40,9 @@ from slotune.tuner.spec.workload_spec import WorkloadSpec
 
 def run_trial(req: dict[str, Any]) -> dict[str, Any]:
     """Measure one config. Returns metrics (with their intervals: `bootstrap_intervals`), SLO
-    violations, early_stopped, gates, latencies, measure."""
+    violations, early_stopped, gates, latencies, measure. With `seeds` (a list; no gates, no early
+    stop), the config is started once and replayed on each seed in turn: {"by_seed": [that result,
+    or {"error": reason}, per seed]}."""
     phase_file = req.get("phase_file")
 
     def phase(text: str) -> None:
@@ -52,33 +54,46 @@ def run_trial(req: dict[str, Any]) -> dict[str, Any]:
     cfg = parse_config(req["config"])
     objective = req["objective"]
     measure = req.get("measure", "served")  # validated as budget.measure (tuner/spec/sections.py)
+    seeds = req.get("seeds")
+    if seeds is not None and (req.get("gates") or (req.get("early_stop") or {}).get("enabled")):
+        raise ValueError("a request with several seeds measures without gates and without early stop")
+    replays = [{**req, "seed": s} for s in seeds] if seeds is not None else [req]
     from slotune.engine import LLM  # imports torch (the trial process's own import; the parent never loads it)
 
     phase("loading model")
     t0 = time.perf_counter()
     gate_specs = [GateSpec.model_validate(g) for g in req.get("gates") or []]
-    judged: list[tuple[dict[str, float], dict[str, float]]] = []  # metrics and violations, once judged
+    judged: list[tuple[dict[str, float], dict[str, float]]] = []  # the first replay's metrics and violations
     if isinstance(cfg, ServerConfig):  # served only (TuningSpec._check_server)
         with tempfile.TemporaryDirectory(prefix="slotune-server-") as d:
             server = external_trial.external_server(cfg, Path(d) / "server.log")
             answers: dict[str, Any] = {}
 
             def take_answers(res: ReplayResult) -> None:  # while it serves: its gates judge its own answers
+                if judged:
+                    return
                 judged.append(_judged(res, objective, server.load_time_s))
                 if gate_specs and is_feasible(judged[0][1]):
                     phase("quality gates: answers")
                     answers.update(external_trial.answers(server, gate_specs))
 
-            res, load_s = _replay_served(server, req, phase, after=take_answers)
+            got, load_s = _replay_served(server, replays, phase, after=take_answers)
         llm = None
     elif measure == "served":
         server = BundledServer(cfg, objective, req.get("early_stop") or {})
-        res, load_s = _replay_served(server, req, phase)
+        got, load_s = _replay_served(server, replays, phase)
         llm = server.llm
     else:
         llm = LLM(cfg)
         load_s = time.perf_counter() - t0
-        res = _replay_in_process(llm, req, phase)
+        got = [_caught(lambda r=r: _replay_in_process(llm, r, phase), several=len(replays) > 1) for r in replays]
+    if seeds is not None:
+        return {
+            "by_seed": [
+                res if isinstance(res, dict) else _result(res, *_judged(res, objective, load_s), measure) for res in got
+            ]
+        }
+    res = got[0]
     metrics, violations = judged[0] if judged else _judged(res, objective, load_s)
     gates = None
     if req.get("gates") and is_feasible(violations):  # cheap first: gates only for SLO-meeting trials
@@ -91,17 +106,37 @@ def run_trial(req: dict[str, Any]) -> dict[str, Any]:
             report = evaluate_gates(cfg, gate_specs, llm=llm, cache_dir=req.get("cache_dir"))
         gates = report.to_dict()
         violations["quality_gates"] = 0.0 if report.passed else 1.0
+    return {**_result(res, metrics, violations, measure), "gates": gates}
+
+
+def _result(res: ReplayResult, metrics: dict[str, float], violations: dict[str, float], measure: str) -> dict[str, Any]:
+    """One replay's part of the trial result."""
     return {
+        "measure": measure,
         "metrics": metrics,
         "violations": violations,
         "early_stopped": res.early_stopped,
-        "gates": gates,
-        "measure": measure,
         "latencies": {
             "ttft": [r.ttft for r in res.records if r.ttft is not None],
             "tpot": [r.tpot for r in res.records if r.tpot is not None],
         },
     }
+
+
+def error_text(exc: BaseException) -> str:
+    """A failed measurement's reason, as the parent records it."""
+    return exc.reason if isinstance(exc, ServerFailure) else f"{type(exc).__name__}: {exc}"
+
+
+def _caught(replay: Callable[[], ReplayResult], several: bool) -> ReplayResult | dict[str, str]:
+    """`replay()`; when it is one of several seeds, its failure as {"error": reason} instead of raised,
+    so the seeds after it are still measured."""
+    if not several:
+        return replay()
+    try:
+        return replay()
+    except Exception as exc:  # noqa: BLE001 - recorded for this seed; the parent sees it per seed
+        return {"error": error_text(exc)}
 
 
 def _judged(res: ReplayResult, objective: dict[str, Any], load_s: float) -> tuple[dict[str, float], dict[str, float]]:
@@ -152,37 +187,48 @@ def _replay_in_process(llm, req: dict[str, Any], phase: Callable[[str], None]):
 
 def _replay_served(
     server: TrialServer,
-    req: dict[str, Any],
+    replays: list[dict[str, Any]],
     phase: Callable[[str], None],
     after: Callable[[ReplayResult], None] = lambda res: None,
-) -> tuple[ReplayResult, float]:
-    """Start `server`, replay the workload from a client process over HTTP, run `after` on the
-    result while the server still runs, stop it.
+) -> tuple[list[ReplayResult | dict[str, str]], float]:
+    """Start `server`, replay each request's workload (seed) in turn from a client process over HTTP,
+    run `after` on each result while the server still runs, stop it.
 
     Latency and throughput metrics (and the records) are the client's; what the server saw over
     the client's measured run (engine counters, peak memory) is `server.window_metrics()`, as
-    `run_in_process_replay` takes it in process. Returns (result, seconds from start to ready).
+    `run_in_process_replay` takes it in process. With several replays, one that fails is returned as
+    {"error": reason} and the next is measured while the server lives. Returns (results, seconds
+    from start to ready).
     """
     phase("starting server")
+    several = len(replays) > 1
     with server:
-        client = _run_client(server.url, req, server.tokenizer, server.begin_window, server.sample)
+        got = [_caught(lambda req=req: _replay_once(server, req, after), several) for req in replays]
+    if not several:  # with several, a death while serving is each later seed's error
         server.check()
-        num_broken = client.metrics.get("num_errors", 0.0)
-        if num_broken and not server.is_hopeless:  # loopback to our own server: a bug, not a measurement
-            causes = {k: v for k, v in client.metrics.items() if k.startswith("num_failed_") and not k[11:].isdigit()}
-            raise RuntimeError(f"{num_broken:g} requests broke over HTTP without an early stop: {causes}")
-        result = ReplayResult(
-            config=req["config"],
-            workload=client.workload,
-            metrics={**client.metrics, **server.window_metrics()},  # _run_client raised unless the window began
-            records=client.records,
-            early_stopped=client.early_stopped or server.is_hopeless,
-            device=client.device,
-            started_at=client.started_at,
-        )
-        after(result)
+    return got, server.load_time_s
+
+
+def _replay_once(server: TrialServer, req: dict[str, Any], after: Callable[[ReplayResult], None]) -> ReplayResult:
+    """One client run against the started `server` (see `_replay_served`)."""
     server.check()
-    return result, server.load_time_s
+    client = _run_client(server.url, req, server.tokenizer, server.begin_window, server.sample)
+    server.check()
+    num_broken = client.metrics.get("num_errors", 0.0)
+    if num_broken and not server.is_hopeless:  # loopback to our own server: a bug, not a measurement
+        causes = {k: v for k, v in client.metrics.items() if k.startswith("num_failed_") and not k[11:].isdigit()}
+        raise RuntimeError(f"{num_broken:g} requests broke over HTTP without an early stop: {causes}")
+    result = ReplayResult(
+        config=req["config"],
+        workload=client.workload,
+        metrics={**client.metrics, **server.window_metrics()},  # _run_client raised unless the window began
+        records=client.records,
+        early_stopped=client.early_stopped or server.is_hopeless,
+        device=client.device,
+        started_at=client.started_at,
+    )
+    after(result)
+    return result
 
 
 def _run_client(
@@ -262,7 +308,7 @@ def main(argv: list[str], run: Callable[[dict[str, Any]], dict[str, Any]] = run_
     except Exception as exc:  # recorded by the parent as the trial's failure reason
         result = {
             "status": "error",
-            "error": exc.reason if isinstance(exc, ServerFailure) else f"{type(exc).__name__}: {exc}",
+            "error": error_text(exc),
             "traceback": traceback.format_exc(limit=8),
         }
     try:

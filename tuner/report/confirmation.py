@@ -54,10 +54,10 @@ def confirmation_section(c: Confirmation, trial_values: dict[int, float], study_
         return ReportSection("Confirmation", text, anchor="confirmation")
     k = len(c.candidates)
     text = (
-        f"The best {k} feasible trial{'s' if k > 1 else ''} and the default config were measured again on "
-        f"workload {seeds_words(c.seeds)} (the study measured on seed {study_seed}), the default first on one "
-        f"seed and last on the next. The winner is the candidate with the best median {label} that held the "
-        f"SLO on every seed; its declared numbers are that median, beside the default's on the same seeds."
+        f"The default config and the best {k} feasible trial{'s' if k > 1 else ''} were measured again, each "
+        f"started once and replayed on workload {seeds_words(c.seeds)} (the study measured on seed "
+        f"{study_seed}). The winner is the candidate with the best median {label} that held the SLO on every "
+        f"seed; its declared numbers are that median, beside the default's on the same seeds."
     )
     first = c.candidates[0]
     if not c.confirmed:

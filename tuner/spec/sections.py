@@ -73,10 +73,10 @@ class Cost(StrictModel):
 
 
 class Confirm(StrictModel):
-    """How the winner is chosen and declared: the best `candidates` feasible trials and the default config,
-    measured on `seeds` fresh workload seeds (robustness_seed, + 1, ...), interleaved. The winner is the
-    candidate with the best median that held the SLO on every seed; its declared numbers are that median
-    and its interval (tuner/decide/confirm.py, docs/design/confirmation.md)."""
+    """How the winner is chosen and declared: the default config and the best `candidates` feasible trials,
+    each started once and replayed on `seeds` fresh workload seeds (robustness_seed, + 1, ...). The winner
+    is the candidate with the best median that held the SLO on every seed; its declared numbers are that
+    median and its interval (tuner/decide/confirm.py, docs/design/confirmation.md)."""
 
     candidates: int = Field(
         3, ge=0, le=8, description="the best k feasible trials re-measured; 0 = the best trial wins on its own numbers"
