@@ -2,8 +2,9 @@
 
     python bench/tuner/confirm_seeds.py bench/tuner/goals-chat-latency-<date>-<tag>.json
 
-The goals run must come from studies with `confirm.seeds: n` (goals.py --confirm-seeds n) and
-`--remeasure-candidates`, so every candidate has an independent re-measure. For each study and each
+The goals run must come from studies with `confirm.seeds: n` (goals.py --confirm-seeds n); with
+`--remeasure-candidates` every candidate has an independent re-measure, without it only the study's
+own winner does (a row whose winner was not re-measured shows its declared value only). For each study and each
 k = 1..n, the stored confirmation is judged as if it had measured only its first k seeds (the plan's
 first k seeds are exactly what `confirm.seeds: k` measures, in the same order): which candidate wins,
 its declared median, and that against the candidate's re-measure; and the same with only the best j
@@ -57,7 +58,7 @@ def main() -> None:
             kept = {t.number for t in trials[:j]}
             runs = [m for m in record["runs"] if m["seed"] in seeds[:k] and m["trial"] in kept | {None}]
             c = judge_runs(spec, {"seeds": seeds[:k], "runs": runs}, trials[:j])
-            name = r["candidates"].get(f"{study_seed}:{c.winner}")
+            name = r["candidates"].get(f"{study_seed}:{c.winner}") or (w["name"] if c.winner == w["trial"] else None)
             row = rows.get(name, {})
             declared = (c.median(c.winner) or {}).get(key)
             m, held = row.get("median"), f"{row.get('slo_held')} of {row.get('measured')}"
@@ -71,7 +72,7 @@ def main() -> None:
                 f"| {study_seed} | {j} | {k}{'' if c.confirmed else ' (unconfirmed)'} | {name} ({c.winner}) | {format_value(key, declared)} | "
                 f"{format_value(key, m)} | **{declared / m:.3f}** | {held} | {best / m if sign > 0 else m / best:.3f} | {held_out} |"
                 if declared and m and best
-                else f"| {study_seed} | {j} | {k} | {name} ({c.winner}) | {declared} | {m} | - | {held} | - | - |"
+                else f"| {study_seed} | {j} | {k} | {name or 'not re-measured'} ({c.winner}) | {format_value(key, declared)} | - | - | - | - | - |"
             )
 
 

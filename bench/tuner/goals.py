@@ -271,6 +271,7 @@ def main() -> None:
                 "wall_s": st["wall_s"],
                 "search_s": st.get("search_s"),
                 "decide_s": st.get("decide_s"),
+                "confirm_s": st["summary"].get("confirm_s"),  # tune run's own clock of the confirmation
                 "output_dir": st["output_dir"],
             }
             for st in studies
@@ -317,6 +318,10 @@ def judged(r: dict) -> dict:
         }
         for n in runs
     }
+    # A config measured under two names (a winner and a hand-picked config) is one config: judged on all
+    # its re-measures, so tuned / best never compares a config with its own replicate.
+    same = {n: [m for m in runs if r["configs"].get(m, m) == r["configs"].get(n, n)] for n in runs}
+    pooled = {n: [x for m in same[n] for x in runs[m]] for n in runs}
     sign = 1 if direction == "minimize" else -1
     for w in r["winners"]:
         m = rows[w["name"]]["median"]
@@ -325,6 +330,13 @@ def judged(r: dict) -> dict:
             declared_over_remeasured=w["declared"] / m if m else None,
             within_10pct=bool(m) and abs(w["declared"] / m - 1) <= 0.10,
         )
+        hw = w.get("declared_half_width")
+        if hw is not None and m:  # the declared interval (median +- half width) holds the re-measure
+            w["inside_declared_interval"] = w["declared"] * (1 - hw) <= m <= w["declared"] * (1 + hw)
+        vals = [x[key] for x in pooled[w["name"]] if x.get(key) is not None]
+        if len(same[w["name"]]) > 1 and vals:  # also re-measured under another name: all its re-measures
+            pm = statistics.median(vals)
+            w.update(pooled_names=same[w["name"]], pooled_median=pm, declared_over_pooled=w["declared"] / pm)
         d0 = w.get("declared_default")
         rel = relative_to_default(w["declared"], d0, runs[w["name"]], runs.get("default", []), key)
         dm = rows.get("default", {}).get("median")
@@ -337,7 +349,9 @@ def judged(r: dict) -> dict:
     measured = all(v is not None for iv in lo_hi for v in iv)
     overlap = max(lo for lo, _ in lo_hi) <= min(hi for _, hi in lo_hi) if measured else None
     eligible = {
-        n: row["median"] for n, row in rows.items() if row["median"] is not None and row["slo_held"] == row["measured"]
+        n: statistics.median(vals)
+        for n, xs in pooled.items()
+        if (vals := [x[key] for x in xs if x.get(key) is not None]) and len(vals) == len(xs) and all(map(held, xs))
     }
     best_name = min(eligible, key=lambda n: sign * eligible[n]) if eligible else None
     tuned = [w["name"] for w in r["winners"] if w["name"] in eligible]
@@ -391,7 +405,8 @@ def markdown(r: dict) -> str:
     for w in r["winners"]:
         wall = f"{w['wall_s'] / 60:.1f} min" if w["wall_s"] else "-"
         if w.get("decide_s") and w["wall_s"]:  # after the last trial: confirmation, declaration, outputs
-            wall += f" (decision {w['decide_s'] / w['wall_s']:.0%})"
+            wall += f" (decision {w['decide_s'] / w['wall_s']:.0%}"
+            wall += f", confirmation {w['confirm_s'] / w['wall_s']:.0%})" if w.get("confirm_s") else ")"
         ratio = f"{w['declared_over_remeasured']:.3f}" if w["declared_over_remeasured"] else "-"
         hw = w.get("declared_half_width")
         on = f"{w.get('declaration_seeds', '?')} seeds" + (f" (+-{hw:.1%})" if hw is not None else "")
@@ -412,6 +427,19 @@ def markdown(r: dict) -> str:
         "- Winners' re-measured intervals overlap (within noise): "
         + {True: "**yes**.", False: "**no**.", None: "not known (no intervals stored)."}[r["winners_within_noise"]],
         *_same_config_lines(r, key),
+        *[
+            f"- {w['name']}'s re-measure is {'inside' if w['inside_declared_interval'] else 'outside'} its declared "
+            f"value +- half its interval's width ({format_value(key, w['declared'] * (1 - w['declared_half_width']))} - "
+            f"{format_value(key, w['declared'] * (1 + w['declared_half_width']))})."
+            for w in r["winners"]
+            if w.get("inside_declared_interval") is not None
+        ],
+        *[
+            f"- {w['name']} over all its re-measures ({', '.join(w['pooled_names'])}): median "
+            f"{format_value(key, w['pooled_median'])}; declared / that = **{w['declared_over_pooled']:.3f}**."
+            for w in r["winners"]
+            if w.get("pooled_median")
+        ],
         f"- Best re-measured config of those that held the SLO in every repeat: {r['best_config']}; "
         + (
             f"tuned ({r['tuned']}) / best = **{r['tuned_vs_best']:.3f}** (goal >= 0.9)."
@@ -424,13 +452,15 @@ def markdown(r: dict) -> str:
 
 
 def _same_config_lines(r: dict, key: str) -> list[str]:
-    """A line for winners that are the same config: their re-measures (same seeds, interleaved) are
-    then two replicates of one config, and how far apart they land is the re-measure's own spread."""
+    """A line for configs measured under two names (two winners, a winner and a hand-picked config): their
+    re-measures (same seeds, interleaved) are then replicates of one config, and how far apart they
+    land is the re-measure's own spread."""
     from slotune.tuner.measure.units import format_value
 
     groups: dict[str, list[str]] = {}
-    for w in r["winners"]:
-        groups.setdefault(json.dumps(r["configs"][w["name"]], sort_keys=True), []).append(w["name"])
+    for name, config in r["configs"].items():
+        if name in r["rows"]:
+            groups.setdefault(json.dumps(config, sort_keys=True), []).append(name)
     lines = []
     for names in (g for g in groups.values() if len(g) > 1):
         meds = [r["rows"][n]["median"] for n in names]
