@@ -320,7 +320,7 @@ def judged(r: dict) -> dict:
     }
     # A config measured under two names (a winner and a hand-picked config) is one config: judged on all
     # its re-measures, so tuned / best never compares a config with its own replicate.
-    same = {n: [m for m in runs if r["configs"].get(m, m) == r["configs"].get(n, n)] for n in runs}
+    same = _same_config(r)
     pooled = {n: [x for m in same[n] for x in runs[m]] for n in runs}
     sign = 1 if direction == "minimize" else -1
     for w in r["winners"]:
@@ -451,18 +451,19 @@ def markdown(r: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _same_config(r: dict) -> dict[str, list[str]]:
+    """Each re-measured name: the names re-measured with the same config (itself included), in order."""
+    return {n: [m for m in r["runs"] if r["configs"].get(m, m) == r["configs"].get(n, n)] for n in r["runs"]}
+
+
 def _same_config_lines(r: dict, key: str) -> list[str]:
     """A line for configs measured under two names (two winners, a winner and a hand-picked config): their
     re-measures (same seeds, interleaved) are then replicates of one config, and how far apart they
     land is the re-measure's own spread."""
     from slotune.tuner.measure.units import format_value
 
-    groups: dict[str, list[str]] = {}
-    for name, config in r["configs"].items():
-        if name in r["rows"]:
-            groups.setdefault(json.dumps(config, sort_keys=True), []).append(name)
     lines = []
-    for names in (g for g in groups.values() if len(g) > 1):
+    for names in dict.fromkeys(tuple(g) for g in _same_config(r).values() if len(g) > 1):
         meds = [r["rows"][n]["median"] for n in names]
         if all(m is not None for m in meds):
             spread = f" ({max(meds) / min(meds):.2f}x apart)" if min(meds) > 0 else ""
