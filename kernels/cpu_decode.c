@@ -21,8 +21,9 @@
  *   bytes (0-15, 16-31). Each build reads its ISA's layout (INT4_BLOCK; cpu_decode.py refuses a
  *   mismatch). scales_and_zeros bf16 [K/g, N, 2] with w = (q - 8) * scale + zero.
  *   int8 VNNI (only with int8_activations, AVX-512 VNNI builds): an int8 weight repacked once by
- *   cpu_decode.py into [N/16, K/4, 16, 4] bytes w + 128, and the same per-channel scales (int4
- *   codes stay in torch's pack: docs/design/kernels-cpu-decode.md says why).
+ *   cpu_decode.py into [N/16, K/4, 16, 4] bytes w + 128, and the same per-channel scales.
+ *   int4 VNNI (the same condition): codes repacked once into [N/64, K/32, 8, 2, 16, 4] bytes, two
+ *   channels per byte (int4_vnni_rows_t), scales block-major [N/64, K/g, 64, 2].
  *   int8 AVX2 (only with int8_activations, AVX2 builds): [N/8, K/4, 8, 4] signed bytes, the same scales.
  *   KV cache [L, num_blocks, block_size, Hkv, D] in fp32 or bf16 (the model dtype).
  * Activations are fp32 throughout and weights are widened in registers, except that with
@@ -34,7 +35,7 @@
 #include <stdint.h>
 #include <string.h>
 
-enum { W_F32 = 0, W_BF16 = 1, W_INT8 = 2, W_INT4 = 3, W_INT8_VNNI = 4, W_INT8_AVX2 = 5 };
+enum { W_F32 = 0, W_BF16 = 1, W_INT8 = 2, W_INT4 = 3, W_INT8_VNNI = 4, W_INT8_AVX2 = 5, W_INT4_VNNI = 6 };
 
 typedef struct {
     int32_t kind, n, k, group; /* k: real in_features (int4 may store K padded to the group) */
@@ -524,58 +525,68 @@ INLINE void int8_vnni_rows_t(const Model *md, const Lin *L, float *out, int ldo,
 
 static void int8_vnni_rows(const Model *md, const Lin *L, float *out, int ldo, int M, int c) { ROWS_SWITCH(int8_vnni_rows_t) }
 
-/* One 64-channel block b for every row: each 32-input slice of the weights is unpacked once into
- * VNNI order (8 quads x 4 vectors, 2 KB, stays in L1), then every row streams over it with four
- * accumulators, so the unpacking is shared by all rows and nothing spills. */
-static void int4_vnni_block(const Model *md, const Lin *L, float *out, int ldo, int M, int b) {
+/* int4 codes repacked once for VNNI (cpu_decode.py _vnni_int4): for each 64-channel block, each
+ * 32-input slice is 8 quads x 2 vectors; byte 4c + i of vector v holds, for input 4q + i, channel
+ * 16v + c in its low nibble and channel 32 + 16v + c in its high one. `and` with 0x0f gives channels
+ * 0-15 / 16-31 as they are, `and` with 0xf0 gives 32-47 / 48-63 times 16, whose scale takes the 1/16:
+ * no permute or shift per weight. Scales [N/64, K/g, 64, 2] bf16 (scale, zero), so a block is two
+ * sequential streams. R rows at a time hold their 64 outputs in registers over all of K; the next
+ * R rows read the block again from L1/L2.
+ *   sum_k w x = scale * sum_b dx_b * sum_{k in b} q_k qx_k + (zero - 8 scale) * sum_k x_k   */
+#define INT4_VNNI_ROWS 2 /* 3 or 4 measured slower: their accumulators spill */
+INLINE void int4_vnni_rows_t(const Model *md, const Lin *L, float *out, int ldo, const int R, int m0, int b) {
     const int K = L->k, g = L->group, Kp = (K + g - 1) / g * g, ldq = md->max_k, lds = md->max_k / 32;
-    const uint8_t *p = (const uint8_t *)L->w + (int64_t)b * Kp * 32;
-    /* lane c of the output takes byte c of rows k, k+1 (first source) and k+2, k+3 (second) */
-    uint8_t lo[64], hi[64];
-    for (int c = 0; c < 16; c++)
-        for (int i = 0; i < 4; i++) {
-            lo[c * 4 + i] = (uint8_t)((i & 2 ? 64 : 0) + (i & 1) * 32 + c);
-            hi[c * 4 + i] = (uint8_t)((i & 2 ? 64 : 0) + (i & 1) * 32 + 16 + c);
-        }
-    const __m512i idx_lo = _mm512_loadu_si512(lo), idx_hi = _mm512_loadu_si512(hi), nib = _mm512_set1_epi8(0x0f);
-    __m512i wq[8][4]; /* one 32-input slice, unpacked */
-    for (int m = 0; m < M; m++) memset(out + (int64_t)m * ldo + b * 64, 0, 64 * sizeof(float));
-    for (int k0 = 0; k0 < K; k0 += g) {
+    const __m512i *w = (const __m512i *)((const uint8_t *)L->w + (int64_t)b * Kp * 32);
+    const uint16_t *sz = L->scales + (int64_t)b * (Kp / g) * 128;
+    const __m512i lo4 = _mm512_set1_epi8(0x0f), hi4 = _mm512_set1_epi8((char)0xf0);
+    __m512 tot[INT4_VNNI_ROWS][4];
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < 4; j++) tot[r][j] = _mm512_setzero_ps();
+    for (int k0 = 0; k0 < K; k0 += g, sz += 128) {
         const int k1 = k0 + g < K ? k0 + g : K;
-        __m512 sc[4], off[4];
-        int4_group_scales(L, b * 64, k0, 4, sc, off, 0);
+        __m512 sc[4];
+        for (int j = 0; j < 4; j++) /* scales: the high half of each (scale, zero) pair's low word */
+            sc[j] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_loadu_si512((const void *)(sz + j * 32)), 16));
+        sc[2] = _mm512_mul_ps(sc[2], _mm512_set1_ps(1.0f / 16)); /* high nibbles come out times 16 */
+        sc[3] = _mm512_mul_ps(sc[3], _mm512_set1_ps(1.0f / 16));
+        float sx[INT4_VNNI_ROWS];
+        for (int r = 0; r < R; r++) sx[r] = 0.0f;
         for (int kb = k0; kb < k1; kb += 32) {
+            const __m512i *ws = w + (int64_t)(kb / 32) * 16;
+            __m512i acc[INT4_VNNI_ROWS][4];
+            for (int r = 0; r < R; r++)
+                for (int j = 0; j < 4; j++) acc[r][j] = _mm512_setzero_si512();
             for (int q = 0; q < 8; q++) {
-                const __m512i r01 = _mm512_loadu_si512((const void *)(p + (int64_t)(kb + 4 * q) * 32));
-                const __m512i r23 = _mm512_loadu_si512((const void *)(p + (int64_t)(kb + 4 * q) * 32 + 64));
-                const __m512i a = _mm512_permutex2var_epi8(r01, idx_lo, r23); /* channels 0-15 | 32-47 */
-                const __m512i c = _mm512_permutex2var_epi8(r01, idx_hi, r23); /* channels 16-31 | 48-63 */
-                wq[q][0] = _mm512_and_si512(a, nib);
-                wq[q][1] = _mm512_and_si512(c, nib);
-                wq[q][2] = _mm512_and_si512(_mm512_srli_epi16(a, 4), nib);
-                wq[q][3] = _mm512_and_si512(_mm512_srli_epi16(c, 4), nib);
-            }
-            for (int m = 0; m < M; m++) {
-                const int8_t *xr = md->xq + (int64_t)m * ldq + kb;
-                __m512i acc[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
-                for (int q = 0; q < 8; q++) {
-                    const __m512i xb = _mm512_set1_epi32(*(const int32_t *)(xr + 4 * q));
-                    for (int j = 0; j < 4; j++) acc[j] = _mm512_dpbusd_epi32(acc[j], wq[q][j], xb);
+                const __m512i v0 = _mm512_loadu_si512(ws + 2 * q), v1 = _mm512_loadu_si512(ws + 2 * q + 1);
+                const __m512i wq[4] = {_mm512_and_si512(v0, lo4), _mm512_and_si512(v1, lo4), _mm512_and_si512(v0, hi4),
+                                       _mm512_and_si512(v1, hi4)};
+                for (int r = 0; r < R; r++) {
+                    const __m512i xb = _mm512_set1_epi32(*(const int32_t *)(md->xq + (int64_t)(m0 + r) * ldq + kb + 4 * q));
+                    for (int j = 0; j < 4; j++) acc[r][j] = _mm512_dpbusd_epi32(acc[r][j], wq[j], xb);
                 }
-                const __m512 dx = _mm512_set1_ps(md->xscale[(int64_t)m * lds + kb / 32]);
-                float *o = out + (int64_t)m * ldo + b * 64;
-                for (int j = 0; j < 4; j++)
-                    _mm512_storeu_ps(o + j * 16, _mm512_fmadd_ps(_mm512_mul_ps(sc[j], dx), _mm512_cvtepi32_ps(acc[j]),
-                                                                 _mm512_loadu_ps(o + j * 16)));
+            }
+            for (int r = 0; r < R; r++) {
+                const __m512 dx = _mm512_set1_ps(md->xscale[(int64_t)(m0 + r) * lds + kb / 32]);
+                sx[r] += md->xsum[(int64_t)(m0 + r) * lds + kb / 32];
+                for (int j = 0; j < 4; j++) tot[r][j] = _mm512_fmadd_ps(_mm512_mul_ps(sc[j], dx), _mm512_cvtepi32_ps(acc[r][j]), tot[r][j]);
             }
         }
-        for (int m = 0; m < M; m++) {
-            float sx = 0.0f;
-            for (int kb = k0; kb < k1; kb += 32) sx += md->xsum[(int64_t)m * lds + kb / 32];
-            float *o = out + (int64_t)m * ldo + b * 64;
-            for (int j = 0; j < 4; j++)
-                _mm512_storeu_ps(o + j * 16, _mm512_fmadd_ps(off[j], _mm512_set1_ps(sx), _mm512_loadu_ps(o + j * 16)));
+        for (int j = 0; j < 4; j++) { /* zero - 8 scale, times each row's sum of x over the group */
+            const __m512i pairs = _mm512_loadu_si512((const void *)(sz + j * 32));
+            const __m512 ze = _mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32((int)0xffff0000u)));
+            const __m512 off = _mm512_fnmadd_ps(_mm512_set1_ps(8.0f), _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16)), ze);
+            for (int r = 0; r < R; r++) tot[r][j] = _mm512_fmadd_ps(off, _mm512_set1_ps(sx[r]), tot[r][j]);
         }
+    }
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < 4; j++) _mm512_storeu_ps(out + (int64_t)(m0 + r) * ldo + b * 64 + j * 16, tot[r][j]);
+}
+
+/* One 64-channel block b of a repacked int4 weight for every row. */
+static void int4_vnni_block(const Model *md, const Lin *L, float *out, int ldo, int M, int b) {
+    for (int m0 = 0; m0 < M; m0 += INT4_VNNI_ROWS) {
+        if (M - m0 == 1) int4_vnni_rows_t(md, L, out, ldo, 1, m0, b);
+        else int4_vnni_rows_t(md, L, out, ldo, INT4_VNNI_ROWS, m0, b);
     }
 }
 #endif
@@ -711,18 +722,61 @@ static void int4_avx2_block(const Model *md, const Lin *L, float *out, int ldo, 
 }
 #endif
 
+/* Per-op wall time of the step's ops (bench/engine/profile_step.py), compiled in with
+ * -DSLOTUNE_PROFILE only. Every op ends at its work-sharing loop's barrier, so the master thread's
+ * clock between two marks is that op's time on the slowest thread, barrier included. */
+enum { P_EMBED, P_NORM, P_QUANT, P_QKV, P_ROPE_KV, P_ATTN, P_O, P_GATE_UP, P_GATE, P_DOWN, P_LM_HEAD, P_COUNT };
+#ifdef SLOTUNE_PROFILE
+static double prof_sum[P_COUNT], prof_last;
+#define PROF(i)                                        \
+    do {                                               \
+        _Pragma("omp master") {                        \
+            const double t_ = omp_get_wtime();         \
+            prof_sum[i] += t_ - prof_last;             \
+            prof_last = t_;                            \
+        }                                              \
+    } while (0)
+/* seconds per op since the last call, then zeroed; returns P_COUNT */
+int slotune_profile(double *out) {
+    for (int i = 0; i < P_COUNT; i++) out[i] = prof_sum[i], prof_sum[i] = 0.0;
+    return P_COUNT;
+}
+#ifdef HAVE_VNNI
+/* The machine's vpdpbusd ceiling, MACs per second: 16 independent chains per thread, `iters` each. */
+double slotune_vnni_peak(int64_t iters, int num_threads) {
+    const double t0 = omp_get_wtime();
+    int32_t sink = 0;
+#pragma omp parallel num_threads(num_threads) reduction(+ : sink)
+    {
+        __m512i a[16];
+        const __m512i w = _mm512_set1_epi32(0x01010101), x = _mm512_set1_epi32(0x01fe01fe);
+        for (int j = 0; j < 16; j++) a[j] = _mm512_set1_epi32(j);
+        for (int64_t i = 0; i < iters; i++)
+            for (int j = 0; j < 16; j++) a[j] = _mm512_dpbusd_epi32(a[j], w, x);
+        for (int j = 0; j < 16; j++) sink += _mm512_reduce_add_epi32(a[j]);
+    }
+    const double dt = omp_get_wtime() - t0;
+    return sink == 42 ? 0.0 : (double)iters * 16 * 64 * num_threads / dt;
+}
+#endif
+#else
+#define PROF(i) ((void)0)
+#endif
+
 /* out[M, N] = x[M, K] @ W^T, shared by the threads of the enclosing parallel region. */
 static void matmul_nobias(const Model *md, const Lin *L, const float *x, int ldx, float *out, int ldo, int M) {
     (void)md; /* read by the integer kernels only */
 #ifdef HAVE_VNNI
     if (L->kind == W_INT8_VNNI) { /* repacked (cpu_decode.py) only with int8_activations, K % 32 == 0, N % 16 == 0 */
         quantize_rows(md, x, ldx, M, L->k, 0);
+        PROF(P_QUANT);
 #pragma omp for schedule(static)
         for (int c = 0; c < L->n / 16; c++) int8_vnni_rows(md, L, out, ldo, M, c);
         return;
     }
-    if (md->int8_activations && L->kind == W_INT4 && L->k % 32 == 0 && L->group % 32 == 0) {
+    if (L->kind == W_INT4_VNNI) { /* repacked (cpu_decode.py) only with int8_activations, K % 32 == 0, g % 32 == 0 */
         quantize_rows(md, x, ldx, M, L->k, 1);
+        PROF(P_QUANT);
 #pragma omp for schedule(static)
         for (int b = 0; b < L->n / 64; b++) int4_vnni_block(md, L, out, ldo, M, b);
         return;
@@ -731,12 +785,14 @@ static void matmul_nobias(const Model *md, const Lin *L, const float *x, int ldx
 #ifdef HAVE_INT8_AVX2
     if (L->kind == W_INT8_AVX2) { /* repacked (cpu_decode.py) only with int8_activations, K % 32 == 0, N % 8 == 0 */
         quantize_rows(md, x, ldx, M, L->k, 0);
+        PROF(P_QUANT);
 #pragma omp for schedule(static)
         for (int c = 0; c < L->n / 8; c++) int8_avx2_rows(md, L, out, ldo, M, c);
         return;
     }
     if (md->int8_activations && L->kind == W_INT4 && L->k % 32 == 0 && L->group % 32 == 0) {
         quantize_rows(md, x, ldx, M, L->k, 1);
+        PROF(P_QUANT);
 #pragma omp for schedule(static)
         for (int b = 0; b < L->n / INT4_BLOCK; b++) int4_avx2_block(md, L, out, ldo, M, b);
         return;
@@ -969,6 +1025,7 @@ int slotune_isa(void) {
         ;
 }
 
+
 /* ---- the step ---- */
 
 /* ids, pos, slots: [M]; block_tables [M, bt_width] int32; logits out [num_logit_rows, vocab] fp32
@@ -984,6 +1041,10 @@ void slotune_decode_step(const Model *md, int M, const int64_t *ids, const int64
 #pragma omp parallel num_threads(num_threads)
     {
         float kt[ATT_CHUNK * 512]; /* one chunk of K rows widened to float32 (head_dim <= 512) */
+#ifdef SLOTUNE_PROFILE
+#pragma omp master
+        prof_last = omp_get_wtime();
+#endif
 #pragma omp for schedule(static)
         for (int m = 0; m < M; m++) {
             const float es = md->embed_scale > 0.0f ? md->embed_scale : 1.0f;
@@ -995,10 +1056,13 @@ void slotune_decode_step(const Model *md, int M, const int64_t *ids, const int64
             for (int j = 0, b = 0; j <= pos[m]; b++)
                 for (int i = 0; i < bs && j <= pos[m]; i++, j++) cs[j] = bt[b] * bs + i;
         }
+        PROF(P_EMBED);
         for (int l = 0; l < md->num_layers; l++) {
             const Layer *ly = &md->layers[l];
             add_rms_norm(md, ly->input_norm, md->x, md->res, md->h, M, l == 0);
+            PROF(P_NORM);
             matmul(md, &ly->qkv, md->h, D, md->qkv, qkv_n, M);
+            PROF(P_QKV);
             /* (q/k norm,) rotary on q and k heads, then store k and v at the token's slot */
 #pragma omp for schedule(static)
             for (int m = 0; m < M; m++) {
@@ -1014,6 +1078,7 @@ void slotune_decode_step(const Model *md, int M, const int64_t *ids, const int64
                     put_kv(md->v_cache, md->dtype, off, r + (H + Hkv) * hd, Hkv * hd);
                 }
             }
+            PROF(P_ROPE_KV);
             /* attention: one task per (sequence, kv head), its G query heads together; a sliding
              * window keeps the last `window` keys (the token itself included) */
 #pragma omp for schedule(static)
@@ -1024,18 +1089,26 @@ void slotune_decode_step(const Model *md, int M, const int64_t *ids, const int64
                        md->probs + (int64_t)t * G * md->max_ctx, kt, l * layer_stride, md->ctx_slots + (int64_t)m * md->max_ctx,
                        kh, j0, L);
             }
+            PROF(P_ATTN);
             matmul(md, &ly->o, md->att, H * hd, md->x, D, M);
+            PROF(P_O);
             if (ly->attn_out_norm) rms_norm_rows(md, ly->attn_out_norm, md->x, M);
             add_rms_norm(md, ly->post_norm, md->x, md->res, md->h, M, 0);
+            PROF(P_NORM);
             matmul(md, &ly->gate_up, md->h, D, md->gu, 2 * I, M);
+            PROF(P_GATE_UP);
             gate_mul(md->gu, md->act, M, I, md->gelu);
+            PROF(P_GATE);
             matmul(md, &ly->down, md->act, I, md->x, D, M);
+            PROF(P_DOWN);
             if (ly->mlp_out_norm) rms_norm_rows(md, ly->mlp_out_norm, md->x, M);
         }
         add_rms_norm(md, md->final_norm, md->x, md->res, md->h, M, 0);
 #pragma omp for schedule(static)
         for (int r = 0; r < num_logit_rows; r++) /* only the rows that sample pay for the LM head */
             memcpy(md->x + (int64_t)r * D, md->h + (int64_t)logit_rows[r] * D, (size_t)D * sizeof(float));
+        PROF(P_NORM);
         matmul(md, &md->lm_head, md->x, D, logits, md->vocab, num_logit_rows);
+        PROF(P_LM_HEAD);
     }
 }

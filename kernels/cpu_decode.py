@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_decode.c")
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-math-errno"]
-W_F32, W_BF16, W_INT8, W_INT4, W_INT8_VNNI, W_INT8_AVX2 = 0, 1, 2, 3, 4, 5
+W_F32, W_BF16, W_INT8, W_INT4, W_INT8_VNNI, W_INT8_AVX2, W_INT4_VNNI = 0, 1, 2, 3, 4, 5, 6
 # slotune_isa() flags (cpu_decode.c): float kernels' ISA, and the int8-activation kernels compiled in
 ISA_AVX512, ISA_AVX2, ISA_INT8_VNNI, ISA_INT8_AVX2, ISA_INT4_INT8ACT = 1, 2, 4, 8, 16
 MAX_HEAD_DIM = 512  # the kernel widens 16 K rows into a stack buffer of this size
@@ -177,8 +177,9 @@ def _cpu_has_avx2() -> bool:
 
 
 @functools.cache
-def load_library() -> ctypes.CDLL | str:
-    """The compiled kernel, or a string saying why it cannot be had on this machine."""
+def load_library(profile: bool = False) -> ctypes.CDLL | str:
+    """The compiled kernel, or a string saying why it cannot be had on this machine. `profile`: a
+    build that times each op of the step (`slotune_profile`; bench/engine/profile_step.py)."""
     if not _cpu_has_avx2():  # every AVX-512 CPU has these too; the C source picks the wider ISA itself
         return "this CPU lacks AVX2 + FMA (the native step needs AVX2/FMA or AVX-512)"
     if not SOURCE.exists():
@@ -189,12 +190,13 @@ def load_library() -> ctypes.CDLL | str:
     except (OSError, subprocess.CalledProcessError) as e:
         return f"no working gcc ({e})"
     # -march=native: a cache shared by machines with other CPUs must not hand over this build
-    key = hashlib.sha256(src + " ".join(CFLAGS).encode() + cc.encode() + _cpu_flags().encode()).hexdigest()[:16]
+    flags = [*CFLAGS, "-DSLOTUNE_PROFILE"] if profile else CFLAGS
+    key = hashlib.sha256(src + " ".join(flags).encode() + cc.encode() + _cpu_flags().encode()).hexdigest()[:16]
     out = cache_dir() / f"cpu_decode-{key}.so"
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_suffix(f".{os.getpid()}.tmp")
-        r = subprocess.run(["gcc", *CFLAGS, str(SOURCE), "-o", str(tmp), "-lm"], capture_output=True, text=True)
+        r = subprocess.run(["gcc", *flags, str(SOURCE), "-o", str(tmp), "-lm"], capture_output=True, text=True)
         if r.returncode != 0:
             return f"gcc failed to build {SOURCE.name}: {r.stderr.strip()[-2000:]}"
         tmp.replace(out)  # atomic: concurrent trials never load a half-written library
@@ -293,6 +295,11 @@ def _lin(w: NativeLinear, keep: list[torch.Tensor] | None = None, int8_activatio
         elif flags & ISA_INT8_AVX2 and lin.n % 8 == 0:
             keep.append(_avx2_int8(w.weight))
             lin.kind, lin.w = W_INT8_AVX2, keep[-1].data_ptr()
+    if lin.kind == W_INT4 and int8_activations and keep is not None and lin.k % 32 == 0 and lin.group % 32 == 0:
+        if isa() & ISA_INT8_VNNI:  # AVX-512 VNNI: torch's pack is in blocks of 64 (checked by _unreadable)
+            codes, scales = _vnni_int4(w.weight, w.scales, w.n)
+            keep += [codes, scales]
+            lin.kind, lin.w, lin.scales = W_INT4_VNNI, codes.data_ptr(), scales.data_ptr()
     if w.bias is not None and keep is not None:
         b = w.bias.detach().float().contiguous()
         keep.append(b)
@@ -305,6 +312,21 @@ def _vnni_int8(w: torch.Tensor) -> torch.Tensor:
     inputs, what `vpdpbusd` (unsigned x signed bytes) takes against 4 broadcast activation codes."""
     n, k = w.shape
     return (w.view(n // 16, 16, k // 4, 4).permute(0, 2, 1, 3).to(torch.int16) + 128).to(torch.uint8).contiguous()
+
+
+def _vnni_int4(packed: torch.Tensor, scales_and_zeros: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch's AVX-512 int4 pack (blocks of 64 channels; per k, 32 bytes: low nibbles channels 0-31,
+    high 32-63) -> uint8 [N/64, K/32, 8, 2, 16, 4]: for input 4q + i, byte (v, c, i) holds channel 16v + c
+    in its low nibble and 32 + 16v + c in its high one, so the kernel's `and`s with 0x0f / 0xf0 give
+    `vpdpbusd`'s operands directly; and scales_and_zeros [K/g, N, 2] -> [N/64, K/g, 64, 2], block-major."""
+    p = packed.view(n // 64, -1, 32)  # [N/64, K, 32]
+    k = p.shape[1]
+    codes = torch.cat([p & 15, p >> 4], dim=-1)  # [N/64, K, 64] channel order
+    c = codes.view(n // 64, k // 32, 8, 4, 64).permute(0, 1, 2, 4, 3)  # [., ., quad, channel, i]
+    lo = c[:, :, :, :32].reshape(n // 64, k // 32, 8, 2, 16, 4)
+    hi = c[:, :, :, 32:].reshape(n // 64, k // 32, 8, 2, 16, 4)
+    sz = scales_and_zeros.view(scales_and_zeros.shape[0], n // 64, 64, 2).permute(1, 0, 2, 3)
+    return (lo | (hi << 4)).contiguous(), sz.contiguous()
 
 
 def _avx2_int8(w: torch.Tensor) -> torch.Tensor:
@@ -342,7 +364,7 @@ def _unreadable(w: NativeLinear) -> str | None:
 # decoder's capacity. The limits are measured crossovers (docs/design/kernels-cpu-decode.md); on AVX2 native
 # won at every row count measured, so there is none.
 MAX_NATIVE_ROWS = {
-    ISA_AVX512: {W_BF16: 16, W_INT8: 32, W_INT4: None, W_F32: None, W_INT8_VNNI: None},
+    ISA_AVX512: {W_BF16: 16, W_INT8: 32, W_INT4: None, W_F32: None, W_INT8_VNNI: None, W_INT4_VNNI: None},
     ISA_AVX2: {W_BF16: None, W_INT8: None, W_INT4: None, W_F32: None, W_INT8_AVX2: None},
 }
 # Rows of capacity beyond max_num_seqs: a short prompt's prefill chunk runs in the same native call as the

@@ -93,14 +93,19 @@ def _versus(rep: dict[str, Any], med: dict, ref: str, ours: list[str]) -> list[s
 
 
 def _roofline(rep: dict[str, Any], med: dict) -> list[str]:
-    bw = statistics.median(e["copy_bandwidth_gbs"] for e in rep["rounds"])
+    read = "read_bandwidth_gbs" in rep["rounds"][0]  # runs before bench/bandwidth.py divided by copy bandwidth
+    bw = statistics.median(e["read_bandwidth_gbs" if read else "copy_bandwidth_gbs"] for e in rep["rounds"])
     c1 = [p for p in rep["points"] if p["concurrency"] == 1]
     lines = [
         "",
         "## Batch 1 against the memory-bandwidth roofline",
         "",
-        f"Copy bandwidth {bw:.1f} GB/s (a 256 MiB float32 copy, read + write bytes, best of 5; median of the "
-        "measurements before each server start). Roofline tok/s = bandwidth / bytes one decode step reads "
+        (
+            f"Read bandwidth {bw:.1f} GB/s (bench/bandwidth.py: a float32 sum over 4x the last-level cache, best of 7; "
+            if read
+            else f"Copy bandwidth {bw:.1f} GB/s (a 256 MiB float32 copy, read + write bytes, best of 5; "
+        )
+        + "median of the measurements before each server start). Roofline tok/s = bandwidth / bytes one decode step reads "
         "(llama-server: the GGUF's tensors as stored; slotune: `LLMEngine.weight_bytes`). Decode tok/s = "
         "1 / TPOT p50 at concurrency 1, HTTP and SSE included.",
         "",

@@ -12,8 +12,8 @@ defaults.
 
 Servers are interleaved over `--repeats` rounds (order reversed every other round) and the
 report gives medians across rounds. Beside batch-1 numbers it prints the memory-bandwidth
-roofline: copy bandwidth (a 256 MiB float32 copy, read + write bytes, best of 5, measured
-before every server start) / the bytes one decode step reads (llama-server: the GGUF's tensor
+roofline: read bandwidth (bench/bandwidth.py: a float32 sum over 4x the last-level cache, best of
+7, measured before every server start) / the bytes one decode step reads (llama-server: the GGUF's tensor
 bytes; slotune: `LLMEngine.weight_bytes`).
 
 Usage:
@@ -51,19 +51,8 @@ import torch
 import yaml
 from report import fmt_ms, medians, to_markdown  # bench/peers/report.py (this folder is sys.path[0])
 
-
-def _engine_bench():
-    """bench/engine/run.py, which owns the copy-bandwidth measurement both rooflines use."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_engine_run", Path(__file__).parents[1] / "engine" / "run.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # as an import would (dataclasses look their module up)
-    spec.loader.exec_module(module)
-    return module
-
-
-copy_bandwidth_gbs = _engine_bench().copy_bandwidth_gbs  # 256 MiB float32 copy, read + write, best of 5
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from bench.bandwidth import read_bandwidth_gbs  # noqa: E402
 from slotune.engine import EngineConfig, LLMEngine
 from slotune.engine.config import load_yaml
 from slotune.engine.loader import resolve_model_path
@@ -310,11 +299,11 @@ def run_round(
     round_index: int,
 ) -> dict[str, Any]:
     """Start one server, measure every point, stop it. A server that fails is recorded, not raised."""
-    bandwidth = copy_bandwidth_gbs()
+    bandwidth = read_bandwidth_gbs()
     entry: dict[str, Any] = {
         "server": server.name,
         "round": round_index,
-        "copy_bandwidth_gbs": bandwidth,
+        "read_bandwidth_gbs": bandwidth,
         "load_avg_before": os.getloadavg(),
         "log": str(log_path),
         "results": [],
@@ -375,7 +364,7 @@ def run_in_process(
     entry: dict[str, Any] = {
         "server": server.name + IN_PROCESS,
         "round": round_index,
-        "copy_bandwidth_gbs": copy_bandwidth_gbs(),
+        "read_bandwidth_gbs": read_bandwidth_gbs(),
         "load_avg_before": os.getloadavg(),
         "log": None,
         "results": [],

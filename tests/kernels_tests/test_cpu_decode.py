@@ -226,6 +226,32 @@ def test_int8_activations_repack_follows_the_build():
         assert cd._lin(native_linear(mod), [], int8_activations=False).kind == cd.W_INT8
 
 
+def test_int4_repack_for_vnni_puts_each_channels_quad_in_one_lane():
+    """With int8 activations on a VNNI build an int4 weight is repacked once: for block b, slice s,
+    quad q, byte (v, c, i) holds channel 64b + 16v + c at input 32s + 4q + i in its low nibble and
+    channel 64b + 32 + 16v + c in its high one; scales go block-major. Elsewhere it stays in torch's pack."""
+    from slotune.kernels import cpu_decode as cd
+
+    torch.manual_seed(0)
+    n, k = 128, 96
+    mod, keep = Int4Linear(torch.randn(n, k), 32), []
+    lin = cd._lin(native_linear(mod), keep, int8_activations=True)
+    if not cd.isa() & cd.ISA_INT8_VNNI:
+        assert lin.kind == cd.W_INT4 and not keep
+        return
+    assert lin.kind == cd.W_INT4_VNNI
+    block = mod.packed.view(n // 64, k, 32)
+    codes = torch.cat([block & 15, block >> 4], dim=-1).permute(0, 2, 1).reshape(n, k)  # [N, K]
+    rep = keep[0].view(n // 64, k // 32, 8, 2, 16, 4)
+    for b, s, q, v, c, i in [(0, 0, 0, 0, 0, 0), (1, 2, 7, 1, 15, 3), (1, 1, 3, 0, 9, 2), (0, 2, 5, 1, 4, 1)]:
+        byte, kk = int(rep[b, s, q, v, c, i]), 32 * s + 4 * q + i
+        assert byte & 15 == codes[64 * b + 16 * v + c, kk]
+        assert byte >> 4 == codes[64 * b + 32 + 16 * v + c, kk]
+    sz = mod.scales_and_zeros.view(k // 32, n // 64, 64, 2)
+    assert torch.equal(keep[1][1, 2], sz[2, 1])
+    assert cd._lin(native_linear(mod), [], int8_activations=False).kind == cd.W_INT4
+
+
 @pytest.mark.parametrize("n", [128, 136])
 def test_int8_activation_kernel_at_the_extremes(n):
     """Weight and activation codes all +-127 (the largest int16 pair sums the int8 kernels form:

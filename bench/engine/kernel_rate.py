@@ -1,0 +1,110 @@
+"""The native matmul kernels alone: bytes/s against the read bandwidth, MACs/s against the VNNI ceiling.
+
+Per weight format (int8 and int4-g32, both with int8 activations) and row count, `slotune_matmul` runs
+over SmolLM2-135M-sized projections in two ways, interleaved: `hot`, one 3072 x 576 weight again and
+again (it stays in L2/L3: the kernel's own speed), and `cold`, 30 distinct ones in turn (90-130 MB, far
+past the last-level cache: what a decode step sees). Rates are weight bytes (as stored, scales included)
+and multiply-adds per second; best of `--repeats`. The ceilings beside them, measured in the same run:
+the read bandwidth (bench/bandwidth.py) and `slotune_vnni_peak` (16 independent vpdpbusd chains per
+thread, in the profiling build). `--against FILE.c` builds another version of kernels/cpu_decode.c
+(e.g. `git show REV:kernels/cpu_decode.c > /tmp/old.c`) and times it beside, on the layout it reads
+(int4 in torch's pack).
+
+    .venv/bin/python bench/engine/kernel_rate.py --rows 1,4,16,64 [--against /tmp/old.c]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from slotune.engine.native_step import native_linear  # noqa: E402
+from slotune.engine.quantize import Int4Linear, Int8Linear  # noqa: E402
+from slotune.kernels import cpu_decode as cd  # noqa: E402
+
+from bench.bandwidth import read_bandwidth_gbs  # noqa: E402
+
+N, K, COLD = 3072, 576, 30  # SmolLM2-135M's gate_up; one per layer
+
+
+def build(source: Path) -> ctypes.CDLL:
+    out = Path(tempfile.mkdtemp()) / "against.so"
+    subprocess.run(["gcc", *cd.CFLAGS, str(source), "-o", str(out), "-lm"], check=True)
+    lib = ctypes.CDLL(str(out))
+    lib.slotune_matmul.argtypes = cd.load_library().slotune_matmul.argtypes
+    return lib
+
+
+def vnni_peak() -> float:
+    lib = cd.load_library(profile=True)
+    if isinstance(lib, str) or not hasattr(lib, "slotune_vnni_peak"):
+        return 0.0
+    lib.slotune_vnni_peak.restype, lib.slotune_vnni_peak.argtypes = ctypes.c_double, [ctypes.c_int64, ctypes.c_int]
+    return max(lib.slotune_vnni_peak(2_000_000, torch.get_num_threads()) for _ in range(3))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", default="1,4,16,64")
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--against", type=Path, default=None, help="another cpu_decode.c to time beside this one")
+    args = ap.parse_args()
+    threads = torch.get_num_threads()
+    libs = {"this": cd.load_library()}
+    if args.against:
+        libs["against"] = build(args.against)
+    bw, peak = read_bandwidth_gbs(), vnni_peak()
+    print(f"read bandwidth {bw:.1f} GB/s, vpdpbusd ceiling {peak / 1e9:.0f} GMAC/s, {threads} threads")
+    torch.manual_seed(0)
+    for fmt in ("int8", "int4-g32"):
+        mods = [
+            Int8Linear(torch.randn(N, K)) if fmt == "int8" else Int4Linear(torch.randn(N, K), 32) for _ in range(COLD)
+        ]
+        nbytes = mods[0].weight_bytes()
+        keep: list[torch.Tensor] = []
+        lins = {
+            "this": [cd._lin(native_linear(m), keep, True) for m in mods],
+            # an older build reads int8 repacked as today, int4 in torch's pack
+            "against": [cd._lin(native_linear(m), keep, fmt == "int8") for m in mods],
+        }
+        for rows in map(int, args.rows.split(",")):
+            x = torch.randn(rows, K)
+            xq, xs, xsum = (
+                torch.zeros(rows, K, dtype=torch.int8),
+                torch.zeros(rows, K // 32),
+                torch.zeros(rows, K // 32),
+            )
+            md = cd._Model(max_k=K, xq=xq.data_ptr(), xscale=xs.data_ptr(), xsum=xsum.data_ptr(), int8_activations=1)
+            out = torch.empty(rows, N)
+            best = {(name, way): float("inf") for name in libs for way in ("hot", "cold")}
+            for _ in range(args.repeats):
+                for name, lib in libs.items():
+                    for way in ("hot", "cold"):
+                        seq = [lins[name][0]] * COLD if way == "hot" else lins[name]
+                        t = time.perf_counter()
+                        for lin in seq:
+                            lib.slotune_matmul(
+                                ctypes.byref(md), ctypes.byref(lin), x.data_ptr(), out.data_ptr(), rows, threads
+                            )
+                        best[name, way] = min(best[name, way], (time.perf_counter() - t) / COLD)
+            for (name, way), s in best.items():
+                gbs, gmacs = nbytes / s / 1e9, rows * N * K / s / 1e9
+                roof = f"{gbs / bw:4.0%} of read bw" if way == "cold" else "            "
+                ceil = f"{gmacs * 1e9 / peak:4.0%} of VNNI ceiling" if peak else ""
+                print(
+                    f"{fmt:8s} rows {rows:3d} {name:7s} {way:4s}: {gbs:6.1f} GB/s {roof}  {gmacs:6.1f} GMAC/s {ceil}",
+                    flush=True,
+                )
+
+
+if __name__ == "__main__":
+    main()

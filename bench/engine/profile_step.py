@@ -1,0 +1,170 @@
+"""Where a native decode step's time goes: per op, against the bytes it reads and the read bandwidth.
+
+For each config and row count, one engine holds `rows` sequences in decode (32-token prompts) over the
+profiling build of kernels/cpu_decode.c (`-DSLOTUNE_PROFILE`: the master thread's clock at each op's
+closing barrier, so an op's time is its slowest thread's, barrier included). It takes `--steps` engine
+steps; per step it reports each op's time, the bytes it reads (weights as stored, KV cache rows), the
+rate that makes, and what share of the read bandwidth (bench/bandwidth.py, measured right before each
+config) that is. `engine step` is the whole `LLMEngine.step()` (scheduler, sampling, Python); `native
+call` the ops' sum; the difference is the step's Python. Batch-1 roofline: weight bytes / read bandwidth.
+
+    .venv/bin/python bench/engine/profile_step.py --configs int8-act,int4-act --rows 1,16 --steps 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from slotune.kernels import cpu_decode  # noqa: E402
+from slotune.tuner.measure import machine  # noqa: E402
+
+from bench.bandwidth import read_bandwidth_gbs  # noqa: E402
+from bench.engine.native_avx2 import CONFIGS, PROMPT_LEN, _engine  # noqa: E402
+
+OPS = ["embed", "norms", "quantize x", "qkv", "rope + kv store", "attention", "o", "gate_up", "gate", "down", "lm_head"]
+WEIGHT_OPS = {"qkv": "qkv", "o": "o", "gate_up": "gate_up", "down": "down"}
+
+
+def lin_bytes(lin) -> int:
+    """Bytes one pass over a projection reads: its weights (as the kernel reads them) and scales."""
+    n, k = lin.n, lin.k
+    if lin.kind in (cpu_decode.W_INT4, cpu_decode.W_INT4_VNNI):
+        kp = -(-k // lin.group) * lin.group
+        return n * kp // 2 + (kp // lin.group) * n * 4
+    if lin.kind in (cpu_decode.W_INT8, cpu_decode.W_INT8_VNNI, cpu_decode.W_INT8_AVX2):
+        return n * k + 2 * n
+    return n * k * (4 if lin.kind == cpu_decode.W_F32 else 2)
+
+
+def op_bytes(dec, rows: int, ctx: int) -> dict[str, int]:
+    """Bytes each op reads per step (weights once per step; each row's keys and values)."""
+    m = dec._m
+    out = {op: 0 for op in OPS}
+    for i in range(m.num_layers):
+        for op, field in WEIGHT_OPS.items():
+            out[op] += lin_bytes(getattr(dec._layers[i], field))
+    out["lm_head"] = lin_bytes(m.lm_head)
+    kv_elem = 2 if m.dtype == cpu_decode.W_BF16 else 4
+    out["attention"] = 2 * rows * ctx * m.num_kv_heads * m.head_dim * kv_elem * m.num_layers
+    return out
+
+
+def profile(name: str, rows: int, steps: int) -> dict:
+    bw = read_bandwidth_gbs()
+    engine = _engine(CONFIGS[name], "native", rows, steps + 4)
+    dec = engine.runner.native
+    lib = cpu_decode.load_library(profile=True)
+    assert not isinstance(lib, str), lib
+    lib.slotune_profile.restype = ctypes.c_int
+    dec.lib = lib  # same entry points and structs; this build also keeps the clock
+    sums = (ctypes.c_double * len(OPS))()
+    engine.step(), engine.step()  # warm-up
+    lib.slotune_profile(sums)  # zero the counters
+    walls = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        engine.step()
+        walls.append(time.perf_counter() - t)
+    lib.slotune_profile(sums)
+    ctx = PROMPT_LEN + 2 + steps // 2  # the keys a row attends to, on average over the steps
+    nbytes = op_bytes(dec, rows, ctx)
+    ops = {}
+    for i, op in enumerate(OPS):
+        s = sums[i] / steps
+        ops[op] = {"ms": 1e3 * s, "bytes": nbytes[op], "gbs": nbytes[op] / s / 1e9 if s > 0 and nbytes[op] else None}
+    native_ms = sum(o["ms"] for o in ops.values())
+    weights = sum(nbytes[op] for op in (*WEIGHT_OPS, "lm_head"))
+    return {
+        "config": name,
+        "rows": rows,
+        "steps": steps,
+        "read_bandwidth_gbs": bw,
+        "engine_step_ms": 1e3 * statistics.median(walls),
+        "engine_step_mean_ms": 1e3 * statistics.fmean(walls),
+        "native_ms": native_ms,
+        "weight_bytes": weights,
+        "roofline_ms": weights / (bw * 1e9) * 1e3,
+        "ops": ops,
+        "loadavg": os.getloadavg()[0],
+    }
+
+
+def _commit() -> str:
+    root = Path(__file__).resolve().parents[2]
+    run = lambda *a: subprocess.run(["git", *a], cwd=root, capture_output=True, text=True).stdout.strip()  # noqa: E731
+    return run("rev-parse", "--short", "HEAD") + (
+        "-dirty" if run("status", "--porcelain", "--untracked-files=no") else ""
+    )
+
+
+def to_markdown(results: list[dict], command: str) -> str:
+    lines = [
+        "# Native decode step, per op",
+        "",
+        f"Machine: {machine.words()}. Date: {datetime.now(timezone.utc):%Y-%m-%d}. "
+        f"Commit {_commit()}. Command: `{command}`.",
+        "",
+        "Per step (means over the profiled steps). GB/s: the op's bytes / its time; % bw: of the read "
+        "bandwidth measured right before that config. The native call's ops sum to `native`; `engine step` "
+        "is the whole LLMEngine.step() (median).",
+        "",
+    ]
+    for r in results:
+        bw = r["read_bandwidth_gbs"]
+        lines += [
+            f"## {r['config']}, {r['rows']} rows",
+            "",
+            f"Read bandwidth {bw:.1f} GB/s; weights {r['weight_bytes'] / 1e6:.1f} MB/step, roofline "
+            f"{r['roofline_ms']:.2f} ms; native {r['native_ms']:.2f} ms "
+            f"({r['roofline_ms'] / r['native_ms']:.0%} of roofline); engine step {r['engine_step_ms']:.2f} ms "
+            f"(Python {r['engine_step_mean_ms'] - r['native_ms']:.2f} ms mean); load {r['loadavg']:.1f}.",
+            "",
+            "| op | ms | % of native | MB read | GB/s | % bw |",
+            "|---|---|---|---|---|---|",
+        ]
+        for op, o in r["ops"].items():
+            gbs = "" if o["gbs"] is None else f"{o['gbs']:.1f}"
+            pct = "" if o["gbs"] is None else f"{o['gbs'] / bw:.0%}"
+            mb = f"{o['bytes'] / 1e6:.1f}" if o["bytes"] else ""
+            lines.append(f"| {op} | {o['ms']:.3f} | {o['ms'] / r['native_ms']:.0%} | {mb} | {gbs} | {pct} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--configs", default="int8-act,int4-act")
+    ap.add_argument("--rows", default="1,16")
+    ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--out", type=Path, default=None, help="write <out>.json and <out>.md")
+    args = ap.parse_args()
+    results = []
+    for name in args.configs.split(","):
+        for rows in map(int, args.rows.split(",")):
+            r = profile(name, rows, args.steps)
+            results.append(r)
+            print(
+                f"{name} rows {rows}: native {r['native_ms']:.2f} ms, step {r['engine_step_ms']:.2f} ms, "
+                f"roofline {r['roofline_ms']:.2f} ms at {r['read_bandwidth_gbs']:.1f} GB/s",
+                flush=True,
+            )
+    md = to_markdown(results, "python bench/engine/profile_step.py " + " ".join(sys.argv[1:]))
+    print(md)
+    if args.out:
+        args.out.with_suffix(".json").write_text(json.dumps(results, indent=1))
+        args.out.with_suffix(".md").write_text(md)
+
+
+if __name__ == "__main__":
+    main()
