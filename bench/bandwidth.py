@@ -8,6 +8,7 @@ right before the measurement it divides: these shared VMs read 30-50 GB/s from o
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 
@@ -24,11 +25,17 @@ def last_level_cache_bytes() -> int:
     return max(sizes, default=0)
 
 
+@functools.cache
+def _buffer() -> torch.Tensor:
+    x = torch.ones(max(4 * last_level_cache_bytes(), 512 * 2**20) // 4)
+    x.sum()  # fault the pages in
+    return x
+
+
 def read_bandwidth_gbs(repeats: int = 7) -> float:
     """GB/s (1e9 bytes) read by a float32 sum over max(4 x LLC, 512 MiB), best of `repeats`."""
-    nbytes = max(4 * last_level_cache_bytes(), 512 * 2**20)
-    x = torch.ones(nbytes // 4)
-    x.sum()  # fault the pages in
+    x = _buffer()
+    nbytes = x.numel() * 4
     best = float("inf")
     for _ in range(repeats):
         t = time.perf_counter()

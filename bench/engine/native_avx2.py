@@ -4,7 +4,7 @@ Two engines per config over the same GGUF (kernels.backend native and torch), ea
 sequences in decode; their `step()`s alternate (A B, then B A) so load on the shared machine hits
 both alike; medians of `--repeats` steps each and the ratio. The native engine's row limit
 (MAX_NATIVE_ROWS) is lifted so every step runs natively: this is how the crossovers are measured.
-Batch-1 roofline: weight_bytes / native step time / copy bandwidth (bench/engine/run.py's, measured
+Batch-1 roofline: weight_bytes / native step time / read bandwidth (bench/bandwidth.py, measured
 right before each config).
 
     .venv/bin/python bench/engine/native_avx2.py --configs int8-act,int4-act,bf16 --rows 1,16,64
@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from slotune.engine import EngineConfig, SamplingParams  # noqa: E402
 from slotune.engine.llm_engine import LLMEngine  # noqa: E402
 
-from bench.engine.run import copy_bandwidth_gbs  # noqa: E402
+from bench.bandwidth import read_bandwidth_gbs  # noqa: E402
 
 CONFIGS = {
     "int8-act": {"dtype": "bfloat16", "quantization": "int8", "kernels": {"int8_activations": True}},
@@ -94,9 +94,9 @@ def bench(name: str, rows: int, repeats: int) -> dict:
     }
     res["speedup"] = res["torch_ms"] / res["native_ms"]
     if rows == 1:
-        bw = copy_bandwidth_gbs()
+        bw = read_bandwidth_gbs()
         res |= {
-            "copy_bandwidth_gbs": bw,
+            "read_bandwidth_gbs": bw,
             "roofline_fraction": native.weight_bytes / (res["native_ms"] / 1e3) / (bw * 1e9),
         }
     return res
@@ -117,7 +117,7 @@ def main() -> None:
                 f"x{res['speedup']:.2f}  load {res['loadavg']:.1f}"
             )
             if rows == 1:
-                line += f"  roofline {res['roofline_fraction']:.0%} of {res['copy_bandwidth_gbs']:.1f} GB/s"
+                line += f"  roofline {res['roofline_fraction']:.0%} of {res['read_bandwidth_gbs']:.1f} GB/s"
             print(line, flush=True)
             if args.out:
                 with args.out.open("a") as f:

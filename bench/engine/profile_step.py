@@ -7,6 +7,9 @@ steps; per step it reports each op's time, the bytes it reads (weights as stored
 rate that makes, and what share of the read bandwidth (bench/bandwidth.py, measured right before each
 config) that is. `engine step` is the whole `LLMEngine.step()` (scheduler, sampling, Python); `native
 call` the ops' sum; the difference is the step's Python. Batch-1 roofline: weight bytes / read bandwidth.
+These VMs' bandwidth moves within minutes, so the bandwidth is also read before every 16 steps, and the
+roofline fraction is the median over those pairs (each read also flushes the L3, so the step after it
+starts with no weights cached).
 
     .venv/bin/python bench/engine/profile_step.py --configs int8-act,int4-act --rows 1,16 --steps 64
 """
@@ -33,6 +36,7 @@ from bench.bandwidth import read_bandwidth_gbs  # noqa: E402
 from bench.engine.native_avx2 import CONFIGS, PROMPT_LEN, _engine  # noqa: E402
 
 OPS = ["embed", "norms", "quantize x", "qkv", "rope + kv store", "attention", "o", "gate_up", "gate", "down", "lm_head"]
+CHUNK = 16  # steps between two reads of the bandwidth
 WEIGHT_OPS = {"qkv": "qkv", "o": "o", "gate_up": "gate_up", "down": "down"}
 
 
@@ -68,15 +72,21 @@ def profile(name: str, rows: int, steps: int) -> dict:
     assert not isinstance(lib, str), lib
     lib.slotune_profile.restype = ctypes.c_int
     dec.lib = lib  # same entry points and structs; this build also keeps the clock
-    sums = (ctypes.c_double * len(OPS))()
+    sums, chunk = (ctypes.c_double * len(OPS))(), (ctypes.c_double * len(OPS))()
     engine.step(), engine.step()  # warm-up
-    lib.slotune_profile(sums)  # zero the counters
-    walls = []
-    for _ in range(steps):
-        t = time.perf_counter()
-        engine.step()
-        walls.append(time.perf_counter() - t)
-    lib.slotune_profile(sums)
+    lib.slotune_profile(chunk)  # zero the counters
+    walls, paired = [], []
+    for i in range(0, steps, CHUNK):  # the bandwidth read beside every CHUNK steps: the pair's ratio
+        bw_i = read_bandwidth_gbs(repeats=3)
+        n = min(CHUNK, steps - i)
+        for _ in range(n):
+            t = time.perf_counter()
+            engine.step()
+            walls.append(time.perf_counter() - t)
+        lib.slotune_profile(chunk)
+        for j in range(len(OPS)):
+            sums[j] += chunk[j]
+        paired.append({"read_bandwidth_gbs": bw_i, "native_ms": 1e3 * sum(chunk) / n})
     ctx = PROMPT_LEN + 2 + steps // 2  # the keys a row attends to, on average over the steps
     nbytes = op_bytes(dec, rows, ctx)
     ops = {}
@@ -85,6 +95,8 @@ def profile(name: str, rows: int, steps: int) -> dict:
         ops[op] = {"ms": 1e3 * s, "bytes": nbytes[op], "gbs": nbytes[op] / s / 1e9 if s > 0 and nbytes[op] else None}
     native_ms = sum(o["ms"] for o in ops.values())
     weights = sum(nbytes[op] for op in (*WEIGHT_OPS, "lm_head"))
+    for p in paired:
+        p["roofline_fraction"] = weights / (p["read_bandwidth_gbs"] * 1e9) / (p["native_ms"] / 1e3)
     return {
         "config": name,
         "rows": rows,
@@ -95,6 +107,8 @@ def profile(name: str, rows: int, steps: int) -> dict:
         "native_ms": native_ms,
         "weight_bytes": weights,
         "roofline_ms": weights / (bw * 1e9) * 1e3,
+        "paired": paired,  # per CHUNK steps: the bandwidth read just before and the ops' time
+        "roofline_fraction_median": statistics.median(p["roofline_fraction"] for p in paired),
         "ops": ops,
         "loadavg": os.getloadavg()[0],
     }
@@ -127,7 +141,8 @@ def to_markdown(results: list[dict], command: str) -> str:
             "",
             f"Read bandwidth {bw:.1f} GB/s; weights {r['weight_bytes'] / 1e6:.1f} MB/step, roofline "
             f"{r['roofline_ms']:.2f} ms; native {r['native_ms']:.2f} ms "
-            f"({r['roofline_ms'] / r['native_ms']:.0%} of roofline); engine step {r['engine_step_ms']:.2f} ms "
+            f"({r['roofline_ms'] / r['native_ms']:.0%} of roofline; median over {len(r['paired'])} pairs of a "
+            f"bandwidth read and {CHUNK} steps {r['roofline_fraction_median']:.0%}); engine step {r['engine_step_ms']:.2f} ms "
             f"(Python {r['engine_step_mean_ms'] - r['native_ms']:.2f} ms mean); load {r['loadavg']:.1f}.",
             "",
             "| op | ms | % of native | MB read | GB/s | % bw |",
@@ -156,7 +171,8 @@ def main() -> None:
             results.append(r)
             print(
                 f"{name} rows {rows}: native {r['native_ms']:.2f} ms, step {r['engine_step_ms']:.2f} ms, "
-                f"roofline {r['roofline_ms']:.2f} ms at {r['read_bandwidth_gbs']:.1f} GB/s",
+                f"roofline {r['roofline_ms']:.2f} ms at {r['read_bandwidth_gbs']:.1f} GB/s; paired fraction "
+                f"{r['roofline_fraction_median']:.0%}",
                 flush=True,
             )
     md = to_markdown(results, "python bench/engine/profile_step.py " + " ".join(sys.argv[1:]))

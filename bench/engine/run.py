@@ -9,8 +9,7 @@
     transformers as it can be). Both greedy, `min_new_tokens = max_new_tokens` so every request
     produces exactly N tokens; tokens/s counts output tokens over wall time, prefill included.
 (c) batch-1 decode tokens/s (1 / median TPOT, prefill excluded) as a fraction of the
-    memory-bandwidth roofline: weight_bytes x tokens/s / copy bandwidth, where copy bandwidth
-    is a 256 MiB torch tensor copy counting read + write bytes.
+    memory-bandwidth roofline: weight_bytes x tokens/s / read bandwidth (bench/bandwidth.py).
 (d) levers (skip with --no-levers): weight quantization and KV precision at batch 1 and 16.
 
 The machine is shared and noisy, so configurations are interleaved inside every repeat and
@@ -26,34 +25,26 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-from slotune.engine import LLM, EngineConfig, SamplingParams
-from slotune.engine.llm_engine import LLMEngine
-from slotune.engine.loader import resolve_model_path
-from slotune.tuner.measure.in_process_replay import run_in_process_replay
-from slotune.tuner.spec.workload_spec import WorkloadSpec
-from slotune.tuner.workload.requests import generate_requests
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from bench.bandwidth import read_bandwidth_gbs  # noqa: E402
+from slotune.engine import LLM, EngineConfig, SamplingParams  # noqa: E402
+from slotune.engine.llm_engine import LLMEngine  # noqa: E402
+from slotune.engine.loader import resolve_model_path  # noqa: E402
+from slotune.tuner.measure.in_process_replay import run_in_process_replay  # noqa: E402
+from slotune.tuner.spec.workload_spec import WorkloadSpec  # noqa: E402
+from slotune.tuner.workload.requests import generate_requests  # noqa: E402
 
 MACHINE = "2-core Intel Xeon (AVX-512/AMX), no GPU"
 COMMAND = ".venv/bin/python bench/engine/run.py --repeats 3"
 med = statistics.median
-
-
-def copy_bandwidth_gbs(repeats: int = 5) -> float:
-    x = torch.randn(64 * 2**20)  # 256 MiB of float32, far past the caches
-    y = torch.empty_like(x)
-    y.copy_(x)  # fault the pages in
-    ts = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        y.copy_(x)
-        ts.append(time.perf_counter() - t)
-    return 2 * x.numel() * 4 / min(ts) / 1e9  # read + write; best of N = the machine's capability
 
 
 def matmul_gflops(n: int = 2048, repeats: int = 5) -> float:
@@ -179,12 +170,12 @@ def bench_roofline(llm: LLM, repeats: int, n: int, prompt: list[int]) -> dict:
     wb = llm.engine.weight_bytes
     bws, decode = [], []
     for _ in range(repeats):
-        bws.append(copy_bandwidth_gbs())
+        bws.append(read_bandwidth_gbs())
         decode.append(ours(llm, [prompt], n)[1])
     bw, tps = med(bws), med(decode)
     return {
-        "copy_bandwidth_gbs": bw,
-        "runs_copy_bandwidth_gbs": bws,
+        "read_bandwidth_gbs": bw,
+        "runs_read_bandwidth_gbs": bws,
         "weight_bytes": wb,
         "batch1_decode_tps": tps,
         "runs_decode_tps": decode,
@@ -255,7 +246,8 @@ def write_markdown(res: dict, path: Path) -> None:
         "",
         "## (c) Batch-1 decode vs the memory-bandwidth roofline",
         "",
-        f"Copy bandwidth (256 MiB tensor copy, read + write, best of 5, median over repeats): **{c['copy_bandwidth_gbs']:.1f} GB/s**. "
+        f"Read bandwidth (bench/bandwidth.py: a float32 sum over 4x the last-level cache, best of 7, median over repeats): "
+        f"**{c['read_bandwidth_gbs']:.1f} GB/s**. "
         f"Weights {c['weight_bytes'] / 1e6:.0f} MB float32, so the roofline is {c['roofline_tps']:.1f} tok/s.",
         "",
         f"Batch-1 decode: {c['batch1_decode_tps']:.1f} tok/s (TPOT {c['batch1_tpot_ms']:.1f} ms) = "
@@ -320,7 +312,7 @@ def main() -> None:
     if args.only in (None, "c"):
         print("(c) roofline", flush=True)
         res["roofline"] = bench_roofline(llm, args.repeats, args.new_tokens, prompt)
-        print(f"  {res['roofline']['fraction']:.0%} of {res['roofline']['copy_bandwidth_gbs']:.1f} GB/s", flush=True)
+        print(f"  {res['roofline']['fraction']:.0%} of {res['roofline']['read_bandwidth_gbs']:.1f} GB/s", flush=True)
     if args.only:
         print(json.dumps(res, indent=1))
         return
@@ -333,7 +325,7 @@ def main() -> None:
                 llm.tokenizer,
             )
         ]
-        res["levers"] = bench_levers(llm, args.repeats, args.new_tokens, prompts, res["roofline"]["copy_bandwidth_gbs"])
+        res["levers"] = bench_levers(llm, args.repeats, args.new_tokens, prompts, res["roofline"]["read_bandwidth_gbs"])
     res["load_after"] = round(os.getloadavg()[0], 1)
     res["wall_s"] = time.perf_counter() - t_start
     args.out.mkdir(parents=True, exist_ok=True)
