@@ -4,12 +4,11 @@ For each config and row count, one engine holds `rows` sequences in decode (32-t
 profiling build of kernels/cpu_decode.c (`-DSLOTUNE_PROFILE`: the master thread's clock at each op's
 closing barrier, so an op's time is its slowest thread's, barrier included). It takes `--steps` engine
 steps; per step it reports each op's time, the bytes it reads (weights as stored, KV cache rows), the
-rate that makes, and what share of the read bandwidth (bench/bandwidth.py, measured right before each
-config) that is. `engine step` is the whole `LLMEngine.step()` (scheduler, sampling, Python); `native
+rate that makes, and what share of the read bandwidth (bench/bandwidth.py) that is. `engine step` is the whole `LLMEngine.step()` (scheduler, sampling, Python); `native
 call` the ops' sum; the difference is the step's Python. Batch-1 roofline: weight bytes / read bandwidth.
-These VMs' bandwidth moves within minutes, so the bandwidth is also read before every 16 steps, and the
-roofline fraction is the median over those pairs (each read also flushes the L3, so the step after it
-starts with no weights cached).
+These VMs' bandwidth moves within minutes, so it is read before every 16 steps: the roofline uses the
+median of those reads, and the paired fraction is the median over (read, 16 steps) pairs (each read
+also flushes the L3, so the step after it starts with no weights cached).
 
     .venv/bin/python bench/engine/profile_step.py --configs int8-act,int4-act --rows 1,16 --steps 64
 """
@@ -65,7 +64,6 @@ def op_bytes(dec, rows: int, ctx: int) -> dict[str, int]:
 
 
 def profile(name: str, rows: int, steps: int) -> dict:
-    bw = read_bandwidth_gbs()
     engine = _engine(CONFIGS[name], "native", rows, steps + 4)
     dec = engine.runner.native
     lib = cpu_decode.load_library(profile=True)
@@ -97,21 +95,29 @@ def profile(name: str, rows: int, steps: int) -> dict:
     weights = sum(nbytes[op] for op in (*WEIGHT_OPS, "lm_head"))
     for p in paired:
         p["roofline_fraction"] = weights / (p["read_bandwidth_gbs"] * 1e9) / (p["native_ms"] / 1e3)
-    return {
-        "config": name,
-        "rows": rows,
-        "steps": steps,
-        "read_bandwidth_gbs": bw,
-        "engine_step_ms": 1e3 * statistics.median(walls),
-        "engine_step_mean_ms": 1e3 * statistics.fmean(walls),
-        "native_ms": native_ms,
-        "weight_bytes": weights,
-        "roofline_ms": weights / (bw * 1e9) * 1e3,
-        "paired": paired,  # per CHUNK steps: the bandwidth read just before and the ops' time
-        "roofline_fraction_median": statistics.median(p["roofline_fraction"] for p in paired),
-        "ops": ops,
-        "loadavg": os.getloadavg()[0],
-    }
+    return with_roofline(
+        {
+            "config": name,
+            "rows": rows,
+            "steps": steps,
+            "read_bandwidth_gbs": statistics.median(p["read_bandwidth_gbs"] for p in paired),
+            "engine_step_ms": 1e3 * statistics.median(walls),
+            "engine_step_mean_ms": 1e3 * statistics.fmean(walls),
+            "native_ms": native_ms,
+            "weight_bytes": weights,
+            "paired": paired,  # per CHUNK steps: the bandwidth read just before and the ops' time
+            "roofline_fraction_median": statistics.median(p["roofline_fraction"] for p in paired),
+            "ops": ops,
+            "loadavg": os.getloadavg()[0],
+        }
+    )
+
+
+def with_roofline(r: dict) -> dict:
+    """The run's roofline at the median of its paired bandwidth reads."""
+    r["read_bandwidth_gbs"] = statistics.median(p["read_bandwidth_gbs"] for p in r["paired"])
+    r["roofline_ms"] = r["weight_bytes"] / (r["read_bandwidth_gbs"] * 1e9) * 1e3
+    return r
 
 
 def _commit() -> str:
@@ -122,16 +128,22 @@ def _commit() -> str:
     )
 
 
-def to_markdown(results: list[dict], command: str) -> str:
+def header(command: str) -> str:
+    return (
+        f"Machine: {machine.words()}. Date: {datetime.now(timezone.utc):%Y-%m-%d}. "
+        f"Commit {_commit()}. Command: `{command}`."
+    )
+
+
+def to_markdown(results: list[dict], head: str) -> str:
     lines = [
         "# Native decode step, per op",
         "",
-        f"Machine: {machine.words()}. Date: {datetime.now(timezone.utc):%Y-%m-%d}. "
-        f"Commit {_commit()}. Command: `{command}`.",
+        head,
         "",
         "Per step (means over the profiled steps). GB/s: the op's bytes / its time; % bw: of the read "
-        "bandwidth measured right before that config. The native call's ops sum to `native`; `engine step` "
-        "is the whole LLMEngine.step() (median).",
+        "bandwidth, the median of the reads taken before every 16 steps. The native call's ops sum to "
+        "`native`; `engine step` is the whole LLMEngine.step() (median).",
         "",
     ]
     for r in results:
@@ -163,7 +175,13 @@ def main() -> None:
     ap.add_argument("--rows", default="1,16")
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--out", type=Path, default=None, help="write <out>.json and <out>.md")
+    ap.add_argument("--render", type=Path, default=None, help="rewrite the .md of a committed .json")
     args = ap.parse_args()
+    if args.render:
+        results = [with_roofline(r) for r in json.loads(args.render.read_text())]
+        md = args.render.with_suffix(".md")
+        md.write_text(to_markdown(results, next(ln for ln in md.read_text().splitlines() if ln.startswith("Machine:"))))
+        return
     results = []
     for name in args.configs.split(","):
         for rows in map(int, args.rows.split(",")):
@@ -175,7 +193,7 @@ def main() -> None:
                 f"{r['roofline_fraction_median']:.0%}",
                 flush=True,
             )
-    md = to_markdown(results, "python bench/engine/profile_step.py " + " ".join(sys.argv[1:]))
+    md = to_markdown(results, header("python bench/engine/profile_step.py " + " ".join(sys.argv[1:])))
     print(md)
     if args.out:
         args.out.with_suffix(".json").write_text(json.dumps(results, indent=1))
