@@ -478,7 +478,7 @@ static void quantize_rows(const Model *md, const float *x, int ldx, int M, int K
     }
 }
 
-/* int8 weights x int8 activations, 16 channels (block c) for rows m0..m0+M-1. One vector of the
+/* int8 weights x int8 activations, rows m0..m0+R-1 of C 16-channel blocks from c0. One vector of the
  * repacked weight holds 16 channels x 4 inputs, so `vpdpbusd` against 4 broadcast activation codes
  * accumulates 16 outputs with no horizontal reduction (the row-major layout needed one per output
  * and lost to float FMAs: 39 vs 32 ms for the LM head at 64 rows). Weights are stored + 128 since
@@ -533,7 +533,7 @@ static void int8_vnni_rows(const Model *md, const Lin *L, float *out, int ldo, i
 }
 
 /* Every row of channel blocks 2p and 2p + 1 (or 2p alone, the last of an odd count). From 16 rows up,
- * tiles of 4 rows x 2 blocks: each broadcast activation serves two vpdpbusd (1.06-1.09x at 16-64 rows
+ * tiles of 4 rows x 2 blocks: each broadcast activation serves two vpdpbusd (1.06-1.13x at 16-64 rows
  * with weights from memory). Fewer rows go one block at a time, 8 rows per pass: one weight stream,
  * faster while the weights' memory traffic still limits (at 4 and 8 rows tiles measured slower). */
 static void int8_vnni_pair(const Model *md, const Lin *L, float *out, int ldo, int M, int p) {

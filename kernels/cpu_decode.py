@@ -394,7 +394,7 @@ class CpuDecoder:
             log.warning("kernels.int8_activations ignored: this build has no int8 kernels (AVX-512 without VNNI/VBMI)")
         self.lib = load_library()
         self.max_rows, self.max_ctx = max_rows, max_ctx
-        self._keep: list[torch.Tensor] = []  # float32 biases (and repacked int8 weights) the kernel reads
+        self._keep: list[torch.Tensor] = []  # float32 biases (and repacked int8/int4 weights) the kernel reads
         lin = lambda w: _lin(w, self._keep, int8_activations)  # noqa: E731
         num_layers = len(model.layers)
         self._layers = (_Layer * num_layers)()
