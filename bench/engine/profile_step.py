@@ -122,10 +122,9 @@ def with_roofline(r: dict) -> dict:
 
 def _commit() -> str:
     root = Path(__file__).resolve().parents[2]
-    run = lambda *a: subprocess.run(["git", *a], cwd=root, capture_output=True, text=True).stdout.strip()  # noqa: E731
-    return run("rev-parse", "--short", "HEAD") + (
-        "-dirty" if run("status", "--porcelain", "--untracked-files=no") else ""
-    )
+    return subprocess.run(
+        ["git", "-C", str(root), "describe", "--always", "--dirty"], capture_output=True, text=True
+    ).stdout.strip()
 
 
 def header(command: str) -> str:
