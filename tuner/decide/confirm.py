@@ -127,12 +127,6 @@ def confirm_seeds(spec) -> list[int]:
     return seeds
 
 
-def plan(trials: list[int], seeds: list[int]) -> list[tuple[int | None, tuple[int, ...]]]:
-    """The confirmation's trial processes in order: (trial, or None for the default; the seeds it
-    replays). Each config is started once and replays every seed, the default first."""
-    return [(n, tuple(seeds)) for n in [None, *trials]]
-
-
 def run_confirmation(
     spec,
     study,
@@ -141,34 +135,26 @@ def run_confirmation(
     runner: tuple[str, ...] = DEFAULT_TRIAL_RUNNER,
     on_run: Callable[[Run, int, int], None] = lambda run, i, n: None,
 ) -> Confirmation:
-    """Measure the confirmation (`plan`), reusing the study's stored measurements of the same trials
-    and seeds; store each process's measurements as they come; `on_run(run, i, n)` after each new one.
-    With `confirm.candidates: 0`, nothing is measured: the best trial wins, unconfirmed."""
+    """Measure the default, then each candidate, on every confirmation seed (one trial process per
+    config), reusing the study's stored measurements; store them after each process; `on_run(run, i, n)`
+    after each new one. With `confirm.candidates: 0`, nothing is measured: the best trial wins, unconfirmed."""
     trials = [TrialRecord.of(t) for t in trials]
-    if not spec.confirm.candidates:
-        return judge_runs(spec, {"seeds": [], "runs": []}, trials)
-    seeds = confirm_seeds(spec)
-    stored = {(m["trial"], m["seed"]): m for m in (stored_confirmation(study) or {}).get("runs", []) if "metrics" in m}
-    configs = {t.number: parse_config(t.config) for t in trials}
-    # A candidate that is the default config itself takes the default's measurements, not its own.
+    seeds = confirm_seeds(spec) if spec.confirm.candidates else []
     default = spec.base_config()
-    as_default = [n for n, c in configs.items() if c == default]
-    limits, runs = SLOLimits.from_objective(spec.objective), []
-    todo = plan([t.number for t in trials if t.number not in as_default], seeds)
-    total, done = sum(len(job) for _, job in todo), 0
-    for number, job in todo:
-        missing = [s for s in job if (number, s) not in stored]
-        got = measure_seeds(spec, configs.get(number) or default, missing, runner=runner) if missing else []
-        new = {seed: _stored(number, seed, r) for seed, r in zip(missing, got)}
-        for seed in job:
-            runs.append(new.get(seed) or stored.pop((number, seed)))
-            if number is None:
-                runs += [{**runs[-1], "trial": n} for n in as_default]
-        if new:
-            store_confirmation(study, {"seeds": seeds, "runs": runs + list(stored.values())})
-        for seed, m in new.items():
-            on_run(_run(m, spec.objective.metric_key(), limits), done + job.index(seed) + 1, total)
-        done += len(job)
+    configs = {None: default} | {t.number: c for t in trials if (c := parse_config(t.config)) != default}
+    stored = {(m["trial"], m["seed"]): m for m in (stored_confirmation(study) or {}).get("runs", []) if "metrics" in m}
+    key, limits, plan = spec.objective.metric_key(), SLOLimits.from_objective(spec.objective), []
+    for number, config in configs.items():
+        missing = [s for s in seeds if (number, s) not in stored]
+        for seed, got in zip(missing, measure_seeds(spec, config, missing, runner=runner) if missing else []):
+            stored[number, seed] = m = _stored(number, seed, got)
+            on_run(_run(m, key, limits), len(plan) + seeds.index(seed) + 1, len(configs) * len(seeds))
+        plan += [(number, s) for s in seeds]
+        if missing:
+            store_confirmation(study, {"seeds": seeds, "runs": list(stored.values())})
+    # A candidate that is the default config takes the default's measurements.
+    as_default = [t.number for t in trials if t.number not in configs]
+    runs = [stored[k] for k in plan] + [{**stored[None, s], "trial": n} for n in as_default for s in seeds]
     return judge_runs(spec, {"seeds": seeds, "runs": runs}, trials)
 
 
