@@ -75,8 +75,12 @@ fetch_source() {
   touch "$CACHE/src/.unpacked"
 }
 
-build() {
-  if [ -x "$BIN/kube-apiserver" ] && [ -x "$BIN/kube-controller-manager" ]; then
+build() {  # [COMMAND...]: the cmd/ binaries to build (default: the control plane's two)
+  local cmds=("$@")
+  [ ${#cmds[@]} -gt 0 ] || cmds=(kube-apiserver kube-controller-manager)
+  local missing_bin=0 cmd
+  for cmd in "${cmds[@]}"; do [ -x "$BIN/$cmd" ] || missing_bin=1; done
+  if [ $missing_bin -eq 0 ]; then
     log "cached: $BIN"; return
   fi
   ensure_packages
@@ -111,19 +115,25 @@ build() {
   fi
   local V=k8s.io/kubernetes/vendor/k8s.io/component-base/version
   local LDFLAGS="-s -w -X $V.gitVersion=v1.20.2 -X $V.gitMajor=1 -X $V.gitMinor=20 -X $V.gitTreeState=clean"
-  for cmd in kube-apiserver kube-controller-manager; do
-    if [ ! -x "$BIN/$cmd" ]; then
+  for cmd in "${cmds[@]}"; do
+    if [ "$cmd" != pause ] && [ ! -x "$BIN/$cmd" ]; then
       log "building $cmd"
       nice -n 10 "$GO" build -p "$GOMAXPROCS" -ldflags "$LDFLAGS" -o "$BIN/$cmd.tmp" "./cmd/$cmd"
       mv "$BIN/$cmd.tmp" "$BIN/$cmd"
     fi
   done
+  # The pod sandbox's process (what registry.k8s.io/pause ships), for the node's pause image.
+  if [ ! -x "$BIN/pause" ]; then
+    gcc -Os -static -DVERSION=v3.2-slotune -o "$BIN/pause" build/pause/linux/pause.c
+  fi
   log "built in $((SECONDS - t0)) s: $BIN"
   # Only the binaries are needed from now on; the tree and the Go cache are ~1.8 GB.
   if [ -z "${SLOTUNE_K8S_KEEP_SRC:-}" ]; then
     cd "$CACHE" && rm -rf "$CACHE/gopath" "$CACHE/gocache" "$CACHE/src" "$CACHE/tools"
   fi
 }
+
+is_node() { [ "$(cat "$1/mode" 2>/dev/null)" = node ]; }  # DIR: made by node.sh up
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
@@ -149,8 +159,13 @@ up() {
   local etcd_port peer_port api_port
   etcd_port=$(free_port); peer_port=$(free_port); api_port=$(free_port)
   # Self-signed serving cert (also the CA in the kubeconfig), service-account signing key.
+  # node.sh's clusters: pods reach the apiserver at the Service IP or the node's bridge address.
+  local san="IP:127.0.0.1,DNS:localhost"
+  if is_node "$D"; then
+    san="$san,IP:$NODE_IP,IP:10.96.0.1,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc"
+  fi
   openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=127.0.0.1" \
-    -addext "subjectAltName=IP:127.0.0.1,DNS:localhost" \
+    -addext "subjectAltName=$san" \
     -keyout "$D/apiserver.key" -out "$D/apiserver.crt" 2>/dev/null
   openssl genrsa -out "$D/sa.key" 2048 2>/dev/null
   local admin_token op_token
@@ -169,7 +184,14 @@ up() {
   start_apiserver "$D" || { down "$D"; exit 1; }
   write_kubeconfig "$D/kubeconfig" "$api_port" admin "$admin_token" "$D/apiserver.crt"
   write_kubeconfig "$D/operator.kubeconfig" "$api_port" slotune-operator "$op_token" "$D/apiserver.crt"
-  if [ -x "$BIN/kube-controller-manager" ]; then
+  if is_node "$D"; then
+    # Every controller (Deployments, ReplicaSets, Jobs, Endpoints, service-account tokens, ...).
+    "$BIN/kube-controller-manager" --kubeconfig "$D/kubeconfig" --leader-elect=false \
+      --bind-address 127.0.0.1 --secure-port 0 --port 0 --use-service-account-credentials=true \
+      --service-account-private-key-file "$D/sa.key" --root-ca-file "$D/apiserver.crt" \
+      >"$D/controller-manager.log" 2>&1 &
+    echo $! >> "$D/pids"
+  elif [ -x "$BIN/kube-controller-manager" ]; then
     # Only the garbage collector: it deletes children whose owner is gone. Controllers that
     # would fight the tests over Deployment/Job status (no kubelet here) stay off.
     "$BIN/kube-controller-manager" --kubeconfig "$D/kubeconfig" --controllers garbagecollector \
@@ -187,15 +209,18 @@ up() {
 start_apiserver() {  # DIR: start kube-apiserver on the ports in DIR/ports; record its pid
   local D=$1 etcd_port api_port
   read -r etcd_port api_port < "$D/ports"
-  "$BIN/kube-apiserver" --etcd-servers "http://127.0.0.1:$etcd_port" \
-    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$api_port" \
+  # Loopback only, the ServiceAccount admission plugin and the kubernetes Service's endpoints
+  # off; on node.sh's node: the bridge address, real service accounts, the Service routed.
+  local net=(--bind-address 127.0.0.1 --advertise-address 127.0.0.1
+    --disable-admission-plugins ServiceAccount --endpoint-reconciler-type none)
+  is_node "$D" && net=(--bind-address 0.0.0.0 --advertise-address "$NODE_IP")
+  "$BIN/kube-apiserver" --etcd-servers "http://127.0.0.1:$etcd_port" "${net[@]}" --secure-port "$api_port" \
     --insecure-port 0 \
     --tls-cert-file "$D/apiserver.crt" --tls-private-key-file "$D/apiserver.key" \
     --token-auth-file "$D/tokens.csv" --authorization-mode RBAC \
     --service-account-issuer https://kubernetes.default.svc \
     --service-account-key-file "$D/sa.key" --service-account-signing-key-file "$D/sa.key" \
-    --service-cluster-ip-range 10.96.0.0/16 --disable-admission-plugins ServiceAccount \
-    --endpoint-reconciler-type none --allow-privileged=false >>"$D/apiserver.log" 2>&1 &
+    --service-cluster-ip-range 10.96.0.0/16 --allow-privileged=false >>"$D/apiserver.log" 2>&1 &
   echo $! > "$D/apiserver.pid"
   echo $! >> "$D/pids"
   wait_http "https://127.0.0.1:$api_port/readyz" 90 || { log "kube-apiserver did not start; see $D/apiserver.log"; return 1; }
@@ -263,4 +288,4 @@ main() {
 }
 # One line: bash has parsed everything before running, so editing this file cannot disturb a
 # running watchdog.
-main "$@"; exit $?
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then main "$@"; exit $?; fi
