@@ -22,8 +22,11 @@ from pathlib import Path
 
 
 def _as_root(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    """Root-owned, dated 0: the same files make the same layer (and image digest), so an unchanged
+    image is not imported again."""
     info.uid = info.gid = 0
     info.uname = info.gname = "root"
+    info.mtime = 0
     return info
 
 
