@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # A real kube-apiserver (+ etcd, + the garbage collector) on loopback, for the operator tests.
 #
+# node.sh sources this file for a single node whose pods really run (kubelet, containerd).
+#
 #   cluster.sh build          build kube-apiserver + kube-controller-manager once, cached in
 #                             $SLOTUNE_K8S_CACHE (default ~/.cache/slotune-k8s); installs the
 #                             Debian packages it needs when run as root (apt-get update first)
@@ -122,8 +124,8 @@ build() {  # [COMMAND...]: the cmd/ binaries to build (default: the control plan
       mv "$BIN/$cmd.tmp" "$BIN/$cmd"
     fi
   done
-  # The pod sandbox's process (what registry.k8s.io/pause ships), for the node's pause image.
-  if [ ! -x "$BIN/pause" ]; then
+  # The pod sandbox's process (what registry.k8s.io/pause ships), for node.sh's pause image.
+  if [[ " ${cmds[*]} " == *" pause "* ]] && [ ! -x "$BIN/pause" ]; then
     gcc -Os -static -DVERSION=v3.2-slotune -o "$BIN/pause" build/pause/linux/pause.c
   fi
   log "built in $((SECONDS - t0)) s: $BIN"
