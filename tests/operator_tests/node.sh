@@ -189,7 +189,7 @@ node_up() {
   echo $! >> "$D/pids"
   for _ in $(seq 100); do [ -S "$D/containerd.sock" ] && ctr_ version >/dev/null 2>&1 && break; sleep 0.1; done
   # Containers a killed run left in the kept store belong to no pod now.
-  ctr_ containers ls -q | xargs -r ctr_ containers rm >/dev/null 2>&1 || true
+  ctr_ containers ls -q | xargs -r ctr --address "$D/containerd.sock" --namespace k8s.io containers rm >/dev/null 2>&1 || true
   local tar
   for tar in "$CACHE"/images/*.tar; do node_image "$tar"; done
   "$BIN/kube-scheduler" --kubeconfig "$D/kubeconfig" --leader-elect=false --port 0 --secure-port 0 \
