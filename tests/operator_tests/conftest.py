@@ -114,8 +114,15 @@ def cluster(tmp_path_factory):
         return
     if not (CACHE / "bin" / "kube-apiserver").exists() and os.geteuid() != 0 and not shutil.which("go"):
         pytest.skip(f"no kube-apiserver in {CACHE}/bin: run `bash {CLUSTER_SH.relative_to(ROOT)} build` (as root)")
-    d = tmp_path_factory.mktemp("k8s")
-    subprocess.run(["bash", str(CLUSTER_SH), "up", str(d), str(os.getpid())], check=True, stdout=subprocess.DEVNULL)
+    with local_cluster(CLUSTER_SH, tmp_path_factory.mktemp("k8s")) as c:
+        yield c
+
+
+@contextlib.contextmanager
+def local_cluster(script: Path, d: Path):
+    """`script up` under `d` (its watchdog stops it if this process dies): the Cluster, with the
+    CRDs and the operator's RBAC for its token user; `script down` afterwards."""
+    subprocess.run(["bash", str(script), "up", str(d), str(os.getpid())], check=True, stdout=subprocess.DEVNULL)
     try:
         c = Cluster(str(d / "kubeconfig"), str(d / "operator.kubeconfig"), is_local=True)
         client = c.client()
@@ -123,7 +130,7 @@ def cluster(tmp_path_factory):
         _apply(client, _operator_rbac_for_user())
         yield c
     finally:
-        subprocess.run(["bash", str(CLUSTER_SH), "down", str(d)], check=False)
+        subprocess.run(["bash", str(script), "down", str(d)], check=False)
 
 
 @pytest.fixture

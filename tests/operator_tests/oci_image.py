@@ -31,11 +31,8 @@ def _as_root(info: tarfile.TarInfo) -> tarfile.TarInfo:
 
 
 def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def dir_layer(rootfs: Path, out: Path) -> Path:

@@ -23,8 +23,8 @@ import yaml
 
 from slotune.operator import api
 
-from .conftest import MANIFESTS, Cluster, _apply, _install_crds, _operator_rbac_for_user, running_operator
-from .kubelet import get
+from .conftest import MANIFESTS, local_cluster, running_operator
+from .kubelet import get, wait_for
 from .kubelet import get_cr
 from .resources import create, tuning
 
@@ -45,16 +45,9 @@ def node(tmp_path_factory):
     _node("build")
     image = _node("slotune-image", stdout=subprocess.PIPE).stdout.strip().splitlines()[-1]
     d = tmp_path_factory.mktemp("node")
-    _node("up", str(d), str(os.getpid()), stdout=subprocess.DEVNULL)
-    try:
+    with local_cluster(NODE_SH, d) as c:
         _node("image", image, str(d))
-        c = Cluster(str(d / "kubeconfig"), str(d / "operator.kubeconfig"), is_local=True)
-        client = c.client()
-        _install_crds(client)
-        _apply(client, _operator_rbac_for_user())
         yield c
-    finally:
-        subprocess.run(["bash", str(NODE_SH), "down", str(d)], check=False)
 
 
 @pytest.fixture
@@ -69,16 +62,6 @@ def node_ns(node):
         core.create_namespaced_service_account(name, doc)
     yield name
     core.delete_namespace(name)
-
-
-def _wait(what: str, probe, timeout_s: float = 300.0, every_s: float = 1.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = probe()
-        if got:
-            return got
-        time.sleep(every_s)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
 def test_serving_pods_start_pass_their_probes_and_answer_through_the_service(node, node_ns):
@@ -101,12 +84,12 @@ def test_serving_pods_start_pass_their_probes_and_answer_through_the_service(nod
     }
     with running_operator(node):
         create(client, node_ns, serving)
-        dep = _wait(
+        dep = wait_for(
             "the Deployment's ready replica (the kubelet's readiness probe)",
             lambda: (
                 (d := get(client, "Deployment", node_ns, "chat")) and (d.get("status") or {}).get("readyReplicas") and d
             ),
-            timeout_s=600,
+            timeout=600,
         )
         assert dep["status"]["readyReplicas"] == 1
         svc = get(client, "Service", node_ns, "chat")
@@ -164,7 +147,7 @@ def _tune_and_judge(node, ns: str, slo: dict) -> tuple[dict, "_Load"]:
     client = node.client()
     with running_operator(node):
         create(client, ns, _serving())
-        _wait(
+        wait_for(
             "the stable pod Ready",
             lambda: ((get(client, "Deployment", ns, "chat") or {}).get("status") or {}).get("readyReplicas"),
             600,
@@ -177,15 +160,15 @@ def _tune_and_judge(node, ns: str, slo: dict) -> tuple[dict, "_Load"]:
             spec = tuning("chat-tune", "chat", rollout)
             spec["spec"]["resources"] = {"requests": {"cpu": "100m", "memory": "2Gi"}}
             create(client, ns, spec)
-            status = _wait(
+            status = wait_for(
                 "a verdict",
                 lambda: (
                     (st := (get_cr(client, api.TUNINGS, ns, "chat-tune").get("status") or {})).get("phase")
                     in ("Promoted", "RolledBack", "Failed")
                     and st
                 ),
-                timeout_s=1500,
-                every_s=5,
+                timeout=1500,
+                interval=5,
             )
         finally:
             load.stop.set()
@@ -218,7 +201,7 @@ def test_a_canary_that_misses_the_slo_is_rolled_back_and_none_of_its_pods_serves
     def canary_pods():
         return core.list_namespaced_pod(node_ns, label_selector=f"{api.LABEL_TRACK}=canary").items
 
-    _wait("the canary's pods gone", lambda: not canary_pods() or None, timeout_s=120)
+    wait_for("the canary's pods gone", lambda: not canary_pods() or None, timeout=120)
     assert get(node.client(), "Deployment", node_ns, "chat-canary") is None
     stable = core.list_namespaced_pod(node_ns, label_selector=f"{api.LABEL_TRACK}=stable").items
     assert [p.status.phase for p in stable] == ["Running"]
