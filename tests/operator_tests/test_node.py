@@ -1,8 +1,10 @@
 """On a real node (node.sh: kubelet + containerd + runc, CNI bridge, kube-proxy): the operator's
 pods run from the slotune image, the kubelet's probes decide Ready, requests reach `tune serve`
 through the Service, a tuning Job's pod runs a real study, and canaries are judged on their own
-pods' /metrics. No stand-in: nothing here writes a status the cluster would write. The operator
-runs in-process beside the cluster, as the RBAC-limited user.
+pods' /metrics. No stand-in: nothing here writes a status the cluster would write. The first
+tests run the operator in-process beside the cluster, as the RBAC-limited user; the last one
+applies operator/manifests and examples/04-kubernetes as a user would, the operator in its own pod
+with its service account's token.
 
 Root only; the first run builds the node binaries and the image (cached under
 ~/.cache/slotune-k8s). Marked `node`: `pytest -m node tests/operator_tests/test_node.py`.
@@ -11,6 +13,7 @@ Root only; the first run builds the node binaries and the image (cached under
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -23,7 +26,7 @@ import yaml
 
 from slotune.operator import api
 
-from .conftest import MANIFESTS, local_cluster, running_operator
+from .conftest import MANIFESTS, ROOT, apply_objects, local_cluster, running_operator
 from .kubelet import get, wait_for
 from .kubelet import get_cr
 from .resources import create, tuning
@@ -43,10 +46,14 @@ def node(tmp_path_factory):
     if os.geteuid() != 0:
         pytest.skip("a real node needs root (containerd, runc, network namespaces)")
     _node("build")
-    image = _node("slotune-image", stdout=subprocess.PIPE).stdout.strip().splitlines()[-1]
+    images = [
+        _node(f"{name}-image", stdout=subprocess.PIPE).stdout.strip().splitlines()[-1]
+        for name in ("slotune", "operator")
+    ]
     d = tmp_path_factory.mktemp("node")
     with local_cluster(NODE_SH, d) as c:
-        _node("image", image, str(d))
+        for image in images:
+            _node("image", image, str(d))
         yield c
 
 
@@ -205,3 +212,164 @@ def test_a_canary_that_misses_the_slo_is_rolled_back_and_none_of_its_pods_serves
     assert get(node.client(), "Deployment", node_ns, "chat-canary") is None
     stable = core.list_namespaced_pod(node_ns, label_selector=f"{api.LABEL_TRACK}=stable").items
     assert [p.status.phase for p in stable] == ["Running"]
+
+
+EXAMPLE = ROOT / "examples" / "04-kubernetes"
+_CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "PersistentVolume"}
+
+
+def _kustomize(path: Path) -> list[dict]:
+    """The objects `kubectl apply -k path` applies: its resources (folders recursively), with the
+    kustomization's namespace. (operator/manifests' `images:` entry matches no container image of
+    these files: nothing to rewrite.)"""
+    k = yaml.safe_load((path / "kustomization.yaml").read_text())
+    docs = []
+    for res in k["resources"]:
+        p = path / res
+        sub = _kustomize(p) if p.is_dir() else [d for d in yaml.safe_load_all(p.read_text()) if d]
+        for d in sub:
+            if k.get("namespace") and d["kind"] not in _CLUSTER_SCOPED:
+                d["metadata"]["namespace"] = k["namespace"]
+        docs += sub
+    return docs
+
+
+def _readme_claims() -> list[dict]:
+    """The two PersistentVolumeClaims examples/04-kubernetes/README.md tells the user to apply."""
+    text = (EXAMPLE / "README.md").read_text()
+    body = re.search(r"kubectl apply -f - <<'EOF'.*?\n(.*?)\nEOF\n", text, re.S).group(1)
+    return [d for d in yaml.safe_load_all(body) if d]
+
+
+def _host_volumes(claims: list[dict], root: Path) -> list[dict]:
+    """A hostPath PersistentVolume bound to each claim: this node has no storage provisioner."""
+    volumes = []
+    for c in claims:
+        path = root / c["metadata"]["name"]
+        path.mkdir()
+        path.chmod(0o777)  # the pods run as user 10001
+        volumes.append(
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolume",
+                "metadata": {"name": f"{c['metadata']['name']}-host"},
+                "spec": {
+                    "capacity": c["spec"]["resources"]["requests"],
+                    "accessModes": c["spec"]["accessModes"],
+                    "hostPath": {"path": str(path)},
+                    "claimRef": {"namespace": c["metadata"]["namespace"], "name": c["metadata"]["name"]},
+                    "persistentVolumeReclaimPolicy": "Retain",
+                },
+            }
+        )
+    return volumes
+
+
+def _example(name: str) -> dict:
+    return yaml.safe_load((EXAMPLE / name).read_text())
+
+
+@pytest.fixture
+def operator_pod(node) -> str:
+    """operator/manifests applied as `kubectl apply -k` would: the operator runs in its pod, from its
+    image, as its service account, until the test ends. Yields the pod's name."""
+    import kubernetes
+
+    client = node.client()
+    apply_objects(client, _kustomize(MANIFESTS))
+    core = kubernetes.client.CoreV1Api(client)
+    pod = wait_for(
+        "the operator's pod Ready",
+        lambda: next(
+            (
+                p
+                for p in core.list_namespaced_pod("slotune-system").items
+                if p.status.container_statuses and p.status.container_statuses[0].ready
+            ),
+            None,
+        ),
+        timeout=300,
+    )
+    yield pod.metadata.name
+    kubernetes.client.AppsV1Api(client).delete_namespaced_deployment("slotune-operator", "slotune-system")
+
+
+@pytest.mark.timeout(2700)
+def test_the_example_applied_as_a_user_would_with_the_operator_in_its_pod(node, operator_pod, tmp_path):
+    """operator/manifests (CRDs, RBAC, the operator's Deployment) and examples/04-kubernetes, applied
+    as the example's README says, into `default`. The operator runs in its pod from its own image with
+    its service account's token; the SLOServing's four pods record the requests a client sends through
+    the Service; the SLOTuning's Job tunes on that recorded traffic with the study on the work claim,
+    its canary is judged on its pod's /metrics against the example's SLO and promoted, and the
+    schedule fires run 2. What a 2-vCPU node cannot hold as written is scaled down (each line says
+    from what)."""
+    import kubernetes
+
+    client = node.client()
+    core = kubernetes.client.CoreV1Api(client)
+    claims = _readme_claims()
+    apply_objects(client, _host_volumes(claims, tmp_path) + claims)
+    serving = _example("sloserving.yaml")
+    serving["spec"]["resources"]["requests"]["cpu"] = "100m"  # 4 pods x 2 CPUs
+    tuning_cr = _example("slotuning.yaml")
+    spec = tuning_cr["spec"]
+    spec["resources"]["requests"]["cpu"] = "100m"  # 4 CPUs
+    spec["tuning"]["budget"]["n_trials"] = 1  # 10 trials of a recorded trace: about an hour here
+    spec["rollout"].update(canaryDurationSeconds=30)  # 10 minutes
+    spec["rollout"]["slo"]["minRequests"] = 5  # 50: a sequential client reaches the one canary pod ~1 in 5
+    spec["traffic"]["window"] = "1m"  # 24h: every measurement replays the whole window
+    spec["schedule"] = "* * * * *"  # Mondays 03:00
+    load = None
+    try:
+        create(client, "default", serving)
+        wait_for(
+            "the four serving pods Ready",
+            lambda: (
+                ((get(client, "Deployment", "default", "chat") or {}).get("status") or {}).get("readyReplicas") == 4
+                or None
+            ),
+            timeout=900,
+            interval=5,
+        )
+        load = _Load(f"http://{get(client, 'Service', 'default', 'chat')['spec']['clusterIP']}:8000")
+        load.start()
+        recorded = tmp_path / "chat-traffic" / "chat"
+        wait_for(
+            "20 requests recorded on the traffic claim",
+            lambda: sum(len(f.read_text().splitlines()) for f in recorded.rglob("*.jsonl")) >= 20 or None,
+            timeout=120,
+        )
+        create(client, "default", tuning_cr)
+
+        def history() -> list[dict]:
+            return (get_cr(client, api.TUNINGS, "default", "chat-k8s").get("status") or {}).get("history") or []
+
+        wait_for("run 2's outcome (the schedule)", lambda: len(history()) >= 2 or None, timeout=2400, interval=10)
+    finally:
+        if load is not None:
+            load.stop.set()
+            load.join(timeout=90)
+    status = get_cr(client, api.TUNINGS, "default", "chat-k8s")["status"]
+    print(yaml.safe_dump(status["history"], sort_keys=False))  # for the results file (pytest -rP)
+    first, second = status["history"][:2]
+    assert (first["run"], first["outcome"]) == (1, "Promoted"), status
+    assert second["run"] == 2 and second["outcome"] in ("Skipped", "Promoted", "RolledBack"), status
+    assert load.sent > 0
+    # Run 1 tuned on the recorded requests, the study on the work claim, and its winner serves.
+    assert first["traffic"]["requests"] >= 20, first
+    assert list((tmp_path / "chat-k8s-work").rglob("*.db")), "no study on the work claim"
+    stable = yaml.safe_load(get(client, "ConfigMap", "default", "chat-config")["data"]["config.yaml"])
+    promoted = [h for h in status["history"] if h["outcome"] == "Promoted"][-1]["config"]
+    assert {k: v for k, v in stable.items() if k != "model"} == {k: v for k, v in promoted.items() if k != "model"}
+    assert get_cr(client, api.SERVINGS, "default", "chat")["spec"].get("canary") is None
+    wait_for(
+        "no canary pod",
+        lambda: not core.list_namespaced_pod("default", label_selector=f"{api.LABEL_TRACK}=canary").items or None,
+        timeout=120,
+    )
+    # All of it with the operator's service account token and the shipped ClusterRole: no request
+    # refused, no restart.
+    op = core.read_namespaced_pod(operator_pod, "slotune-system")
+    assert op.status.container_statuses[0].restart_count == 0
+    log = core.read_namespaced_pod_log(operator_pod, "slotune-system")
+    assert "Forbidden" not in log and " 403" not in log, log[-4000:]
