@@ -173,6 +173,26 @@ def test_workers_ride_out_a_database_restart(tmp_path, postgres, fake_trials, mo
     assert not [t for t in trials if t.state.name == "FAIL"], [t.user_attrs.get("fail_reason") for t in trials]
 
 
+@pytest.mark.parametrize(
+    "message",
+    [
+        "the database system is starting up",
+        "the database system is not yet accepting connections",  # crash recovery, before a consistent state
+        "the database system is in recovery mode",
+    ],
+)
+def test_a_server_starting_or_recovering_is_an_outage_to_ride_out(message):
+    """What PostgreSQL answers while it starts or recovers from a crash is waited out like a refused
+    connection (the restart test above met the second on some runs: a worker died, its trial stuck)."""
+    import psycopg2
+    import sqlalchemy
+
+    from slotune.tuner.search.study import _is_connection_error
+
+    exc = sqlalchemy.exc.OperationalError("SELECT 1", {}, psycopg2.OperationalError(f"FATAL:  {message}"))
+    assert _is_connection_error(exc)
+
+
 def test_a_database_away_past_the_bound_stops_the_process_with_a_clear_message(tmp_path, postgres, monkeypatch):
     """Past DB_OUTAGE_S (shortened here to 2 s) without the database, a storage call raises
     StorageUnreachable, which the CLI prints as the reason and exit code 2."""

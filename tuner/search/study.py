@@ -165,6 +165,7 @@ _CONNECTION_PHRASES = (
     "the database system is starting up",
     "the database system is shutting down",
     "the database system is in recovery mode",
+    "the database system is not yet accepting connections",  # crash recovery after an immediate stop
     "connection already closed",
     "ssl connection has been closed",
     "no connection to the server",
