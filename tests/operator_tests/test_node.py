@@ -71,47 +71,6 @@ def node_ns(node):
     core.delete_namespace(name)
 
 
-def test_serving_pods_start_pass_their_probes_and_answer_through_the_service(node, node_ns):
-    """An SLOServing of one replica: the kubelet pulls nothing (the image is in containerd's
-    store), starts `tune serve` with the rendered command, volumes and env, marks it Ready from
-    its own readiness probe, and a request from outside the pods reaches it at the Service's
-    cluster IP (kube-proxy's rules)."""
-    client = node.client()
-    serving = {
-        "apiVersion": "slotune.dev/v1alpha1",
-        "kind": "SLOServing",
-        "metadata": {"name": "chat"},
-        "spec": {
-            "model": "smollm2-135m",
-            "replicas": 1,
-            "port": 8000,
-            "config": {"max_num_seqs": 2},
-            "resources": {"requests": {"cpu": "100m", "memory": "1Gi"}},
-        },
-    }
-    with running_operator(node):
-        create(client, node_ns, serving)
-        dep = wait_for(
-            "the Deployment's ready replica (the kubelet's readiness probe)",
-            lambda: (
-                (d := get(client, "Deployment", node_ns, "chat")) and (d.get("status") or {}).get("readyReplicas") and d
-            ),
-            timeout=600,
-        )
-        assert dep["status"]["readyReplicas"] == 1
-        svc = get(client, "Service", node_ns, "chat")
-        url = f"http://{svc['spec']['clusterIP']}:8000"
-        r = httpx.post(
-            f"{url}/v1/completions",
-            json={"model": "smollm2-135m", "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0},
-            timeout=60,
-        )
-        assert r.status_code == 200, r.text
-        assert r.json()["usage"]["completion_tokens"] == 8
-        metrics = httpx.get(f"{url}/metrics", timeout=10).text
-        assert "slotune_time_to_first_token_seconds_count" in metrics
-
-
 def _serving(replicas: int = 1) -> dict:
     return {
         "apiVersion": "slotune.dev/v1alpha1",
@@ -125,6 +84,42 @@ def _serving(replicas: int = 1) -> dict:
             "resources": {"requests": {"cpu": "100m", "memory": "1Gi"}},
         },
     }
+
+
+def _ready_replicas(client, ns: str, name: str) -> int | None:
+    """The Deployment's ready replicas, as its status says (the kubelet's readiness probes)."""
+    return ((get(client, "Deployment", ns, name) or {}).get("status") or {}).get("readyReplicas")
+
+
+def _without_model(config: dict) -> dict:
+    return {k: v for k, v in config.items() if k != "model"}
+
+
+def test_serving_pods_start_pass_their_probes_and_answer_through_the_service(node, node_ns):
+    """An SLOServing of one replica: the kubelet pulls nothing (the image is in containerd's
+    store), starts `tune serve` with the rendered command, volumes and env, marks it Ready from
+    its own readiness probe, and a request from outside the pods reaches it at the Service's
+    cluster IP (kube-proxy's rules)."""
+    client = node.client()
+    with running_operator(node):
+        create(client, node_ns, _serving())
+        ready = wait_for(
+            "the Deployment's ready replica (the kubelet's readiness probe)",
+            lambda: _ready_replicas(client, node_ns, "chat"),
+            timeout=600,
+        )
+        assert ready == 1
+        svc = get(client, "Service", node_ns, "chat")
+        url = f"http://{svc['spec']['clusterIP']}:8000"
+        r = httpx.post(
+            f"{url}/v1/completions",
+            json={"model": "smollm2-135m", "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0},
+            timeout=60,
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 8
+        metrics = httpx.get(f"{url}/metrics", timeout=10).text
+        assert "slotune_time_to_first_token_seconds_count" in metrics
 
 
 class _Load(threading.Thread):
@@ -156,7 +151,7 @@ def _tune_and_judge(node, ns: str, slo: dict) -> tuple[dict, "_Load"]:
         create(client, ns, _serving())
         wait_for(
             "the stable pod Ready",
-            lambda: ((get(client, "Deployment", ns, "chat") or {}).get("status") or {}).get("readyReplicas"),
+            lambda: _ready_replicas(client, ns, "chat"),
             600,
         )
         svc = get(client, "Service", ns, "chat")
@@ -191,8 +186,7 @@ def test_a_tuning_job_runs_in_a_pod_and_its_canary_is_promoted_on_real_traffic(n
     assert status["phase"] == "Promoted", status
     assert status["history"][-1]["measured"]["requests"] >= 5 and load.sent > 0
     stable = get(node.client(), "ConfigMap", node_ns, "chat-config")
-    promoted = {k: v for k, v in yaml.safe_load(stable["data"]["config.yaml"]).items() if k != "model"}
-    assert promoted == {k: v for k, v in status["best"]["config"].items() if k != "model"}
+    assert _without_model(yaml.safe_load(stable["data"]["config.yaml"])) == _without_model(status["best"]["config"])
 
 
 def test_a_canary_that_misses_the_slo_is_rolled_back_and_none_of_its_pods_serves(node, node_ns):
@@ -324,10 +318,7 @@ def test_the_example_applied_as_a_user_would_with_the_operator_in_its_pod(node, 
         create(client, "default", serving)
         wait_for(
             "the four serving pods Ready",
-            lambda: (
-                ((get(client, "Deployment", "default", "chat") or {}).get("status") or {}).get("readyReplicas") == 4
-                or None
-            ),
+            lambda: _ready_replicas(client, "default", "chat") == 4 or None,
             timeout=900,
             interval=5,
         )
@@ -360,7 +351,7 @@ def test_the_example_applied_as_a_user_would_with_the_operator_in_its_pod(node, 
     assert list((tmp_path / "chat-k8s-work").rglob("*.db")), "no study on the work claim"
     stable = yaml.safe_load(get(client, "ConfigMap", "default", "chat-config")["data"]["config.yaml"])
     promoted = [h for h in status["history"] if h["outcome"] == "Promoted"][-1]["config"]
-    assert {k: v for k, v in stable.items() if k != "model"} == {k: v for k, v in promoted.items() if k != "model"}
+    assert _without_model(stable) == _without_model(promoted)
     assert get_cr(client, api.SERVINGS, "default", "chat")["spec"].get("canary") is None
     wait_for(
         "no canary pod",
