@@ -11,7 +11,9 @@
  * (8-lane vectors, `vpmaddubsw` int8 kernels as llama.cpp's AVX2 Q8 dot). The float kernels are
  * written once over a thin vector layer (vf_*, VL lanes); only the integer dot products and the
  * int4 unpacking differ per ISA. slotune_isa() reports what was compiled in, and cpu_decode.py
- * repacks weights from that report, never from its own reading of the CPU flags.
+ * repacks weights from that report, never from its own reading of the CPU flags. Where the build has
+ * AMX (AMX-INT8/TILE) and Linux grants tile state, batches of 16+ rows run the int8-activation
+ * kernels' whole 16-row tiles on AMX over the VNNI layouts, with the VNNI kernels' exact results.
  *
  * Layouts are the engine's own, read in place (no second copy of any weight):
  *   dense fp32 / bf16 [N, K];  int8 [N, K] + bf16 per-channel scale [N];
@@ -98,7 +100,7 @@ static inline float load_w(const void *p, int dtype, int64_t i) {
 /* ---- vector layer: vf holds VL float32 lanes. The *n forms touch only the first n lanes
  * (n may exceed VL: then all of them); lanes past n load as 0 (or `fill`). ---- */
 
-enum { ISA_AVX512 = 1, ISA_AVX2 = 2, ISA_INT8_VNNI = 4, ISA_INT8_AVX2 = 8, ISA_INT4_INT8ACT = 16 };
+enum { ISA_AVX512 = 1, ISA_AVX2 = 2, ISA_INT8_VNNI = 4, ISA_INT8_AVX2 = 8, ISA_INT4_INT8ACT = 16, ISA_AMX = 32 };
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
 #define VL 16
@@ -609,6 +611,177 @@ static void int4_vnni_block(const Model *md, const Lin *L, float *out, int ldo, 
         else int4_vnni_rows_t(md, L, out, ldo, INT4_VNNI_ROWS, m0, b);
     }
 }
+
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
+#define HAVE_AMX 1
+#include <sys/syscall.h>
+#include <unistd.h>
+/* AMX (Sapphire Rapids and later): `tdpbsud` multiplies a tile of 16 rows x 32 signed activation
+ * codes by a tile of 8 quads x 16 channels x 4 unsigned weight bytes, the VNNI layouts as they are,
+ * 8192 multiply-adds per instruction against 64 for one vpdpbusd. The int32 sums of each 32-input
+ * block are the VNNI kernels' exactly, and their epilogue (scales, in the same order) is shared, so
+ * results are bit-identical; only whole 16-row tiles go through AMX, the rest through VNNI.
+ * Linux hands out tile state only on request (arch_prctl); amx_ok says whether it was granted. */
+static int amx_ok = -1; /* -1: not asked yet; slotune_set_amx() turns it off and on for tests */
+#define AMX_ROWS 16
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} amx_cfg_t;
+
+/* gcc's _tile_stored clobbers all memory, which sends the epilogue's register accumulators to the
+ * stack; these name the 1 KiB they write and the 512 bytes of weights they read. */
+#define TILE_STORE(t, p) __asm__ volatile("tilestored %%tmm" #t ", (%1,%2,1)" : "=m"(*(int32_t(*)[256])(p)) : "r"(p), "r"(64L))
+#define TILE_LOAD_W(t, p) __asm__ volatile("tileloadd (%0,%1,1), %%tmm" #t ::"r"(p), "r"(64L), "m"(*(const uint8_t(*)[512])(p)))
+
+static int amx_request(void) {
+    if (amx_ok < 0) amx_ok = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+    return amx_ok;
+}
+
+/* Tile shapes, loaded by every thread before its share of a matmul. int8: tmm0-1 int32 sums (16 rows
+ * x 16 channels), tmm2-3 activations (16 rows x 32 codes), tmm4-5 weights (8 quads x 64 bytes).
+ * int4: tmm0-3 sums, tmm4 activations, tmm5-7 weights. */
+static void amx_begin(int int4) {
+    amx_cfg_t c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 8; t++) c.rows[t] = 8, c.colsb[t] = 64; /* weights */
+    for (int t = 0; t < (int4 ? 4 : 2); t++) c.rows[t] = 16; /* sums */
+    for (int t = int4 ? 4 : 2; t < (int4 ? 5 : 4); t++) c.rows[t] = 16, c.colsb[t] = 32; /* activations */
+    /* not _tile_loadconfig: gcc 12's names 8 of the 64 bytes it reads, so the rest can be dropped as dead stores */
+    __asm__ volatile("ldtilecfg %0" ::"m"(c));
+}
+
+/* int8 weights, 16 rows from m0 x channel block c. Two sets of tiles take turns: block b + 1's
+ * product is computed and stored while block b's sums are scaled, so the AMX unit and the vector
+ * epilogue overlap, and each store has a block's time to land before it is read. */
+#define INT8_AMX_ISSUE(S, A, B, b)                         \
+    do {                                                   \
+        for (int l = 0; l < 8; l++) _mm_prefetch((const char *)w + (int64_t)((b) + 4) * 512 + 64 * l, _MM_HINT_T0); \
+        _tile_loadd(A, xq + (b) * 32, ldq);                \
+        TILE_LOAD_W(B, w + (int64_t)(b) * 512);        \
+        _tile_zero(S);                                     \
+        _tile_dpbsud(S, A, B);                             \
+        TILE_STORE(S, acc[S]);                             \
+    } while (0)
+/* The 16 rows' accumulators as named variables: gcc keeps an array of them on the stack. */
+#define AMX_EACH_ROW(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(15)
+static void int8_amx_tile(const Model *md, const Lin *L, float *out, int ldo, int m0, int c) {
+    const int nb = L->k / 32, ldq = md->max_k, lds = md->max_k / 32;
+    const uint8_t *w = (const uint8_t *)L->w + (int64_t)c * L->k * 16;
+    const int8_t *xq = md->xq + (int64_t)m0 * ldq;
+    const __m512i srow = _mm512_mullo_epi32(_mm512_set1_epi32(lds), _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+    const float *xs = md->xscale + (int64_t)m0 * lds;
+    int32_t acc[2][AMX_ROWS][16] __attribute__((aligned(64)));
+    float dx[AMX_ROWS] __attribute__((aligned(64))); /* block b's scale of each row, gathered */
+#define DECL(r) __m512 tot##r = _mm512_setzero_ps();
+    AMX_EACH_ROW(DECL)
+#undef DECL
+#define FMA(r) tot##r = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(acc[S_][r])), _mm512_set1_ps(dx[r]), tot##r);
+#define INT8_AMX_SCALE(b)                                              \
+    _mm512_store_ps(dx, _mm512_i32gather_ps(srow, xs + (b), 4));      \
+    AMX_EACH_ROW(FMA)
+    INT8_AMX_ISSUE(0, 2, 4, 0);
+    for (int b = 0; b < nb; b += 2) {
+        if (b + 1 < nb) INT8_AMX_ISSUE(1, 3, 5, b + 1);
+        {
+            enum { S_ = 0 };
+            INT8_AMX_SCALE(b);
+        }
+        if (b + 1 < nb) {
+            if (b + 2 < nb) INT8_AMX_ISSUE(0, 2, 4, b + 2);
+            enum { S_ = 1 };
+            INT8_AMX_SCALE(b + 1);
+        }
+    }
+#undef INT8_AMX_SCALE
+#undef FMA
+    const __m512 ws = vf_load_bf16(L->scales + c * 16);
+    __m512 corr = _mm512_setzero_ps(); /* each row's sum of x over K (the +128's correction), 16 rows at once */
+    for (int b = 0; b < nb; b++) corr = _mm512_add_ps(corr, _mm512_i32gather_ps(srow, md->xsum + (int64_t)m0 * lds + b, 4));
+    _mm512_store_ps(dx, corr);
+#define STORE(r)                                                                                                          \
+    _mm512_storeu_ps(out + (int64_t)(m0 + r) * ldo + c * 16,                                                              \
+                     _mm512_mul_ps(ws, _mm512_fnmadd_ps(_mm512_set1_ps(128.0f), _mm512_set1_ps(dx[r]), tot##r)));
+    AMX_EACH_ROW(STORE)
+#undef STORE
+}
+
+/* int4 weights: 64-channel block b for rows m0..m0+16*T-1 (T <= 4 tiles). Each 32-input slice is
+ * unpacked once into four 8 x 64-byte weight tiles (the VNNI kernel's `and`s) and serves all T tiles. */
+#define INT4_AMX_TILES 4
+static void int4_amx_block(const Model *md, const Lin *L, float *out, int ldo, int T, int m0, int b) {
+    const int K = L->k, g = L->group, Kp = (K + g - 1) / g * g, ldq = md->max_k, lds = md->max_k / 32;
+    const __m512i *w = (const __m512i *)((const uint8_t *)L->w + (int64_t)b * Kp * 32);
+    const uint16_t *sz = L->scales + (int64_t)b * (Kp / g) * 128;
+    const __m512i lo4 = _mm512_set1_epi8(0x0f), hi4 = _mm512_set1_epi8((char)0xf0);
+    uint8_t wt[4][8][64] __attribute__((aligned(64)));
+    int32_t acc[4][AMX_ROWS][16] __attribute__((aligned(64)));
+    float tot[INT4_AMX_TILES * AMX_ROWS][64] __attribute__((aligned(64)));
+    float sx[INT4_AMX_TILES * AMX_ROWS];
+    const int R = T * AMX_ROWS;
+    memset(tot, 0, sizeof(float) * 64 * R);
+    for (int k0 = 0; k0 < K; k0 += g, sz += 128) {
+        const int k1 = k0 + g < K ? k0 + g : K;
+        __m512 sc[4];
+        for (int j = 0; j < 4; j++)
+            sc[j] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_loadu_si512((const void *)(sz + j * 32)), 16));
+        sc[2] = _mm512_mul_ps(sc[2], _mm512_set1_ps(1.0f / 16));
+        sc[3] = _mm512_mul_ps(sc[3], _mm512_set1_ps(1.0f / 16));
+        for (int r = 0; r < R; r++) sx[r] = 0.0f;
+        for (int kb = k0; kb < k1; kb += 32) {
+            const __m512i *ws = w + (int64_t)(kb / 32) * 16;
+            for (int q = 0; q < 8; q++) {
+                const __m512i v0 = _mm512_loadu_si512(ws + 2 * q), v1 = _mm512_loadu_si512(ws + 2 * q + 1);
+                _mm512_store_si512(wt[0][q], _mm512_and_si512(v0, lo4));
+                _mm512_store_si512(wt[1][q], _mm512_and_si512(v1, lo4));
+                _mm512_store_si512(wt[2][q], _mm512_and_si512(v0, hi4));
+                _mm512_store_si512(wt[3][q], _mm512_and_si512(v1, hi4));
+            }
+            for (int t = 0; t < T; t++) {
+                const int mt = m0 + t * AMX_ROWS;
+                _tile_loadd(4, md->xq + (int64_t)mt * ldq + kb, ldq);
+                _tile_zero(0);
+                _tile_zero(1);
+                _tile_zero(2);
+                _tile_zero(3);
+                TILE_LOAD_W(5, wt[0]);
+                TILE_LOAD_W(6, wt[1]);
+                TILE_LOAD_W(7, wt[2]);
+                _tile_dpbsud(0, 4, 5);
+                _tile_dpbsud(1, 4, 6);
+                _tile_dpbsud(2, 4, 7);
+                TILE_LOAD_W(5, wt[3]);
+                _tile_dpbsud(3, 4, 5);
+                TILE_STORE(0, acc[0]);
+                TILE_STORE(1, acc[1]);
+                TILE_STORE(2, acc[2]);
+                TILE_STORE(3, acc[3]);
+                for (int r = 0; r < AMX_ROWS; r++) {
+                    const int rr = t * AMX_ROWS + r;
+                    const __m512 dx = _mm512_set1_ps(md->xscale[(int64_t)(mt + r) * lds + kb / 32]);
+                    sx[rr] += md->xsum[(int64_t)(mt + r) * lds + kb / 32];
+                    for (int j = 0; j < 4; j++)
+                        _mm512_store_ps(tot[rr] + 16 * j, _mm512_fmadd_ps(_mm512_mul_ps(sc[j], dx),
+                                                                         _mm512_cvtepi32_ps(_mm512_load_si512(acc[j][r])),
+                                                                         _mm512_load_ps(tot[rr] + 16 * j)));
+                }
+            }
+        }
+        for (int j = 0; j < 4; j++) {
+            const __m512i pairs = _mm512_loadu_si512((const void *)(sz + j * 32));
+            const __m512 ze = _mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32((int)0xffff0000u)));
+            const __m512 off = _mm512_fnmadd_ps(_mm512_set1_ps(8.0f), _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16)), ze);
+            for (int r = 0; r < R; r++)
+                _mm512_store_ps(tot[r] + 16 * j, _mm512_fmadd_ps(off, _mm512_set1_ps(sx[r]), _mm512_load_ps(tot[r] + 16 * j)));
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < 4; j++) _mm512_storeu_ps(out + (int64_t)(m0 + r) * ldo + b * 64 + j * 16, _mm512_load_ps(tot[r] + 16 * j));
+}
+#endif
 #endif
 
 #if VL == 8
@@ -779,6 +952,29 @@ double slotune_vnni_peak(int64_t iters, int num_threads) {
     return sink == 42 ? 0.0 : (double)iters * 16 * 64 * num_threads / dt; /* sink read: the chains are kept */
 }
 #endif
+#ifdef HAVE_AMX
+/* The machine's tdpbsud ceiling, MACs per second: 2 independent sums per thread over tiles in
+ * registers (the int8 kernel's shapes), `iters` each; 0 without AMX. */
+double slotune_amx_peak(int64_t iters, int num_threads) {
+    if (amx_request() <= 0) return 0.0;
+    const double t0 = omp_get_wtime();
+#pragma omp parallel num_threads(num_threads)
+    {
+        static const int8_t zeros[AMX_ROWS * 64];
+        amx_begin(0);
+        _tile_loadd(2, zeros, 32);
+        _tile_loadd(4, zeros, 64);
+        _tile_zero(0);
+        _tile_zero(1);
+        for (int64_t i = 0; i < iters; i++) {
+            _tile_dpbsud(0, 2, 4);
+            _tile_dpbsud(1, 2, 4);
+        }
+        _tile_release();
+    }
+    return (double)iters * 2 * AMX_ROWS * 16 * 32 * num_threads / (omp_get_wtime() - t0);
+}
+#endif
 #else
 #define PROF(i) ((void)0)
 #endif
@@ -790,6 +986,19 @@ static void matmul_nobias(const Model *md, const Lin *L, const float *x, int ldx
     if (L->kind == W_INT8_VNNI) { /* repacked (cpu_decode.py) only with int8_activations, K % 32 == 0, N % 16 == 0 */
         quantize_rows(md, x, ldx, M, L->k, 0);
         PROF(P_QUANT);
+#ifdef HAVE_AMX
+        if (M >= AMX_ROWS && amx_ok > 0) {
+            const int tiles = M / AMX_ROWS;
+            amx_begin(0);
+#pragma omp for schedule(static)
+            for (int c = 0; c < L->n / 16; c++) {
+                for (int t = 0; t < tiles; t++) int8_amx_tile(md, L, out, ldo, t * AMX_ROWS, c);
+                for (int r = tiles * AMX_ROWS; r < M; r += 8) int8_vnni_rows(md, L, out, ldo, M - r < 8 ? M - r : 8, r, c);
+            }
+            _tile_release();
+            return;
+        }
+#endif
 #pragma omp for schedule(static)
         for (int p = 0; p < (L->n / 16 + 1) / 2; p++) int8_vnni_pair(md, L, out, ldo, M, p);
         return;
@@ -797,6 +1006,23 @@ static void matmul_nobias(const Model *md, const Lin *L, const float *x, int ldx
     if (L->kind == W_INT4_VNNI) { /* repacked (cpu_decode.py) only with int8_activations, K % 32 == 0, g % 32 == 0 */
         quantize_rows(md, x, ldx, M, L->k, 1);
         PROF(P_QUANT);
+#ifdef HAVE_AMX
+        if (M >= AMX_ROWS && amx_ok > 0) {
+            const int tiles = M / AMX_ROWS, m1 = tiles * AMX_ROWS;
+            amx_begin(1);
+#pragma omp for schedule(static)
+            for (int b = 0; b < L->n / 64; b++) {
+                for (int t = 0; t < tiles; t += INT4_AMX_TILES)
+                    int4_amx_block(md, L, out, ldo, tiles - t < INT4_AMX_TILES ? tiles - t : INT4_AMX_TILES, t * AMX_ROWS, b);
+                for (int m0 = m1; m0 < M; m0 += INT4_VNNI_ROWS) {
+                    if (M - m0 == 1) int4_vnni_rows_t(md, L, out, ldo, 1, m0, b);
+                    else int4_vnni_rows_t(md, L, out, ldo, INT4_VNNI_ROWS, m0, b);
+                }
+            }
+            _tile_release();
+            return;
+        }
+#endif
 #pragma omp for schedule(static)
         for (int b = 0; b < L->n / 64; b++) int4_vnni_block(md, L, out, ldo, M, b);
         return;
@@ -1034,8 +1260,23 @@ void slotune_matmul(const Model *md, const Lin *L, const float *x, float *out, i
  * own runtime ISA (64 for AVX-512, 32 for AVX2), which cpu_decode.py checks against this. */
 int slotune_int4_block(void) { return INT4_BLOCK; }
 
+/* Turn the AMX kernels on (asking Linux for tile state the first time) or off; returns whether they
+ * are on. Off until asked: cpu_decode.py turns them on at load. */
+int slotune_set_amx(int on) {
+#ifdef HAVE_AMX
+    amx_ok = on ? (amx_ok == 0 ? -1 : amx_ok) : 0;
+    return on ? amx_request() : 0;
+#else
+    (void)on;
+    return 0;
+#endif
+}
+
 int slotune_isa(void) {
     return ISA_FLOAT
+#ifdef HAVE_AMX
+           | (amx_ok > 0 ? ISA_AMX : 0)
+#endif
 #ifdef HAVE_VNNI
            | ISA_INT8_VNNI | ISA_INT4_INT8ACT
 #endif

@@ -29,7 +29,7 @@ SOURCE = Path(__file__).with_name("cpu_decode.c")
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-math-errno"]
 W_F32, W_BF16, W_INT8, W_INT4, W_INT8_VNNI, W_INT8_AVX2, W_INT4_VNNI = 0, 1, 2, 3, 4, 5, 6
 # slotune_isa() flags (cpu_decode.c): float kernels' ISA, and the int8-activation kernels compiled in
-ISA_AVX512, ISA_AVX2, ISA_INT8_VNNI, ISA_INT8_AVX2, ISA_INT4_INT8ACT = 1, 2, 4, 8, 16
+ISA_AVX512, ISA_AVX2, ISA_INT8_VNNI, ISA_INT8_AVX2, ISA_INT4_INT8ACT, ISA_AMX = 1, 2, 4, 8, 16, 32
 MAX_HEAD_DIM = 512  # the kernel widens 16 K rows into a stack buffer of this size
 
 
@@ -217,6 +217,10 @@ def load_library(profile: bool = False) -> ctypes.CDLL | str:
     ]
     lib.slotune_isa.restype = ctypes.c_int
     lib.slotune_isa.argtypes = []
+    lib.slotune_set_amx.restype = ctypes.c_int
+    lib.slotune_set_amx.argtypes = [ctypes.c_int]
+    # AMX tiles for batches of 16+ rows where the CPU and Linux grant them; SLOTUNE_AMX=0 keeps VNNI
+    lib.slotune_set_amx(int(os.environ.get("SLOTUNE_AMX", "1") != "0"))
     lib.slotune_int4_block.restype = ctypes.c_int
     lib.slotune_int4_block.argtypes = []
     lib.slotune_matmul.restype = None
@@ -253,6 +257,13 @@ def torch_int4_block() -> int:
 def has_int8_activations() -> bool:
     """int8 x int8 kernels for int8 and int4 layers are compiled in (AVX512-VNNI/VBMI, or AVX2)."""
     return bool(isa() & ISA_INT4_INT8ACT)
+
+
+def set_amx(on: bool) -> bool:
+    """Turn the AMX int8 kernels (16+ rows; results identical to VNNI's) on or off; returns whether
+    they are on: False where the build, the CPU or Linux has none."""
+    lib = load_library()
+    return not isinstance(lib, str) and bool(lib.slotune_set_amx(int(on)))
 
 
 def matmul(w: NativeLinear, x: torch.Tensor, int8_activations: bool = False) -> torch.Tensor:

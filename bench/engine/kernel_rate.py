@@ -6,11 +6,12 @@ again (it stays in L2/L3: the kernel's own speed), and `cold`, 30 distinct ones 
 past the last-level cache: what a decode step sees). Rates are weight bytes (as stored, scales included)
 and multiply-adds per second; best of `--repeats`. The ceilings beside them, measured in the same run:
 the read bandwidth (bench/bandwidth.py) and `slotune_vnni_peak` (16 independent vpdpbusd chains per
-thread, in the profiling build). `--against FILE.c` builds another version of kernels/cpu_decode.c
+thread, in the profiling build), and with `--amx` `slotune_amx_peak` (tdpbsud on tiles in registers) beside
+this build's AMX kernels on and off (`no-amx`). `--against FILE.c` builds another version of kernels/cpu_decode.c
 (e.g. `git show REV:kernels/cpu_decode.c > /tmp/old.c`) and times it beside, on the layout it reads
 (int4 in torch's pack).
 
-    .venv/bin/python bench/engine/kernel_rate.py --rows 1,4,16,64 [--against /tmp/old.c]
+    .venv/bin/python bench/engine/kernel_rate.py --rows 1,4,16,64 [--against /tmp/old.c] [--amx]
 """
 
 from __future__ import annotations
@@ -52,18 +53,32 @@ def vnni_peak() -> float:
     return max(lib.slotune_vnni_peak(2_000_000, torch.get_num_threads()) for _ in range(3))
 
 
+def amx_peak() -> float:
+    lib = cd.load_library(profile=True)
+    if isinstance(lib, str) or not hasattr(lib, "slotune_amx_peak"):
+        return 0.0
+    lib.slotune_amx_peak.restype, lib.slotune_amx_peak.argtypes = ctypes.c_double, [ctypes.c_int64, ctypes.c_int]
+    return max(lib.slotune_amx_peak(2_000_000, torch.get_num_threads()) for _ in range(3))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="1,4,16,64")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--against", type=Path, default=None, help="another cpu_decode.c to time beside this one")
+    ap.add_argument("--amx", action="store_true", help="time this build with its AMX kernels off beside them on")
     args = ap.parse_args()
     threads = torch.get_num_threads()
     libs = {"this": cd.load_library()}
     if args.against:
         libs["against"] = build(args.against)
-    bw, peak = read_bandwidth_gbs(), vnni_peak()
-    print(f"read bandwidth {bw:.1f} GB/s, vpdpbusd ceiling {peak / 1e9:.0f} GMAC/s, {threads} threads")
+    if args.amx:
+        if not cd.set_amx(True):
+            sys.exit("this build, CPU or kernel has no AMX")
+        libs["no-amx"] = libs["this"]
+    bw, peak, apeak = read_bandwidth_gbs(), vnni_peak(), amx_peak() if args.amx else 0.0
+    amx_ceiling = f", tdpbsud ceiling {apeak / 1e9:.0f} GMAC/s" if apeak else ""
+    print(f"read bandwidth {bw:.1f} GB/s, vpdpbusd ceiling {peak / 1e9:.0f} GMAC/s{amx_ceiling}, {threads} threads")
     torch.manual_seed(0)
     for fmt in ("int8", "int4-g32"):
         mods = [
@@ -76,6 +91,7 @@ def main() -> None:
             # an older build reads int8 repacked as today, int4 in torch's pack
             "against": [cd._lin(native_linear(m), keep, fmt == "int8") for m in mods],
         }
+        lins["no-amx"] = lins["this"]
         for rows in map(int, args.rows.split(",")):
             x = torch.randn(rows, K)
             xq, xs, xsum = (
@@ -88,6 +104,8 @@ def main() -> None:
             best = {(name, way): float("inf") for name in libs for way in ("hot", "cold")}
             for _ in range(args.repeats):
                 for name, lib in libs.items():
+                    if args.amx:
+                        cd.set_amx(name != "no-amx")
                     for way in ("hot", "cold"):
                         seq = [lins[name][0]] * COLD if way == "hot" else lins[name]
                         t = time.perf_counter()
@@ -100,6 +118,8 @@ def main() -> None:
                 gbs, gmacs = nbytes / s / 1e9, rows * N * K / s / 1e9
                 roof = f"{gbs / bw:4.0%} of read bw" if way == "cold" else "            "
                 ceil = f"{gmacs * 1e9 / peak:4.0%} of VNNI ceiling" if peak else ""
+                if apeak and name == "this" and rows >= 16:  # whole 16-row tiles go through AMX
+                    ceil += f", {gmacs * 1e9 / apeak:4.0%} of AMX's"
                 print(
                     f"{fmt:8s} rows {rows:3d} {name:7s} {way:4s}: {gbs:6.1f} GB/s {roof}  {gmacs:6.1f} GMAC/s {ceil}",
                     flush=True,

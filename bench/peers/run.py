@@ -472,6 +472,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="llama-server's folder (default: where build_llama_cpp.sh builds for this CPU)",
     )
     ap.add_argument("--llama-extra", type=str, default="", help="more llama-server flags, e.g. '--cache-ram 0'")
+    ap.add_argument(
+        "--amx-off-too",
+        action="store_true",
+        help="also serve each slotune config with its AMX kernels off (SLOTUNE_AMX=0, as `NAME-no-amx`)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model", type=str, default=MODEL, help=f"a bundled model both servers serve (default {MODEL})")
     ap.add_argument("--machine", type=str, default=None, help="label in the file names (default from lscpu)")
@@ -531,6 +536,10 @@ def main(argv: list[str] | None = None) -> int:
     for path in args.configs:
         cfg = slotune_config(path, model=args.model, slots=slots, ctx_per_slot=ctx)
         servers.append(tune_serve(path.stem, cfg, threads=args.threads, port=port, workdir=workdir))
+        if args.amx_off_too:
+            off = tune_serve(f"{path.stem}-no-amx", cfg, threads=args.threads, port=port, workdir=workdir)
+            off.env["SLOTUNE_AMX"] = "0"
+            servers.append(off)
     info = machine_info()
     date = datetime.now(timezone.utc).strftime("%Y-%m-%d")
     label = args.machine or machine_label(info)
@@ -551,7 +560,7 @@ def main(argv: list[str] | None = None) -> int:
                         round_index=i,
                     )
                 )
-                if args.in_process and server.config is not None:
+                if args.in_process and server.config is not None and "SLOTUNE_AMX" not in server.env:
                     rounds.append(
                         run_in_process(server, points, num_requests=args.num_requests, seed=args.seed, round_index=i)
                     )

@@ -277,6 +277,32 @@ def test_int8_activation_kernel_at_the_extremes(n):
         torch.testing.assert_close(got4, (x.double() @ _dense(mod4).double().T).float(), atol=1e-3, rtol=1e-5)
 
 
+@pytest.mark.parametrize("rows", [16, 17, 33, 80])
+@pytest.mark.parametrize(("kind", "n", "k"), [("int8", 144, 160), ("int4-g32", 128, 576), ("int4-g64", 192, 320)])
+def test_amx_kernels_give_the_vnni_kernels_results_bit_for_bit(kind, n, k, rows):
+    """With AMX (whole 16-row tiles; the remaining rows through VNNI) every output equals the VNNI
+    kernel's exactly: the same int32 block sums scaled in the same order. 80 rows: more tiles than one
+    int4 pass holds (4); 17 and 33: a tail."""
+    from slotune.kernels import cpu_decode as cd
+
+    if not cd.set_amx(True):
+        pytest.skip("no AMX here (the CPU, Linux or this build)")
+    torch.manual_seed(0)
+    w, x = torch.randn(n, k) / k**0.5, torch.randn(rows, k)
+    x[:, 5] *= 30
+    mod = Int8Linear(w) if kind == "int8" else Int4Linear(w, int(kind.split("-g")[1]))
+    try:
+        assert cd.isa() & cd.ISA_AMX
+        amx = cd.matmul(native_linear(mod), x, int8_activations=True)
+        assert not cd.set_amx(False) and not cd.isa() & cd.ISA_AMX
+        vnni = cd.matmul(native_linear(mod), x, int8_activations=True)
+    finally:
+        cd.set_amx(True)
+    assert torch.equal(amx, vnni)
+    want = (_fake_quant_rows(x).double() @ _dense(mod).double().T).float()
+    assert (amx - want).abs().max() < 0.05 * want.abs().max()  # and it is the matmul, not zeros
+
+
 @pytest.mark.parametrize(
     ("overrides", "max_native_rows"),
     [({}, None), ({"max_num_batched_tokens": 16}, None), ({"max_num_batched_tokens": 16}, 2)],
