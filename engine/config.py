@@ -46,7 +46,12 @@ class KernelConfig(_EngineModel):
     # float32 logits is measured in docs/design/engine-quantization.md: a lever for the quality gates to judge.
     int8_activations: bool = Field(
         False,
-        description="CPU native step, int4/int8 layers and LM head: quantize activations to int8 per 32 inputs",
+        description="CPU native step, int4/int8 layers and LM head: quantize activations to int8",
+    )
+    # Coarser groups cut the int8 kernels' per-group scaling, the limit of the AMX tiles at 16+ rows;
+    # their error is measured in docs/design/engine-quantization.md.
+    int8_activation_group_size: Literal[32, 64, 128, 256] = Field(
+        32, description="with int8_activations: inputs per activation scale (the last group of a row may be shorter)"
     )
     decode_attention: DecodeAttentionConfig = DecodeAttentionConfig()
     prefill_attention: PrefillAttentionConfig = PrefillAttentionConfig()

@@ -148,6 +148,7 @@ class ModelRunner:
             max_rows=rows,
             max_ctx=cfg.max_model_len,
             int8_activations=cfg.kernels.int8_activations,
+            act_group=cfg.kernels.int8_activation_group_size,
         )
         if isinstance(decoder, str):
             if cfg.kernels.backend == "native":

@@ -74,7 +74,7 @@ def native_model(model: LlamaModel) -> NativeModel | str:
 
 
 def native_decoder(
-    model: LlamaModel, cache: KVCache, max_rows: int, max_ctx: int, int8_activations: bool
+    model: LlamaModel, cache: KVCache, max_rows: int, max_ctx: int, int8_activations: bool, act_group: int = 32
 ) -> CpuDecoder | str:
     """The native decode step for `model` over `cache`, or why it cannot run here."""
     if cache.is_quantized:
@@ -85,4 +85,12 @@ def native_decoder(
     reason = CpuDecoder.unsupported(weights, cache.k)
     if reason is not None:
         return reason
-    return CpuDecoder(weights, cache.k, cache.v, max_rows=max_rows, max_ctx=max_ctx, int8_activations=int8_activations)
+    return CpuDecoder(
+        weights,
+        cache.k,
+        cache.v,
+        max_rows=max_rows,
+        max_ctx=max_ctx,
+        int8_activations=int8_activations,
+        act_group=act_group,
+    )

@@ -29,7 +29,8 @@
  *   int8 AVX2 (only with int8_activations, AVX2 builds): [N/8, K/4, 8, 4] signed bytes, the same scales.
  *   KV cache [L, num_blocks, block_size, Hkv, D] in fp32 or bf16 (the model dtype).
  * Activations are fp32 throughout and weights are widened in registers, except that with
- * int8_activations the int4 and int8 layers quantize their input to int8 per 32 values.
+ * int8_activations the int4 and int8 layers quantize their input to int8, one scale per act_group
+ * (32-256) values.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -77,7 +78,13 @@ typedef struct {
     float embed_scale;        /* embeddings times this (Gemma: sqrt(hidden)), 0 = none */
     int32_t rot_dim;          /* RoPE on each head's first rot_dim dims (Phi-3: part of the head) */
     int32_t gelu;             /* the MLP's gate: 1 = GeGLU with tanh GELU (Gemma), 0 = SwiGLU */
+    int32_t act_group;        /* inputs per int8 activation scale: 32 (or 0), 64, 128 or 256 */
 } Model;
+
+/* 32-input slices per activation scale. Codes, scales and sums stay per slice (a group's slices
+ * share its scale), so the int4 kernels read them as they are; the int8 kernels sum a group's
+ * slices in int32 (at most 256 * 127 * 255 < 2^24: exact in float) and scale once per group. */
+static inline int act_slices(const Model *md) { return md->act_group > 32 ? md->act_group / 32 : 1; }
 
 static inline float bf16_to_f32(uint16_t v) {
     union { uint32_t u; float f; } c = {.u = (uint32_t)v << 16};
@@ -457,26 +464,32 @@ static void int4_block_rows(const Lin *L, const float *x, int ldx, float *out, i
  * float32, and the same work serves every row of the batch.
  *   sum_k w x = scale * sum_b dx_b * sum_{k in b} q_k qx_k + (zero - 8 scale) * sum_k x_k   */
 
-/* x [M, K] -> codes and a scale per 32 inputs (K % 32 == 0), and per 32 a sum: of the float inputs
- * when exact_sum (the int4 kernel's zero-point term), else of the codes times the scale (the int8
+/* x [M, K] -> codes, one scale per group of act_group inputs (written for each of its 32-input
+ * slices; K % 32 == 0, the last group may be shorter), and per 32 a sum: of the float inputs when
+ * exact_sum (the int4 kernel's zero-point term), else of the codes times the scale (the int8
  * kernel's correction for its unsigned weights, exact in integers). */
 static void quantize_rows(const Model *md, const float *x, int ldx, int M, int K, int exact_sum) {
-    const int nb = K / 32;
+    const int nb = K / 32, gs = act_slices(md), ng = (nb + gs - 1) / gs;
 #pragma omp for schedule(static)
-    for (int t = 0; t < M * nb; t++) {
-        const int m = t / nb, b = t % nb;
-        const float *xr = x + (int64_t)m * ldx + b * 32;
-        const __m512 v0 = _mm512_loadu_ps(xr), v1 = _mm512_loadu_ps(xr + 16);
-        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+    for (int t = 0; t < M * ng; t++) {
+        const int m = t / ng, b0 = t % ng * gs, b1 = b0 + gs < nb ? b0 + gs : nb;
+        const float *xr = x + (int64_t)m * ldx;
+        __m512 mx = _mm512_setzero_ps();
+        for (int b = b0; b < b1; b++)
+            mx = _mm512_max_ps(mx, _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(xr + b * 32)), _mm512_abs_ps(_mm512_loadu_ps(xr + b * 32 + 16))));
+        const float amax = _mm512_reduce_max_ps(mx);
         const float d = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
         const __m512 s = _mm512_set1_ps(inv);
-        const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, s)), q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, s));
-        int8_t *dst = md->xq + (int64_t)m * md->max_k + b * 32;
-        _mm_storeu_si128((__m128i *)dst, _mm512_cvtsepi32_epi8(q0));
-        _mm_storeu_si128((__m128i *)(dst + 16), _mm512_cvtsepi32_epi8(q1));
-        md->xscale[(int64_t)m * (md->max_k / 32) + b] = d;
-        md->xsum[(int64_t)m * (md->max_k / 32) + b] =
-            exact_sum ? _mm512_reduce_add_ps(_mm512_add_ps(v0, v1)) : d * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+        for (int b = b0; b < b1; b++) {
+            const __m512 v0 = _mm512_loadu_ps(xr + b * 32), v1 = _mm512_loadu_ps(xr + b * 32 + 16);
+            const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, s)), q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, s));
+            int8_t *dst = md->xq + (int64_t)m * md->max_k + b * 32;
+            _mm_storeu_si128((__m128i *)dst, _mm512_cvtsepi32_epi8(q0));
+            _mm_storeu_si128((__m128i *)(dst + 16), _mm512_cvtsepi32_epi8(q1));
+            md->xscale[(int64_t)m * (md->max_k / 32) + b] = d;
+            md->xsum[(int64_t)m * (md->max_k / 32) + b] =
+                exact_sum ? _mm512_reduce_add_ps(_mm512_add_ps(v0, v1)) : d * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+        }
     }
 }
 
@@ -493,20 +506,21 @@ INLINE void int8_vnni_tile_t(const Model *md, const Lin *L, float *out, int ldo,
     __m512 tot[8][2];
     for (int r = 0; r < R; r++)
         for (int c = 0; c < C; c++) tot[r][c] = _mm512_setzero_ps();
-    for (int b = 0; b < nb; b++) {
+    for (int g0 = 0, gs = act_slices(md); g0 < nb; g0 += gs) {
         __m512i acc[8][2];
         for (int r = 0; r < R; r++)
             for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_si512();
-        for (int q = 0; q < 8; q++) {
-            __m512i wv[2];
-            for (int c = 0; c < C; c++) wv[c] = _mm512_loadu_si512(w + c * cs + b * 8 + q);
-            for (int r = 0; r < R; r++) {
-                const __m512i xb = _mm512_set1_epi32(*(const int32_t *)(md->xq + (int64_t)(m0 + r) * ldq + b * 32 + 4 * q));
-                for (int c = 0; c < C; c++) acc[r][c] = _mm512_dpbusd_epi32(acc[r][c], wv[c], xb);
+        for (int b = g0; b < g0 + gs && b < nb; b++)
+            for (int q = 0; q < 8; q++) {
+                __m512i wv[2];
+                for (int c = 0; c < C; c++) wv[c] = _mm512_loadu_si512(w + c * cs + b * 8 + q);
+                for (int r = 0; r < R; r++) {
+                    const __m512i xb = _mm512_set1_epi32(*(const int32_t *)(md->xq + (int64_t)(m0 + r) * ldq + b * 32 + 4 * q));
+                    for (int c = 0; c < C; c++) acc[r][c] = _mm512_dpbusd_epi32(acc[r][c], wv[c], xb);
+                }
             }
-        }
         for (int r = 0; r < R; r++) {
-            const __m512 dx = _mm512_set1_ps(md->xscale[(int64_t)(m0 + r) * lds + b]);
+            const __m512 dx = _mm512_set1_ps(md->xscale[(int64_t)(m0 + r) * lds + g0]);
             for (int c = 0; c < C; c++) tot[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][c]), dx, tot[r][c]);
         }
     }
@@ -618,9 +632,9 @@ static void int4_vnni_block(const Model *md, const Lin *L, float *out, int ldo, 
 #include <unistd.h>
 /* AMX (Sapphire Rapids and later): `tdpbsud` multiplies a tile of 16 rows x 32 signed activation
  * codes by a tile of 8 quads x 16 channels x 4 unsigned weight bytes, the VNNI layouts as they are,
- * 8192 multiply-adds per instruction against 64 for one vpdpbusd. The int32 sums of each 32-input
- * block are the VNNI kernels' exactly, and their epilogue (scales, in the same order) is shared, so
- * results are bit-identical; only whole 16-row tiles go through AMX, the rest through VNNI.
+ * 8192 multiply-adds per instruction against 64 for one vpdpbusd. The int32 sums of each activation
+ * group are the VNNI kernels' exactly and are scaled in the same order, so results are bit-identical;
+ * only whole 16-row tiles go through AMX, the rest through VNNI.
  * Linux hands out tile state only on request (arch_prctl); amx_ok says whether it was granted. */
 static int amx_ok = -1; /* -1: not asked yet; slotune_set_amx() turns it off and on for tests */
 #define AMX_ROWS 16
@@ -654,57 +668,72 @@ static void amx_begin(int int4) {
     __asm__ volatile("ldtilecfg %0" ::"m"(c));
 }
 
-/* int8 weights, 16 rows from m0 x channel block c. Two sets of tiles take turns: block b + 1's
- * product is computed and stored while block b's sums are scaled, so the AMX unit and the vector
- * epilogue overlap, and each store has a block's time to land before it is read. */
-#define INT8_AMX_ISSUE(S, A, B, b)                         \
-    do {                                                   \
-        for (int l = 0; l < 8; l++) _mm_prefetch((const char *)w + (int64_t)((b) + 4) * 512 + 64 * l, _MM_HINT_T0); \
-        _tile_loadd(A, xq + (b) * 32, ldq);                \
-        TILE_LOAD_W(B, w + (int64_t)(b) * 512);        \
-        _tile_zero(S);                                     \
-        _tile_dpbsud(S, A, B);                             \
-        TILE_STORE(S, acc[S]);                             \
+/* int8 weights, 16 rows from m0 x channel block c. Two sums take turns: activation group g + 1's
+ * product is computed and stored while group g's is scaled, so the AMX unit and the vector epilogue
+ * overlap, and each store has a group's time to land before it is read. */
+#define INT8_AMX_ISSUE(S, g)                                                                               \
+    do {                                                                                                    \
+        _tile_zero(S);                                                                                      \
+        for (int b_ = (g) * gs; b_ < ((g) + 1) * gs && b_ < nb; b_++) {                                     \
+            for (int l = 0; l < 8; l++) _mm_prefetch((const char *)w + (int64_t)(b_ + 4) * 512 + 64 * l, _MM_HINT_T0); \
+            if (b_ & 1) { /* odd slices in tmm3/5: a slice's loads need not wait for the last product */      \
+                _tile_loadd(3, xq + b_ * 32, ldq);                                                          \
+                TILE_LOAD_W(5, w + (int64_t)b_ * 512);                                                      \
+                _tile_dpbsud(S, 3, 5);                                                                      \
+            } else {                                                                                        \
+                _tile_loadd(2, xq + b_ * 32, ldq);                                                          \
+                TILE_LOAD_W(4, w + (int64_t)b_ * 512);                                                      \
+                _tile_dpbsud(S, 2, 4);                                                                      \
+            }                                                                                               \
+        }                                                                                                   \
+        TILE_STORE(S, acc[S]);                                                                              \
     } while (0)
 /* The 16 rows' accumulators as named variables: gcc keeps an array of them on the stack. */
 #define AMX_EACH_ROW(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(15)
-static void int8_amx_tile(const Model *md, const Lin *L, float *out, int ldo, int m0, int c) {
-    const int nb = L->k / 32, ldq = md->max_k, lds = md->max_k / 32;
+/* Each row's sum of x over K, 16 rows at once (the weights' +128 correction): the same for every
+ * channel block, so taken once per tile and matmul. */
+static __m512 amx_row_sums(const Model *md, int K, int m0) {
+    const int lds = md->max_k / 32;
+    const __m512i srow = _mm512_mullo_epi32(_mm512_set1_epi32(lds), _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+    __m512 corr = _mm512_setzero_ps();
+    for (int b = 0; b < K / 32; b++) corr = _mm512_add_ps(corr, _mm512_i32gather_ps(srow, md->xsum + (int64_t)m0 * lds + b, 4));
+    return corr;
+}
+
+static void int8_amx_tile(const Model *md, const Lin *L, float *out, int ldo, int m0, int c, const float *corr) {
+    const int nb = L->k / 32, ldq = md->max_k, lds = md->max_k / 32, gs = act_slices(md), ng = (nb + gs - 1) / gs;
     const uint8_t *w = (const uint8_t *)L->w + (int64_t)c * L->k * 16;
     const int8_t *xq = md->xq + (int64_t)m0 * ldq;
     const __m512i srow = _mm512_mullo_epi32(_mm512_set1_epi32(lds), _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
     const float *xs = md->xscale + (int64_t)m0 * lds;
     int32_t acc[2][AMX_ROWS][16] __attribute__((aligned(64)));
-    float dx[AMX_ROWS] __attribute__((aligned(64))); /* block b's scale of each row, gathered */
+    float dx[AMX_ROWS] __attribute__((aligned(64))); /* group g's scale of each row, gathered */
 #define DECL(r) __m512 tot##r = _mm512_setzero_ps();
     AMX_EACH_ROW(DECL)
 #undef DECL
 #define FMA(r) tot##r = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(acc[S_][r])), _mm512_set1_ps(dx[r]), tot##r);
-#define INT8_AMX_SCALE(b)                                              \
-    _mm512_store_ps(dx, _mm512_i32gather_ps(srow, xs + (b), 4));      \
+#define INT8_AMX_SCALE(g)                                              \
+    _mm512_store_ps(dx, _mm512_i32gather_ps(srow, xs + (g) * gs, 4)); \
     AMX_EACH_ROW(FMA)
-    INT8_AMX_ISSUE(0, 2, 4, 0);
-    for (int b = 0; b < nb; b += 2) {
-        if (b + 1 < nb) INT8_AMX_ISSUE(1, 3, 5, b + 1);
+    INT8_AMX_ISSUE(0, 0);
+    for (int g = 0; g < ng; g += 2) {
+        if (g + 1 < ng) INT8_AMX_ISSUE(1, g + 1);
         {
             enum { S_ = 0 };
-            INT8_AMX_SCALE(b);
+            INT8_AMX_SCALE(g);
         }
-        if (b + 1 < nb) {
-            if (b + 2 < nb) INT8_AMX_ISSUE(0, 2, 4, b + 2);
+        if (g + 1 < ng) {
+            if (g + 2 < ng) INT8_AMX_ISSUE(0, g + 2);
             enum { S_ = 1 };
-            INT8_AMX_SCALE(b + 1);
+            INT8_AMX_SCALE(g + 1);
         }
     }
 #undef INT8_AMX_SCALE
 #undef FMA
     const __m512 ws = vf_load_bf16(L->scales + c * 16);
-    __m512 corr = _mm512_setzero_ps(); /* each row's sum of x over K (the +128's correction), 16 rows at once */
-    for (int b = 0; b < nb; b++) corr = _mm512_add_ps(corr, _mm512_i32gather_ps(srow, md->xsum + (int64_t)m0 * lds + b, 4));
-    _mm512_store_ps(dx, corr);
 #define STORE(r)                                                                                                          \
     _mm512_storeu_ps(out + (int64_t)(m0 + r) * ldo + c * 16,                                                              \
-                     _mm512_mul_ps(ws, _mm512_fnmadd_ps(_mm512_set1_ps(128.0f), _mm512_set1_ps(dx[r]), tot##r)));
+                     _mm512_mul_ps(ws, _mm512_fnmadd_ps(_mm512_set1_ps(128.0f), _mm512_set1_ps(corr[r]), tot##r)));
     AMX_EACH_ROW(STORE)
 #undef STORE
 }
@@ -790,33 +819,37 @@ static void int4_amx_block(const Model *md, const Lin *L, float *out, int ldo, i
  * inputs as for VNNI; `vpmaddubsw` multiplies unsigned by signed bytes into int16 pair sums and
  * `vpmaddwd` by ones adds the pairs into int32. */
 
-/* x [M, K] -> codes and a scale per 32 inputs (K % 32 == 0), and per 32 a sum: of the float inputs
- * when exact_sum (the int4 kernel's zero-point term), else of the codes times the scale. */
+/* x [M, K] -> codes and scales as the VNNI build's quantize_rows: one scale per group of act_group
+ * inputs, a sum per 32: of the float inputs when exact_sum, else of the codes times the scale. */
 static void quantize_rows(const Model *md, const float *x, int ldx, int M, int K, int exact_sum) {
-    const int nb = K / 32;
+    const int nb = K / 32, gs = act_slices(md), ng = (nb + gs - 1) / gs;
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
 #pragma omp for schedule(static)
-    for (int t = 0; t < M * nb; t++) {
-        const int m = t / nb, b = t % nb;
-        const float *xr = x + (int64_t)m * ldx + b * 32;
-        __m256 v[4], mx = _mm256_setzero_ps();
-        for (int i = 0; i < 4; i++) {
-            v[i] = _mm256_loadu_ps(xr + 8 * i);
-            mx = _mm256_max_ps(mx, _mm256_and_ps(v[i], absmask));
-        }
+    for (int t = 0; t < M * ng; t++) {
+        const int m = t / ng, b0 = t % ng * gs, b1 = b0 + gs < nb ? b0 + gs : nb;
+        const float *xg = x + (int64_t)m * ldx;
+        __m256 mx = _mm256_setzero_ps();
+        for (int i = b0 * 4; i < b1 * 4; i++) mx = _mm256_max_ps(mx, _mm256_and_ps(_mm256_loadu_ps(xg + 8 * i), absmask));
         const float amax = vf_hmax(mx);
         const float d = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-        __m256i q[4];
-        for (int i = 0; i < 4; i++) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(inv)));
-        /* saturating packs work within 128-bit lanes: 4-byte groups come out q0[0:4] q1[0:4] q2[0:4]
-         * q3[0:4] q0[4:8] ..., put back in order by one dword permute */
-        const __m256i q8 = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
-        _mm256_storeu_si256((__m256i *)(md->xq + (int64_t)m * md->max_k + b * 32),
-                            _mm256_permutevar8x32_epi32(q8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-        md->xscale[(int64_t)m * (md->max_k / 32) + b] = d;
-        md->xsum[(int64_t)m * (md->max_k / 32) + b] =
-            exact_sum ? vf_hsum(_mm256_add_ps(_mm256_add_ps(v[0], v[1]), _mm256_add_ps(v[2], v[3])))
-                      : d * vf_hsum(_mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]))));
+        for (int b = b0; b < b1; b++) {
+            const float *xr = xg + b * 32;
+            __m256 v[4];
+            __m256i q[4];
+            for (int i = 0; i < 4; i++) {
+                v[i] = _mm256_loadu_ps(xr + 8 * i);
+                q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(inv)));
+            }
+            /* saturating packs work within 128-bit lanes: 4-byte groups come out q0[0:4] q1[0:4] q2[0:4]
+             * q3[0:4] q0[4:8] ..., put back in order by one dword permute */
+            const __m256i q8 = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+            _mm256_storeu_si256((__m256i *)(md->xq + (int64_t)m * md->max_k + b * 32),
+                                _mm256_permutevar8x32_epi32(q8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+            md->xscale[(int64_t)m * (md->max_k / 32) + b] = d;
+            md->xsum[(int64_t)m * (md->max_k / 32) + b] =
+                exact_sum ? vf_hsum(_mm256_add_ps(_mm256_add_ps(v[0], v[1]), _mm256_add_ps(v[2], v[3])))
+                          : d * vf_hsum(_mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]))));
+        }
     }
 }
 
@@ -989,10 +1022,12 @@ static void matmul_nobias(const Model *md, const Lin *L, const float *x, int ldx
 #ifdef HAVE_AMX
         if (M >= AMX_ROWS && amx_ok > 0) {
             const int tiles = M / AMX_ROWS;
+            float corr[tiles][AMX_ROWS] __attribute__((aligned(64)));
+            for (int t = 0; t < tiles; t++) _mm512_store_ps(corr[t], amx_row_sums(md, L->k, t * AMX_ROWS));
             amx_begin(0);
 #pragma omp for schedule(static)
             for (int c = 0; c < L->n / 16; c++) {
-                for (int t = 0; t < tiles; t++) int8_amx_tile(md, L, out, ldo, t * AMX_ROWS, c);
+                for (int t = 0; t < tiles; t++) int8_amx_tile(md, L, out, ldo, t * AMX_ROWS, c, corr[t]);
                 for (int r = tiles * AMX_ROWS; r < M; r += 8) int8_vnni_rows(md, L, out, ldo, M - r < 8 ? M - r : 8, r, c);
             }
             _tile_release();

@@ -153,6 +153,7 @@ class _Model(ctypes.Structure):
         ("embed_scale", ctypes.c_float),
         ("rot_dim", ctypes.c_int32),
         ("gelu", ctypes.c_int32),
+        ("act_group", ctypes.c_int32),
     ]
 
 
@@ -266,8 +267,9 @@ def set_amx(on: bool) -> bool:
     return not isinstance(lib, str) and bool(lib.slotune_set_amx(int(on)))
 
 
-def matmul(w: NativeLinear, x: torch.Tensor, int8_activations: bool = False) -> torch.Tensor:
-    """x [M, K] float32 @ W^T through the native kernel for one projection -> [M, N]."""
+def matmul(w: NativeLinear, x: torch.Tensor, int8_activations: bool = False, act_group: int = 32) -> torch.Tensor:
+    """x [M, K] float32 @ W^T through the native kernel for one projection -> [M, N]; with int8
+    activations, one scale per `act_group` inputs."""
     lib = load_library()
     assert not isinstance(lib, str), lib
     keep: list[torch.Tensor] = []
@@ -279,7 +281,12 @@ def matmul(w: NativeLinear, x: torch.Tensor, int8_activations: bool = False) -> 
     xq, xs = torch.zeros(m, kp, dtype=torch.int8), torch.zeros(m, kp // 32)
     xsum = torch.zeros(m, kp // 32)
     md = _Model(
-        max_k=kp, xq=xq.data_ptr(), xscale=xs.data_ptr(), xsum=xsum.data_ptr(), int8_activations=int(int8_activations)
+        max_k=kp,
+        xq=xq.data_ptr(),
+        xscale=xs.data_ptr(),
+        xsum=xsum.data_ptr(),
+        int8_activations=int(int8_activations),
+        act_group=act_group,
     )
     out = torch.empty(m, lin.n)
     lib.slotune_matmul(ctypes.byref(md), ctypes.byref(lin), x.data_ptr(), out.data_ptr(), m, torch.get_num_threads())
@@ -398,6 +405,7 @@ class CpuDecoder:
         max_rows: int,
         max_ctx: int,
         int8_activations: bool = False,
+        act_group: int = 32,
     ) -> None:
         reason = self.unsupported(model, k_cache)
         assert reason is None, reason
@@ -474,6 +482,7 @@ class CpuDecoder:
             model.embed_scale or 0.0,
             model.rotary_dim,
             int(model.gelu),
+            act_group,
         )
 
     @staticmethod

@@ -67,6 +67,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--against", type=Path, default=None, help="another cpu_decode.c to time beside this one")
     ap.add_argument("--amx", action="store_true", help="time this build with its AMX kernels off beside them on")
+    ap.add_argument("--act-group", type=int, default=32, help="inputs per int8 activation scale (32-256)")
     args = ap.parse_args()
     threads = torch.get_num_threads()
     libs = {"this": cd.load_library()}
@@ -78,7 +79,10 @@ def main() -> None:
         libs["no-amx"] = libs["this"]
     bw, peak, apeak = read_bandwidth_gbs(), vnni_peak(), amx_peak() if args.amx else 0.0
     amx_ceiling = f", tdpbsud ceiling {apeak / 1e9:.0f} GMAC/s" if apeak else ""
-    print(f"read bandwidth {bw:.1f} GB/s, vpdpbusd ceiling {peak / 1e9:.0f} GMAC/s{amx_ceiling}, {threads} threads")
+    print(
+        f"read bandwidth {bw:.1f} GB/s, vpdpbusd ceiling {peak / 1e9:.0f} GMAC/s{amx_ceiling}, {threads} threads, "
+        f"activation groups of {args.act_group}"
+    )
     torch.manual_seed(0)
     for fmt in ("int8", "int4-g32"):
         mods = [
@@ -99,7 +103,14 @@ def main() -> None:
                 torch.zeros(rows, K // 32),
                 torch.zeros(rows, K // 32),
             )
-            md = cd._Model(max_k=K, xq=xq.data_ptr(), xscale=xs.data_ptr(), xsum=xsum.data_ptr(), int8_activations=1)
+            md = cd._Model(
+                max_k=K,
+                xq=xq.data_ptr(),
+                xscale=xs.data_ptr(),
+                xsum=xsum.data_ptr(),
+                int8_activations=1,
+                act_group=args.act_group,
+            )
             out = torch.empty(rows, N)
             best = {(name, way): float("inf") for name in libs for way in ("hot", "cold")}
             for _ in range(args.repeats):

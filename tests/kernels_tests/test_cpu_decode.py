@@ -77,6 +77,35 @@ def _reference(llm: LLM) -> LlamaModel:
     return ref
 
 
+def _native_logits(llm: LLM, seqs: list[list[int]]) -> list[torch.Tensor]:
+    """Each sequence's logits at every position, decoded token by token by the native step, all
+    sequences in one batch over shuffled, non-contiguous block tables (block_size 8, 4 blocks each)."""
+    runner = llm.engine.runner
+    assert runner.backend == "native"
+    blocks = list(range(runner.num_blocks))
+    random.Random(0).shuffle(blocks)  # pages scattered across the cache, not in order
+    tables = [blocks[i * 4 : (i + 1) * 4] for i in range(len(seqs))]
+    got: list[list[torch.Tensor]] = [[] for _ in seqs]
+    for p in range(max(map(len, seqs))):
+        live = [i for i, s in enumerate(seqs) if p < len(s)]  # the batch shrinks as prompts end
+        logits = runner.native.step(
+            ids=[seqs[i][p] for i in live],
+            positions=[p] * len(live),
+            slots=[tables[i][p // 8] * 8 + p % 8 for i in live],
+            block_tables=[tables[i] for i in live],
+        )
+        for row, i in enumerate(live):
+            got[i].append(logits[row].clone())
+    return [torch.stack(g) for g in got]
+
+
+def _reference_runner(llm: LLM) -> ModelRunner:
+    return ModelRunner(
+        EngineConfig(device="cpu", num_kv_blocks=2, max_model_len=128, kernels={"backend": "torch"}),
+        model=_reference(llm),
+    )
+
+
 @pytest.mark.parametrize(
     "overrides",
     [
@@ -103,29 +132,12 @@ def test_native_decode_matches_dequantized_torch_reference(overrides):
     )
     llm = LLM(cfg)
     runner = llm.engine.runner
-    assert runner.backend == "native"
     seqs = [llm.tokenizer.encode(p) for p in PROMPTS]
-    blocks = list(range(runner.num_blocks))
-    random.Random(0).shuffle(blocks)  # pages scattered across the cache, not in order
-    tables = [blocks[i * 4 : (i + 1) * 4] for i in range(len(seqs))]
-    got: list[list[torch.Tensor]] = [[] for _ in seqs]
-    for p in range(max(map(len, seqs))):
-        live = [i for i, s in enumerate(seqs) if p < len(s)]  # the batch shrinks as prompts end
-        logits = runner.native.step(
-            ids=[seqs[i][p] for i in live],
-            positions=[p] * len(live),
-            slots=[tables[i][p // 8] * 8 + p % 8 for i in live],
-            block_tables=[tables[i] for i in live],
-        )
-        for row, i in enumerate(live):
-            got[i].append(logits[row].clone())
-    ref = _reference(llm)
-    reference = ModelRunner(
-        EngineConfig(device="cpu", num_kv_blocks=2, max_model_len=128, kernels={"backend": "torch"}), model=ref
-    )
+    got = _native_logits(llm, seqs)
+    reference = _reference_runner(llm)
     for i, ids in enumerate(seqs):
         want = reference.full_logits(ids)
-        mine = torch.stack(got[i])
+        mine = got[i]
         err = (mine - want).abs()
         if cfg.dtype == "float32" or cfg.dtype == "auto":
             assert err.max() < 2e-3, float(err.max())
@@ -133,6 +145,37 @@ def test_native_decode_matches_dequantized_torch_reference(overrides):
             torch_err = (runner.full_logits(ids) - want).abs()  # the torch path this kernel replaces
             assert err.max() < 0.5 * torch_err.max() and err.mean() < 0.5 * torch_err.mean(), (err, torch_err)
         assert (mine.argmax(-1) == want.argmax(-1)).float().mean() >= 0.9
+
+
+def test_int8_activation_group_size_reaches_the_native_step():
+    """kernels.int8_activation_group_size is the kernel's activation group: groups of 128 give other
+    logits than groups of 32, both near the float32 reference of the same int8 weights (mean error
+    under a tenth of the mean logit), 32 nearer."""
+    from slotune.kernels.cpu_decode import has_int8_activations
+
+    if not has_int8_activations():
+        pytest.skip("this build has no int8 kernels (AVX-512 without VNNI/VBMI)")
+    errors, logits = {}, {}
+    for group in (32, 128):
+        cfg = EngineConfig().with_updates(
+            {
+                "max_model_len": 128,
+                "num_kv_blocks": 24,
+                "block_size": 8,
+                "max_num_seqs": 4,
+                "quantization": "int8",
+                "kernels": {"backend": "native", "int8_activations": True, "int8_activation_group_size": group},
+            }
+        )
+        llm = LLM(cfg)
+        assert llm.engine.runner.native._m.act_group == group
+        seqs = [llm.tokenizer.encode(p) for p in PROMPTS]
+        logits[group] = torch.cat(_native_logits(llm, seqs))
+        want = torch.cat([_reference_runner(llm).full_logits(ids) for ids in seqs])
+        errors[group] = (logits[group] - want).abs().mean()
+        assert errors[group] < 0.1 * want.abs().mean()
+    assert not torch.equal(logits[32], logits[128])
+    assert errors[32] < errors[128]
 
 
 def test_native_backend_refuses_what_it_cannot_read():
@@ -145,11 +188,14 @@ def test_native_backend_refuses_what_it_cannot_read():
     assert auto.engine.runner.backend == "torch" and auto.engine.runner.native is None
 
 
-def _fake_quant_rows(x: torch.Tensor) -> torch.Tensor:
-    """What the int8-activation kernel multiplies with: symmetric int8 codes per 32 inputs."""
-    xb = x.reshape(x.shape[0], -1, 32)
-    d = xb.abs().amax(-1, keepdim=True) / 127
-    return (torch.round(xb / torch.where(d > 0, d, 1)).clamp(-127, 127) * d).reshape(x.shape)
+def _fake_quant_rows(x: torch.Tensor, group: int = 32) -> torch.Tensor:
+    """What the int8-activation kernel multiplies with: symmetric int8 codes, one scale per `group`
+    inputs (a row's last group shorter when K is not a multiple)."""
+    parts = []
+    for xb in x.split(group, dim=1):
+        d = xb.abs().amax(-1, keepdim=True) / 127
+        parts.append(torch.round(xb / torch.where(d > 0, d, 1)).clamp(-127, 127) * d)
+    return torch.cat(parts, dim=1)
 
 
 @pytest.mark.parametrize("rows", [1, 3, 4, 7, 9, 16])
@@ -164,10 +210,13 @@ def _fake_quant_rows(x: torch.Tensor) -> torch.Tensor:
         ("int4-g32-int8act", 576),
         ("int4-g64-int8act", 320),
         ("int8-int8act", 160),
+        ("int8-int8act-a128", 576),  # activation groups of 128: 4 and a last one of 64
+        ("int4-g64-int8act-a256", 320),
     ],
 )
 def test_matmul_kernels_match_torch(kind, k, rows):
-    """Each weight format's matmul against x @ dequantized W^T, odd K tails and row counts included."""
+    """Each weight format's matmul against x @ dequantized W^T, odd K tails and row counts included;
+    `-aN`: one activation scale per N inputs."""
     from slotune.kernels.cpu_decode import has_int8_activations, matmul
 
     torch.manual_seed(0)
@@ -182,16 +231,17 @@ def test_matmul_kernels_match_torch(kind, k, rows):
         mod = Int8Linear(w)
     else:
         mod = Int4Linear(w, int(kind.split("-g")[1].split("-")[0]))
-    int8act = kind.endswith("int8act")
+    int8act = "int8act" in kind
+    act_group = int(kind.split("-a")[1]) if "-a" in kind else 32
     if int8act and not has_int8_activations():
         pytest.skip("this build has no int8 kernels (AVX-512 without VNNI/VBMI)")
     dense = _dense(mod)
-    got = matmul(native_linear(mod), x, int8_activations=int8act)
+    got = matmul(native_linear(mod), x, int8_activations=int8act, act_group=act_group)
     want = (x.double() @ dense.double().T).float()
     if not int8act:
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
     else:  # exact up to the activation codes: against the fake-quantized input, and far from the float input
-        xq = _fake_quant_rows(x)
+        xq = _fake_quant_rows(x, act_group)
         fq = xq.double() @ dense.double().T
         if isinstance(mod, Int4Linear):  # w = q * scale + offset; the offset's sum_k x is taken from the float x
             sz = mod.scales_and_zeros.double()  # [K/g, N, 2]
@@ -252,11 +302,13 @@ def test_int4_repack_for_vnni_puts_each_channels_quad_in_one_lane():
     assert cd._lin(native_linear(mod), [], int8_activations=False).kind == cd.W_INT4
 
 
+@pytest.mark.parametrize("act_group", [32, 256])
 @pytest.mark.parametrize("n", [128, 136])
-def test_int8_activation_kernel_at_the_extremes(n):
+def test_int8_activation_kernel_at_the_extremes(n, act_group):
     """Weight and activation codes all +-127 (the largest int16 pair sums the int8 kernels form:
     2 * 127 * 127, and 8 int4 quads 8 * 2 * 15 * 127, both below 32767): exact against the
-    fake-quantized input, so nothing saturated. 136 channels: AVX2's 8-channel repack."""
+    fake-quantized input, so nothing saturated. 136 channels: AVX2's 8-channel repack. Groups of 256:
+    the int8 kernels' int32 sum over a group at its largest (256 * 127 * 255 < 2^24)."""
     from slotune.kernels.cpu_decode import has_int8_activations, matmul
 
     if not has_int8_activations():
@@ -265,24 +317,27 @@ def test_int8_activation_kernel_at_the_extremes(n):
     k = 256
     sign = lambda *s: torch.randint(0, 2, s, generator=g).float() * 2 - 1  # noqa: E731
     w = sign(n, k) * torch.rand(n, 1, generator=g)  # every weight at its row's max: codes +-127
-    x = sign(5, k) * 3.0  # every activation at its block's max: codes +-127
+    x = sign(17, k) * 3.0  # every activation at its group's max: codes +-127; 17 rows: an AMX tile and a tail
     mod = Int8Linear(w)
     assert mod.qweight.abs().min() == 127
-    got = matmul(native_linear(mod), x, int8_activations=True)
+    got = matmul(native_linear(mod), x, int8_activations=True, act_group=act_group)
     want = (x.double() @ _dense(mod).double().T).float()
     torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-5)
     if n % 64 == 0:  # int4: codes 0 and 15 only (two values per group), activations +-127
         mod4 = Int4Linear(w, 32)
-        got4 = matmul(native_linear(mod4), x, int8_activations=True)
+        got4 = matmul(native_linear(mod4), x, int8_activations=True, act_group=act_group)
         torch.testing.assert_close(got4, (x.double() @ _dense(mod4).double().T).float(), atol=1e-3, rtol=1e-5)
 
 
 @pytest.mark.parametrize("rows", [16, 17, 33, 80])
-@pytest.mark.parametrize(("kind", "n", "k"), [("int8", 144, 160), ("int4-g32", 128, 576), ("int4-g64", 192, 320)])
-def test_amx_kernels_give_the_vnni_kernels_results_bit_for_bit(kind, n, k, rows):
+@pytest.mark.parametrize(
+    ("kind", "n", "k", "act_group"),
+    [("int8", 144, 160, 32), ("int8", 144, 576, 128), ("int4-g32", 128, 576, 32), ("int4-g64", 192, 320, 64)],
+)
+def test_amx_kernels_give_the_vnni_kernels_results_bit_for_bit(kind, n, k, act_group, rows):
     """With AMX (whole 16-row tiles; the remaining rows through VNNI) every output equals the VNNI
-    kernel's exactly: the same int32 block sums scaled in the same order. 80 rows: more tiles than one
-    int4 pass holds (4); 17 and 33: a tail."""
+    kernel's exactly: the same int32 group sums scaled in the same order. 80 rows: more tiles than one
+    int4 pass holds (4); 17 and 33: a tail; K = 576 in groups of 128: a last group of 64."""
     from slotune.kernels import cpu_decode as cd
 
     if not cd.set_amx(True):
@@ -293,13 +348,13 @@ def test_amx_kernels_give_the_vnni_kernels_results_bit_for_bit(kind, n, k, rows)
     mod = Int8Linear(w) if kind == "int8" else Int4Linear(w, int(kind.split("-g")[1]))
     try:
         assert cd.isa() & cd.ISA_AMX
-        amx = cd.matmul(native_linear(mod), x, int8_activations=True)
+        amx = cd.matmul(native_linear(mod), x, int8_activations=True, act_group=act_group)
         assert not cd.set_amx(False) and not cd.isa() & cd.ISA_AMX
-        vnni = cd.matmul(native_linear(mod), x, int8_activations=True)
+        vnni = cd.matmul(native_linear(mod), x, int8_activations=True, act_group=act_group)
     finally:
         cd.set_amx(True)
     assert torch.equal(amx, vnni)
-    want = (_fake_quant_rows(x).double() @ _dense(mod).double().T).float()
+    want = (_fake_quant_rows(x, act_group).double() @ _dense(mod).double().T).float()
     assert (amx - want).abs().max() < 0.05 * want.abs().max()  # and it is the matmul, not zeros
 
 
