@@ -548,6 +548,11 @@ static void int8_vnni_rows(const Model *md, const Lin *L, float *out, int ldo, i
     }
 }
 
+/* Rows m..M-1 of one 16-channel block c, 8 per pass. */
+static void int8_vnni_block(const Model *md, const Lin *L, float *out, int ldo, int m, int M, int c) {
+    for (int r = m; r < M; r += 8) int8_vnni_rows(md, L, out, ldo, M - r < 8 ? M - r : 8, r, c);
+}
+
 /* Every row of channel blocks 2p and 2p + 1 (or 2p alone, the last of an odd count). From 16 rows up,
  * tiles of 4 rows x 2 blocks: each broadcast activation serves two vpdpbusd (1.06-1.13x at 16-64 rows
  * with weights from memory). Fewer rows go one block at a time, 8 rows per pass: one weight stream,
@@ -557,8 +562,7 @@ static void int8_vnni_pair(const Model *md, const Lin *L, float *out, int ldo, i
     int m0 = 0;
     if (two && M >= 16)
         for (; m0 + 4 <= M; m0 += 4) int8_vnni_tile_t(md, L, out, ldo, 4, 2, m0, c);
-    for (int cc = c; cc <= c + two; cc++)
-        for (int r = m0; r < M; r += 8) int8_vnni_rows(md, L, out, ldo, M - r < 8 ? M - r : 8, r, cc);
+    for (int cc = c; cc <= c + two; cc++) int8_vnni_block(md, L, out, ldo, m0, M, cc);
 }
 
 /* int4 codes repacked once for VNNI (cpu_decode.py _vnni_int4): for each 64-channel block, each
@@ -618,9 +622,9 @@ INLINE void int4_vnni_rows_t(const Model *md, const Lin *L, float *out, int ldo,
         for (int j = 0; j < 4; j++) _mm512_storeu_ps(out + (int64_t)(m0 + r) * ldo + b * 64 + j * 16, tot[r][j]);
 }
 
-/* One 64-channel block b of a repacked int4 weight for every row. */
-static void int4_vnni_block(const Model *md, const Lin *L, float *out, int ldo, int M, int b) {
-    for (int m0 = 0; m0 < M; m0 += INT4_VNNI_ROWS) {
+/* One 64-channel block b of a repacked int4 weight for rows m..M-1. */
+static void int4_vnni_block(const Model *md, const Lin *L, float *out, int ldo, int m, int M, int b) {
+    for (int m0 = m; m0 < M; m0 += INT4_VNNI_ROWS) {
         if (M - m0 == 1) int4_vnni_rows_t(md, L, out, ldo, 1, m0, b);
         else int4_vnni_rows_t(md, L, out, ldo, INT4_VNNI_ROWS, m0, b);
     }
@@ -690,11 +694,16 @@ static void amx_begin(int int4) {
     } while (0)
 /* The 16 rows' accumulators as named variables: gcc keeps an array of them on the stack. */
 #define AMX_EACH_ROW(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(15)
+/* Offsets of 16 rows' entries in the per-32 scales and sums, for gathers. */
+static inline __m512i amx_row_offsets(int lds) {
+    return _mm512_mullo_epi32(_mm512_set1_epi32(lds), _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+}
+
 /* Each row's sum of x over K, 16 rows at once (the weights' +128 correction): the same for every
  * channel block, so taken once per tile and matmul. */
 static __m512 amx_row_sums(const Model *md, int K, int m0) {
     const int lds = md->max_k / 32;
-    const __m512i srow = _mm512_mullo_epi32(_mm512_set1_epi32(lds), _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+    const __m512i srow = amx_row_offsets(lds);
     __m512 corr = _mm512_setzero_ps();
     for (int b = 0; b < K / 32; b++) corr = _mm512_add_ps(corr, _mm512_i32gather_ps(srow, md->xsum + (int64_t)m0 * lds + b, 4));
     return corr;
@@ -704,7 +713,7 @@ static void int8_amx_tile(const Model *md, const Lin *L, float *out, int ldo, in
     const int nb = L->k / 32, ldq = md->max_k, lds = md->max_k / 32, gs = act_slices(md), ng = (nb + gs - 1) / gs;
     const uint8_t *w = (const uint8_t *)L->w + (int64_t)c * L->k * 16;
     const int8_t *xq = md->xq + (int64_t)m0 * ldq;
-    const __m512i srow = _mm512_mullo_epi32(_mm512_set1_epi32(lds), _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+    const __m512i srow = amx_row_offsets(lds);
     const float *xs = md->xscale + (int64_t)m0 * lds;
     int32_t acc[2][AMX_ROWS][16] __attribute__((aligned(64)));
     float dx[AMX_ROWS] __attribute__((aligned(64))); /* group g's scale of each row, gathered */
@@ -1028,7 +1037,7 @@ static void matmul_nobias(const Model *md, const Lin *L, const float *x, int ldx
 #pragma omp for schedule(static)
             for (int c = 0; c < L->n / 16; c++) {
                 for (int t = 0; t < tiles; t++) int8_amx_tile(md, L, out, ldo, t * AMX_ROWS, c, corr[t]);
-                for (int r = tiles * AMX_ROWS; r < M; r += 8) int8_vnni_rows(md, L, out, ldo, M - r < 8 ? M - r : 8, r, c);
+                int8_vnni_block(md, L, out, ldo, tiles * AMX_ROWS, M, c);
             }
             _tile_release();
             return;
@@ -1049,17 +1058,14 @@ static void matmul_nobias(const Model *md, const Lin *L, const float *x, int ldx
             for (int b = 0; b < L->n / 64; b++) {
                 for (int t = 0; t < tiles; t += INT4_AMX_TILES)
                     int4_amx_block(md, L, out, ldo, tiles - t < INT4_AMX_TILES ? tiles - t : INT4_AMX_TILES, t * AMX_ROWS, b);
-                for (int m0 = m1; m0 < M; m0 += INT4_VNNI_ROWS) {
-                    if (M - m0 == 1) int4_vnni_rows_t(md, L, out, ldo, 1, m0, b);
-                    else int4_vnni_rows_t(md, L, out, ldo, INT4_VNNI_ROWS, m0, b);
-                }
+                int4_vnni_block(md, L, out, ldo, m1, M, b);
             }
             _tile_release();
             return;
         }
 #endif
 #pragma omp for schedule(static)
-        for (int b = 0; b < L->n / 64; b++) int4_vnni_block(md, L, out, ldo, M, b);
+        for (int b = 0; b < L->n / 64; b++) int4_vnni_block(md, L, out, ldo, 0, M, b);
         return;
     }
 #endif

@@ -45,20 +45,14 @@ def build(source: Path) -> ctypes.CDLL:
     return lib
 
 
-def vnni_peak() -> float:
+def peak(name: str) -> float:
+    """MACs/s of the profiling build's `slotune_<name>_peak` (vnni, amx), best of 3; 0 without it."""
     lib = cd.load_library(profile=True)
-    if isinstance(lib, str) or not hasattr(lib, "slotune_vnni_peak"):
+    fn = None if isinstance(lib, str) else getattr(lib, f"slotune_{name}_peak", None)
+    if fn is None:
         return 0.0
-    lib.slotune_vnni_peak.restype, lib.slotune_vnni_peak.argtypes = ctypes.c_double, [ctypes.c_int64, ctypes.c_int]
-    return max(lib.slotune_vnni_peak(2_000_000, torch.get_num_threads()) for _ in range(3))
-
-
-def amx_peak() -> float:
-    lib = cd.load_library(profile=True)
-    if isinstance(lib, str) or not hasattr(lib, "slotune_amx_peak"):
-        return 0.0
-    lib.slotune_amx_peak.restype, lib.slotune_amx_peak.argtypes = ctypes.c_double, [ctypes.c_int64, ctypes.c_int]
-    return max(lib.slotune_amx_peak(2_000_000, torch.get_num_threads()) for _ in range(3))
+    fn.restype, fn.argtypes = ctypes.c_double, [ctypes.c_int64, ctypes.c_int]
+    return max(fn(2_000_000, torch.get_num_threads()) for _ in range(3))
 
 
 def main() -> None:
@@ -77,10 +71,10 @@ def main() -> None:
         if not cd.set_amx(True):
             sys.exit("this build, CPU or kernel has no AMX")
         libs["no-amx"] = libs["this"]
-    bw, peak, apeak = read_bandwidth_gbs(), vnni_peak(), amx_peak() if args.amx else 0.0
+    bw, vpeak, apeak = read_bandwidth_gbs(), peak("vnni"), peak("amx") if args.amx else 0.0
     amx_ceiling = f", tdpbsud ceiling {apeak / 1e9:.0f} GMAC/s" if apeak else ""
     print(
-        f"read bandwidth {bw:.1f} GB/s, vpdpbusd ceiling {peak / 1e9:.0f} GMAC/s{amx_ceiling}, {threads} threads, "
+        f"read bandwidth {bw:.1f} GB/s, vpdpbusd ceiling {vpeak / 1e9:.0f} GMAC/s{amx_ceiling}, {threads} threads, "
         f"activation groups of {args.act_group}"
     )
     torch.manual_seed(0)
@@ -128,7 +122,7 @@ def main() -> None:
             for (name, way), s in best.items():
                 gbs, gmacs = nbytes / s / 1e9, rows * N * K / s / 1e9
                 roof = f"{gbs / bw:4.0%} of read bw" if way == "cold" else "            "
-                ceil = f"{gmacs * 1e9 / peak:4.0%} of VNNI ceiling" if peak else ""
+                ceil = f"{gmacs * 1e9 / vpeak:4.0%} of VNNI ceiling" if vpeak else ""
                 if apeak and name == "this" and rows >= 16:  # whole 16-row tiles go through AMX
                     ceil += f", {gmacs * 1e9 / apeak:4.0%} of AMX's"
                 print(

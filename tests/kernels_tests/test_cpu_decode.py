@@ -171,7 +171,8 @@ def test_int8_activation_group_size_reaches_the_native_step():
         assert llm.engine.runner.native._m.act_group == group
         seqs = [llm.tokenizer.encode(p) for p in PROMPTS]
         logits[group] = torch.cat(_native_logits(llm, seqs))
-        want = torch.cat([_reference_runner(llm).full_logits(ids) for ids in seqs])
+        reference = _reference_runner(llm)
+        want = torch.cat([reference.full_logits(ids) for ids in seqs])
         errors[group] = (logits[group] - want).abs().mean()
         assert errors[group] < 0.1 * want.abs().mean()
     assert not torch.equal(logits[32], logits[128])
