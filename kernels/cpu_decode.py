@@ -178,14 +178,15 @@ def _cpu_has_avx2() -> bool:
 
 
 @functools.cache
-def load_library(profile: bool = False) -> ctypes.CDLL | str:
+def load_library(profile: bool = False, source: Path = SOURCE) -> ctypes.CDLL | str:
     """The compiled kernel, or a string saying why it cannot be had on this machine. `profile`: a
-    build that times each op of the step (`slotune_profile`; bench/engine/profile_step.py)."""
+    build that times each op of the step (`slotune_profile`; bench/engine/profile_step.py); `source`:
+    another version of the C file, for benchmarks that time two side by side."""
     if not _cpu_has_avx2():  # every AVX-512 CPU has these too; the C source picks the wider ISA itself
         return "this CPU lacks AVX2 + FMA (the native step needs AVX2/FMA or AVX-512)"
-    if not SOURCE.exists():
-        return f"{SOURCE} is missing from this install"
-    src = SOURCE.read_bytes()
+    if not source.exists():
+        return f"{source} is missing from this install"
+    src = source.read_bytes()
     try:
         cc = subprocess.run(["gcc", "--version"], capture_output=True, text=True, check=True).stdout.splitlines()[0]
     except (OSError, subprocess.CalledProcessError) as e:
@@ -197,9 +198,9 @@ def load_library(profile: bool = False) -> ctypes.CDLL | str:
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_suffix(f".{os.getpid()}.tmp")
-        r = subprocess.run(["gcc", *flags, str(SOURCE), "-o", str(tmp), "-lm"], capture_output=True, text=True)
+        r = subprocess.run(["gcc", *flags, str(source), "-o", str(tmp), "-lm"], capture_output=True, text=True)
         if r.returncode != 0:
-            return f"gcc failed to build {SOURCE.name}: {r.stderr.strip()[-2000:]}"
+            return f"gcc failed to build {source.name}: {r.stderr.strip()[-2000:]}"
         tmp.replace(out)  # atomic: concurrent trials never load a half-written library
     lib = ctypes.CDLL(str(out))
     lib.slotune_decode_step.restype = None
@@ -218,10 +219,11 @@ def load_library(profile: bool = False) -> ctypes.CDLL | str:
     ]
     lib.slotune_isa.restype = ctypes.c_int
     lib.slotune_isa.argtypes = []
-    lib.slotune_set_amx.restype = ctypes.c_int
-    lib.slotune_set_amx.argtypes = [ctypes.c_int]
-    # AMX tiles for batches of 16+ rows where the CPU and Linux grant them; SLOTUNE_AMX=0 keeps VNNI
-    lib.slotune_set_amx(int(os.environ.get("SLOTUNE_AMX", "1") != "0"))
+    if hasattr(lib, "slotune_set_amx"):  # an older source, built by a benchmark to time beside, has none
+        lib.slotune_set_amx.restype = ctypes.c_int
+        lib.slotune_set_amx.argtypes = [ctypes.c_int]
+        # AMX tiles for batches of 16+ rows where the CPU and Linux grant them; SLOTUNE_AMX=0 keeps VNNI
+        lib.slotune_set_amx(int(os.environ.get("SLOTUNE_AMX", "1") != "0"))
     lib.slotune_int4_block.restype = ctypes.c_int
     lib.slotune_int4_block.argtypes = []
     lib.slotune_matmul.restype = None

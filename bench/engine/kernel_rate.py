@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -38,10 +36,9 @@ N, K, COLD = 3072, 576, 30  # SmolLM2-135M's gate_up; one per layer
 
 
 def build(source: Path) -> ctypes.CDLL:
-    out = Path(tempfile.mkdtemp()) / "against.so"
-    subprocess.run(["gcc", *cd.CFLAGS, str(source), "-o", str(out), "-lm"], check=True)
-    lib = ctypes.CDLL(str(out))
-    lib.slotune_matmul.argtypes = cd.load_library().slotune_matmul.argtypes
+    lib = cd.load_library(source=source.resolve())
+    if isinstance(lib, str):
+        sys.exit(lib)
     return lib
 
 

@@ -10,7 +10,7 @@ These VMs' bandwidth moves within minutes, so it is read before every 16 steps: 
 median of those reads, and the paired fraction is the median over (read, 16 steps) pairs (each read
 also flushes the L3, so the step after it starts with no weights cached).
 
-    .venv/bin/python bench/engine/profile_step.py --configs int8-act,int4-act --rows 1,16 --steps 64
+    .venv/bin/python bench/engine/profile_step.py --configs int8-act,int4-act --rows 1,16 --steps 64 [--against OLD.c]
 """
 
 from __future__ import annotations
@@ -63,54 +63,73 @@ def op_bytes(dec, rows: int, ctx: int) -> dict[str, int]:
     return out
 
 
-def profile(name: str, rows: int, steps: int) -> dict:
-    engine = _engine(CONFIGS[name], "native", rows, steps + 4)
+def profile(name: str, rows: int, steps: int, against: Path | None = None) -> list[dict]:
+    """One result per build: this source's, and with `against` another's, their steps alternating on
+    the same engine (each build keeps its own clocks)."""
+    engine = _engine(CONFIGS[name], "native", rows, steps * (2 if against else 1) + 4)
     dec = engine.runner.native
-    lib = cpu_decode.load_library(profile=True)
-    assert not isinstance(lib, str), lib
-    lib.slotune_profile.restype = ctypes.c_int
-    dec.lib = lib  # same entry points and structs; this build also keeps the clock
-    sums, chunk = (ctypes.c_double * len(OPS))(), (ctypes.c_double * len(OPS))()
-    engine.step(), engine.step()  # warm-up
-    lib.slotune_profile(chunk)  # zero the counters
-    walls, paired = [], []
+    builds = {"this": cpu_decode.load_library(profile=True)}
+    if against:
+        builds["against"] = cpu_decode.load_library(profile=True, source=against.resolve())
+    for lib in builds.values():
+        assert not isinstance(lib, str), lib
+        lib.slotune_profile.restype = ctypes.c_int
+    chunk = (ctypes.c_double * len(OPS))()
+    sums = {b: (ctypes.c_double * len(OPS))() for b in builds}
+    walls: dict[str, list[float]] = {b: [] for b in builds}
+    paired: dict[str, list[dict]] = {b: [] for b in builds}
+    for lib in builds.values():
+        dec.lib = lib  # same entry points and structs; this build also keeps the clock
+        engine.step()  # warm-up
+        lib.slotune_profile(chunk)  # zero the counters
     for i in range(0, steps, CHUNK):  # the bandwidth read beside every CHUNK steps: the pair's ratio
         bw_i = read_bandwidth_gbs(repeats=3)
         n = min(CHUNK, steps - i)
         for _ in range(n):
-            t = time.perf_counter()
-            engine.step()
-            walls.append(time.perf_counter() - t)
-        lib.slotune_profile(chunk)
-        for j in range(len(OPS)):
-            sums[j] += chunk[j]
-        paired.append({"read_bandwidth_gbs": bw_i, "native_ms": 1e3 * sum(chunk) / n})
-    ctx = PROMPT_LEN + 2 + steps // 2  # the keys a row attends to, on average over the steps
+            for b, lib in builds.items():
+                dec.lib = lib
+                t = time.perf_counter()
+                engine.step()
+                walls[b].append(time.perf_counter() - t)
+        for b, lib in builds.items():
+            lib.slotune_profile(chunk)
+            for j in range(len(OPS)):
+                sums[b][j] += chunk[j]
+            paired[b].append({"read_bandwidth_gbs": bw_i, "native_ms": 1e3 * sum(chunk) / n})
+    ctx = PROMPT_LEN + 2 + steps * len(builds) // 2  # the keys a row attends to, on average over the steps
     nbytes = op_bytes(dec, rows, ctx)
-    ops = {}
-    for i, op in enumerate(OPS):
-        s = sums[i] / steps
-        ops[op] = {"ms": 1e3 * s, "bytes": nbytes[op], "gbs": nbytes[op] / s / 1e9 if s > 0 and nbytes[op] else None}
-    native_ms = sum(o["ms"] for o in ops.values())
     weights = sum(nbytes[op] for op in (*WEIGHT_OPS, "lm_head"))
-    for p in paired:
-        p["roofline_fraction"] = weights / (p["read_bandwidth_gbs"] * 1e9) / (p["native_ms"] / 1e3)
-    return with_roofline(
-        {
-            "config": name,
-            "rows": rows,
-            "steps": steps,
-            "read_bandwidth_gbs": statistics.median(p["read_bandwidth_gbs"] for p in paired),
-            "engine_step_ms": 1e3 * statistics.median(walls),
-            "engine_step_mean_ms": 1e3 * statistics.fmean(walls),
-            "native_ms": native_ms,
-            "weight_bytes": weights,
-            "paired": paired,  # per CHUNK steps: the bandwidth read just before and the ops' time
-            "roofline_fraction_median": statistics.median(p["roofline_fraction"] for p in paired),
-            "ops": ops,
-            "loadavg": os.getloadavg()[0],
-        }
-    )
+    results = []
+    for b in builds:
+        ops = {}
+        for i, op in enumerate(OPS):
+            s = sums[b][i] / steps
+            ops[op] = {
+                "ms": 1e3 * s,
+                "bytes": nbytes[op],
+                "gbs": nbytes[op] / s / 1e9 if s > 0 and nbytes[op] else None,
+            }
+        native_ms = sum(o["ms"] for o in ops.values())
+        for p in paired[b]:
+            p["roofline_fraction"] = weights / (p["read_bandwidth_gbs"] * 1e9) / (p["native_ms"] / 1e3)
+        results.append(
+            with_roofline(
+                {
+                    "config": name if b == "this" else f"{name} ({against})",
+                    "rows": rows,
+                    "steps": steps,
+                    "engine_step_ms": 1e3 * statistics.median(walls[b]),
+                    "engine_step_mean_ms": 1e3 * statistics.fmean(walls[b]),
+                    "native_ms": native_ms,
+                    "weight_bytes": weights,
+                    "paired": paired[b],  # per CHUNK steps: the bandwidth read just before and the ops' time
+                    "roofline_fraction_median": statistics.median(p["roofline_fraction"] for p in paired[b]),
+                    "ops": ops,
+                    "loadavg": os.getloadavg()[0],
+                }
+            )
+        )
+    return results
 
 
 def with_roofline(r: dict) -> dict:
@@ -175,6 +194,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--out", type=Path, default=None, help="write <out>.json and <out>.md")
     ap.add_argument("--render", type=Path, default=None, help="rewrite the .md of a committed .json")
+    ap.add_argument(
+        "--against", type=Path, default=None, help="another cpu_decode.c, its steps alternating with this one's"
+    )
     args = ap.parse_args()
     if args.render:
         results = [with_roofline(r) for r in json.loads(args.render.read_text())]
@@ -184,14 +206,14 @@ def main() -> None:
     results = []
     for name in args.configs.split(","):
         for rows in map(int, args.rows.split(",")):
-            r = profile(name, rows, args.steps)
-            results.append(r)
-            print(
-                f"{name} rows {rows}: native {r['native_ms']:.2f} ms, step {r['engine_step_ms']:.2f} ms, "
-                f"roofline {r['roofline_ms']:.2f} ms at {r['read_bandwidth_gbs']:.1f} GB/s; paired fraction "
-                f"{r['roofline_fraction_median']:.0%}",
-                flush=True,
-            )
+            for r in profile(name, rows, args.steps, args.against):
+                results.append(r)
+                print(
+                    f"{r['config']} rows {rows}: native {r['native_ms']:.2f} ms, step {r['engine_step_ms']:.2f} ms, "
+                    f"roofline {r['roofline_ms']:.2f} ms at {r['read_bandwidth_gbs']:.1f} GB/s; paired fraction "
+                    f"{r['roofline_fraction_median']:.0%}",
+                    flush=True,
+                )
     md = to_markdown(results, header("python bench/engine/profile_step.py " + " ".join(sys.argv[1:])))
     print(md)
     if args.out:
