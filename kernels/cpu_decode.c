@@ -1216,6 +1216,7 @@ INLINE vf load_kv(const void *cache, int dtype, int64_t off) {
 }
 
 #define ATT_CHUNK VL /* keys scored together: one hsum_lanes */
+#define ATT_PF 32    /* keys ahead that K rows are prefetched (64 measured slower) */
 /* V accumulation: ATT_DV vectors of head dims x ATT_G query heads in registers (AVX-512: 64 dims x
  * 4 heads in 16 of 32 zmm; AVX2: 16 dims x 4 heads in 8 of 16 ymm, V rows re-read from L1 per 16 dims) */
 #if VL == 16
@@ -1224,33 +1225,68 @@ INLINE vf load_kv(const void *cache, int dtype, int64_t off) {
 #define ATT_DV 2
 #endif
 #define ATT_G 4
+/* Scores of G query heads q [G, NV * VL] against a chunk's K rows kt [ATT_CHUNK, NV * VL] (rows past
+ * cn zeroed) -> p[g * max_ctx + c ..]. NV, the head's vectors, is a constant where the caller can
+ * make it one: the 16 sums then stay in registers (with a runtime count gcc kept them on the stack). */
+INLINE void att_scores_t(const Model *md, const float *q, const float *kt, float *p, int G, int c, int cn, const int NV) {
+    const int hd = NV * VL;
+    for (int g = 0; g < G; g++) {
+        vf acc[ATT_CHUNK];
+        for (int jj = 0; jj < ATT_CHUNK; jj++) {
+            acc[jj] = vf_zero();
+            for (int v = 0; v < NV; v++) acc[jj] = vf_fma(vf_load(q + g * hd + v * VL), vf_load(kt + jj * hd + v * VL), acc[jj]);
+        }
+        vf_storen(p + g * md->max_ctx + c, cn, vf_mul(hsum_lanes(acc), vf_set1(md->scale)));
+    }
+}
+
+/* o[g0 + g, d0 + v * VL ..] = sum_j p[g0 + g, j] V[j, d0 + v * VL ..] for GN heads x VN vectors held in
+ * registers; constants where the caller can make them (as att_scores_t). */
+INLINE void att_values_t(const Model *md, const float *p, float *o, int64_t base, const int32_t *cslot, int j0, int n, int d0,
+                         int g0, const int GN, const int VN) {
+    const int hd = md->head_dim, row = md->num_kv_heads * hd;
+    vf acc[ATT_G][ATT_DV];
+    for (int g = 0; g < GN; g++)
+        for (int v = 0; v < VN; v++) acc[g][v] = vf_zero();
+    for (int jj = 0; jj < n; jj++) {
+        const int64_t off = base + (int64_t)cslot[j0 + jj] * row + d0;
+        vf vr[ATT_DV];
+        for (int v = 0; v < VN; v++) vr[v] = load_kv(md->v_cache, md->dtype, off + v * VL);
+        for (int g = 0; g < GN; g++) {
+            const vf pj = vf_set1(p[(g0 + g) * md->max_ctx + jj]);
+            for (int v = 0; v < VN; v++) acc[g][v] = vf_fma(pj, vr[v], acc[g][v]);
+        }
+    }
+    for (int g = 0; g < GN; g++)
+        for (int v = 0; v < VN; v++) vf_store(o + (g0 + g) * hd + d0 + v * VL, acc[g][v]);
+}
+
 /* One (sequence, kv head) task: its G query heads q [G, hd] over keys j0..L-1 of the paged cache
  * -> o [G, hd]. Keys go ATT_CHUNK at a time: the chunk's K rows are widened to float32 once into kt,
  * each query head's scores come out of one hsum_lanes; then softmax; then V with the output held in
- * registers. p: [G, max_ctx] scratch. */
+ * registers. p: [G, max_ctx] scratch. The rows are a few hundred bytes apart, out of reach of the
+ * hardware prefetcher: K is prefetched ATT_PF keys ahead, V while K is read. */
 static void attend(const Model *md, const float *q, float *o, float *p, float *kt, int64_t base, const int32_t *cslot,
                    int kh, int j0, int L) {
     const int hd = md->head_dim, G = md->num_heads / md->num_kv_heads, row = md->num_kv_heads * hd;
-    base += (int64_t)kh * hd;
-#define KV_OFF(j) (base + (int64_t)cslot[j] * row)
+    const int64_t kb = base + (int64_t)kh * hd;
+    for (int j = j0; j < j0 + ATT_PF && j < L; j++) prefetch_row(md->k_cache, md->dtype, kb + (int64_t)cslot[j] * row, hd);
     const int nv = hd / VL, n = L - j0; /* hd % 16 == 0 (checked by cpu_decode.py) */
     for (int c = 0; c < n; c += ATT_CHUNK) {
         const int cn = n - c < ATT_CHUNK ? n - c : ATT_CHUNK;
         for (int jj = 0; jj < cn; jj++) {
             const int j = j0 + c + jj;
-            const int ja = j + ATT_CHUNK < L ? j + ATT_CHUNK : j;
-            prefetch_row(md->k_cache, md->dtype, KV_OFF(ja), hd);
-            const int64_t off = KV_OFF(j);
+            if (j + ATT_PF < L) prefetch_row(md->k_cache, md->dtype, kb + (int64_t)cslot[j + ATT_PF] * row, hd);
+            const int64_t off = kb + (int64_t)cslot[j] * row;
+            prefetch_row(md->v_cache, md->dtype, off, hd); /* read after the scores */
             for (int v = 0; v < nv; v++) vf_store(kt + jj * hd + v * VL, load_kv(md->k_cache, md->dtype, off + v * VL));
         }
-        for (int g = 0; g < G; g++) {
-            vf acc[ATT_CHUNK];
-            for (int jj = 0; jj < ATT_CHUNK; jj++) {
-                acc[jj] = vf_zero();
-                if (jj < cn)
-                    for (int v = 0; v < nv; v++) acc[jj] = vf_fma(vf_load(q + g * hd + v * VL), vf_load(kt + jj * hd + v * VL), acc[jj]);
-            }
-            vf_storen(p + g * md->max_ctx + c, cn, vf_mul(hsum_lanes(acc), vf_set1(md->scale)));
+        if (cn < ATT_CHUNK) memset(kt + cn * hd, 0, (size_t)(ATT_CHUNK - cn) * hd * sizeof(float));
+        switch (nv) {
+        case 64 / VL: att_scores_t(md, q, kt, p, G, c, cn, 64 / VL); break;
+        case 128 / VL: att_scores_t(md, q, kt, p, G, c, cn, 128 / VL); break;
+        case 256 / VL: att_scores_t(md, q, kt, p, G, c, cn, 256 / VL); break;
+        default: att_scores_t(md, q, kt, p, G, c, cn, nv); break;
         }
     }
     for (int g = 0; g < G; g++) softmax(p + g * md->max_ctx, n);
@@ -1258,27 +1294,16 @@ static void attend(const Model *md, const float *q, float *o, float *p, float *k
         const int vn = (hd - d0) / VL < ATT_DV ? (hd - d0) / VL : ATT_DV;
         for (int g0 = 0; g0 < G; g0 += ATT_G) {
             const int gn = G - g0 < ATT_G ? G - g0 : ATT_G;
-            vf acc[ATT_G][ATT_DV];
-            for (int g = 0; g < ATT_G; g++)
-                for (int v = 0; v < ATT_DV; v++) acc[g][v] = vf_zero();
-            for (int jj = 0; jj < n; jj++) {
-                const int j = j0 + jj;
-                const int ja = j + ATT_CHUNK < L ? j + ATT_CHUNK : j;
-                if (d0 == 0 && g0 == 0) prefetch_row(md->v_cache, md->dtype, KV_OFF(ja), hd);
-                const int64_t off = KV_OFF(j) + d0;
-                vf vr[ATT_DV];
-                for (int v = 0; v < vn; v++) vr[v] = load_kv(md->v_cache, md->dtype, off + v * VL);
-                for (int g = 0; g < gn; g++) {
-                    const vf pj = vf_set1(p[(g0 + g) * md->max_ctx + jj]);
-                    for (int v = 0; v < vn; v++) acc[g][v] = vf_fma(pj, vr[v], acc[g][v]);
-                }
-            }
-            for (int g = 0; g < gn; g++)
-                for (int v = 0; v < vn; v++) vf_store(o + (g0 + g) * hd + d0 + v * VL, acc[g][v]);
+#define ATT_VALUES(GN) att_values_t(md, p, o, kb, cslot, j0, n, d0, g0, GN, ATT_DV)
+            if (vn < ATT_DV) att_values_t(md, p, o, kb, cslot, j0, n, d0, g0, gn, vn);
+            else if (gn == 1) ATT_VALUES(1);
+            else if (gn == 2) ATT_VALUES(2);
+            else if (gn == 3) ATT_VALUES(3);
+            else ATT_VALUES(4);
+#undef ATT_VALUES
         }
     }
 }
-#undef KV_OFF
 
 static void matmul(const Model *md, const Lin *L, const float *x, int ldx, float *out, int ldo, int M) {
     matmul_nobias(md, L, x, ldx, out, ldo, M);
