@@ -499,14 +499,15 @@ static void quantize_rows(const Model *md, const float *x, int ldx, int M, int K
  * and lost to float FMAs: 39 vs 32 ms for the LM head at 64 rows). Weights are stored + 128 since
  * vpdpbusd multiplies unsigned by signed bytes:
  *   sum_k w x = ws_n * sum_b dx_b (sum_{k in b} (w + 128) qx  -  128 sum_{k in b} qx)          */
-INLINE void int8_vnni_tile_t(const Model *md, const Lin *L, float *out, int ldo, const int R, const int C, int m0, int c0) {
+INLINE void int8_vnni_tile_t(const Model *md, const Lin *L, float *out, int ldo, const int R, const int C, const int GS, int m0,
+                              int c0) {
     const int nb = L->k / 32, ldq = md->max_k, lds = md->max_k / 32;
     const __m512i *w = (const __m512i *)((const uint8_t *)L->w + (int64_t)c0 * L->k * 16);
     const int64_t cs = L->k / 4; /* vectors per channel block */
     __m512 tot[8][2];
     for (int r = 0; r < R; r++)
         for (int c = 0; c < C; c++) tot[r][c] = _mm512_setzero_ps();
-    for (int g0 = 0, gs = act_slices(md); g0 < nb; g0 += gs) {
+    for (int g0 = 0, gs = GS; g0 < nb; g0 += gs) {
         __m512i acc[8][2];
         for (int r = 0; r < R; r++)
             for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_si512();
@@ -534,17 +535,22 @@ INLINE void int8_vnni_tile_t(const Model *md, const Lin *L, float *out, int ldo,
     }
 }
 
+/* The tile with its slices per activation group a constant where they are 1 (the default): with a
+ * run-time count the kernel read cold weights at 25.6 GB/s at batch 1, against 40.9 before groups. */
+#define INT8_VNNI_TILE(R, C, m0, c)                                                                   \
+    (act_slices(md) == 1 ? int8_vnni_tile_t(md, L, out, ldo, R, C, 1, m0, c)                            \
+                         : int8_vnni_tile_t(md, L, out, ldo, R, C, act_slices(md), m0, c))
 /* Rows m0..m0+M-1 (M <= 8) of one 16-channel block c. */
 static void int8_vnni_rows(const Model *md, const Lin *L, float *out, int ldo, int M, int m0, int c) {
     switch (M) {
-    case 1: int8_vnni_tile_t(md, L, out, ldo, 1, 1, m0, c); break;
-    case 2: int8_vnni_tile_t(md, L, out, ldo, 2, 1, m0, c); break;
-    case 3: int8_vnni_tile_t(md, L, out, ldo, 3, 1, m0, c); break;
-    case 4: int8_vnni_tile_t(md, L, out, ldo, 4, 1, m0, c); break;
-    case 5: int8_vnni_tile_t(md, L, out, ldo, 5, 1, m0, c); break;
-    case 6: int8_vnni_tile_t(md, L, out, ldo, 6, 1, m0, c); break;
-    case 7: int8_vnni_tile_t(md, L, out, ldo, 7, 1, m0, c); break;
-    default: int8_vnni_tile_t(md, L, out, ldo, 8, 1, m0, c); break;
+    case 1: INT8_VNNI_TILE(1, 1, m0, c); break;
+    case 2: INT8_VNNI_TILE(2, 1, m0, c); break;
+    case 3: INT8_VNNI_TILE(3, 1, m0, c); break;
+    case 4: INT8_VNNI_TILE(4, 1, m0, c); break;
+    case 5: INT8_VNNI_TILE(5, 1, m0, c); break;
+    case 6: INT8_VNNI_TILE(6, 1, m0, c); break;
+    case 7: INT8_VNNI_TILE(7, 1, m0, c); break;
+    default: INT8_VNNI_TILE(8, 1, m0, c); break;
     }
 }
 
@@ -561,7 +567,7 @@ static void int8_vnni_pair(const Model *md, const Lin *L, float *out, int ldo, i
     const int c = 2 * p, two = c + 1 < L->n / 16;
     int m0 = 0;
     if (two && M >= 16)
-        for (; m0 + 4 <= M; m0 += 4) int8_vnni_tile_t(md, L, out, ldo, 4, 2, m0, c);
+        for (; m0 + 4 <= M; m0 += 4) INT8_VNNI_TILE(4, 2, m0, c);
     for (int cc = c; cc <= c + two; cc++) int8_vnni_block(md, L, out, ldo, m0, M, cc);
 }
 
