@@ -109,10 +109,13 @@ def _fault() -> None:
 
 def fake_trial(req: dict[str, Any]) -> dict[str, Any]:
     """With `seeds`, each seed in turn as the real trial process does: a seed that raises is that seed's
-    error, a crash ends them all."""
+    error, a crash ends them all; with `stop_after_miss`, the seeds after a miss are skipped."""
     if req.get("seeds") is not None:
-        by_seed = []
+        by_seed: list[dict[str, Any]] = []
         for seed in req["seeds"]:
+            if req.get("stop_after_miss") and any(not is_feasible(r.get("violations", {})) for r in by_seed):
+                by_seed.append({"skipped": True})
+                continue
             try:
                 by_seed.append(_fake_once({**req, "seed": seed}))
             except Exception as exc:  # noqa: BLE001 - as trial_runner records a seed's failure

@@ -100,6 +100,15 @@ def test_one_process_replays_several_seeds_each_in_its_own_window(tmp_path):
     assert all(len(r.latencies["ttft"]) == 3 for r in rs)
 
 
+def test_the_seeds_after_a_missed_slo_are_not_replayed(tmp_path):
+    """With stop_after_miss (the confirmation's), a 0.1 ms TTFT limit that no replay can meet: the first
+    seed is measured and misses, the next two are skipped (None) in the same process."""
+    spec = _spec(tmp_path, "served", objective={"ttft_limit_s": 0.0001})
+    rs = measure_seeds(spec, spec.base_config(), [1000, 1001, 1002], stop_after_miss=True)
+    assert isinstance(rs[0], TrialResult) and rs[0].violations["ttft"] > 0 and rs[1:] == [None, None]
+    assert rs[0].metrics["num_completed"] == 3
+
+
 def test_a_failed_process_fails_every_seed_it_was_asked(tmp_path, monkeypatch):
     """A trial process that crashes (the stand-in runner, tests/tuner_tests/fake_trial_runner.py) fails
     each of its seeds with the same reason; one that raises on one seed fails that seed only."""

@@ -5,8 +5,10 @@ A trial's own numbers come from the study's workload seed, and the best of many 
 the luckiest. So the default and the best `confirm.candidates` feasible trials are each started once, in
 one trial process, and replayed on `confirm.seeds` fresh seeds; the winner is the candidate with the best
 median that held the SLO on every seed, and its declared numbers are that median with its interval,
-beside the default's on the same seeds. Each process's measurements are stored in the study (user
-attribute `confirm`) as it ends, so a resumed run measures only what is missing.
+beside the default's on the same seeds. A config that misses the SLO on a seed is not replayed on the
+next: a candidate cannot win then, and a default that misses is only the reference. Each process's
+measurements are stored in the study (user attribute `confirm`) as it ends, so a resumed run measures
+only what is missing.
 Rationale and measurements: docs/design/confirmation.md.
 """
 
@@ -34,9 +36,10 @@ class Run:
 
     trial: int | None
     seed: int
-    metrics: Measurement | None  # None: it failed
+    metrics: Measurement | None  # None: it failed, or was skipped
     error: str | None = None
     missed: tuple[str, ...] = ()  # the SLO limits it missed on this seed, in words
+    skipped: bool = False  # not replayed: the config missed the SLO on an earlier seed
 
     @property
     def held(self) -> bool:
@@ -96,7 +99,13 @@ class Confirmation:
         """best_metrics.json's `confirm` list: each measurement in order, and whether it held the SLO."""
         return [
             {"trial": r.trial, "seed": r.seed, "held": r.held, "missed": list(r.missed)}
-            | ({"metrics": r.metrics.to_dict()} if r.metrics else {"error": r.error})
+            | (
+                {"metrics": r.metrics.to_dict()}
+                if r.metrics
+                else {"skipped": True}
+                if r.skipped
+                else {"error": r.error}
+            )
             for r in self.runs
         ]
 
@@ -142,11 +151,13 @@ def run_confirmation(
     seeds = confirm_seeds(spec) if spec.confirm.candidates else []
     default = spec.base_config()
     configs = {None: default} | {t.number: c for t in trials if (c := parse_config(t.config)) != default}
-    stored = {(m["trial"], m["seed"]): m for m in (stored_confirmation(study) or {}).get("runs", []) if "metrics" in m}
+    previous = (stored_confirmation(study) or {}).get("runs", [])
+    stored = {(m["trial"], m["seed"]): m for m in previous if "metrics" in m or m.get("skipped")}
     key, limits, plan = spec.objective.metric_key(), SLOLimits.from_objective(spec.objective), []
     for number, config in configs.items():
         missing = [s for s in seeds if (number, s) not in stored]
-        for seed, got in zip(missing, measure_seeds(spec, config, missing, runner=runner) if missing else []):
+        results = measure_seeds(spec, config, missing, runner=runner, stop_after_miss=True) if missing else []
+        for seed, got in zip(missing, results):
             stored[number, seed] = m = _stored(number, seed, got)
             on_run(_run(m, key, limits), len(plan) + seeds.index(seed) + 1, len(configs) * len(seeds))
         plan += [(number, s) for s in seeds]
@@ -182,19 +193,21 @@ def judge_runs(spec, record: dict[str, Any], trials: list) -> Confirmation:
     return dataclasses.replace(c, winner=best, confirmed=True)
 
 
-def _stored(trial: int | None, seed: int, got: TrialResult | TrialFailure) -> dict[str, Any]:
-    """One measurement as the study stores it: {trial, seed, metrics or error}."""
-    out = {"trial": trial, "seed": seed}
+def _stored(trial: int | None, seed: int, got: TrialResult | TrialFailure | None) -> dict[str, Any]:
+    """One measurement as the study stores it: {trial, seed, metrics, error or skipped}."""
+    out: dict[str, Any] = {"trial": trial, "seed": seed}
+    if got is None:
+        return out | {"skipped": True}
     return out | ({"error": got.reason} if isinstance(got, TrialFailure) else {"metrics": got.metrics.to_dict()})
 
 
 def _run(m: dict[str, Any], key: str, limits: SLOLimits) -> Run:
-    """One stored measurement ({trial, seed, metrics or error}) judged against the SLO; the objective
-    `key` must be measured."""
+    """One stored measurement ({trial, seed, metrics, error or skipped}) judged against the SLO; the
+    objective `key` must be measured."""
     metrics = Measurement.from_dict(m["metrics"]) if m.get("metrics") is not None else None
     missed: list[str] = []
     if metrics is not None:
         missed = judge(metrics, limits).reasons
         if metrics.get(key) is None:
             missed.append(f"{metric_label(key)} not measured")
-    return Run(m["trial"], m["seed"], metrics, m.get("error"), tuple(missed))
+    return Run(m["trial"], m["seed"], metrics, m.get("error"), tuple(missed), bool(m.get("skipped")))

@@ -313,12 +313,22 @@ def measure(
 
 
 def measure_seeds(
-    spec, config, seeds: list[int], runner: tuple[str, ...] = DEFAULT_TRIAL_RUNNER, on_phase=None
-) -> list[TrialResult | TrialFailure]:
+    spec,
+    config,
+    seeds: list[int],
+    runner: tuple[str, ...] = DEFAULT_TRIAL_RUNNER,
+    on_phase=None,
+    stop_after_miss: bool = False,
+) -> list[TrialResult | TrialFailure | None]:
     """Measure `config` on each of `seeds` in one trial process: started once, replayed on each seed in
-    turn, without gates or early stop (re-measurements). Per seed its TrialResult or the TrialFailure
-    that ended it; a process that fails fails every seed. The time limit is `trial_timeout_s` per seed."""
-    request = {**trial_request(spec, config, None, early_stop=False, gates=False), "seeds": list(seeds)}
+    turn, without gates or early stop (re-measurements). Per seed its TrialResult, the TrialFailure
+    that ended it, or with `stop_after_miss` None: not replayed, as an earlier seed missed the SLO. A
+    process that fails fails every seed. The time limit is `trial_timeout_s` per seed."""
+    request = {
+        **trial_request(spec, config, None, early_stop=False, gates=False),
+        "seeds": list(seeds),
+        "stop_after_miss": stop_after_miss,
+    }
     try:
         result = _run(spec, request, runner, on_phase, timeout_s=spec.budget.trial_timeout_s * len(seeds))
     except TrialFailure as exc:
@@ -326,8 +336,11 @@ def measure_seeds(
     by_seed = result.get("by_seed")
     if not isinstance(by_seed, list) or len(by_seed) != len(seeds):
         return [TrialFailure("the trial process's result lacks by_seed: one result per seed it was asked")] * len(seeds)
-    out: list[TrialResult | TrialFailure] = []
+    out: list[TrialResult | TrialFailure | None] = []
     for r in by_seed:
+        if r.get("skipped"):
+            out.append(None)
+            continue
         try:
             if "error" in r:
                 raise TrialFailure(r["error"])

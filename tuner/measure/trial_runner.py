@@ -42,7 +42,8 @@ def run_trial(req: dict[str, Any]) -> dict[str, Any]:
     """Measure one config. Returns metrics (with their intervals: `bootstrap_intervals`), SLO
     violations, early_stopped, gates, latencies, measure. With `seeds` (a list; no gates, no early
     stop), the config is started once and replayed on each seed in turn: {"by_seed": [that result,
-    or {"error": reason}, per seed]}."""
+    or {"error": reason}, per seed]}; with `stop_after_miss` too, the seeds after one whose replay missed
+    the SLO are not replayed ({"skipped": true})."""
     phase_file = req.get("phase_file")
 
     def phase(text: str) -> None:
@@ -58,6 +59,7 @@ def run_trial(req: dict[str, Any]) -> dict[str, Any]:
     if seeds is not None and (req.get("gates") or (req.get("early_stop") or {}).get("enabled")):
         raise ValueError("a request with several seeds measures without gates and without early stop")
     replays = [{**req, "seed": s} for s in seeds] if seeds is not None else [req]
+    until = (lambda res: _missed(res, objective)) if seeds is not None and req.get("stop_after_miss") else None
     from slotune.engine import LLM  # imports torch (the trial process's own import; the parent never loads it)
 
     phase("loading model")
@@ -77,16 +79,16 @@ def run_trial(req: dict[str, Any]) -> dict[str, Any]:
                     phase("quality gates: answers")
                     answers.update(external_trial.answers(server, gate_specs))
 
-            got, load_s = _replay_served(server, replays, phase, after=take_answers)
+            got, load_s = _replay_served(server, replays, phase, after=take_answers, until=until)
         llm = None
     elif measure == "served":
         server = BundledServer(cfg, objective, req.get("early_stop") or {})
-        got, load_s = _replay_served(server, replays, phase)
+        got, load_s = _replay_served(server, replays, phase, until=until)
         llm = server.llm
     else:
         llm = LLM(cfg)
         load_s = time.perf_counter() - t0
-        got = [_caught(lambda r=r: _replay_in_process(llm, r, phase), several=len(replays) > 1) for r in replays]
+        got = _each(replays, lambda r: _replay_in_process(llm, r, phase), until)
     if seeds is not None:
         return {
             "by_seed": [
@@ -126,6 +128,25 @@ def _result(res: ReplayResult, metrics: dict[str, float], violations: dict[str, 
 def error_text(exc: BaseException) -> str:
     """A failed measurement's reason, as the parent records it."""
     return exc.reason if isinstance(exc, ServerFailure) else f"{type(exc).__name__}: {exc}"
+
+
+def _each(
+    replays: list[dict[str, Any]],
+    replay: Callable[[dict[str, Any]], ReplayResult],
+    until: Callable[[ReplayResult], bool] | None,
+) -> list[ReplayResult | dict[str, Any]]:
+    """`replay(req)` for each request in turn (`_caught`); once `until(result)` holds, the requests after
+    it are not replayed: {"skipped": true}."""
+    got: list[ReplayResult | dict[str, Any]] = []
+    for req in replays:
+        done = until is not None and any(isinstance(r, ReplayResult) and until(r) for r in got)
+        got.append({"skipped": True} if done else _caught(lambda req=req: replay(req), several=len(replays) > 1))
+    return got
+
+
+def _missed(res: ReplayResult, objective: dict[str, Any]) -> bool:
+    """The replay missed the SLO (or was stopped early for it)."""
+    return res.early_stopped or not is_feasible(slo_violations(res.metrics, objective))
 
 
 def _caught(replay: Callable[[], ReplayResult], several: bool) -> ReplayResult | dict[str, str]:
@@ -190,9 +211,11 @@ def _replay_served(
     replays: list[dict[str, Any]],
     phase: Callable[[str], None],
     after: Callable[[ReplayResult], None] = lambda res: None,
-) -> tuple[list[ReplayResult | dict[str, str]], float]:
-    """Start `server`, replay each request's workload (seed) in turn from a client process over HTTP,
-    run `after` on each result while the server still runs, stop it.
+    until: Callable[[ReplayResult], bool] | None = None,
+) -> tuple[list[ReplayResult | dict[str, Any]], float]:
+    """Start `server`, replay each request's workload (seed) in turn from a client process over HTTP
+    (the rest skipped once `until` holds for a result: `_each`), run `after` on each result while the
+    server still runs, stop it.
 
     Latency and throughput metrics (and the records) are the client's; what the server saw over
     the client's measured run (engine counters, peak memory) is `server.window_metrics()`, as
@@ -203,7 +226,7 @@ def _replay_served(
     phase("starting server")
     several = len(replays) > 1
     with server:
-        got = [_caught(lambda req=req: _replay_once(server, req, after), several) for req in replays]
+        got = _each(replays, lambda req: _replay_once(server, req, after), until)
     if not several:  # with several, a death while serving is each later seed's error
         server.check()
     return got, server.load_time_s

@@ -17,6 +17,8 @@ def _label(trial: int | None) -> str:
 def progress_line(run: Run, i: int, n: int, key: str) -> str:
     """'confirm 3/8: trial 4 on workload seed 1001: tpot_p95 = 16.3 ms'."""
     head = f"confirm {i}/{n}: {_label(run.trial)} on workload seed {run.seed}"
+    if run.skipped:
+        return f"{head}: skipped, it missed the SLO on an earlier seed"
     if run.metrics is None:
         return f"{head} failed: {run.error}"
     return f"{head}: {key} = {format_value(key, run.metrics.get(key))}" + (
@@ -57,7 +59,8 @@ def confirmation_section(c: Confirmation, trial_values: dict[int, float], study_
         f"The default config and the best {k} feasible trial{'s' if k > 1 else ''} were measured again, each "
         f"started once and replayed on workload {seeds_words(c.seeds)} (the study measured on seed "
         f"{study_seed}). The winner is the candidate with the best median {label} that held the SLO on every "
-        f"seed; its declared numbers are that median, beside the default's on the same seeds."
+        f"seed; its declared numbers are that median, beside the default's on the same seeds. A config "
+        f"that missed the SLO on a seed was not replayed on the next."
     )
     first = c.candidates[0]
     if not c.confirmed:
@@ -92,6 +95,8 @@ def confirmation_section(c: Confirmation, trial_values: dict[int, float], study_
 def _cell(c: Confirmation, run: Run | None) -> str:
     if run is None:
         return "–"
+    if run.skipped:
+        return "skipped (missed before)"
     if run.metrics is None:
         return f"failed: {run.error}"
     return format_value(c.key, run.metrics.get(c.key)) + (f" (missed: {'; '.join(run.missed)})" if run.missed else "")
@@ -100,7 +105,7 @@ def _cell(c: Confirmation, run: Run | None) -> str:
 def _why_not(c: Confirmation, trial: int) -> str:
     """Why a candidate did not win, in words."""
     runs = c.runs_of(trial)
-    failed = next((r for r in runs if r.metrics is None), None)
+    failed = next((r for r in runs if r.metrics is None and not r.skipped), None)
     if failed is not None:
         return f"failed on seed {failed.seed}: {failed.error}"
     missed = [r for r in runs if r.missed]

@@ -76,7 +76,8 @@ class Confirm(StrictModel):
     """How the winner is chosen and declared: the default config and the best `candidates` feasible trials,
     each started once and replayed on `seeds` fresh workload seeds (robustness_seed, + 1, ...). The winner
     is the candidate with the best median that held the SLO on every seed; its declared numbers are that
-    median and its interval (tuner/decide/confirm.py, docs/design/confirmation.md)."""
+    median and its interval. A config that misses the SLO on a seed is not replayed on the next
+    (tuner/decide/confirm.py, docs/design/confirmation.md)."""
 
     candidates: int = Field(
         3, ge=0, le=8, description="the best k feasible trials re-measured; 0 = the best trial wins on its own numbers"
