@@ -6,7 +6,9 @@ the luckiest. So the default and the best `confirm.candidates` feasible trials a
 one trial process, and replayed on `confirm.seeds` fresh seeds; the winner is the candidate with the best
 median that held the SLO on every seed, and its declared numbers are that median with its interval,
 beside the default's on the same seeds. A config that misses the SLO on a seed is not replayed on the
-next: a candidate cannot win then, and a default that misses is only the reference. Each process's
+next: a candidate cannot win then, and a default that misses is only the reference; a default whose own
+trial was more than FAR_DEFAULT times worse than the best candidate's is replayed on the first seed only,
+as a gap that wide needs no second seed to be stated. Each process's
 measurements are stored in the study (user attribute `confirm`) as it ends, so a resumed run measures
 only what is missing.
 Rationale and measurements: docs/design/confirmation.md.
@@ -24,10 +26,13 @@ from slotune.tuner.measure.measurement import Measurement
 from slotune.tuner.measure.trial_process import DEFAULT_TRIAL_RUNNER, TrialFailure, TrialResult, measure_seeds
 from slotune.tuner.measure.units import metric_label, overlaps
 from slotune.tuner.search.records import TrialRecord, store_confirmation, stored_confirmation
+from slotune.tuner.search.references import DEFAULT_TAG, reference_metrics
 from slotune.tuner.search.trials import ranked_feasible
 from slotune.tuner.spec.server import parse_config
 from slotune.tuner.spec.slo import SLOLimits, judge
 from slotune.tuner.spec.workload_spec import MAX_SEED
+
+FAR_DEFAULT = 4.0  # a default this many times worse than the best candidate in the search: one seed
 
 
 @dataclass(frozen=True)
@@ -54,6 +59,7 @@ class Confirmation:
     direction: str
     limits: SLOLimits
     seeds: tuple[int, ...]
+    default_seeds: tuple[int, ...]  # the seeds the default was replayed on: the first only when it is far worse
     candidates: tuple[int, ...]  # best first by their own trials
     runs: tuple[Run, ...]  # in the order measured
     winner: int
@@ -151,22 +157,34 @@ def run_confirmation(
     seeds = confirm_seeds(spec) if spec.confirm.candidates else []
     default = spec.base_config()
     configs = {None: default} | {t.number: c for t in trials if (c := parse_config(t.config)) != default}
+    far = len(configs) > len(trials) and _far_worse(spec, study, trials)  # the default is no candidate
+    planned = {n: seeds[:1] if n is None and far else seeds for n in configs}
     previous = (stored_confirmation(study) or {}).get("runs", [])
     stored = {(m["trial"], m["seed"]): m for m in previous if "metrics" in m or m.get("skipped")}
     key, limits, plan = spec.objective.metric_key(), SLOLimits.from_objective(spec.objective), []
     for number, config in configs.items():
-        missing = [s for s in seeds if (number, s) not in stored]
+        missing = [s for s in planned[number] if (number, s) not in stored]
         results = measure_seeds(spec, config, missing, runner=runner, stop_after_miss=True) if missing else []
         for seed, got in zip(missing, results):
             stored[number, seed] = m = _stored(number, seed, got)
-            on_run(_run(m, key, limits), len(plan) + seeds.index(seed) + 1, len(configs) * len(seeds))
-        plan += [(number, s) for s in seeds]
+            on_run(_run(m, key, limits), len(plan) + planned[number].index(seed) + 1, sum(map(len, planned.values())))
+        plan += [(number, s) for s in planned[number]]
         if missing:
             store_confirmation(study, {"seeds": seeds, "runs": list(stored.values())})
     # A candidate that is the default config takes the default's measurements.
     as_default = [t.number for t in trials if t.number not in configs]
     runs = [stored[k] for k in plan] + [{**stored[None, s], "trial": n} for n in as_default for s in seeds]
-    return judge_runs(spec, {"seeds": seeds, "runs": runs}, trials)
+    return judge_runs(spec, {"seeds": seeds, "default_seeds": planned[None], "runs": runs}, trials)
+
+
+def _far_worse(spec, study, trials: list[TrialRecord]) -> bool:
+    """The default's own trial is more than FAR_DEFAULT times worse than the best candidate's."""
+    key, sign = spec.objective.metric_key(), 1 if spec.objective.direction() == "minimize" else -1
+    own = (reference_metrics(study).get(DEFAULT_TAG) or {}).get(key)
+    best = (trials[0].metrics or {}).get(key) if trials else None
+    if own is None or best is None or own <= 0 or best <= 0:
+        return False
+    return (own / best) ** sign > FAR_DEFAULT
 
 
 def judge_runs(spec, record: dict[str, Any], trials: list) -> Confirmation:
@@ -179,6 +197,7 @@ def judge_runs(spec, record: dict[str, Any], trials: list) -> Confirmation:
         direction=obj.direction(),
         limits=limits,
         seeds=tuple(record["seeds"]),
+        default_seeds=tuple(record.get("default_seeds", record["seeds"])),
         candidates=tuple(t.number for t in trials),
         runs=tuple(_run(m, key, limits) for m in record["runs"]),
         winner=trials[0].number,

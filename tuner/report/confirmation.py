@@ -3,7 +3,7 @@ and a shoot-out's comparison of its servers."""
 
 from __future__ import annotations
 
-from slotune.tuner.decide.confirm import Confirmation, Run
+from slotune.tuner.decide.confirm import FAR_DEFAULT, Confirmation, Run
 from slotune.tuner.decide.standings import Standing
 from slotune.tuner.measure.units import format_value, metric_label, seeds_words, value_with_ci
 from slotune.tuner.report.facts import ReportSection
@@ -62,6 +62,11 @@ def confirmation_section(c: Confirmation, trial_values: dict[int, float], study_
         f"seed; its declared numbers are that median, beside the default's on the same seeds. A config "
         f"that missed the SLO on a seed was not replayed on the next."
     )
+    if len(c.default_seeds) < len(c.seeds):
+        text += (
+            f" The default, more than {FAR_DEFAULT:g}x worse than the best candidate in the search, was replayed "
+            f"on {seeds_words(c.default_seeds)} only: a gap that wide needs no second seed."
+        )
     first = c.candidates[0]
     if not c.confirmed:
         text += (
