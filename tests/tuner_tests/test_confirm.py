@@ -180,6 +180,7 @@ def test_a_default_far_worse_than_the_best_trial_is_replayed_on_one_seed(tmp_pat
         "The default, more than 4x worse than the best candidate in the search, was replayed on seed 1000 only"
         in report
     )
+    assert "in the confirmation, on workload seeds 1000, 1001 (the default config beside it on seed 1000):" in report
 
 
 def test_a_resumed_confirmation_measures_only_what_is_missing(tmp_path, fake_trials, monkeypatch):

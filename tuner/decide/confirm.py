@@ -6,11 +6,10 @@ the luckiest. So the default and the best `confirm.candidates` feasible trials a
 one trial process, and replayed on `confirm.seeds` fresh seeds; the winner is the candidate with the best
 median that held the SLO on every seed, and its declared numbers are that median with its interval,
 beside the default's on the same seeds. A config that misses the SLO on a seed is not replayed on the
-next: a candidate cannot win then, and a default that misses is only the reference; a default whose own
-trial was more than FAR_DEFAULT times worse than the best candidate's is replayed on the first seed only,
-as a gap that wide needs no second seed to be stated. Each process's
-measurements are stored in the study (user attribute `confirm`) as it ends, so a resumed run measures
-only what is missing.
+next: a candidate cannot win then, and a default that misses is only the reference. A default whose own
+trial was more than FAR_DEFAULT times worse than the best candidate's is replayed on the first seed only:
+a gap that wide needs no second seed to be stated. Each process's measurements are stored in the study
+(user attribute `confirm`) as it ends, so a resumed run measures only what is missing.
 Rationale and measurements: docs/design/confirmation.md.
 """
 
@@ -104,14 +103,7 @@ class Confirmation:
     def to_json(self) -> list[dict[str, Any]]:
         """best_metrics.json's `confirm` list: each measurement in order, and whether it held the SLO."""
         return [
-            {"trial": r.trial, "seed": r.seed, "held": r.held, "missed": list(r.missed)}
-            | (
-                {"metrics": r.metrics.to_dict()}
-                if r.metrics
-                else {"skipped": True}
-                if r.skipped
-                else {"error": r.error}
-            )
+            {"trial": r.trial, "seed": r.seed, "held": r.held, "missed": list(r.missed)} | _outcome(r)
             for r in self.runs
         ]
 
@@ -210,6 +202,12 @@ def judge_runs(spec, record: dict[str, Any], trials: list) -> Confirmation:
         return c
     best = min(held, key=lambda n: (sign * c.median(n)[key], c.candidates.index(n)))
     return dataclasses.replace(c, winner=best, confirmed=True)
+
+
+def _outcome(r: Run) -> dict[str, Any]:
+    if r.metrics is not None:
+        return {"metrics": r.metrics.to_dict()}
+    return {"skipped": True} if r.skipped else {"error": r.error}
 
 
 def _stored(trial: int | None, seed: int, got: TrialResult | TrialFailure | None) -> dict[str, Any]:

@@ -165,13 +165,17 @@ def winner_facts(
     if noise:
         notes.append(noise)
     if rm and card is rm:
-        same = (remeasure or {}).get("default_seeds") == seeds
+        default_seeds = (remeasure or {}).get("default_seeds") or seeds
+        where = (
+            f"each beside the default config, on {on_seeds}"
+            if default_seeds == seeds
+            else f"on {on_seeds} (the default config beside it on {seeds_words(default_seeds)})"
+        )
         notes.append(
-            f"Declared on {len(seeds)} measurement{'s' if len(seeds) > 1 else ''} in the confirmation, each "
-            f"beside the default config, on {on_seeds}: {metric_label(key)} {value_with_ci(rm, key)} ("
+            f"Declared on {len(seeds)} measurement{'s' if len(seeds) > 1 else ''} in the confirmation, {where}: "
+            f"{metric_label(key)} {value_with_ci(rm, key)} ("
             + ("their median; " if len(seeds) > 1 else "")
             + f"default {value_with_ci(rdefault, key)}"
-            + ("" if same else ", on the seeds where it was measured")
             + "); the comparison above is on these numbers."
         )
     elif rm:
