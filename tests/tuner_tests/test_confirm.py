@@ -42,6 +42,11 @@ def _number(study, **params):
     return next(t.number for t in study.trials if t.params == params)
 
 
+def _lucky_and_steady(study):
+    """The numbers of (4, none), lucky on the study's seed, and of (1, int8), the same everywhere."""
+    return _number(study, max_num_seqs=4, quantization="none"), _number(study, max_num_seqs=1, quantization="int8")
+
+
 def _trial(number, params=None):
     """A stored candidate as judge_runs reads it (a FrozenTrial's number, params, user_attrs)."""
     return SimpleNamespace(number=number, params=params or {}, user_attrs={"feasible": True})
@@ -58,10 +63,7 @@ def test_the_winner_is_the_best_on_fresh_seeds_not_the_luckiest_trial(tmp_path, 
     summary = run_command(spec, progress=False, trial_runner=fake_trials)
     out = tmp_path / "out"
     study = _study(out)
-    lucky, steady = (
-        _number(study, max_num_seqs=4, quantization="none"),
-        _number(study, max_num_seqs=1, quantization="int8"),
-    )
+    lucky, steady = _lucky_and_steady(study)
     runner_up = _number(study, max_num_seqs=2, quantization="int8")
     assert summary["best_by_trial"] == lucky and summary["trial"] == steady and summary["confirmed"]
     best = EngineConfig.from_yaml(out / "best.yaml")
@@ -137,10 +139,7 @@ def test_a_config_that_misses_the_slo_is_not_replayed_on_the_next_seed(tmp_path,
     summary = run_command(spec, progress=False, trial_runner=fake_trials)
     out = tmp_path / "out"
     study = _study(out)
-    lucky, steady = (
-        _number(study, max_num_seqs=4, quantization="none"),
-        _number(study, max_num_seqs=1, quantization="int8"),
-    )
+    lucky, steady = _lucky_and_steady(study)
     assert summary["trial"] == steady and summary["confirmed"]
     skipped = [(c["trial"], c["seed"]) for c in summary["confirm"] if c.get("skipped")]
     assert skipped == [(None, 1001), (lucky, 1001)]

@@ -138,9 +138,11 @@ def _each(
     """`replay(req)` for each request in turn (`_caught`); once `until(result)` holds, the requests after
     it are not replayed: {"skipped": true}."""
     got: list[ReplayResult | dict[str, Any]] = []
+    done = False
     for req in replays:
-        done = until is not None and any(isinstance(r, ReplayResult) and until(r) for r in got)
-        got.append({"skipped": True} if done else _caught(lambda req=req: replay(req), several=len(replays) > 1))
+        res = {"skipped": True} if done else _caught(lambda req=req: replay(req), several=len(replays) > 1)
+        done = done or (until is not None and isinstance(res, ReplayResult) and until(res))
+        got.append(res)
     return got
 
 
