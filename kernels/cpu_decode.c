@@ -38,7 +38,7 @@
 #include <stdint.h>
 #include <string.h>
 
-enum { W_F32 = 0, W_BF16 = 1, W_INT8 = 2, W_INT4 = 3, W_INT8_VNNI = 4, W_INT8_AVX2 = 5, W_INT4_VNNI = 6 };
+enum { W_F32 = 0, W_BF16 = 1, W_INT8 = 2, W_INT4 = 3, W_INT8_VNNI = 4, W_INT8_AVX2 = 5, W_INT4_VNNI = 6, W_INT4_AVX2 = 7 };
 
 typedef struct {
     int32_t kind, n, k, group; /* k: real in_features (int4 may store K padded to the group) */
@@ -916,58 +916,62 @@ static void int8_avx2_rows(const Model *md, const Lin *L, float *out, int ldo, i
     }
 }
 
+/* Scale and offset (zero - 8 * scale) of a 32-channel block's group from its block-major (scale,
+ * zero) bf16 pairs: 4 vectors of 8 channels. */
+static inline void int4_avx2_scales(const uint16_t *sz, __m256 *sc, __m256 *off) {
+    for (int j = 0; j < 4; j++) {
+        const __m256i pairs = _mm256_loadu_si256((const __m256i *)(sz + j * 16));
+        sc[j] = _mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16));
+        off[j] = _mm256_fnmadd_ps(_mm256_set1_ps(8.0f), sc[j], _mm256_castsi256_ps(_mm256_and_si256(pairs, _mm256_set1_epi32((int)0xffff0000u))));
+    }
+}
+
 /* int4 x int8: the codes are unsigned (0-15), so `vpmaddubsw` takes them and the activation codes
  * as they are, and the 8 quads of a 32-input slice add up in int16 (at most 8 * 2 * 15 * 127 =
- * 30480) before one `vpmaddwd`. Each slice of a 32-channel block (torch's AVX2 pack: for each k 16
- * bytes, low nibbles channels 0-15, high 16-31) is unpacked once into quad order for all rows (8
- * quads x 4 vectors of 8 channels, 1 KB, stays in L1): byte then word interleaves of four 16-byte
- * rows k..k+3 put each channel's 4 codes in one 32-bit lane, in channel order.
+ * 30480) before one `vpmaddwd`. Codes repacked once (cpu_decode.py _avx2_int4): for each 32-channel
+ * block, each 32-input slice is 8 quads x 2 vectors; byte 4c + i of vector v holds, for input
+ * 4q + i, channel 8v + c in its low nibble and channel 16 + 8v + c in its high one, so an `and` and
+ * a shift give each channel's 4 codes in one 32-bit lane, in channel order; scales block-major
+ * [N/32, K/g, 32, 2], so a block is two sequential streams. One row at a time, its 32 outputs in
+ * registers over all of K; the next row reads the block again from L1. Faster than unpacking
+ * torch's pack once per slice for all rows at 1-2 rows, even from 4, where `vpmaddubsw` bounds
+ * both (docs/design/kernels-cpu-decode.md).
  *   sum_k w x = scale * sum_b dx_b * sum_{k in b} q_k qx_k + (zero - 8 scale) * sum_k x_k   */
-static void int4_avx2_block(const Model *md, const Lin *L, float *out, int ldo, int M, int b) {
-    const int K = L->k, g = L->group, Kp = (K + g - 1) / g * g, ldq = md->max_k, lds = md->max_k / 32;
-    const uint8_t *p = (const uint8_t *)L->w + (int64_t)b * Kp * 16;
+static void int4_avx2_row(const Model *md, const Lin *L, float *out, int ldo, int m, int b) { /* row m, block b */
+    const int K = L->k, g = L->group, Kp = (K + g - 1) / g * g, lds = md->max_k / 32;
+    const __m256i *w = (const __m256i *)((const uint8_t *)L->w + (int64_t)b * Kp * 16);
     const __m256i nib = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
-    __m256i wq[8][4]; /* one 32-input slice, unpacked: [quad][channels 8j..8j+7] */
-    for (int m = 0; m < M; m++) memset(out + (int64_t)m * ldo + b * 32, 0, 32 * sizeof(float));
-    for (int k0 = 0; k0 < K; k0 += g) {
+    const int8_t *xr = md->xq + (int64_t)m * md->max_k;
+    const uint16_t *sz = L->scales + (int64_t)b * (Kp / g) * 64;
+    __m256 tot[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int k0 = 0; k0 < K; k0 += g, sz += 64) {
         const int k1 = k0 + g < K ? k0 + g : K;
         __m256 sc[4], off[4];
-        int4_group_scales(L, b * 32, k0, 4, sc, off, 0);
+        int4_avx2_scales(sz, sc, off);
+        float sx = 0.0f;
         for (int kb = k0; kb < k1; kb += 32) {
+            const __m256i *ws = w + (int64_t)(kb / 32) * 16;
+            __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
             for (int q = 0; q < 8; q++) {
-                const __m128i *r = (const __m128i *)(p + (int64_t)(kb + 4 * q) * 16);
-                const __m128i r0 = _mm_loadu_si128(r), r1 = _mm_loadu_si128(r + 1), r2 = _mm_loadu_si128(r + 2), r3 = _mm_loadu_si128(r + 3);
-                const __m128i a = _mm_unpacklo_epi8(r0, r1), e = _mm_unpackhi_epi8(r0, r1); /* byte pairs, channels 0-7, 8-15 */
-                const __m128i c = _mm_unpacklo_epi8(r2, r3), f = _mm_unpackhi_epi8(r2, r3);
-                const __m256i v0 = _mm256_set_m128i(_mm_unpackhi_epi16(a, c), _mm_unpacklo_epi16(a, c)); /* quads, channels 0-7 */
-                const __m256i v1 = _mm256_set_m128i(_mm_unpackhi_epi16(e, f), _mm_unpacklo_epi16(e, f)); /* 8-15 */
-                wq[q][0] = _mm256_and_si256(v0, nib);
-                wq[q][1] = _mm256_and_si256(v1, nib);
-                wq[q][2] = _mm256_and_si256(_mm256_srli_epi16(v0, 4), nib); /* 16-23 */
-                wq[q][3] = _mm256_and_si256(_mm256_srli_epi16(v1, 4), nib); /* 24-31 */
+                const __m256i v0 = _mm256_loadu_si256(ws + 2 * q), v1 = _mm256_loadu_si256(ws + 2 * q + 1);
+                const __m256i xb = _mm256_set1_epi32(*(const int32_t *)(xr + kb + 4 * q));
+                acc[0] = _mm256_add_epi16(acc[0], _mm256_maddubs_epi16(_mm256_and_si256(v0, nib), xb));
+                acc[1] = _mm256_add_epi16(acc[1], _mm256_maddubs_epi16(_mm256_and_si256(v1, nib), xb));
+                acc[2] = _mm256_add_epi16(acc[2], _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v0, 4), nib), xb));
+                acc[3] = _mm256_add_epi16(acc[3], _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v1, 4), nib), xb));
             }
-            for (int m = 0; m < M; m++) {
-                const int8_t *xr = md->xq + (int64_t)m * ldq + kb;
-                __m256i acc[4];
-                for (int j = 0; j < 4; j++) acc[j] = _mm256_setzero_si256();
-                for (int q = 0; q < 8; q++) {
-                    const __m256i xb = _mm256_set1_epi32(*(const int32_t *)(xr + 4 * q));
-                    for (int j = 0; j < 4; j++) acc[j] = _mm256_add_epi16(acc[j], _mm256_maddubs_epi16(wq[q][j], xb));
-                }
-                const __m256 dx = _mm256_set1_ps(md->xscale[(int64_t)m * lds + kb / 32]);
-                float *o = out + (int64_t)m * ldo + b * 32;
-                for (int j = 0; j < 4; j++)
-                    _mm256_storeu_ps(o + j * 8, _mm256_fmadd_ps(_mm256_mul_ps(sc[j], dx), _mm256_cvtepi32_ps(_mm256_madd_epi16(acc[j], ones)),
-                                                                _mm256_loadu_ps(o + j * 8)));
-            }
+            const __m256 dx = _mm256_set1_ps(md->xscale[(int64_t)m * lds + kb / 32]);
+            sx += md->xsum[(int64_t)m * lds + kb / 32];
+            for (int j = 0; j < 4; j++)
+                tot[j] = _mm256_fmadd_ps(_mm256_mul_ps(sc[j], dx), _mm256_cvtepi32_ps(_mm256_madd_epi16(acc[j], ones)), tot[j]);
         }
-        for (int m = 0; m < M; m++) {
-            float sx = 0.0f;
-            for (int kb = k0; kb < k1; kb += 32) sx += md->xsum[(int64_t)m * lds + kb / 32];
-            float *o = out + (int64_t)m * ldo + b * 32;
-            for (int j = 0; j < 4; j++) _mm256_storeu_ps(o + j * 8, _mm256_fmadd_ps(off[j], _mm256_set1_ps(sx), _mm256_loadu_ps(o + j * 8)));
-        }
+        for (int j = 0; j < 4; j++) tot[j] = _mm256_fmadd_ps(off[j], _mm256_set1_ps(sx), tot[j]);
     }
+    for (int j = 0; j < 4; j++) _mm256_storeu_ps(out + (int64_t)m * ldo + b * 32 + j * 8, tot[j]);
+}
+
+static void int4_avx2_block(const Model *md, const Lin *L, float *out, int ldo, int M, int b) {
+    for (int m = 0; m < M; m++) int4_avx2_row(md, L, out, ldo, m, b);
 }
 #endif
 
@@ -1091,7 +1095,7 @@ static void matmul_nobias(const Model *md, const Lin *L, const float *x, int ldx
         for (int c = 0; c < L->n / 8; c++) int8_avx2_rows(md, L, out, ldo, M, c);
         return;
     }
-    if (md->int8_activations && L->kind == W_INT4 && L->k % 32 == 0 && L->group % 32 == 0) {
+    if (L->kind == W_INT4_AVX2) { /* repacked (cpu_decode.py) only with int8_activations, K % 32 == 0, g % 32 == 0 */
         quantize_rows(md, x, ldx, M, L->k, 1);
         PROF(P_QUANT);
 #pragma omp for schedule(static)

@@ -17,6 +17,7 @@ import functools
 import hashlib
 import logging
 import os
+import shlex
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,8 +27,11 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_decode.c")
+# SLOTUNE_NATIVE_CFLAGS adds gcc flags: `-mno-avx512f` (with ATEN_CPU_CAPABILITY=avx2, so torch packs int4
+# in AVX2's blocks too) builds the AVX2 kernels on an AVX-512 CPU, as tests do
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-math-errno"]
-W_F32, W_BF16, W_INT8, W_INT4, W_INT8_VNNI, W_INT8_AVX2, W_INT4_VNNI = 0, 1, 2, 3, 4, 5, 6
+CFLAGS += shlex.split(os.environ.get("SLOTUNE_NATIVE_CFLAGS", ""))
+W_F32, W_BF16, W_INT8, W_INT4, W_INT8_VNNI, W_INT8_AVX2, W_INT4_VNNI, W_INT4_AVX2 = 0, 1, 2, 3, 4, 5, 6, 7
 # slotune_isa() flags (cpu_decode.c): float kernels' ISA, and the int8-activation kernels compiled in
 ISA_AVX512, ISA_AVX2, ISA_INT8_VNNI, ISA_INT8_AVX2, ISA_INT4_INT8ACT, ISA_AMX = 1, 2, 4, 8, 16, 32
 MAX_HEAD_DIM = 512  # the kernel widens 16 K rows into a stack buffer of this size
@@ -320,6 +324,10 @@ def _lin(w: NativeLinear, keep: list[torch.Tensor] | None = None, int8_activatio
             codes, scales = _vnni_int4(w.weight, w.scales, w.n)
             keep += [codes, scales]
             lin.kind, lin.w, lin.scales = W_INT4_VNNI, codes.data_ptr(), scales.data_ptr()
+        elif isa() & ISA_INT8_AVX2:  # AVX2: torch's pack is in blocks of 32
+            codes, scales = _avx2_int4(w.weight, w.scales, w.n)
+            keep += [codes, scales]
+            lin.kind, lin.w, lin.scales = W_INT4_AVX2, codes.data_ptr(), scales.data_ptr()
     if w.bias is not None and keep is not None:
         b = w.bias.detach().float().contiguous()
         keep.append(b)
@@ -346,6 +354,21 @@ def _vnni_int4(packed: torch.Tensor, scales_and_zeros: torch.Tensor, n: int) -> 
     lo = c[:, :, :, :32].reshape(n // 64, k // 32, 8, 2, 16, 4)
     hi = c[:, :, :, 32:].reshape(n // 64, k // 32, 8, 2, 16, 4)
     sz = scales_and_zeros.view(scales_and_zeros.shape[0], n // 64, 64, 2).permute(1, 0, 2, 3)
+    return (lo | (hi << 4)).contiguous(), sz.contiguous()
+
+
+def _avx2_int4(packed: torch.Tensor, scales_and_zeros: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch's AVX2 int4 pack (blocks of 32 channels; per k, 16 bytes: low nibbles channels 0-15, high
+    16-31) -> uint8 [N/32, K/32, 8, 2, 8, 4]: for input 4q + i, byte (v, c, i) holds channel 8v + c in
+    its low nibble and 16 + 8v + c in its high one, so an `and` and a shift give `vpmaddubsw`'s
+    operands directly; and scales_and_zeros [K/g, N, 2] -> [N/32, K/g, 32, 2], block-major."""
+    p = packed.view(n // 32, -1, 16)  # [N/32, K, 16]
+    k = p.shape[1]
+    codes = torch.cat([p & 15, p >> 4], dim=-1)  # [N/32, K, 32] channel order
+    c = codes.view(n // 32, k // 32, 8, 4, 32).permute(0, 1, 2, 4, 3)  # [., ., quad, channel, i]
+    lo = c[:, :, :, :16].reshape(n // 32, k // 32, 8, 2, 8, 4)
+    hi = c[:, :, :, 16:].reshape(n // 32, k // 32, 8, 2, 8, 4)
+    sz = scales_and_zeros.view(scales_and_zeros.shape[0], n // 32, 32, 2).permute(1, 0, 2, 3)
     return (lo | (hi << 4)).contiguous(), sz.contiguous()
 
 
@@ -385,7 +408,7 @@ def _unreadable(w: NativeLinear) -> str | None:
 # won at every row count measured, so there is none.
 MAX_NATIVE_ROWS = {
     ISA_AVX512: {W_BF16: 16, W_INT8: 32, W_INT4: None, W_F32: None, W_INT8_VNNI: None, W_INT4_VNNI: None},
-    ISA_AVX2: {W_BF16: None, W_INT8: None, W_INT4: None, W_F32: None, W_INT8_AVX2: None},
+    ISA_AVX2: {W_BF16: None, W_INT8: None, W_INT4: None, W_F32: None, W_INT8_AVX2: None, W_INT4_AVX2: None},
 }
 # Rows of capacity beyond max_num_seqs: a short prompt's prefill chunk runs in the same native call as the
 # running decodes, which about halves a short prompt's TTFT (docs/design/kernels-cpu-decode.md).

@@ -42,7 +42,7 @@ WEIGHT_OPS = {"qkv": "qkv", "o": "o", "gate_up": "gate_up", "down": "down"}
 def lin_bytes(lin) -> int:
     """Bytes one pass over a projection reads: its weights (as the kernel reads them) and scales."""
     n, k = lin.n, lin.k
-    if lin.kind in (cpu_decode.W_INT4, cpu_decode.W_INT4_VNNI):
+    if lin.kind in (cpu_decode.W_INT4, cpu_decode.W_INT4_VNNI, cpu_decode.W_INT4_AVX2):
         kp = -(-k // lin.group) * lin.group
         return n * kp // 2 + (kp // lin.group) * n * 4
     if lin.kind in (cpu_decode.W_INT8, cpu_decode.W_INT8_VNNI, cpu_decode.W_INT8_AVX2):
@@ -147,9 +147,11 @@ def _commit() -> str:
 
 
 def header(command: str) -> str:
+    env = " ".join(f"{k}={os.environ[k]}" for k in ("SLOTUNE_NATIVE_CFLAGS", "ATEN_CPU_CAPABILITY") if k in os.environ)
+    avx2 = not cpu_decode.isa() & cpu_decode.ISA_AVX512
     return (
         f"Machine: {machine.words()}. Date: {datetime.now(timezone.utc):%Y-%m-%d}. "
-        f"Commit {_commit()}. Command: `{command}`."
+        f"Commit {_commit()}. Kernels: {'AVX2' if avx2 else 'AVX-512'}. Command: `{(env + ' ' if env else '') + command}`."
     )
 
 

@@ -8,7 +8,10 @@ reference's full-sequence logits.
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -301,30 +304,37 @@ def test_int8_activations_repack_follows_the_build():
         assert cd._lin(native_linear(mod), [], int8_activations=False).kind == cd.W_INT8
 
 
-def test_int4_repack_for_vnni_puts_each_channels_quad_in_one_lane():
-    """With int8 activations on a VNNI build an int4 weight is repacked once: for block b, slice s,
-    quad q, byte (v, c, i) holds channel 64b + 16v + c at input 32s + 4q + i in its low nibble and
-    channel 64b + 32 + 16v + c in its high one; scales go block-major. Elsewhere it stays in torch's pack."""
+def test_int4_repack_puts_each_channels_quad_in_one_lane():
+    """With int8 activations an int4 weight is repacked once for the build's int8 kernel. VNNI: for
+    block b, slice s, quad q, byte (v, c, i) holds channel 64b + 16v + c at input 32s + 4q + i in its
+    low nibble and channel 64b + 32 + 16v + c in its high one. AVX2: the same in blocks of 32
+    (channels 32b + 8v + c and 32b + 16 + 8v + c). Both put scales block-major.
+    Without int8 activations it stays in torch's pack."""
     from slotune.kernels import cpu_decode as cd
 
     torch.manual_seed(0)
     n, k = 128, 96
     mod, keep = Int4Linear(torch.randn(n, k), 32), []
     lin = cd._lin(native_linear(mod), keep, int8_activations=True)
-    if not cd.isa() & cd.ISA_INT8_VNNI:
+    assert cd._lin(native_linear(mod), [], int8_activations=False).kind == cd.W_INT4
+    if cd.isa() & cd.ISA_INT8_VNNI:
+        assert lin.kind == cd.W_INT4_VNNI
+        blk, vec = 64, 16
+    elif cd.isa() & cd.ISA_INT8_AVX2:
+        assert lin.kind == cd.W_INT4_AVX2
+        blk, vec = 32, 8
+    else:
         assert lin.kind == cd.W_INT4 and not keep
         return
-    assert lin.kind == cd.W_INT4_VNNI
-    block = mod.packed.view(n // 64, k, 32)
-    codes = torch.cat([block & 15, block >> 4], dim=-1).permute(0, 2, 1).reshape(n, k)  # [N, K]
-    rep = keep[0].view(n // 64, k // 32, 8, 2, 16, 4)
-    for b, s, q, v, c, i in [(0, 0, 0, 0, 0, 0), (1, 2, 7, 1, 15, 3), (1, 1, 3, 0, 9, 2), (0, 2, 5, 1, 4, 1)]:
-        byte, kk = int(rep[b, s, q, v, c, i]), 32 * s + 4 * q + i
-        assert byte & 15 == codes[64 * b + 16 * v + c, kk]
-        assert byte >> 4 == codes[64 * b + 32 + 16 * v + c, kk]
-    sz = mod.scales_and_zeros.view(k // 32, n // 64, 64, 2)
+    sz = mod.scales_and_zeros.view(k // 32, n // blk, blk, 2)
     assert torch.equal(keep[1][1, 2], sz[2, 1])
-    assert cd._lin(native_linear(mod), [], int8_activations=False).kind == cd.W_INT4
+    block = mod.packed.view(n // blk, k, blk // 2)
+    codes = torch.cat([block & 15, block >> 4], dim=-1).permute(0, 2, 1).reshape(n, k)  # [N, K]
+    rep = keep[0].view(n // blk, k // 32, 8, 2, vec, 4)
+    for b, s, q, v, c, i in [(0, 0, 0, 0, 0, 0), (1, 2, 7, 1, vec - 1, 3), (1, 1, 3, 0, 5, 2), (0, 2, 5, 1, 4, 1)]:
+        byte, kk = int(rep[b, s, q, v, c, i]), 32 * s + 4 * q + i
+        assert byte & 15 == codes[blk * b + vec * v + c, kk]
+        assert byte >> 4 == codes[blk * b + blk // 2 + vec * v + c, kk]
 
 
 @pytest.mark.parametrize("act_group", [32, 256])
@@ -468,3 +478,28 @@ def test_native_engine_matches_torch_engine_on_qk_norm_and_window_variants(varia
     assert (native.runner.backend, plain.runner.backend) == ("native", "torch")
     prompts = [[(7 * j + 3) % 256 for j in range(n)] for n in (5, 19, 33)]
     assert generate(native, prompts, 24) == generate(plain, prompts, 24)
+
+
+def test_the_avx2_kernels_pass_these_tests_on_an_avx512_cpu():
+    """An AVX-512 CPU runs the AVX2 build too: this file's kernel and engine tests again in a child
+    process built with `-mno-avx512f` and torch at its AVX2 level (int4 packed in blocks of 32), so the
+    AVX2 kernels are checked wherever CI runs."""
+    from slotune.kernels import cpu_decode as cd
+
+    if not cd.isa() & cd.ISA_AVX512:
+        pytest.skip("this build is the AVX2 one already")
+    env = {**os.environ, "SLOTUNE_NATIVE_CFLAGS": "-mno-avx512f", "ATEN_CPU_CAPABILITY": "avx2"}
+    check = [sys.executable, "-c", "from slotune.kernels import cpu_decode as c; print(c.isa(), c.torch_int4_block())"]
+    assert subprocess.run(check, env=env, capture_output=True, text=True, check=True).stdout.split() == [
+        str(cd.ISA_AVX2 | cd.ISA_INT8_AVX2 | cd.ISA_INT4_INT8ACT),
+        "32",
+    ]
+    tests = "matmul_kernels or repack or extremes or native_decode_matches or native_engine_matches or several"
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", tests],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert " passed" in r.stdout and "skipped" not in r.stdout.splitlines()[-1], r.stdout[-2000:]
