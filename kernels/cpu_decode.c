@@ -934,8 +934,8 @@ static inline void int4_avx2_scales(const uint16_t *sz, __m256 *sc, __m256 *off)
  * a shift give each channel's 4 codes in one 32-bit lane, in channel order; scales block-major
  * [N/32, K/g, 32, 2], so a block is two sequential streams. One row at a time, its 32 outputs in
  * registers over all of K; the next row reads the block again from L1. Faster than unpacking
- * torch's pack once per slice for all rows at 1-2 rows, even from 4, where `vpmaddubsw` bounds
- * both (docs/design/kernels-cpu-decode.md).
+ * torch's pack once per slice for all rows at 1-2 rows, and as fast from 4, where `vpmaddubsw`
+ * bounds both (docs/design/kernels-cpu-decode.md).
  *   sum_k w x = scale * sum_b dx_b * sum_{k in b} q_k qx_k + (zero - 8 scale) * sum_k x_k   */
 static void int4_avx2_row(const Model *md, const Lin *L, float *out, int ldo, int m, int b) { /* row m, block b */
     const int K = L->k, g = L->group, Kp = (K + g - 1) / g * g, lds = md->max_k / 32;
