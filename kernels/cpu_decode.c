@@ -579,7 +579,7 @@ static void int8_vnni_pair(const Model *md, const Lin *L, float *out, int ldo, i
     for (int cc = c; cc <= c + two; cc++) int8_vnni_block(md, L, out, ldo, m0, M, cc);
 }
 
-/* int4 codes repacked once for VNNI (cpu_decode.py _vnni_int4): for each 64-channel block, each
+/* int4 codes repacked once for VNNI (cpu_decode.py _int4_quads): for each 64-channel block, each
  * 32-input slice is 8 quads x 2 vectors; byte 4c + i of vector v holds, for input 4q + i, channel
  * 16v + c in its low nibble and channel 32 + 16v + c in its high one. `and` with 0x0f gives channels
  * 0-15 / 16-31 as they are, `and` with 0xf0 gives 32-47 / 48-63 times 16, whose scale takes the 1/16:
@@ -928,7 +928,7 @@ static inline void int4_avx2_scales(const uint16_t *sz, __m256 *sc, __m256 *off)
 
 /* int4 x int8: the codes are unsigned (0-15), so `vpmaddubsw` takes them and the activation codes
  * as they are, and the 8 quads of a 32-input slice add up in int16 (at most 8 * 2 * 15 * 127 =
- * 30480) before one `vpmaddwd`. Codes repacked once (cpu_decode.py _avx2_int4): for each 32-channel
+ * 30480) before one `vpmaddwd`. Codes repacked once (cpu_decode.py _int4_quads): for each 32-channel
  * block, each 32-input slice is 8 quads x 2 vectors; byte 4c + i of vector v holds, for input
  * 4q + i, channel 8v + c in its low nibble and channel 16 + 8v + c in its high one, so an `and` and
  * a shift give each channel's 4 codes in one 32-bit lane, in channel order; scales block-major

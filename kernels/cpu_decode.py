@@ -320,14 +320,12 @@ def _lin(w: NativeLinear, keep: list[torch.Tensor] | None = None, int8_activatio
             keep.append(_avx2_int8(w.weight))
             lin.kind, lin.w = W_INT8_AVX2, keep[-1].data_ptr()
     if lin.kind == W_INT4 and int8_activations and keep is not None and lin.k % 32 == 0 and lin.group % 32 == 0:
-        if isa() & ISA_INT8_VNNI:  # AVX-512 VNNI: torch's pack is in blocks of 64 (checked by _unreadable)
-            codes, scales = _vnni_int4(w.weight, w.scales, w.n)
+        flags = isa()
+        kind = W_INT4_VNNI if flags & ISA_INT8_VNNI else W_INT4_AVX2 if flags & ISA_INT8_AVX2 else None
+        if kind is not None:  # torch's pack: blocks of 64 under AVX-512, 32 under AVX2 (checked by _unreadable)
+            codes, scales = _int4_quads(w.weight, w.scales, w.n, 64 if kind == W_INT4_VNNI else 32)
             keep += [codes, scales]
-            lin.kind, lin.w, lin.scales = W_INT4_VNNI, codes.data_ptr(), scales.data_ptr()
-        elif isa() & ISA_INT8_AVX2:  # AVX2: torch's pack is in blocks of 32
-            codes, scales = _avx2_int4(w.weight, w.scales, w.n)
-            keep += [codes, scales]
-            lin.kind, lin.w, lin.scales = W_INT4_AVX2, codes.data_ptr(), scales.data_ptr()
+            lin.kind, lin.w, lin.scales = kind, codes.data_ptr(), scales.data_ptr()
     if w.bias is not None and keep is not None:
         b = w.bias.detach().float().contiguous()
         keep.append(b)
@@ -342,33 +340,23 @@ def _vnni_int8(w: torch.Tensor) -> torch.Tensor:
     return (w.view(n // 16, 16, k // 4, 4).permute(0, 2, 1, 3).to(torch.int16) + 128).to(torch.uint8).contiguous()
 
 
-def _vnni_int4(packed: torch.Tensor, scales_and_zeros: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """torch's AVX-512 int4 pack (blocks of 64 channels; per k, 32 bytes: low nibbles channels 0-31,
-    high 32-63) -> uint8 [N/64, K/32, 8, 2, 16, 4]: for input 4q + i, byte (v, c, i) holds channel 16v + c
-    in its low nibble and 32 + 16v + c in its high one, so the kernel's `and`s with 0x0f / 0xf0 give
-    `vpdpbusd`'s operands directly; and scales_and_zeros [K/g, N, 2] -> [N/64, K/g, 64, 2], block-major."""
-    p = packed.view(n // 64, -1, 32)  # [N/64, K, 32]
+def _int4_quads(
+    packed: torch.Tensor, scales_and_zeros: torch.Tensor, n: int, block: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch's CPU int4 pack in blocks of `block` channels (64 under AVX-512, 32 under AVX2; per k,
+    block/2 bytes: low nibbles the block's first half, high its second) -> uint8
+    [N/block, K/32, 8, 2, block/4, 4]: for input 4q + i, byte (v, c, i) holds channel (block/4)v + c in
+    its low nibble and block/2 + (block/4)v + c in its high one, so `and`s (VNNI: with 0x0f / 0xf0;
+    AVX2: 0x0f after a shift) give `vpdpbusd`'s or `vpmaddubsw`'s operands directly; and
+    scales_and_zeros [K/g, N, 2] -> [N/block, K/g, block, 2], block-major."""
+    half, nb = block // 2, n // block
+    p = packed.view(nb, -1, half)  # [N/block, K, block/2]
     k = p.shape[1]
-    codes = torch.cat([p & 15, p >> 4], dim=-1)  # [N/64, K, 64] channel order
-    c = codes.view(n // 64, k // 32, 8, 4, 64).permute(0, 1, 2, 4, 3)  # [., ., quad, channel, i]
-    lo = c[:, :, :, :32].reshape(n // 64, k // 32, 8, 2, 16, 4)
-    hi = c[:, :, :, 32:].reshape(n // 64, k // 32, 8, 2, 16, 4)
-    sz = scales_and_zeros.view(scales_and_zeros.shape[0], n // 64, 64, 2).permute(1, 0, 2, 3)
-    return (lo | (hi << 4)).contiguous(), sz.contiguous()
-
-
-def _avx2_int4(packed: torch.Tensor, scales_and_zeros: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """torch's AVX2 int4 pack (blocks of 32 channels; per k, 16 bytes: low nibbles channels 0-15, high
-    16-31) -> uint8 [N/32, K/32, 8, 2, 8, 4]: for input 4q + i, byte (v, c, i) holds channel 8v + c in
-    its low nibble and 16 + 8v + c in its high one, so an `and` and a shift give `vpmaddubsw`'s
-    operands directly; and scales_and_zeros [K/g, N, 2] -> [N/32, K/g, 32, 2], block-major."""
-    p = packed.view(n // 32, -1, 16)  # [N/32, K, 16]
-    k = p.shape[1]
-    codes = torch.cat([p & 15, p >> 4], dim=-1)  # [N/32, K, 32] channel order
-    c = codes.view(n // 32, k // 32, 8, 4, 32).permute(0, 1, 2, 4, 3)  # [., ., quad, channel, i]
-    lo = c[:, :, :, :16].reshape(n // 32, k // 32, 8, 2, 8, 4)
-    hi = c[:, :, :, 16:].reshape(n // 32, k // 32, 8, 2, 8, 4)
-    sz = scales_and_zeros.view(scales_and_zeros.shape[0], n // 32, 32, 2).permute(1, 0, 2, 3)
+    codes = torch.cat([p & 15, p >> 4], dim=-1)  # [N/block, K, block] channel order
+    c = codes.view(nb, k // 32, 8, 4, block).permute(0, 1, 2, 4, 3)  # [., ., quad, channel, i]
+    lo = c[:, :, :, :half].reshape(nb, k // 32, 8, 2, block // 4, 4)
+    hi = c[:, :, :, half:].reshape(nb, k // 32, 8, 2, block // 4, 4)
+    sz = scales_and_zeros.view(scales_and_zeros.shape[0], nb, block, 2).permute(1, 0, 2, 3)
     return (lo | (hi << 4)).contiguous(), sz.contiguous()
 
 
