@@ -4,7 +4,9 @@
  *
  * Why: through torch's eager ops a small decode step spends much of its time dispatching ~1,200
  * small ops; here the step is one OpenMP parallel region whose work-sharing loops read each weight
- * once per step (measurements: docs/design/kernels-cpu-decode.md).
+ * once per step (measurements: docs/design/kernels-cpu-decode.md). Its loops are `guided`: a thread
+ * that the server's event loop or another tenant holds up leaves the rest of its share to the
+ * other, instead of the other waiting at the barrier.
  *
  * Two instruction sets from this one source, chosen at compile time (-march=native): AVX-512
  * (F/BW/VL/DQ; 16-lane vectors, the VNNI kernels where AVX512-VNNI/VBMI exist) and AVX2 + FMA
@@ -470,7 +472,7 @@ static void int4_block_rows(const Lin *L, const float *x, int ldx, float *out, i
  * kernel's correction for its unsigned weights, exact in integers). */
 static void quantize_rows(const Model *md, const float *x, int ldx, int M, int K, int exact_sum) {
     const int nb = K / 32, gs = act_slices(md), ng = (nb + gs - 1) / gs;
-#pragma omp for schedule(static)
+#pragma omp for schedule(guided)
     for (int t = 0; t < M * ng; t++) {
         const int m = t / ng, b0 = t % ng * gs, b1 = b0 + gs < nb ? b0 + gs : nb;
         const float *xr = x + (int64_t)m * ldx;
@@ -847,7 +849,7 @@ static void int4_amx_block(const Model *md, const Lin *L, float *out, int ldo, i
 static void quantize_rows(const Model *md, const float *x, int ldx, int M, int K, int exact_sum) {
     const int nb = K / 32, gs = act_slices(md), ng = (nb + gs - 1) / gs;
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-#pragma omp for schedule(static)
+#pragma omp for schedule(guided)
     for (int t = 0; t < M * ng; t++) {
         const int m = t / ng, b0 = t % ng * gs, b1 = b0 + gs < nb ? b0 + gs : nb;
         const float *xg = x + (int64_t)m * ldx;
@@ -1052,7 +1054,7 @@ static void matmul_nobias(const Model *md, const Lin *L, const float *x, int ldx
             float corr[tiles][AMX_ROWS] __attribute__((aligned(64)));
             for (int t = 0; t < tiles; t++) _mm512_store_ps(corr[t], amx_row_sums(md, L->k, t * AMX_ROWS));
             amx_begin(0);
-#pragma omp for schedule(static)
+#pragma omp for schedule(guided)
             for (int c = 0; c < L->n / 16; c++) {
                 for (int t = 0; t < tiles; t++) int8_amx_tile(md, L, out, ldo, t * AMX_ROWS, c, corr[t]);
                 int8_vnni_block(md, L, out, ldo, tiles * AMX_ROWS, M, c);
@@ -1061,7 +1063,7 @@ static void matmul_nobias(const Model *md, const Lin *L, const float *x, int ldx
             return;
         }
 #endif
-#pragma omp for schedule(static)
+#pragma omp for schedule(guided)
         for (int p = 0; p < (L->n / 16 + 1) / 2; p++) int8_vnni_pair(md, L, out, ldo, M, p);
         return;
     }
@@ -1072,7 +1074,7 @@ static void matmul_nobias(const Model *md, const Lin *L, const float *x, int ldx
         if (M >= AMX_ROWS && amx_ok > 0) {
             const int tiles = M / AMX_ROWS, m1 = tiles * AMX_ROWS;
             amx_begin(1);
-#pragma omp for schedule(static)
+#pragma omp for schedule(guided)
             for (int b = 0; b < L->n / 64; b++) {
                 for (int t = 0; t < tiles; t += INT4_AMX_TILES)
                     int4_amx_block(md, L, out, ldo, tiles - t < INT4_AMX_TILES ? tiles - t : INT4_AMX_TILES, t * AMX_ROWS, b);
@@ -1082,7 +1084,7 @@ static void matmul_nobias(const Model *md, const Lin *L, const float *x, int ldx
             return;
         }
 #endif
-#pragma omp for schedule(static)
+#pragma omp for schedule(guided)
         for (int b = 0; b < L->n / 64; b++) int4_vnni_block(md, L, out, ldo, 0, M, b);
         return;
     }
@@ -1091,20 +1093,20 @@ static void matmul_nobias(const Model *md, const Lin *L, const float *x, int ldx
     if (L->kind == W_INT8_AVX2) { /* repacked (cpu_decode.py) only with int8_activations, K % 32 == 0, N % 8 == 0 */
         quantize_rows(md, x, ldx, M, L->k, 0);
         PROF(P_QUANT);
-#pragma omp for schedule(static)
+#pragma omp for schedule(guided)
         for (int c = 0; c < L->n / 8; c++) int8_avx2_rows(md, L, out, ldo, M, c);
         return;
     }
     if (L->kind == W_INT4_AVX2) { /* repacked (cpu_decode.py) only with int8_activations, K % 32 == 0, g % 32 == 0 */
         quantize_rows(md, x, ldx, M, L->k, 1);
         PROF(P_QUANT);
-#pragma omp for schedule(static)
+#pragma omp for schedule(guided)
         for (int b = 0; b < L->n / INT4_BLOCK; b++) int4_avx2_block(md, L, out, ldo, M, b);
         return;
     }
 #endif
     if (L->kind == W_INT4) {
-#pragma omp for schedule(static)
+#pragma omp for schedule(guided)
         for (int b = 0; b < L->n / INT4_BLOCK; b++)
             for (int m0 = 0; m0 < M; m0 += INT4_ROWS)
                 int4_block_rows(L, x + (int64_t)m0 * ldx, ldx, out + (int64_t)m0 * ldo, ldo,
@@ -1112,7 +1114,7 @@ static void matmul_nobias(const Model *md, const Lin *L, const float *x, int ldx
         return;
     }
     const int chunk = 16, nc = (L->n + chunk - 1) / chunk;
-#pragma omp for schedule(static)
+#pragma omp for schedule(guided)
     for (int c = 0; c < nc; c++) {
         const int n1 = (c + 1) * chunk < L->n ? (c + 1) * chunk : L->n;
         for (int m0 = 0; m0 < M; m0 += MAX_ROWS)
@@ -1142,7 +1144,7 @@ static void softmax(float *p, int n) {
  * (GeGLU), tanh(y) as 1 - 2 / (e^2y + 1) */
 static void gate_mul(const float *gu, float *act, int M, int I, int gelu) {
     const int nc = (I + VL - 1) / VL;
-#pragma omp for schedule(static)
+#pragma omp for schedule(guided)
     for (int t = 0; t < M * nc; t++) {
         const int m = t / nc, i = (t % nc) * VL;
         const vf g = vf_loadn(gu + (int64_t)m * 2 * I + i, I - i);
@@ -1162,7 +1164,7 @@ static void gate_mul(const float *gu, float *act, int M, int I, int gelu) {
 /* x = rms_norm(x) * w in place: a sublayer's output normed before the residual add (Gemma 3). */
 static void rms_norm_rows(const Model *md, const void *w, float *x, int M) {
     const int D = md->hidden;
-#pragma omp for schedule(static)
+#pragma omp for schedule(guided)
     for (int m = 0; m < M; m++) {
         float *xr = x + (int64_t)m * D;
         double ss = 0.0;
@@ -1175,7 +1177,7 @@ static void rms_norm_rows(const Model *md, const void *w, float *x, int M) {
 /* h = rms_norm(x + res) * w; res = x + res (or x when first). Rows split over threads. */
 static void add_rms_norm(const Model *md, const void *w, float *x, float *res, float *h, int M, int first) {
     const int D = md->hidden;
-#pragma omp for schedule(static)
+#pragma omp for schedule(guided)
     for (int m = 0; m < M; m++) {
         float *xr = x + (int64_t)m * D, *rr = res + (int64_t)m * D, *hr = h + (int64_t)m * D;
         double ss = 0.0;
@@ -1326,7 +1328,7 @@ static void attend(const Model *md, const float *q, float *o, float *p, float *k
 static void matmul(const Model *md, const Lin *L, const float *x, int ldx, float *out, int ldo, int M) {
     matmul_nobias(md, L, x, ldx, out, ldo, M);
     if (L->bias) {
-#pragma omp for schedule(static)
+#pragma omp for schedule(guided)
         for (int m = 0; m < M; m++)
             for (int n = 0; n < L->n; n++) out[(int64_t)m * ldo + n] += L->bias[n];
     }
@@ -1390,7 +1392,7 @@ void slotune_decode_step(const Model *md, int M, const int64_t *ids, const int64
 #pragma omp master
         prof_last = omp_get_wtime();
 #endif
-#pragma omp for schedule(static)
+#pragma omp for schedule(guided)
         for (int m = 0; m < M; m++) {
             const float es = md->embed_scale > 0.0f ? md->embed_scale : 1.0f;
             for (int i = 0; i < D; i++) md->x[(int64_t)m * D + i] = load_w(md->embed, md->dtype, ids[m] * D + i) * es;
@@ -1409,7 +1411,7 @@ void slotune_decode_step(const Model *md, int M, const int64_t *ids, const int64
             matmul(md, &ly->qkv, md->h, D, md->qkv, qkv_n, M);
             PROF(P_QKV);
             /* (q/k norm,) rotary on q and k heads, then store k and v at the token's slot */
-#pragma omp for schedule(static)
+#pragma omp for schedule(guided)
             for (int m = 0; m < M; m++) {
                 float *r = md->qkv + (int64_t)m * qkv_n;
                 const float *cs = ly->cos_sin ? ly->cos_sin + pos[m] * md->rot_dim : NULL;
@@ -1426,7 +1428,7 @@ void slotune_decode_step(const Model *md, int M, const int64_t *ids, const int64
             PROF(P_ROPE_KV);
             /* attention: one task per (sequence, kv head), its G query heads together; a sliding
              * window keeps the last `window` keys (the token itself included) */
-#pragma omp for schedule(static)
+#pragma omp for schedule(guided)
             for (int t = 0; t < M * Hkv; t++) {
                 const int m = t / Hkv, kh = t % Hkv, L = (int)pos[m] + 1;
                 const int j0 = ly->window > 0 && L > ly->window ? L - ly->window : 0;
@@ -1449,7 +1451,7 @@ void slotune_decode_step(const Model *md, int M, const int64_t *ids, const int64
             if (ly->mlp_out_norm) rms_norm_rows(md, ly->mlp_out_norm, md->x, M);
         }
         add_rms_norm(md, md->final_norm, md->x, md->res, md->h, M, 0);
-#pragma omp for schedule(static)
+#pragma omp for schedule(guided)
         for (int r = 0; r < num_logit_rows; r++) /* only the rows that sample pay for the LM head */
             memcpy(md->x + (int64_t)r * D, md->h + (int64_t)logit_rows[r] * D, (size_t)D * sizeof(float));
         PROF(P_NORM);
