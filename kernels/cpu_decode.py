@@ -322,8 +322,8 @@ def _lin(w: NativeLinear, keep: list[torch.Tensor] | None = None, int8_activatio
     if lin.kind == W_INT4 and int8_activations and keep is not None and lin.k % 32 == 0 and lin.group % 32 == 0:
         flags = isa()
         kind = W_INT4_VNNI if flags & ISA_INT8_VNNI else W_INT4_AVX2 if flags & ISA_INT8_AVX2 else None
-        if kind is not None:  # torch's pack: blocks of 64 under AVX-512, 32 under AVX2 (checked by _unreadable)
-            codes, scales = _int4_quads(w.weight, w.scales, w.n, 64 if kind == W_INT4_VNNI else 32)
+        if kind is not None:  # torch's pack, whose block _unreadable matched to the build's
+            codes, scales = _int4_quads(w.weight, w.scales, w.n, torch_int4_block())
             keep += [codes, scales]
             lin.kind, lin.w, lin.scales = kind, codes.data_ptr(), scales.data_ptr()
     if w.bias is not None and keep is not None:
