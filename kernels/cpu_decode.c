@@ -466,32 +466,26 @@ static void int4_block_rows(const Lin *L, const float *x, int ldx, float *out, i
  * float32, and the same work serves every row of the batch.
  *   sum_k w x = scale * sum_b dx_b * sum_{k in b} q_k qx_k + (zero - 8 scale) * sum_k x_k   */
 
-/* x [M, K] -> codes, one scale per group of act_group inputs (written for each of its 32-input
- * slices; K % 32 == 0, the last group may be shorter), and per 32 a sum: of the float inputs when
- * exact_sum (the int4 kernel's zero-point term), else of the codes times the scale (the int8
- * kernel's correction for its unsigned weights, exact in integers). */
-static void quantize_rows(const Model *md, const float *x, int ldx, int M, int K, int exact_sum) {
-    const int nb = K / 32, gs = act_slices(md), ng = (nb + gs - 1) / gs;
-#pragma omp for schedule(guided)
-    for (int t = 0; t < M * ng; t++) {
-        const int m = t / ng, b0 = t % ng * gs, b1 = b0 + gs < nb ? b0 + gs : nb;
-        const float *xr = x + (int64_t)m * ldx;
-        __m512 mx = _mm512_setzero_ps();
-        for (int b = b0; b < b1; b++)
-            mx = _mm512_max_ps(mx, _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(xr + b * 32)), _mm512_abs_ps(_mm512_loadu_ps(xr + b * 32 + 16))));
-        const float amax = _mm512_reduce_max_ps(mx);
-        const float d = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-        const __m512 s = _mm512_set1_ps(inv);
-        for (int b = b0; b < b1; b++) {
-            const __m512 v0 = _mm512_loadu_ps(xr + b * 32), v1 = _mm512_loadu_ps(xr + b * 32 + 16);
-            const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, s)), q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, s));
-            int8_t *dst = md->xq + (int64_t)m * md->max_k + b * 32;
-            _mm_storeu_si128((__m128i *)dst, _mm512_cvtsepi32_epi8(q0));
-            _mm_storeu_si128((__m128i *)(dst + 16), _mm512_cvtsepi32_epi8(q1));
-            md->xscale[(int64_t)m * (md->max_k / 32) + b] = d;
-            md->xsum[(int64_t)m * (md->max_k / 32) + b] =
-                exact_sum ? _mm512_reduce_add_ps(_mm512_add_ps(v0, v1)) : d * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
-        }
+/* One activation group of row m, the 32-input slices b0..b1-1 of xr -> codes, one scale (written for
+ * each slice), and per slice a sum: of the float inputs when exact_sum (the int4 kernel's zero-point
+ * term), else of the codes times the scale (the int8 kernel's correction for its unsigned weights,
+ * exact in integers). */
+static void quantize_group(const Model *md, const float *xr, int m, int b0, int b1, int exact_sum) {
+    __m512 mx = _mm512_setzero_ps();
+    for (int b = b0; b < b1; b++)
+        mx = _mm512_max_ps(mx, _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(xr + b * 32)), _mm512_abs_ps(_mm512_loadu_ps(xr + b * 32 + 16))));
+    const float amax = _mm512_reduce_max_ps(mx);
+    const float d = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    const __m512 s = _mm512_set1_ps(inv);
+    for (int b = b0; b < b1; b++) {
+        const __m512 v0 = _mm512_loadu_ps(xr + b * 32), v1 = _mm512_loadu_ps(xr + b * 32 + 16);
+        const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, s)), q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, s));
+        int8_t *dst = md->xq + (int64_t)m * md->max_k + b * 32;
+        _mm_storeu_si128((__m128i *)dst, _mm512_cvtsepi32_epi8(q0));
+        _mm_storeu_si128((__m128i *)(dst + 16), _mm512_cvtsepi32_epi8(q1));
+        md->xscale[(int64_t)m * (md->max_k / 32) + b] = d;
+        md->xsum[(int64_t)m * (md->max_k / 32) + b] =
+            exact_sum ? _mm512_reduce_add_ps(_mm512_add_ps(v0, v1)) : d * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
     }
 }
 
@@ -844,37 +838,30 @@ static void int4_amx_block(const Model *md, const Lin *L, float *out, int ldo, i
  * inputs as for VNNI; `vpmaddubsw` multiplies unsigned by signed bytes into int16 pair sums and
  * `vpmaddwd` by ones adds the pairs into int32. */
 
-/* x [M, K] -> codes and scales as the VNNI build's quantize_rows: one scale per group of act_group
- * inputs, a sum per 32: of the float inputs when exact_sum, else of the codes times the scale. */
-static void quantize_rows(const Model *md, const float *x, int ldx, int M, int K, int exact_sum) {
-    const int nb = K / 32, gs = act_slices(md), ng = (nb + gs - 1) / gs;
+/* One activation group of row m -> codes, scale and sums as the VNNI build's quantize_group. */
+static void quantize_group(const Model *md, const float *xg, int m, int b0, int b1, int exact_sum) {
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-#pragma omp for schedule(guided)
-    for (int t = 0; t < M * ng; t++) {
-        const int m = t / ng, b0 = t % ng * gs, b1 = b0 + gs < nb ? b0 + gs : nb;
-        const float *xg = x + (int64_t)m * ldx;
-        __m256 mx = _mm256_setzero_ps();
-        for (int i = b0 * 4; i < b1 * 4; i++) mx = _mm256_max_ps(mx, _mm256_and_ps(_mm256_loadu_ps(xg + 8 * i), absmask));
-        const float amax = vf_hmax(mx);
-        const float d = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-        for (int b = b0; b < b1; b++) {
-            const float *xr = xg + b * 32;
-            __m256 v[4];
-            __m256i q[4];
-            for (int i = 0; i < 4; i++) {
-                v[i] = _mm256_loadu_ps(xr + 8 * i);
-                q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(inv)));
-            }
-            /* saturating packs work within 128-bit lanes: 4-byte groups come out q0[0:4] q1[0:4] q2[0:4]
-             * q3[0:4] q0[4:8] ..., put back in order by one dword permute */
-            const __m256i q8 = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
-            _mm256_storeu_si256((__m256i *)(md->xq + (int64_t)m * md->max_k + b * 32),
-                                _mm256_permutevar8x32_epi32(q8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-            md->xscale[(int64_t)m * (md->max_k / 32) + b] = d;
-            md->xsum[(int64_t)m * (md->max_k / 32) + b] =
-                exact_sum ? vf_hsum(_mm256_add_ps(_mm256_add_ps(v[0], v[1]), _mm256_add_ps(v[2], v[3])))
-                          : d * vf_hsum(_mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]))));
+    __m256 mx = _mm256_setzero_ps();
+    for (int i = b0 * 4; i < b1 * 4; i++) mx = _mm256_max_ps(mx, _mm256_and_ps(_mm256_loadu_ps(xg + 8 * i), absmask));
+    const float amax = vf_hmax(mx);
+    const float d = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    for (int b = b0; b < b1; b++) {
+        const float *xr = xg + b * 32;
+        __m256 v[4];
+        __m256i q[4];
+        for (int i = 0; i < 4; i++) {
+            v[i] = _mm256_loadu_ps(xr + 8 * i);
+            q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(inv)));
         }
+        /* saturating packs work within 128-bit lanes: 4-byte groups come out q0[0:4] q1[0:4] q2[0:4]
+         * q3[0:4] q0[4:8] ..., put back in order by one dword permute */
+        const __m256i q8 = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+        _mm256_storeu_si256((__m256i *)(md->xq + (int64_t)m * md->max_k + b * 32),
+                            _mm256_permutevar8x32_epi32(q8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+        md->xscale[(int64_t)m * (md->max_k / 32) + b] = d;
+        md->xsum[(int64_t)m * (md->max_k / 32) + b] =
+            exact_sum ? vf_hsum(_mm256_add_ps(_mm256_add_ps(v[0], v[1]), _mm256_add_ps(v[2], v[3])))
+                      : d * vf_hsum(_mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]))));
     }
 }
 
@@ -1041,13 +1028,58 @@ double slotune_amx_peak(int64_t iters, int num_threads) {
 #define PROF(i) ((void)0)
 #endif
 
-/* out[M, N] = x[M, K] @ W^T, shared by the threads of the enclosing parallel region. */
-static void matmul_nobias(const Model *md, const Lin *L, const float *x, int ldx, float *out, int ldo, int M) {
+/* How a matmul by L takes its inputs: 0 as float32, else as int8 codes (quantize_group) with the
+ * float sums (2, the int4 kernels) or the codes' (1, the int8 kernels). */
+static int act_codes(const Lin *L) {
+#ifdef HAVE_VNNI
+    if (L->kind == W_INT8_VNNI) return 1;
+    if (L->kind == W_INT4_VNNI) return 2;
+#endif
+#ifdef HAVE_INT8_AVX2
+    if (L->kind == W_INT8_AVX2) return 1;
+    if (L->kind == W_INT4_AVX2) return 2;
+#endif
+    (void)L;
+    return 0;
+}
+
+/* Row m of x [., K] as L's input codes, when L takes codes: the op that writes a row quantizes it in
+ * the same task, a barrier and a pass fewer than quantize_rows after it. */
+static void quantize_row(const Model *md, const Lin *L, const float *xr, int m) {
+#if defined(HAVE_VNNI) || defined(HAVE_INT8_AVX2)
+    const int codes = act_codes(L), nb = codes ? L->k / 32 : 0, gs = act_slices(md);
+    for (int b0 = 0; b0 < nb; b0 += gs) quantize_group(md, xr, m, b0, b0 + gs < nb ? b0 + gs : nb, codes == 2);
+#else
+    (void)md, (void)L, (void)xr, (void)m;
+#endif
+}
+
+#if defined(HAVE_VNNI) || defined(HAVE_INT8_AVX2)
+/* x [M, K] -> L's input codes, one task per (row, activation group). */
+static void quantize_rows(const Model *md, const Lin *L, const float *x, int ldx, int M) {
+    const int nb = L->k / 32, gs = act_slices(md), ng = (nb + gs - 1) / gs;
+#pragma omp for schedule(guided)
+    for (int t = 0; t < M * ng; t++) {
+        const int m = t / ng, b0 = t % ng * gs;
+        quantize_group(md, x + (int64_t)m * ldx, m, b0, b0 + gs < nb ? b0 + gs : nb, act_codes(L) == 2);
+    }
+}
+#endif
+
+/* out[M, N] = x[M, K] @ W^T, shared by the threads of the enclosing parallel region; `coded`: the
+ * op that wrote x already quantized it for L (quantize_row). */
+static void matmul_nobias(const Model *md, const Lin *L, const float *x, int ldx, float *out, int ldo, int M, int coded) {
     (void)md; /* read by the integer kernels only */
+#if defined(HAVE_VNNI) || defined(HAVE_INT8_AVX2)
+    if (act_codes(L) && !coded) {
+        quantize_rows(md, L, x, ldx, M);
+        PROF(P_QUANT);
+    }
+#else
+    (void)coded;
+#endif
 #ifdef HAVE_VNNI
     if (L->kind == W_INT8_VNNI) { /* repacked (cpu_decode.py) only with int8_activations, K % 32 == 0, N % 16 == 0 */
-        quantize_rows(md, x, ldx, M, L->k, 0);
-        PROF(P_QUANT);
 #ifdef HAVE_AMX
         if (M >= AMX_ROWS && amx_ok > 0) {
             const int tiles = M / AMX_ROWS;
@@ -1068,8 +1100,6 @@ static void matmul_nobias(const Model *md, const Lin *L, const float *x, int ldx
         return;
     }
     if (L->kind == W_INT4_VNNI) { /* repacked (cpu_decode.py) only with int8_activations, K % 32 == 0, g % 32 == 0 */
-        quantize_rows(md, x, ldx, M, L->k, 1);
-        PROF(P_QUANT);
 #ifdef HAVE_AMX
         if (M >= AMX_ROWS && amx_ok > 0) {
             const int tiles = M / AMX_ROWS, m1 = tiles * AMX_ROWS;
@@ -1091,15 +1121,11 @@ static void matmul_nobias(const Model *md, const Lin *L, const float *x, int ldx
 #endif
 #ifdef HAVE_INT8_AVX2
     if (L->kind == W_INT8_AVX2) { /* repacked (cpu_decode.py) only with int8_activations, K % 32 == 0, N % 8 == 0 */
-        quantize_rows(md, x, ldx, M, L->k, 0);
-        PROF(P_QUANT);
 #pragma omp for schedule(guided)
         for (int c = 0; c < L->n / 8; c++) int8_avx2_rows(md, L, out, ldo, M, c);
         return;
     }
     if (L->kind == W_INT4_AVX2) { /* repacked (cpu_decode.py) only with int8_activations, K % 32 == 0, g % 32 == 0 */
-        quantize_rows(md, x, ldx, M, L->k, 1);
-        PROF(P_QUANT);
 #pragma omp for schedule(guided)
         for (int b = 0; b < L->n / INT4_BLOCK; b++) int4_avx2_block(md, L, out, ldo, M, b);
         return;
@@ -1141,53 +1167,76 @@ static void softmax(float *p, int n) {
 }
 
 /* act[m, :] = gate(gu[m, :I]) * gu[m, I:]: silu (SwiGLU), or with `gelu` tanh-approximate GELU
- * (GeGLU), tanh(y) as 1 - 2 / (e^2y + 1) */
-static void gate_mul(const float *gu, float *act, int M, int I, int gelu) {
-    const int nc = (I + VL - 1) / VL;
+ * (GeGLU), tanh(y) as 1 - 2 / (e^2y + 1); quantized for `next` (quantize_row) a group per task. */
+static void gate_mul(const Model *md, const float *gu, float *act, int M, int I, int gelu, const Lin *next) {
+    const int codes = act_codes(next), span = codes ? act_slices(md) * 32 : VL, nc = (I + span - 1) / span;
 #pragma omp for schedule(guided)
     for (int t = 0; t < M * nc; t++) {
-        const int m = t / nc, i = (t % nc) * VL;
-        const vf g = vf_loadn(gu + (int64_t)m * 2 * I + i, I - i);
-        const vf u = vf_loadn(gu + (int64_t)m * 2 * I + I + i, I - i);
-        vf a;
-        if (gelu) {
-            const vf y = vf_mul(vf_set1(0.7978845608f), vf_fma(vf_mul(vf_set1(0.044715f), vf_mul(g, g)), g, g));
-            const vf th = vf_sub(vf_set1(1.0f), vf_div(vf_set1(2.0f), vf_add(vf_exp(vf_add(y, y)), vf_set1(1.0f))));
-            a = vf_mul(vf_mul(vf_set1(0.5f), g), vf_add(vf_set1(1.0f), th));
-        } else {
-            a = vf_div(g, vf_add(vf_set1(1.0f), vf_exp(vf_sub(vf_zero(), g))));
+        const int m = t / nc, i0 = (t % nc) * span, i1 = i0 + span < I ? i0 + span : I;
+        for (int i = i0; i < i1; i += VL) {
+            const vf g = vf_loadn(gu + (int64_t)m * 2 * I + i, I - i);
+            const vf u = vf_loadn(gu + (int64_t)m * 2 * I + I + i, I - i);
+            vf a;
+            if (gelu) {
+                const vf y = vf_mul(vf_set1(0.7978845608f), vf_fma(vf_mul(vf_set1(0.044715f), vf_mul(g, g)), g, g));
+                const vf th = vf_sub(vf_set1(1.0f), vf_div(vf_set1(2.0f), vf_add(vf_exp(vf_add(y, y)), vf_set1(1.0f))));
+                a = vf_mul(vf_mul(vf_set1(0.5f), g), vf_add(vf_set1(1.0f), th));
+            } else {
+                a = vf_div(g, vf_add(vf_set1(1.0f), vf_exp(vf_sub(vf_zero(), g))));
+            }
+            vf_storen(act + (int64_t)m * I + i, I - i, vf_mul(a, u));
         }
-        vf_storen(act + (int64_t)m * I + i, I - i, vf_mul(a, u));
+#if defined(HAVE_VNNI) || defined(HAVE_INT8_AVX2)
+        if (codes) quantize_group(md, act + (int64_t)m * I, m, i0 / 32, i1 / 32, codes == 2);
+#endif
     }
+}
+
+/* h[0:D] = v * rsqrt(ss / D + eps) * w, ss the sum of v's squares; in place when h == v. */
+static void norm_scale(const Model *md, const void *w, const float *v, float *h, float ss) {
+    const int D = md->hidden, Dv = D / VL * VL;
+    const float r = 1.0f / sqrtf(ss / D + md->eps);
+    for (int i = 0; i < Dv; i += VL) {
+        const vf wv = md->dtype == W_F32 ? vf_load((const float *)w + i) : vf_load_bf16((const uint16_t *)w + i);
+        vf_store(h + i, vf_mul(vf_mul(vf_load(v + i), vf_set1(r)), wv));
+    }
+    for (int i = Dv; i < D; i++) h[i] = v[i] * r * load_w(w, md->dtype, i);
 }
 
 /* x = rms_norm(x) * w in place: a sublayer's output normed before the residual add (Gemma 3). */
 static void rms_norm_rows(const Model *md, const void *w, float *x, int M) {
-    const int D = md->hidden;
+    const int D = md->hidden, Dv = D / VL * VL;
 #pragma omp for schedule(guided)
     for (int m = 0; m < M; m++) {
         float *xr = x + (int64_t)m * D;
-        double ss = 0.0;
-        for (int i = 0; i < D; i++) ss += (double)xr[i] * xr[i];
-        const float r = 1.0f / sqrtf((float)(ss / D) + md->eps);
-        for (int i = 0; i < D; i++) xr[i] = xr[i] * r * load_w(w, md->dtype, i);
+        vf acc = vf_zero();
+        for (int i = 0; i < Dv; i += VL) acc = vf_fma(vf_load(xr + i), vf_load(xr + i), acc);
+        float ss = vf_hsum(acc);
+        for (int i = Dv; i < D; i++) ss += xr[i] * xr[i];
+        norm_scale(md, w, xr, xr, ss);
     }
 }
 
-/* h = rms_norm(x + res) * w; res = x + res (or x when first). Rows split over threads. */
-static void add_rms_norm(const Model *md, const void *w, float *x, float *res, float *h, int M, int first) {
-    const int D = md->hidden;
+/* h = rms_norm(x + res) * w; res = x + res (or x when first); each row quantized for `next` (NULL:
+ * none) as it is written. Rows split over threads. */
+static void add_rms_norm(const Model *md, const void *w, float *x, float *res, float *h, int M, int first, const Lin *next) {
+    const int D = md->hidden, Dv = D / VL * VL;
 #pragma omp for schedule(guided)
     for (int m = 0; m < M; m++) {
-        float *xr = x + (int64_t)m * D, *rr = res + (int64_t)m * D, *hr = h + (int64_t)m * D;
-        double ss = 0.0;
-        for (int i = 0; i < D; i++) {
-            float v = first ? xr[i] : xr[i] + rr[i];
-            rr[i] = v;
-            ss += (double)v * v;
+        float *xr = x + (int64_t)m * D, *rr = res + (int64_t)m * D;
+        vf acc = vf_zero();
+        for (int i = 0; i < Dv; i += VL) {
+            const vf v = first ? vf_load(xr + i) : vf_add(vf_load(xr + i), vf_load(rr + i));
+            vf_store(rr + i, v);
+            acc = vf_fma(v, v, acc);
         }
-        const float r = 1.0f / sqrtf((float)(ss / D) + md->eps);
-        for (int i = 0; i < D; i++) hr[i] = rr[i] * r * load_w(w, md->dtype, i);
+        float ss = vf_hsum(acc);
+        for (int i = Dv; i < D; i++) {
+            rr[i] = first ? xr[i] : xr[i] + rr[i];
+            ss += rr[i] * rr[i];
+        }
+        norm_scale(md, w, rr, h + (int64_t)m * D, ss);
+        if (next) quantize_row(md, next, h + (int64_t)m * D, m);
     }
 }
 
@@ -1325,8 +1374,8 @@ static void attend(const Model *md, const float *q, float *o, float *p, float *k
     }
 }
 
-static void matmul(const Model *md, const Lin *L, const float *x, int ldx, float *out, int ldo, int M) {
-    matmul_nobias(md, L, x, ldx, out, ldo, M);
+static void matmul(const Model *md, const Lin *L, const float *x, int ldx, float *out, int ldo, int M, int coded) {
+    matmul_nobias(md, L, x, ldx, out, ldo, M, coded);
     if (L->bias) {
 #pragma omp for schedule(guided)
         for (int m = 0; m < M; m++)
@@ -1337,7 +1386,7 @@ static void matmul(const Model *md, const Lin *L, const float *x, int ldx, float
 /* out[M, N] = x[M, K] @ W^T on its own: the matmul kernels' test entry (tests/kernels_tests). */
 void slotune_matmul(const Model *md, const Lin *L, const float *x, float *out, int M, int num_threads) {
 #pragma omp parallel num_threads(num_threads)
-    matmul(md, L, x, L->k, out, L->n, M);
+    matmul(md, L, x, L->k, out, L->n, M, 0);
 }
 
 /* Which kernels this build holds (ISA_* flags): cpu_decode.py repacks int8 weights by this, not by
@@ -1406,9 +1455,9 @@ void slotune_decode_step(const Model *md, int M, const int64_t *ids, const int64
         PROF(P_EMBED);
         for (int l = 0; l < md->num_layers; l++) {
             const Layer *ly = &md->layers[l];
-            add_rms_norm(md, ly->input_norm, md->x, md->res, md->h, M, l == 0);
+            add_rms_norm(md, ly->input_norm, md->x, md->res, md->h, M, l == 0, &ly->qkv);
             PROF(P_NORM);
-            matmul(md, &ly->qkv, md->h, D, md->qkv, qkv_n, M);
+            matmul(md, &ly->qkv, md->h, D, md->qkv, qkv_n, M, 1);
             PROF(P_QKV);
             /* (q/k norm,) rotary on q and k heads, then store k and v at the token's slot */
 #pragma omp for schedule(guided)
@@ -1437,25 +1486,25 @@ void slotune_decode_step(const Model *md, int M, const int64_t *ids, const int64
                        kh, j0, L);
             }
             PROF(P_ATTN);
-            matmul(md, &ly->o, md->att, H * hd, md->x, D, M);
+            matmul(md, &ly->o, md->att, H * hd, md->x, D, M, 0);
             PROF(P_O);
             if (ly->attn_out_norm) rms_norm_rows(md, ly->attn_out_norm, md->x, M);
-            add_rms_norm(md, ly->post_norm, md->x, md->res, md->h, M, 0);
+            add_rms_norm(md, ly->post_norm, md->x, md->res, md->h, M, 0, &ly->gate_up);
             PROF(P_NORM);
-            matmul(md, &ly->gate_up, md->h, D, md->gu, 2 * I, M);
+            matmul(md, &ly->gate_up, md->h, D, md->gu, 2 * I, M, 1);
             PROF(P_GATE_UP);
-            gate_mul(md->gu, md->act, M, I, md->gelu);
+            gate_mul(md, md->gu, md->act, M, I, md->gelu, &ly->down);
             PROF(P_GATE);
-            matmul(md, &ly->down, md->act, I, md->x, D, M);
+            matmul(md, &ly->down, md->act, I, md->x, D, M, 1);
             PROF(P_DOWN);
             if (ly->mlp_out_norm) rms_norm_rows(md, ly->mlp_out_norm, md->x, M);
         }
-        add_rms_norm(md, md->final_norm, md->x, md->res, md->h, M, 0);
+        add_rms_norm(md, md->final_norm, md->x, md->res, md->h, M, 0, NULL);
 #pragma omp for schedule(guided)
         for (int r = 0; r < num_logit_rows; r++) /* only the rows that sample pay for the LM head */
             memcpy(md->x + (int64_t)r * D, md->h + (int64_t)logit_rows[r] * D, (size_t)D * sizeof(float));
         PROF(P_NORM);
-        matmul(md, &md->lm_head, md->x, D, logits, md->vocab, num_logit_rows);
+        matmul(md, &md->lm_head, md->x, D, logits, md->vocab, num_logit_rows, 0);
         PROF(P_LM_HEAD);
     }
 }
