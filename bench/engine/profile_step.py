@@ -8,7 +8,9 @@ rate that makes, and what share of the read bandwidth (bench/bandwidth.py) that 
 call` the ops' sum; the difference is the step's Python. Batch-1 roofline: weight bytes / read bandwidth.
 These VMs' bandwidth moves within minutes, so it is read before every 16 steps: the roofline uses the
 median of those reads, and the paired fraction is the median over (read, 16 steps) pairs (each read
-also flushes the L3, so the step after it starts with no weights cached).
+also flushes the L3, so the step after it starts with no weights cached). Beside each read, a compute
+probe (`slotune_vnni_peak`, as kernel_rate.py): when other tenants share these vCPUs' cores, it and
+the step's cache-resident ops (norms, gate) slow together while the bandwidth read does not.
 
     .venv/bin/python bench/engine/profile_step.py --configs int8-act,int4-act --rows 1,16 --steps 64 [--against OLD.c]
 """
@@ -32,6 +34,7 @@ from slotune.kernels import cpu_decode  # noqa: E402
 from slotune.tuner.measure import machine  # noqa: E402
 
 from bench.bandwidth import read_bandwidth_gbs  # noqa: E402
+from bench.engine.kernel_rate import peak  # noqa: E402
 from bench.engine.native_avx2 import CONFIGS, PROMPT_LEN, _engine  # noqa: E402
 
 OPS = ["embed", "norms", "quantize x", "qkv", "rope + kv store", "attention", "o", "gate_up", "gate", "down", "lm_head"]
@@ -83,7 +86,7 @@ def profile(name: str, rows: int, steps: int, against: Path | None = None) -> li
         engine.step()  # warm-up
         lib.slotune_profile(chunk)  # zero the counters
     for i in range(0, steps, CHUNK):  # the bandwidth read beside every CHUNK steps: the pair's ratio
-        bw_i = read_bandwidth_gbs(repeats=3)
+        bw_i, vnni_i = read_bandwidth_gbs(repeats=3), peak("vnni") / 1e9
         n = min(CHUNK, steps - i)
         for _ in range(n):
             for b, lib in builds.items():
@@ -95,7 +98,7 @@ def profile(name: str, rows: int, steps: int, against: Path | None = None) -> li
             lib.slotune_profile(chunk)
             for j in range(len(OPS)):
                 sums[b][j] += chunk[j]
-            paired[b].append({"read_bandwidth_gbs": bw_i, "native_ms": 1e3 * sum(chunk) / n})
+            paired[b].append({"read_bandwidth_gbs": bw_i, "vnni_gmacs": vnni_i, "native_ms": 1e3 * sum(chunk) / n})
     ctx = PROMPT_LEN + 2 + steps * len(builds) // 2  # the keys a row attends to, on average over the steps
     nbytes = op_bytes(dec, rows, ctx)
     weights = sum(nbytes[op] for op in (*WEIGHT_OPS, "lm_head"))
@@ -135,6 +138,8 @@ def profile(name: str, rows: int, steps: int, against: Path | None = None) -> li
 def with_roofline(r: dict) -> dict:
     """The run's roofline at the median of its paired bandwidth reads."""
     r["read_bandwidth_gbs"] = statistics.median(p["read_bandwidth_gbs"] for p in r["paired"])
+    if all("vnni_gmacs" in p for p in r["paired"]):
+        r["vnni_gmacs"] = statistics.median(p["vnni_gmacs"] for p in r["paired"])
     r["roofline_ms"] = r["weight_bytes"] / (r["read_bandwidth_gbs"] * 1e9) * 1e3
     return r
 
@@ -175,7 +180,8 @@ def to_markdown(results: list[dict], head: str) -> str:
             f"{r['roofline_ms']:.2f} ms; native {r['native_ms']:.2f} ms "
             f"({r['roofline_ms'] / r['native_ms']:.0%} of roofline; median over {len(r['paired'])} pairs of a "
             f"bandwidth read and {CHUNK} steps {r['roofline_fraction_median']:.0%}); engine step {r['engine_step_ms']:.2f} ms "
-            f"(Python {r['engine_step_mean_ms'] - r['native_ms']:.2f} ms mean); load {r['loadavg']:.1f}.",
+            f"(Python {r['engine_step_mean_ms'] - r['native_ms']:.2f} ms mean); load {r['loadavg']:.1f}"
+            + (f"; compute probe {r['vnni_gmacs']:.0f} GMAC/s." if r.get("vnni_gmacs") else "."),
             "",
             "| op | ms | % of native | MB read | GB/s | % bw |",
             "|---|---|---|---|---|---|",
