@@ -42,9 +42,10 @@ def build(source: Path) -> ctypes.CDLL:
     return lib
 
 
-def peak(name: str) -> float:
-    """MACs/s of the profiling build's `slotune_<name>_peak` (vnni, amx), best of 3; 0 without it."""
-    lib = cd.load_library(profile=True)
+def peak(name: str, lib=None) -> float:
+    """MACs/s of the profiling build's (or `lib`'s) `slotune_<name>_peak` (vnni, amx), best of 3; 0
+    without it."""
+    lib = cd.load_library(profile=True) if lib is None else lib
     fn = None if isinstance(lib, str) else getattr(lib, f"slotune_{name}_peak", None)
     if fn is None:
         return 0.0

@@ -86,7 +86,8 @@ def profile(name: str, rows: int, steps: int, against: Path | None = None) -> li
         engine.step()  # warm-up
         lib.slotune_profile(chunk)  # zero the counters
     for i in range(0, steps, CHUNK):  # the bandwidth read beside every CHUNK steps: the pair's ratio
-        bw_i, vnni_i = read_bandwidth_gbs(repeats=3), peak("vnni") / 1e9
+        vnni_i = peak("vnni", builds["this"]) / 1e9  # before the bandwidth read, which flushes the L3
+        bw_i = read_bandwidth_gbs(repeats=3)
         n = min(CHUNK, steps - i)
         for _ in range(n):
             for b, lib in builds.items():
