@@ -834,6 +834,9 @@ static void int4_amx_block(const Model *md, const Lin *L, float *out, int ldo, i
 
 #if VL == 8
 #define HAVE_INT8_AVX2 1
+/* An integer sum stays in its register, added to in order: without it gcc reassociates the unrolled
+ * adds into a tree whose products spill to the stack (docs/design/kernels-cpu-decode.md). */
+#define KEEP_SUM(v) __asm__("" : "+x"(v))
 /* The integer kernels without VNNI (llama.cpp's AVX2 Q8/Q4 dots): activations quantized per 32
  * inputs as for VNNI; `vpmaddubsw` multiplies unsigned by signed bytes into int16 pair sums and
  * `vpmaddwd` by ones adds the pairs into int32. */
@@ -921,10 +924,8 @@ static inline void int4_avx2_scales(const uint16_t *sz, __m256 *sc, __m256 *off)
  * block, each 32-input slice is 8 quads x 2 vectors; byte 4c + i of vector v holds, for input
  * 4q + i, channel 8v + c in its low nibble and channel 16 + 8v + c in its high one, so an `and` and
  * a shift give each channel's 4 codes in one 32-bit lane, in channel order; scales block-major
- * [N/32, K/g, 32, 2], so a block is two sequential streams. One row at a time, its 32 outputs in
- * registers over all of K; the next row reads the block again from L1. Faster than unpacking
- * torch's pack once per slice for all rows at 1-2 rows, and as fast from 4, where `vpmaddubsw`
- * bounds both (docs/design/kernels-cpu-decode.md).
+ * [N/32, K/g, 32, 2], so a block is two sequential streams. One row: its 32 outputs in registers
+ * over all of K; from 2 rows, int4_avx2_rows2 (docs/design/kernels-cpu-decode.md).
  *   sum_k w x = scale * sum_b dx_b * sum_{k in b} q_k qx_k + (zero - 8 scale) * sum_k x_k   */
 static void int4_avx2_row(const Model *md, const Lin *L, float *out, int ldo, int m, int b) { /* row m, block b */
     const int K = L->k, g = L->group, Kp = (K + g - 1) / g * g, lds = md->max_k / 32;
@@ -935,8 +936,6 @@ static void int4_avx2_row(const Model *md, const Lin *L, float *out, int ldo, in
     __m256 tot[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int k0 = 0; k0 < K; k0 += g, sz += 64) {
         const int k1 = k0 + g < K ? k0 + g : K;
-        __m256 sc[4], off[4];
-        int4_avx2_scales(sz, sc, off);
         float sx = 0.0f;
         for (int kb = k0; kb < k1; kb += 32) {
             const __m256i *ws = w + (int64_t)(kb / 32) * 16;
@@ -948,19 +947,79 @@ static void int4_avx2_row(const Model *md, const Lin *L, float *out, int ldo, in
                 acc[1] = _mm256_add_epi16(acc[1], _mm256_maddubs_epi16(_mm256_and_si256(v1, nib), xb));
                 acc[2] = _mm256_add_epi16(acc[2], _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v0, 4), nib), xb));
                 acc[3] = _mm256_add_epi16(acc[3], _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v1, 4), nib), xb));
+                for (int j = 0; j < 4; j++) KEEP_SUM(acc[j]);
             }
             const __m256 dx = _mm256_set1_ps(md->xscale[(int64_t)m * lds + kb / 32]);
             sx += md->xsum[(int64_t)m * lds + kb / 32];
-            for (int j = 0; j < 4; j++)
-                tot[j] = _mm256_fmadd_ps(_mm256_mul_ps(sc[j], dx), _mm256_cvtepi32_ps(_mm256_madd_epi16(acc[j], ones)), tot[j]);
+            for (int j = 0; j < 4; j++) { /* the scale: the high half of each (scale, zero) pair's low word */
+                const __m256 sc = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(sz + j * 16)), 16));
+                tot[j] = _mm256_fmadd_ps(_mm256_mul_ps(sc, dx), _mm256_cvtepi32_ps(_mm256_madd_epi16(acc[j], ones)), tot[j]);
+            }
         }
+        __m256 sc[4], off[4];
+        int4_avx2_scales(sz, sc, off);
         for (int j = 0; j < 4; j++) tot[j] = _mm256_fmadd_ps(off[j], _mm256_set1_ps(sx), tot[j]);
     }
     for (int j = 0; j < 4; j++) _mm256_storeu_ps(out + (int64_t)m * ldo + b * 32 + j * 8, tot[j]);
 }
 
+/* Rows m and m + 1 of block b: each weight vector unpacked once for both rows (1.1-1.4x one row at a
+ * time). Their 2 x 4 sums take the registers, so the float totals add up in `out`, in the same order
+ * as int4_avx2_row's. */
+static void int4_avx2_rows2(const Model *md, const Lin *L, float *out, int ldo, int m, int b) {
+    const int K = L->k, g = L->group, Kp = (K + g - 1) / g * g, lds = md->max_k / 32;
+    const __m256i *w = (const __m256i *)((const uint8_t *)L->w + (int64_t)b * Kp * 16);
+    const __m256i nib = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    const int8_t *xr[2] = {md->xq + (int64_t)m * md->max_k, md->xq + (int64_t)(m + 1) * md->max_k};
+    const float *xs[2] = {md->xscale + (int64_t)m * lds, md->xscale + (int64_t)(m + 1) * lds};
+    const float *xt[2] = {md->xsum + (int64_t)m * lds, md->xsum + (int64_t)(m + 1) * lds};
+    float *o[2] = {out + (int64_t)m * ldo + b * 32, out + (int64_t)(m + 1) * ldo + b * 32};
+    const uint16_t *sz = L->scales + (int64_t)b * (Kp / g) * 64;
+    for (int r = 0; r < 2; r++)
+        for (int j = 0; j < 4; j++) _mm256_storeu_ps(o[r] + j * 8, _mm256_setzero_ps());
+    for (int k0 = 0; k0 < K; k0 += g, sz += 64) {
+        const int k1 = k0 + g < K ? k0 + g : K;
+        float sx[2] = {0.0f, 0.0f};
+        for (int kb = k0; kb < k1; kb += 32) {
+            const __m256i *ws = w + (int64_t)(kb / 32) * 16;
+            __m256i a[4], c[4];
+            for (int j = 0; j < 4; j++) a[j] = c[j] = _mm256_setzero_si256();
+            for (int q = 0; q < 8; q++) {
+                const __m256i v0 = _mm256_loadu_si256(ws + 2 * q), v1 = _mm256_loadu_si256(ws + 2 * q + 1);
+                const __m256i wq[4] = {_mm256_and_si256(v0, nib), _mm256_and_si256(v1, nib),
+                                       _mm256_and_si256(_mm256_srli_epi16(v0, 4), nib), _mm256_and_si256(_mm256_srli_epi16(v1, 4), nib)};
+                const __m256i x0 = _mm256_set1_epi32(*(const int32_t *)(xr[0] + kb + 4 * q));
+                for (int j = 0; j < 4; j++) a[j] = _mm256_add_epi16(a[j], _mm256_maddubs_epi16(wq[j], x0));
+                const __m256i x1 = _mm256_set1_epi32(*(const int32_t *)(xr[1] + kb + 4 * q));
+                for (int j = 0; j < 4; j++) c[j] = _mm256_add_epi16(c[j], _mm256_maddubs_epi16(wq[j], x1));
+                for (int j = 0; j < 4; j++) {
+                    KEEP_SUM(a[j]);
+                    KEEP_SUM(c[j]);
+                }
+            }
+            const __m256 d0 = _mm256_set1_ps(xs[0][kb / 32]), d1 = _mm256_set1_ps(xs[1][kb / 32]);
+            sx[0] += xt[0][kb / 32];
+            sx[1] += xt[1][kb / 32];
+            for (int j = 0; j < 4; j++) {
+                const __m256 sc = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(sz + j * 16)), 16));
+                _mm256_storeu_ps(o[0] + j * 8, _mm256_fmadd_ps(_mm256_mul_ps(sc, d0), _mm256_cvtepi32_ps(_mm256_madd_epi16(a[j], ones)),
+                                                               _mm256_loadu_ps(o[0] + j * 8)));
+                _mm256_storeu_ps(o[1] + j * 8, _mm256_fmadd_ps(_mm256_mul_ps(sc, d1), _mm256_cvtepi32_ps(_mm256_madd_epi16(c[j], ones)),
+                                                               _mm256_loadu_ps(o[1] + j * 8)));
+            }
+        }
+        __m256 sc[4], off[4];
+        int4_avx2_scales(sz, sc, off);
+        for (int r = 0; r < 2; r++)
+            for (int j = 0; j < 4; j++)
+                _mm256_storeu_ps(o[r] + j * 8, _mm256_fmadd_ps(off[j], _mm256_set1_ps(sx[r]), _mm256_loadu_ps(o[r] + j * 8)));
+    }
+}
+
 static void int4_avx2_block(const Model *md, const Lin *L, float *out, int ldo, int M, int b) {
-    for (int m = 0; m < M; m++) int4_avx2_row(md, L, out, ldo, m, b);
+    int m = 0;
+    for (; m + 2 <= M; m += 2) int4_avx2_rows2(md, L, out, ldo, m, b);
+    if (m < M) int4_avx2_row(md, L, out, ldo, m, b);
 }
 #endif
 

@@ -8,8 +8,7 @@ and multiply-adds per second; best of `--repeats`. The ceilings beside them, mea
 the read bandwidth (bench/bandwidth.py) and `slotune_vnni_peak` (16 independent vpdpbusd chains per
 thread, in the profiling build), and with `--amx` `slotune_amx_peak` (tdpbsud on tiles in registers) beside
 this build's AMX kernels on and off (`no-amx`). `--against FILE.c` builds another version of kernels/cpu_decode.c
-(e.g. `git show REV:kernels/cpu_decode.c > /tmp/old.c`) and times it beside, on the layout it reads
-(int4 in torch's pack).
+(e.g. `git show REV:kernels/cpu_decode.c > /tmp/old.c`) and times it beside, on the same repacked layouts.
 
     .venv/bin/python bench/engine/kernel_rate.py --rows 1,4,16,64 [--against /tmp/old.c] [--amx]
 """
@@ -82,12 +81,9 @@ def main() -> None:
         ]
         nbytes = mods[0].weight_bytes()
         keep: list[torch.Tensor] = []
-        lins = {
-            "this": [cd._lin(native_linear(m), keep, True) for m in mods],
-            # an older build reads int8 repacked as today, int4 in torch's pack
-            "against": [cd._lin(native_linear(m), keep, fmt == "int8") for m in mods],
-        }
-        lins["no-amx"] = lins["this"]
+        # every build compared reads the layouts repacked at load (int4 since 3a77e04 on VNNI, ecc2aae on AVX2)
+        lins = {"this": [cd._lin(native_linear(m), keep, True) for m in mods]}
+        lins["against"] = lins["no-amx"] = lins["this"]
         for rows in map(int, args.rows.split(",")):
             x = torch.randn(rows, K)
             xq, xs, xsum = (
