@@ -1,0 +1,64 @@
+"""How much a config's measured value depends on the workload seed and how much on when it ran: each
+config started once per round and replayed on the confirmation's seeds (robustness_seed, + 1, ...)
+and the re-measure's (robustness_seed + 1000 + i, as bench/tuner/goals.py), the seed order rotated
+each round. Prints each value, the median per seed over rounds and per round over seeds, and the
+confirmation seeds' median against the re-measure seeds'.
+
+    python bench/tuner/seed_spread.py examples/02-batch-throughput/spec.yaml --rounds 3 \
+        --config 'int8-64-512={"quantization":"int8","kernels.int8_activations":true,"max_num_seqs":64,"max_num_batched_tokens":512}'
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+from slotune.tuner.measure.trial_process import TrialResult, measure_seeds
+from slotune.tuner.spec.tuning_spec import TuningSpec
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("spec")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--confirm-seeds", type=int, default=2)
+    ap.add_argument("--remeasure-seeds", type=int, default=5)
+    ap.add_argument("--config", action="append", default=[], help="NAME=JSON updates of the default config")
+    ap.add_argument("--out", type=Path, help="write the values as JSON here")
+    args = ap.parse_args()
+    spec = TuningSpec.from_yaml(args.spec)
+    configs = {
+        name: spec.base_config().with_updates(json.loads(u)) for name, _, u in (c.partition("=") for c in args.config)
+    }
+    key = spec.objective.metric_key()
+    confirm = [spec.robustness_seed + i for i in range(args.confirm_seeds)]
+    remeasure = [spec.robustness_seed + 1000 + i for i in range(args.remeasure_seeds)]
+    seeds = confirm + remeasure
+    values: dict[str, dict[int, list[float]]] = {n: {s: [] for s in seeds} for n in configs}
+    for r in range(args.rounds):
+        order = seeds[r % len(seeds) :] + seeds[: r % len(seeds)]
+        for name, cfg in configs.items():
+            for s, res in zip(order, measure_seeds(spec, cfg, order)):
+                if not isinstance(res, TrialResult):
+                    raise SystemExit(f"{name} on seed {s}: {res}")
+                values[name][s].append(res.metrics[key])
+            print(f"round {r} {name}: " + ", ".join(f"{s}={values[name][s][-1]:.4g}" for s in order), flush=True)
+    for name in configs:
+        v = values[name]
+        per_seed = {s: statistics.median(v[s]) for s in seeds}
+        per_round = [statistics.median(v[s][r] for s in seeds) for r in range(args.rounds)]
+        c, m = statistics.median(per_seed[s] for s in confirm), statistics.median(per_seed[s] for s in remeasure)
+        print(f"\n{name} ({key})")
+        print("  per seed (median of rounds): " + ", ".join(f"{s}={x:.4g}" for s, x in per_seed.items()))
+        print(f"  per seed max/min: {max(per_seed.values()) / min(per_seed.values()):.3f}")
+        print("  per round (median of seeds): " + ", ".join(f"{x:.4g}" for x in per_round))
+        print(f"  per round max/min: {max(per_round) / min(per_round):.3f}")
+        print(f"  confirmation seeds {confirm}: {c:.4g}; re-measure seeds: {m:.4g}; ratio {c / m:.3f}")
+    if args.out:
+        args.out.write_text(json.dumps({"spec": args.spec, "key": key, "values": values}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
