@@ -908,13 +908,15 @@ static void int8_avx2_rows(const Model *md, const Lin *L, float *out, int ldo, i
     }
 }
 
-/* Scale and offset (zero - 8 * scale) of a 32-channel block's group from its block-major (scale,
- * zero) bf16 pairs: 4 vectors of 8 channels. */
-static inline void int4_avx2_scales(const uint16_t *sz, __m256 *sc, __m256 *off) {
+/* Of a 32-channel block's group, from its block-major (scale, zero) bf16 pairs, channels 8j..8j+7:
+ * the scale (the high half of each pair's low word), and the offsets zero - 8 * scale of all 32. */
+static inline __m256 int4_avx2_scale(const uint16_t *sz, int j) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(sz + j * 16)), 16));
+}
+static inline void int4_avx2_offsets(const uint16_t *sz, __m256 *off) {
     for (int j = 0; j < 4; j++) {
         const __m256i pairs = _mm256_loadu_si256((const __m256i *)(sz + j * 16));
-        sc[j] = _mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16));
-        off[j] = _mm256_fnmadd_ps(_mm256_set1_ps(8.0f), sc[j], _mm256_castsi256_ps(_mm256_and_si256(pairs, _mm256_set1_epi32((int)0xffff0000u))));
+        off[j] = _mm256_fnmadd_ps(_mm256_set1_ps(8.0f), int4_avx2_scale(sz, j), _mm256_castsi256_ps(_mm256_and_si256(pairs, _mm256_set1_epi32((int)0xffff0000u))));
     }
 }
 
@@ -951,13 +953,11 @@ static void int4_avx2_row(const Model *md, const Lin *L, float *out, int ldo, in
             }
             const __m256 dx = _mm256_set1_ps(md->xscale[(int64_t)m * lds + kb / 32]);
             sx += md->xsum[(int64_t)m * lds + kb / 32];
-            for (int j = 0; j < 4; j++) { /* the scale: the high half of each (scale, zero) pair's low word */
-                const __m256 sc = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(sz + j * 16)), 16));
-                tot[j] = _mm256_fmadd_ps(_mm256_mul_ps(sc, dx), _mm256_cvtepi32_ps(_mm256_madd_epi16(acc[j], ones)), tot[j]);
-            }
+            for (int j = 0; j < 4; j++)
+                tot[j] = _mm256_fmadd_ps(_mm256_mul_ps(int4_avx2_scale(sz, j), dx), _mm256_cvtepi32_ps(_mm256_madd_epi16(acc[j], ones)), tot[j]);
         }
-        __m256 sc[4], off[4];
-        int4_avx2_scales(sz, sc, off);
+        __m256 off[4];
+        int4_avx2_offsets(sz, off);
         for (int j = 0; j < 4; j++) tot[j] = _mm256_fmadd_ps(off[j], _mm256_set1_ps(sx), tot[j]);
     }
     for (int j = 0; j < 4; j++) _mm256_storeu_ps(out + (int64_t)m * ldo + b * 32 + j * 8, tot[j]);
@@ -1001,15 +1001,15 @@ static void int4_avx2_rows2(const Model *md, const Lin *L, float *out, int ldo, 
             sx[0] += xt[0][kb / 32];
             sx[1] += xt[1][kb / 32];
             for (int j = 0; j < 4; j++) {
-                const __m256 sc = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(sz + j * 16)), 16));
+                const __m256 sc = int4_avx2_scale(sz, j);
                 _mm256_storeu_ps(o[0] + j * 8, _mm256_fmadd_ps(_mm256_mul_ps(sc, d0), _mm256_cvtepi32_ps(_mm256_madd_epi16(a[j], ones)),
                                                                _mm256_loadu_ps(o[0] + j * 8)));
                 _mm256_storeu_ps(o[1] + j * 8, _mm256_fmadd_ps(_mm256_mul_ps(sc, d1), _mm256_cvtepi32_ps(_mm256_madd_epi16(c[j], ones)),
                                                                _mm256_loadu_ps(o[1] + j * 8)));
             }
         }
-        __m256 sc[4], off[4];
-        int4_avx2_scales(sz, sc, off);
+        __m256 off[4];
+        int4_avx2_offsets(sz, off);
         for (int r = 0; r < 2; r++)
             for (int j = 0; j < 4; j++)
                 _mm256_storeu_ps(o[r] + j * 8, _mm256_fmadd_ps(off[j], _mm256_set1_ps(sx[r]), _mm256_loadu_ps(o[r] + j * 8)));

@@ -82,8 +82,7 @@ def main() -> None:
         nbytes = mods[0].weight_bytes()
         keep: list[torch.Tensor] = []
         # every build compared reads the layouts repacked at load (int4 since 3a77e04 on VNNI, ecc2aae on AVX2)
-        lins = {"this": [cd._lin(native_linear(m), keep, True) for m in mods]}
-        lins["against"] = lins["no-amx"] = lins["this"]
+        lins = [cd._lin(native_linear(m), keep, True) for m in mods]
         for rows in map(int, args.rows.split(",")):
             x = torch.randn(rows, K)
             xq, xs, xsum = (
@@ -106,7 +105,7 @@ def main() -> None:
                     if args.amx:
                         cd.set_amx(name != "no-amx")
                     for way in ("hot", "cold"):
-                        seq = [lins[name][0]] * COLD if way == "hot" else lins[name]
+                        seq = [lins[0]] * COLD if way == "hot" else lins
                         t = time.perf_counter()
                         for lin in seq:
                             lib.slotune_matmul(
