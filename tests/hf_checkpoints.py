@@ -72,7 +72,7 @@ def hf_checkpoint(path: Path, config: str, ids=None, prompts=(), max_new_tokens:
 
 
 def permute_qk(w: torch.Tensor, n_head: int) -> torch.Tensor:
-    """llama.cpp's convert-time q/k row order for the llama architecture (what engine/loader.py undoes)."""
+    """llama.cpp's convert-time q/k row order for the llama architecture (what slotune/engine/loader.py undoes)."""
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 

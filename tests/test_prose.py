@@ -2,7 +2,7 @@
 
 Checks that every `why:` of a built-in search space is at most two sentences, that every pydantic
 Field description is one line of at most 160 characters, and that no product source line carries a
-date (a dated run anecdote). tuner/ is being redesigned: its cases are expected failures for now.
+date (a dated run anecdote). slotune/tuner/ is being redesigned: its cases are expected failures for now.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def test_count_sentences_counts_breaks_not_abbreviations_or_decimals():
     assert count_sentences("  ") == 0
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "search_spaces").glob("*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted((ROOT / "slotune" / "search_spaces").glob("*.yaml")), ids=lambda p: p.name)
 def test_search_space_whys_are_at_most_two_sentences(path: Path):
     found = list(whys(yaml.safe_load(path.read_text())))
     long = {where: count_sentences(text) for where, text in found if count_sentences(text) > MAX_WHY_SENTENCES}
@@ -60,7 +60,7 @@ def test_search_space_whys_are_at_most_two_sentences(path: Path):
 
 
 def test_the_latency_space_has_whys_to_check():
-    assert list(whys(yaml.safe_load((ROOT / "search_spaces" / "latency.yaml").read_text())))
+    assert list(whys(yaml.safe_load((ROOT / "slotune" / "search_spaces" / "latency.yaml").read_text())))
 
 
 def _module_names(package: str, skip=("trial_runner", "__main__")) -> list[str]:
@@ -160,5 +160,5 @@ def test_dated_lines_finds_a_date_in_code_only(tmp_path: Path):
 
 @pytest.mark.parametrize("area", AREAS)
 def test_no_dated_run_anecdotes_in_product_code(area: str):
-    hits = dated_lines(ROOT / area)
+    hits = dated_lines(ROOT / "slotune" / area)
     assert not hits, "a run's date and numbers go to docs/design/ or a bench README:\n" + "\n".join(hits)

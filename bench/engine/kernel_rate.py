@@ -7,8 +7,8 @@ past the last-level cache: what a decode step sees). Rates are weight bytes (as 
 and multiply-adds per second; best of `--repeats`. The ceilings beside them, measured in the same run:
 the read bandwidth (bench/bandwidth.py) and `slotune_vnni_peak` (16 independent vpdpbusd chains per
 thread, in the profiling build), and with `--amx` `slotune_amx_peak` (tdpbsud on tiles in registers) beside
-this build's AMX kernels on and off (`no-amx`). `--against FILE.c` builds another version of kernels/cpu_decode.c
-(e.g. `git show REV:kernels/cpu_decode.c > /tmp/old.c`) and times it beside, on the same repacked layouts.
+this build's AMX kernels on and off (`no-amx`). `--against FILE.c` builds another version of slotune/kernels/cpu_decode.c
+(e.g. `git show REV:slotune/kernels/cpu_decode.c > /tmp/old.c`) and times it beside, on the same repacked layouts.
 
     .venv/bin/python bench/engine/kernel_rate.py --rows 1,4,16,64 [--against /tmp/old.c] [--amx]
 """

@@ -1,7 +1,7 @@
 """Where a native decode step's time goes: per op, against the bytes it reads and the read bandwidth.
 
 For each config and row count, one engine holds `rows` sequences in decode (32-token prompts) over the
-profiling build of kernels/cpu_decode.c (`-DSLOTUNE_PROFILE`: the master thread's clock at each op's
+profiling build of slotune/kernels/cpu_decode.c (`-DSLOTUNE_PROFILE`: the master thread's clock at each op's
 closing barrier, so an op's time is its slowest thread's, barrier included). It takes `--steps` engine
 steps; per step it reports each op's time, the bytes it reads (weights as stored, KV cache rows), the
 rate that makes, and what share of the read bandwidth (bench/bandwidth.py) that is. `engine step` is the whole `LLMEngine.step()` (scheduler, sampling, Python); `native

@@ -1,6 +1,6 @@
-"""Rebuild the bundled evaluation data (evals/tasks/*/test.jsonl, evals/data/*.jsonl) from its sources.
+"""Rebuild the bundled evaluation data (slotune/evals/tasks/*/test.jsonl, slotune/evals/data/*.jsonl) from its sources.
 
-Sources (see evals/tasks/SOURCES.md for licenses):
+Sources (see slotune/evals/tasks/SOURCES.md for licenses):
 - BIG-bench task JSONs from the `bigbench` 1.0.0 sdist on PyPI:
     pip download --no-deps --no-binary :all: bigbench==1.0.0 -d /tmp/bb
 - King James Version text via Debian's `bible-kjv` program (packages bible-kjv, bible-kjv-text):
@@ -21,8 +21,8 @@ import tarfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-TASKS = ROOT / "evals" / "tasks"
-DATA = ROOT / "evals" / "data"
+TASKS = ROOT / "slotune" / "evals" / "tasks"
+DATA = ROOT / "slotune" / "evals" / "data"
 
 # folder -> path of the task.json inside the sdist's bigbench/benchmark_tasks/
 BIGBENCH = {

@@ -468,7 +468,7 @@ def int4_tiles(res: dict, dev: str = "cuda") -> None:
 
 
 def int4_gemv_tiles(res: dict, dev: str = "cuda") -> None:
-    """The decode-batch int4 kernel (kernels/int4_gemv.py) against bf16 and the dot kernel's best tile."""
+    """The decode-batch int4 kernel (slotune/kernels/int4_gemv.py) against bf16 and the dot kernel's best tile."""
     from slotune.kernels import quant_matmul as qm
     from slotune.kernels import reference as ref
     from slotune.kernels.int4_gemv import int4_gemv
@@ -743,7 +743,7 @@ def report(path: Path) -> str:
         ]
     g = r.get("int4_gemv", {})
     if g:
-        lines += ["", "## int4 at decode batches: the gemv kernel (kernels/int4_gemv.py), us", ""]
+        lines += ["", "## int4 at decode batches: the gemv kernel (slotune/kernels/int4_gemv.py), us", ""]
         lines += [
             "| shape | bf16 | int4 dot kernel | int4 gemv (best tile) | gemv vs bf16 | gemv tile |",
             "|---|---|---|---|---|---|",

@@ -1,4 +1,4 @@
-"""Host cost of staging one CUDA-graph decode step's inputs (engine/cuda_graph.py), on CPU:
+"""Host cost of staging one CUDA-graph decode step's inputs (slotune/engine/cuda_graph.py), on CPU:
 per-element torch writes (before) against numpy rows (stage_decode_rows). No GPU needed.
 
     python bench/gpu/staging_cost.py

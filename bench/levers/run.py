@@ -337,7 +337,7 @@ def render(meta: dict, res: dict) -> str:
         "- quality: the baseline's fp32 full-sequence logits vs the row's logits teacher-forced through its paged "
         "KV cache, 8 windows x 63 positions of the bundled corpus; `lossless` = same weights and cache "
         "precision (prefix caching and greedy speculative decoding are exact; tested).",
-        "- LM head: int8 per-channel for every weight-quantized row (engine/quantize.py explains why).",
+        "- LM head: int8 per-channel for every weight-quantized row (slotune/engine/quantize.py explains why).",
         "- fp8 on CPU is emulated (e4m3 codes dequantized per matmul): it shows fp8's quality, not its speed.",
     ]
     return "\n".join(lines) + "\n"

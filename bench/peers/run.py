@@ -3,7 +3,7 @@
 One server at a time (never two: they would share the cores), each started, measured on every
 workload point, and stopped. A point is (prompt length, concurrency): closed loop, fixed prompt
 and output lengths, greedy, `ignore_eos`, token-id prompts to /v1/completions, all replayed by
-`tuner/measure/http_replay.py:run_http_replay` with the same seed, so both servers see the same
+`slotune/tuner/measure/http_replay.py:run_http_replay` with the same seed, so both servers see the same
 requests. Each server is sized once for the largest point of the run, as a deployment is sized
 for its peak: llama-server `-np SLOTS -c SLOTS*CTX` (it splits the context evenly over its
 slots), and every slotune config gets `max_num_seqs = SLOTS` and KV blocks for SLOTS x CTX

@@ -4,7 +4,7 @@
         --policies default,active,passive,spin10000000 --rounds 3
 
 A trial that measures the served path (`budget.measure: served`) runs its server under the policy
-of `budget.trial_omp_wait_policy` (tuner/measure/trial_process.py trial_env); `tune serve` runs under whatever
+of `budget.trial_omp_wait_policy` (slotune/tuner/measure/trial_process.py trial_env); `tune serve` runs under whatever
 its environment says. This serves CONFIG with `tune serve` once per policy ("default": variable
 unset, libgomp's spin-then-sleep; "spinN": variable unset, GOMP_SPINCOUNT=N, so an idle worker
 spins N iterations before it sleeps), one server at a time (an idle server spinning under `active`

@@ -182,7 +182,7 @@ def main() -> None:
     spec = TuningSpec.from_yaml(args.spec)
     # One OpenMP wait policy for the studies and the re-measures, decided once here (as `tune run` decides
     # it once per run): "auto" decided again before the re-measures could differ, and passive waiting
-    # costs tens of percent on this machine (tuner/measure/trial_process.py trial_env).
+    # costs tens of percent on this machine (slotune/tuner/measure/trial_process.py trial_env).
     # An external server runs in the user's environment, as `tune run` launches it.
     policy = (
         os.environ.get("OMP_WAIT_POLICY", "unset")

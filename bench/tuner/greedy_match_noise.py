@@ -5,7 +5,7 @@
 Launches llama-server with each of a few knob sets (the default launch twice, flash attention on and
 off, more slots, q8_0 and q4_0 KV caches), asks each for the gate's greedy answers (the 16 agreement
 prompts, 32 tokens), once one prompt at a time and once four at a time, and prints each launch's
-match against the default launch's answers asked the same way (evals/greedy_match.py). The default
+match against the default launch's answers asked the same way (slotune/evals/greedy_match.py). The default
 launch against itself is the noise floor; the weights requantized to Q2_K by llama-quantize (when it is
 on PATH) are the negative control, a launch known to damage output. Prints a markdown table.
 """

@@ -55,7 +55,7 @@ def trials_to_target(
 ) -> int | None:
     """Measured trials a seeded study needs to reach `target`, or None within `budget`.
 
-    repeats=True replays the study as `tune run` runs it since 2026-11-25 (tuner/search/objective.py):
+    repeats=True replays the study as `tune run` runs it since 2026-11-25 (slotune/tuner/search/objective.py):
     a config the sampler proposes again takes the earlier measurement (no budget slot) and an
     unexplored config is enqueued. repeats=False: every proposal is measured (as before).
     """
@@ -66,7 +66,7 @@ def trials_to_target(
     lookup = {tuple(r["params"][k] for k in KNOBS): r["value"] for r in table["rows"]}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        if sampler_name == "tpe":  # as `tune run` configures it (tuner/search/study.py make_sampler)
+        if sampler_name == "tpe":  # as `tune run` configures it (slotune/tuner/search/study.py make_sampler)
             sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=4)
         else:
             sampler = optuna.samplers.RandomSampler(seed=seed)

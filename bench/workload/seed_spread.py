@@ -5,7 +5,7 @@
 
 For each of `--seeds` workload seeds, the measured requests' prompt and output lengths and (open
 loop, poisson or gamma) their arrival gaps are drawn as `iter_requests` draws them
-(tuner/spec/workload_spec.py `length_streams`, `arrival_gaps`), and the coefficient of variation of the
+(slotune/tuner/spec/workload_spec.py `length_streams`, `arrival_gaps`), and the coefficient of variation of the
 totals across seeds is printed for both `length_sampling` and both `arrival_sampling` modes. A
 throughput measured on one seed moves with its total output tokens, and a queueing-bound latency
 with the span its arrivals take (the replay's realised rate), so these spreads are a floor under two

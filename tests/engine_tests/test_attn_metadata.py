@@ -1,4 +1,4 @@
-"""The one builder of attention inputs (engine/layers/attn_metadata.py): slots, block tables, masks."""
+"""The one builder of attention inputs (slotune/engine/layers/attn_metadata.py): slots, block tables, masks."""
 
 from __future__ import annotations
 

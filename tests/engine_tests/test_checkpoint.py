@@ -1,7 +1,7 @@
 """`check_model` (what `tune validate` and the operator's admission run, from metadata alone) and
 the engine's loading refuse the same files with the same message, and what the check accepts loads
 to the same ModelConfig. Each mutation below makes one refusal happen; a last test holds the list to
-every refusal engine/checkpoint.py can make.
+every refusal slotune/engine/checkpoint.py can make.
 
 Checkpoints are tiny random transformers models (tests/hf_checkpoints.py), as HF directories and as
 GGUFs written the way llama.cpp's converter writes them, with a small vocabulary of their own.
@@ -301,7 +301,7 @@ def test_the_operator_admits_and_refuses_models_as_the_check_does(bases, tmp_pat
 
 def test_every_refusal_the_check_can_make_has_a_mutation(bases, tmp_path):
     """Each message literal in a `raise ValueError(...)` or `problems.append(...)` of
-    engine/checkpoint.py appears in the refusal of some mutation."""
+    slotune/engine/checkpoint.py appears in the refusal of some mutation."""
     tree = ast.parse(Path(checkpoint.__file__).read_text())
     fragments = []
     for node in ast.walk(tree):

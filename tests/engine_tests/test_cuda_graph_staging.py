@@ -1,4 +1,4 @@
-"""The CUDA-graph decode step's host staging (engine/cuda_graph.py), checked on CPU: the graph
+"""The CUDA-graph decode step's host staging (slotune/engine/cuda_graph.py), checked on CPU: the graph
 itself needs a GPU (bench/gpu/run_all.py compares graph and eager tokens there)."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Layering: the engine core never imports the HTTP front end (engine/serving/): building and
+"""Layering: the engine core never imports the HTTP front end (slotune/engine/serving/): building and
 stepping an engine needs neither FastAPI nor uvicorn (checked in a fresh interpreter, since this
-test process has imported everything already); kernels/ imports nothing from the rest of slotune
+test process has imported everything already); slotune/kernels/ imports nothing from the rest of slotune
 (checked on the source, so an import inside a function counts too)."""
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ def _imported_modules(path: Path) -> set[str]:
 
 
 def test_kernels_are_a_leaf_and_import_nothing_from_the_engine():
-    """kernels/ holds the Triton kernels, the native CPU step and their torch references: it
-    takes plain tensors and tile configs, and never reads the engine's classes (engine/native_step.py
+    """slotune/kernels/ holds the Triton kernels, the native CPU step and their torch references: it
+    takes plain tensors and tile configs, and never reads the engine's classes (slotune/engine/native_step.py
     is the glue, on the engine's side)."""
     import slotune.kernels
 
@@ -50,7 +50,7 @@ def test_kernels_are_a_leaf_and_import_nothing_from_the_engine():
         )
         for f in files
     }
-    assert not {k: v for k, v in bad.items() if v}, f"kernels import outside kernels/: {bad}"
+    assert not {k: v for k, v in bad.items() if v}, f"kernels import outside slotune/kernels/: {bad}"
 
 
 def test_the_layering_check_sees_function_level_imports(tmp_path):

@@ -1,4 +1,4 @@
-"""One cache root everywhere: engine/paths.py's rule, and kernels/cpu_decode.py's copy of it (the
+"""One cache root everywhere: slotune/engine/paths.py's rule, and slotune/kernels/cpu_decode.py's copy of it (the
 kernels package is the leaf and cannot import the engine) agree for every environment."""
 
 from __future__ import annotations

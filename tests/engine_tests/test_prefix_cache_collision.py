@@ -105,7 +105,7 @@ def test_the_same_block_computed_twice_is_one_cache_entry():
 
 # --- the engine ----------------------------------------------------------------------------
 class _EngineWithHash(LLMEngine):
-    """LLMEngine builds its BlockManager itself, with no parameter for one (engine/llm_engine.py
+    """LLMEngine builds its BlockManager itself, with no parameter for one (slotune/engine/llm_engine.py
     is outside this change): this subclass builds the block manager and scheduler once more, in
     its constructor, before any request exists."""
 

@@ -52,7 +52,7 @@ def test_int4_group_wise_matches_reference_for_every_group_size(group_size):
 
 @pytest.mark.parametrize("group_size", [32, 128])
 def test_int4_exact_unpack_agrees_with_torchs_own_kernel(group_size):
-    """dequantize() unpacks torch's CPU layout in float32 (what kernels/cpu_decode.c reads);
+    """dequantize() unpacks torch's CPU layout in float32 (what slotune/kernels/cpu_decode.c reads);
     the identity pushed through torch's int4 kernel must give the same weights up to its bf16 output."""
     torch.manual_seed(0)
     m = Int4Linear(torch.randn(192, 576), group_size)

@@ -1,5 +1,5 @@
 """TrafficRecorder: what `tune serve --record-traffic` writes loads back as the trace it served
-(tuner/spec/traces.py), holds no text, rotates and stays within its bound, and never blocks a caller."""
+(slotune/tuner/spec/traces.py), holds no text, rotates and stays within its bound, and never blocks a caller."""
 
 from __future__ import annotations
 

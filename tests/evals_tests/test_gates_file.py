@@ -1,4 +1,4 @@
-"""Gates files are read by the one plain-YAML reader (tuner/spec/yaml_reader.py): tags, duplicate keys and bad
+"""Gates files are read by the one plain-YAML reader (slotune/tuner/spec/yaml_reader.py): tags, duplicate keys and bad
 gates are `path:line:column: message` / `path: field: message` errors, through `tune eval` too (exit 2,
 before any engine is built)."""
 

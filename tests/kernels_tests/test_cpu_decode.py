@@ -1,4 +1,4 @@
-"""The native CPU decode step (kernels/cpu_decode.c) against the torch model, on the bundled model.
+"""The native CPU decode step (slotune/kernels/cpu_decode.c) against the torch model, on the bundled model.
 
 Each configuration's weights (dense, int8, int4 with and without K padding) are dequantized
 into a float32 torch reference; the native kernel decodes three sequences token by token over

@@ -96,7 +96,7 @@ def prefill_calls(monkeypatch):
 
 
 PROMPTS = [[(7 * j + 3) % 256 for j in range(21)], [(11 * j + 5) % 256 for j in range(9)]]
-TORCH = {"backend": "torch"}  # on CPU, auto would run decode steps natively (kernels/cpu_decode.c)
+TORCH = {"backend": "torch"}  # on CPU, auto would run decode steps natively (slotune/kernels/cpu_decode.c)
 TRITON = {
     "backend": "triton",
     "decode_attention": {"block_n": 16, "num_splits": 2},

@@ -24,7 +24,7 @@
 #   - vendored modern-go/reflect2 1.0.1 crashes under Go >= 1.18 on the first custom
 #     resource: replaced with Debian's golang-github-modern-go-reflect2-dev (1.0.2);
 #   - 1.20 serves CronJob only as batch/v1beta1: not patched; slotune schedules re-tuning
-#     with operator timers instead (see operator/schedule.py).
+#     with operator timers instead (see slotune/operator/schedule.py).
 # Cold build: ~6.5 min on 2 cores (plus the apt downloads); later runs reuse the cached
 # binaries (the source tree and Go cache are removed; SLOTUNE_K8S_KEEP_SRC=1 keeps them).
 set -euo pipefail

@@ -4,7 +4,7 @@
 credentials), else etcd + kube-apiserver + kube-controller-manager (garbage collector only)
 started on loopback by `cluster.sh up`, from binaries cached by `cluster.sh build` (built on
 first use). Locally the operator runs as the token user `slotune-operator`, bound to the
-ClusterRole in operator/manifests/rbac/operator.yaml: the tests exercise the shipped RBAC.
+ClusterRole in slotune/operator/manifests/rbac/operator.yaml: the tests exercise the shipped RBAC.
 
 `operator` runs slotune.operator.handlers in-process with kopf.testing.KopfRunner.
 
@@ -32,7 +32,7 @@ os.environ.setdefault("SLOTUNE_OPERATOR_POLL_SECONDS", "0.5")
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER_SH = Path(__file__).with_name("cluster.sh")
-MANIFESTS = ROOT / "operator" / "manifests"
+MANIFESTS = ROOT / "slotune" / "operator" / "manifests"
 CACHE = Path(os.environ.get("SLOTUNE_K8S_CACHE", Path.home() / ".cache" / "slotune-k8s"))
 
 

@@ -115,7 +115,7 @@ wheel_image() {  # NAME TAG BASE_LAYER oci_image.py-ARGS...
   echo "$out"
 }
 
-# The tune run / tune serve image, as operator/Dockerfile's default target makes it: Python 3.11,
+# The tune run / tune serve image, as slotune/operator/Dockerfile's default target makes it: Python 3.11,
 # gcc for the native kernels, torch and every dependency, the bundled model.
 slotune_image() {
   local base
@@ -123,7 +123,7 @@ slotune_image() {
   wheel_image slotune "$SLOTUNE_IMAGE" "$base" --workdir /work --cmd tune --cmd=--help
 }
 
-# The operator's image, as operator/Dockerfile's `operator` target makes it: the core install
+# The operator's image, as slotune/operator/Dockerfile's `operator` target makes it: the core install
 # (kopf, the Kubernetes client; no torch, MLflow, Optuna or lm-eval).
 operator_image() {
   local base

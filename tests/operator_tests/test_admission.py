@@ -16,7 +16,7 @@ from slotune.tuner.spec.sections import ObjectiveSpec
 
 from .resources import TUNING_SPEC
 
-MANIFESTS = Path(__file__).resolve().parents[2] / "operator" / "manifests"
+MANIFESTS = Path(__file__).resolve().parents[2] / "slotune" / "operator" / "manifests"
 DIGEST = "sha256:" + "ab" * 32
 
 
@@ -295,7 +295,7 @@ def test_shipped_operator_configuration_is_the_default():
     assert Admission.from_env(config["data"]) == Admission()
     container = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]
     assert {"configMapRef": {"name": config["metadata"]["name"]}} in container["envFrom"]
-    # The operator runs the light image of the same release (operator/Dockerfile --target operator);
+    # The operator runs the light image of the same release (slotune/operator/Dockerfile --target operator);
     # the Jobs and pods it creates default to the full one.
     name, tag = Admission().default_image.rsplit(":", 1)
     assert container["image"] == f"{name}-operator:{tag}"

@@ -3,7 +3,7 @@ pods run from the slotune image, the kubelet's probes decide Ready, requests rea
 through the Service, a tuning Job's pod runs a real study, and canaries are judged on their own
 pods' /metrics. No stand-in: nothing here writes a status the cluster would write. The first
 tests run the operator in-process beside the cluster, as the RBAC-limited user; the last one
-applies operator/manifests and examples/04-kubernetes as a user would, the operator in its own pod
+applies slotune/operator/manifests and examples/04-kubernetes as a user would, the operator in its own pod
 with its service account's token.
 
 Root only; the first run builds the node binaries and the image (cached under
@@ -64,7 +64,7 @@ def node_ns(node):
     name = f"n-{os.urandom(4).hex()}"
     core = kubernetes.client.CoreV1Api(node.client())
     core.create_namespace({"metadata": {"name": name}})
-    # The pods' identities, as a user applies them (operator/manifests/tuner).
+    # The pods' identities, as a user applies them (slotune/operator/manifests/tuner).
     for doc in yaml.safe_load_all((MANIFESTS / "tuner" / "tuner.yaml").read_text()):
         core.create_namespaced_service_account(name, doc)
     yield name
@@ -214,7 +214,7 @@ _CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomReso
 
 def _kustomize(path: Path) -> list[dict]:
     """The objects `kubectl apply -k path` applies: its resources (folders recursively), with the
-    kustomization's namespace. (operator/manifests' `images:` entry matches no container image of
+    kustomization's namespace. (slotune/operator/manifests' `images:` entry matches no container image of
     these files: nothing to rewrite.)"""
     k = yaml.safe_load((path / "kustomization.yaml").read_text())
     docs = []
@@ -265,7 +265,7 @@ def _example(name: str) -> dict:
 
 @pytest.fixture
 def operator_pod(node) -> str:
-    """operator/manifests applied as `kubectl apply -k` would: the operator runs in its pod, from its
+    """slotune/operator/manifests applied as `kubectl apply -k` would: the operator runs in its pod, from its
     image, as its service account, until the test ends. Yields the pod's name."""
     import kubernetes
 
@@ -290,7 +290,7 @@ def operator_pod(node) -> str:
 
 @pytest.mark.timeout(2700)
 def test_the_example_applied_as_a_user_would_with_the_operator_in_its_pod(node, operator_pod, tmp_path):
-    """operator/manifests (CRDs, RBAC, the operator's Deployment) and examples/04-kubernetes, applied
+    """slotune/operator/manifests (CRDs, RBAC, the operator's Deployment) and examples/04-kubernetes, applied
     as the example's README says, into `default`. The operator runs in its pod from its own image with
     its service account's token; the SLOServing's four pods record the requests a client sends through
     the Service; the SLOTuning's Job tunes on that recorded traffic with the study on the work claim,

@@ -13,10 +13,10 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-MANIFESTS = ROOT / "operator" / "manifests"
+MANIFESTS = ROOT / "slotune" / "operator" / "manifests"
 PREFIX = "slotune/operator/manifests/"
-# what `pip wheel .` reads: pyproject.toml, the readme and the package folders it maps
-SOURCES = ["pyproject.toml", "README.md", "engine", "kernels", "tuner", "search_spaces", "evals", "operator"]
+# what `pip wheel .` reads: pyproject.toml, the readme and the package
+SOURCES = ["pyproject.toml", "README.md", "slotune"]
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from slotune.operator import api
 from slotune.tuner.cli import app
 
 ROOT = Path(__file__).resolve().parents[2]
-MANIFESTS = ROOT / "operator" / "manifests"
+MANIFESTS = ROOT / "slotune" / "operator" / "manifests"
 EXAMPLE = ROOT / "examples" / "04-kubernetes"
 
 
@@ -58,14 +58,14 @@ def test_operator_role_is_least_privilege():
 
 
 def test_dockerfile_pins_the_cpu_torch_and_the_operator_image_has_no_extras():
-    text = (ROOT / "operator" / "Dockerfile").read_text()
+    text = (ROOT / "slotune" / "operator" / "Dockerfile").read_text()
     assert '"torch==2.13.0"' in text and "download.pytorch.org/whl/cpu" in text
     stages = {s.split()[2]: s for s in text.split("\nFROM ")[1:]}  # "python:... AS name\n..."
     assert "RUN pip install . " in stages["operator"] and "torch" not in stages["operator"]
     assert 'pip install ".[all]"' in stages["runtime"] and list(stages)[-1] == "runtime"  # the default target
     operator = next(
         d
-        for d in yaml.safe_load_all((ROOT / "operator" / "manifests" / "operator.yaml").read_text())
+        for d in yaml.safe_load_all((ROOT / "slotune" / "operator" / "manifests" / "operator.yaml").read_text())
         if d and d.get("kind") == "Deployment"
     )
     assert operator["spec"]["template"]["spec"]["containers"][0]["image"].endswith("/slotune-operator:0.1.0")

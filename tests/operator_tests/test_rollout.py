@@ -64,6 +64,6 @@ def test_policy_reads_the_slo_from_the_crd():
 
 
 def test_the_rollout_imports_no_torch():
-    """The operator image judges canaries with tuner/spec/slo.py; that must not pull the engine in."""
+    """The operator image judges canaries with slotune/tuner/spec/slo.py; that must not pull the engine in."""
     code = "import slotune.operator.rollout, sys; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True, env=os.environ.copy())

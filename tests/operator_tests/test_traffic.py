@@ -1,6 +1,6 @@
 """Tuning on recorded traffic, without a cluster: the drift rule, the window a Job snapshots from
 every pod's recording, the skip decision, and what the operator renders for recording and
-replaying (operator/traffic.py, publish.py, children.py)."""
+replaying (slotune/operator/traffic.py, publish.py, children.py)."""
 
 from __future__ import annotations
 

@@ -63,7 +63,7 @@ def test_bad_knobs_are_named():
     ],
 )
 def test_a_tile_choice_the_kernel_does_not_offer_is_refused_naming_the_offered_values(knob, values, offered):
-    """Tile knobs are checked against the kernel's own tile type (kernels/tiles.py, what its configs()
+    """Tile knobs are checked against the kernel's own tile type (slotune/kernels/tiles.py, what its configs()
     enumerates): a value no configs() would produce is refused when the space loads, not in a trial."""
     bad = values[-1]
     with pytest.raises(

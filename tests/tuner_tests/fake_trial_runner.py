@@ -1,5 +1,5 @@
 """A stand-in trial process for tests of study mechanics (storage, resume, workers, samplers,
-fault handling): the real trial process's contract (`IN.json OUT.json`, tuner/measure/trial_runner.py:
+fault handling): the real trial process's contract (`IN.json OUT.json`, slotune/tuner/measure/trial_runner.py:
 `main`) with a cheap deterministic function of the config instead of a measurement. Tests pass it
 explicitly (`tune run --trial-runner tests/tuner_tests/fake_trial_runner.py`, or
 `runner=FAKE_RUNNER`); every test that does says so in its docstring.
@@ -151,7 +151,7 @@ def _fake_once(req: dict[str, Any]) -> dict[str, Any]:
 
 
 def fake_gates(cfg: EngineConfig, gates: list[dict[str, Any]]) -> dict[str, Any]:
-    """A gate report (evals/gate_spec.py `GateReport.to_dict`) scoring FAKE_TRIAL_TOP1's agreement."""
+    """A gate report (slotune/evals/gate_spec.py `GateReport.to_dict`) scoring FAKE_TRIAL_TOP1's agreement."""
     items = (item.partition("=") for item in os.environ.get("FAKE_TRIAL_TOP1", "").split(",") if item)
     top1 = next((float(v) for q, _, v in items if q == cfg.quantization), 1.0)
     results = [

@@ -1,4 +1,4 @@
-"""`tune bench --set key=value`: values are plain YAML read by the one reader (tuner/spec/yaml_reader.py)."""
+"""`tune bench --set key=value`: values are plain YAML read by the one reader (slotune/tuner/spec/yaml_reader.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The winner's confirmation (tuner/decide/confirm.py) and the cost objective, through whole studies and
+"""The winner's confirmation (slotune/tuner/decide/confirm.py) and the cost objective, through whole studies and
 on stored measurements.
 
 Studies here measure with the stand-in trial process (fake_trials: tests/tuner_tests/fake_trial_runner.py,

@@ -1,4 +1,4 @@
-"""External engines as data (tuner/spec/engines.py): the built-in llama-server file, launch
+"""External engines as data (slotune/tuner/spec/engines.py): the built-in llama-server file, launch
 command lines, refused combinations, bad engine files, and flags checked against `--help`."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""An external engine's server for one trial (tuner/measure/external_server.py), on the real
+"""An external engine's server for one trial (slotune/tuner/measure/external_server.py), on the real
 llama.cpp `llama-server` and the bundled GGUF: ready, served, torn down with nothing left; a bad
 flag, a kill -9 mid-serving and a killed trial process each end as the failure they are."""
 

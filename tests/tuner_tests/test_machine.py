@@ -1,4 +1,4 @@
-"""tuner/measure/machine.py: the words a measurement's machine is recorded with (real /proc on this host)."""
+"""slotune/tuner/measure/machine.py: the words a measurement's machine is recorded with (real /proc on this host)."""
 
 from __future__ import annotations
 

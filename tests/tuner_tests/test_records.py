@@ -1,4 +1,4 @@
-"""The trial record (tuner/search/records.py) and the typed measurement (tuner/measure/measurement.py) read
+"""The trial record (slotune/tuner/search/records.py) and the typed measurement (slotune/tuner/measure/measurement.py) read
 what studies store, unchanged: every trial of the committed pre-redesign study (data/pre_redesign, made at
 commit 758a977) reads back to the same attributes, and its metrics to the same stored dict."""
 

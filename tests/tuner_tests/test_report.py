@@ -1,7 +1,7 @@
-"""The study report's facts and words (tuner/report/markdown.py, tuner/measure/units.py, tuner/measure/reasons.py).
+"""The study report's facts and words (slotune/tuner/report/markdown.py, slotune/tuner/measure/units.py, slotune/tuner/measure/reasons.py).
 
 The studies here are real Optuna studies whose trials are added with `optuna.trial.create_trial`
-and carry the user attributes tuner/search/records.py stores (metrics, violations, gates, latencies,
+and carry the user attributes slotune/tuner/search/records.py stores (metrics, violations, gates, latencies,
 fail reasons): measuring configs whose gates fail, whose TTFT misses the limit and whose metrics
 carry uncertainty intervals and costs (not produced by the trial process yet) would take real
 engine runs for no more report code covered.
@@ -268,7 +268,7 @@ def test_overlapping_intervals_are_called_noise_and_a_small_win_without_them_unp
 
 
 def test_the_winner_card_compares_the_round_it_was_confirmed_in(tmp_path):
-    """With the default re-measured beside it (tuner/decide/confirm.py), the headline and the noise
+    """With the default re-measured beside it (slotune/tuner/decide/confirm.py), the headline and the noise
     verdict use those numbers, not the trials': here 45 vs 86 ms in the trials, 46 ± 4 vs 48 ± 4 ms
     measured together, which is within noise."""
     spec, study = made_study(tmp_path)

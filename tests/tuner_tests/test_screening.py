@@ -1,4 +1,4 @@
-"""Multi-fidelity screening (spec `screening`, tuner/search/objective.py `TrialObjective._screen`): a short replay
+"""Multi-fidelity screening (spec `screening`, slotune/tuner/search/objective.py `TrialObjective._screen`): a short replay
 first, the full replay only for configs Optuna's pruner finds promising.
 
 Study-mechanics tests measure with the stand-in trial process (fake_trials:

@@ -1,4 +1,4 @@
-"""A spec that tunes an external server (`server:`, tuner/spec/server.py): what it accepts and refuses,
+"""A spec that tunes an external server (`server:`, slotune/tuner/spec/server.py): what it accepts and refuses,
 the trial config it makes, `tune validate`'s checks of the binary, and a real study of llama.cpp's
 llama-server (skipped where it is not on PATH; .ci/run builds it)."""
 

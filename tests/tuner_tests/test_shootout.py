@@ -1,5 +1,5 @@
 """An engine shoot-out (`servers:`): llama.cpp's llama-server and slotune's own engine, served by
-`tune serve` and launched as a command (engine file tuner/engines/slotune.yaml), searched in one
+`tune serve` and launched as a command (engine file slotune/tuner/engines/slotune.yaml), searched in one
 study under one SLO and one gate. The study runs the real binaries (skipped where llama-server is
 not on PATH)."""
 

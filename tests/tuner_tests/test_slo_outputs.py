@@ -1,5 +1,5 @@
 """The SLO verdict where people read it: the report's SLO text and trials table, and the MLflow
-child runs' `slotune.slo_pass` / `slotune.slo_reasons` tags. One `judge` (tuner/spec/slo.py) writes all."""
+child runs' `slotune.slo_pass` / `slotune.slo_reasons` tags. One `judge` (slotune/tuner/spec/slo.py) writes all."""
 
 from __future__ import annotations
 

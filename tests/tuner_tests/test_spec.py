@@ -100,7 +100,7 @@ def test_references_are_resolved_once_into_typed_parts(tmp_path):
 
 
 def test_study_fingerprints_survive_the_typed_spec():
-    """A study remembers its spec's fingerprint and refuses to resume under another (tuner/search/study.py):
+    """A study remembers its spec's fingerprint and refuses to resume under another (slotune/tuner/search/study.py):
     these are the built-in quickstart's and examples 01/02's fingerprints as written before the spec
     was typed (commit faf0a4e), so a refactor that changes them would refuse every existing study."""
     from pathlib import Path

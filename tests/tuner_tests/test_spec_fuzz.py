@@ -101,7 +101,10 @@ RICH_SPEC = {
 }
 SPECS = [RICH_SPEC] + [
     parse_yaml(p.read_text(), str(p))
-    for p in [*sorted((ROOT / "examples").glob("0[1-4]*/spec.yaml")), ROOT / "tuner" / "specs" / "quickstart.yaml"]
+    for p in [
+        *sorted((ROOT / "examples").glob("0[1-4]*/spec.yaml")),
+        ROOT / "slotune" / "tuner" / "specs" / "quickstart.yaml",
+    ]
 ]
 
 scalar_garbage = st.one_of(
@@ -249,7 +252,7 @@ def test_workload_spec_fuzz(doc):
 
 @pytest.mark.filterwarnings("error::UserWarning")  # Optuna's warnings about a space it would quietly change
 @FUZZ
-@given(doc=mutated([SPACE, parse_yaml((ROOT / "search_spaces" / "latency.yaml").read_text())]))
+@given(doc=mutated([SPACE, parse_yaml((ROOT / "slotune" / "search_spaces" / "latency.yaml").read_text())]))
 def test_search_space_fuzz(doc):
     space = check(SearchSpace.model_validate, doc)
     if space is not None:

@@ -385,7 +385,10 @@ def test_example_and_builtin_specs_pass_preflight(tmp_path, monkeypatch):
     """examples/05-own-model is left out: its `model: ./my-model` is a placeholder the README replaces."""
     root = Path(__file__).resolve().parents[2]
     monkeypatch.chdir(tmp_path)  # default output dirs (runs/<name>) are probed for writing here
-    for path in [*sorted((root / "examples").glob("0[1-4]*/spec.yaml")), root / "tuner" / "specs" / "quickstart.yaml"]:
+    for path in [
+        *sorted((root / "examples").glob("0[1-4]*/spec.yaml")),
+        root / "slotune" / "tuner" / "specs" / "quickstart.yaml",
+    ]:
         preflight(TuningSpec.from_yaml(path))
 
 

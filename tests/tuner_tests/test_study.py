@@ -167,7 +167,7 @@ def test_real_trial_end_to_end(tmp_path):
 
 def test_plain_progress_lines_and_summary_table(tmp_path, fake_trials):
     """`tune run --no-progress`: one line per trial and the final summary (fake measurement), its
-    numbers in the report's units (tuner/measure/units.py): a p95 TPOT in ms, not bare seconds."""
+    numbers in the report's units (slotune/tuner/measure/units.py): a p95 TPOT in ms, not bare seconds."""
     from slotune.tuner.cli import app
     from typer.testing import CliRunner
 

@@ -1,4 +1,4 @@
-"""The load sweep (tuner/sweep.py): a real config on the bundled model swept up the load as trials are
+"""The load sweep (slotune/tuner/sweep.py): a real config on the bundled model swept up the load as trials are
 measured (served over HTTP, each point its own process), its capacity and replicas; `tune sweep`;
 the sweep after a study and its report section, drawn in headless Chromium."""
 

@@ -53,7 +53,7 @@ def test_a_study_experiment_opens_on_runs_and_its_parent_run_holds_the_report(tm
 
 
 def test_a_child_run_names_the_failed_gate_and_the_failure(tmp_path):
-    """Trials as tuner/search/records.py stores them (added with create_trial: a gate that fails needs a
+    """Trials as slotune/tuner/search/records.py stores them (added with create_trial: a gate that fails needs a
     quantized model the fake measurement does not have), logged by the real tracker."""
     spec = TuningSpec.from_yaml(write_spec(tmp_path, quality_gates=[GATE], search_space=SPACE))
     study, _ = open_study(spec)

@@ -1,4 +1,4 @@
-"""The server seam of a served trial (tuner/measure/server.py): `ServerConformance` is what every
+"""The server seam of a served trial (slotune/tuner/measure/server.py): `ServerConformance` is what every
 `TrialServer` must do, run here on the bundled engine (SmolLM2, real HTTP on loopback). A server
 for another engine subclasses it with its own `make_server`."""
 

@@ -136,14 +136,14 @@ def test_trace_mapping_defaults_to_trace_arrivals_and_the_whole_trace():
     spec = WorkloadSpec.load({"trace": {"path": str(RECORDED)}})
     assert spec.arrivals == "trace" and not spec.is_closed_loop and spec.num_requests is None
     assert spec.trace_source == TraceSource(path=str(RECORDED))
-    # a trial gets the workload as JSON and validates it again (tuner/measure/trial_process.py: trial_request)
+    # a trial gets the workload as JSON and validates it again (slotune/tuner/measure/trial_process.py: trial_request)
     dumped = spec.model_dump(mode="json")
     assert "prompt_len" not in dumped and "output_len" not in dumped  # a replay has no length distributions
     assert WorkloadSpec.model_validate(json.loads(json.dumps(dumped))) == spec
 
 
 def test_workloads_written_before_gamma_and_traces_fingerprint_the_same():
-    """spec_fingerprint dumps without defaults (tuner/search/study.py): the new fields must not show up in an old
+    """spec_fingerprint dumps without defaults (slotune/tuner/search/study.py): the new fields must not show up in an old
     workload's dump, or every existing study would be refused as changed."""
     assert WorkloadSpec.load({}).model_dump(mode="json", exclude_defaults=True) == {"num_requests": 16}
     old = {"arrivals": "poisson", "rate": 2.0, "trace": "t.jsonl", "prompt_len": {"kind": "fixed", "value": 8}}

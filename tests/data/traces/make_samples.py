@@ -1,4 +1,4 @@
-"""Write the sample traces in this folder: one synthetic trace, written in every format tuner/spec/traces.py reads.
+"""Write the sample traces in this folder: one synthetic trace, written in every format slotune/tuner/spec/traces.py reads.
 
 Nothing here comes from a public dataset: arrivals, lengths and prompts are drawn from a seeded
 generator below. The traffic it makes: Poisson arrivals; 60% of requests start with system prompt A

@@ -1,0 +1,1 @@
+"""slotune: a declarative serving-optimization autotuner and operator for LLM inference."""
