@@ -2,16 +2,21 @@
 config started once per round and replayed on the confirmation's seeds (robustness_seed, + 1, ...)
 and the re-measure's (robustness_seed + 1000 + i, as bench/tuner/goals.py), the seed order rotated
 each round. Prints each value, the median per seed over rounds and per round over seeds, and the
-confirmation seeds' median against the re-measure seeds'.
+confirmation seeds' median against the re-measure seeds'. `--resample FILE` reads such values
+back and counts, for each number of declaring seeds, how often a declaration (their median in one
+round) lands within 10% of a re-measure (the median of the other seeds, at most 5, in another round).
 
     python bench/tuner/seed_spread.py examples/02-batch-throughput/spec.yaml --rounds 3 \
         --config 'int8-64-512={"quantization":"int8","kernels.int8_activations":true,"max_num_seqs":64,"max_num_batched_tokens":512}'
+    python bench/tuner/seed_spread.py --resample bench/tuner/seed-spread-batch-throughput-2026-12-03-zen3-2c.json
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import math
 import statistics
 from pathlib import Path
 
@@ -19,15 +24,46 @@ from slotune.tuner.measure.trial_process import TrialResult, measure_seeds
 from slotune.tuner.spec.tuning_spec import TuningSpec
 
 
+def resample(path: Path) -> None:
+    """Every split of the seeds into declaring and re-measuring ones, on every ordered pair of rounds."""
+    for name, v in json.loads(path.read_text())["values"].items():
+        seeds, rounds = sorted(v), len(next(iter(v.values())))
+        logs = [[math.log(x) for x in v[s]] for s in seeds]
+        run = statistics.mean(statistics.pvariance(x) for x in logs)  # one seed again, another round
+        seed = max(statistics.pvariance([statistics.mean(x) for x in logs]) - run / rounds, 0.0)
+        print(
+            f"{name}: {len(seeds)} seeds, {rounds} rounds; log sd run to run {run**0.5:.3f}, seed to seed {seed**0.5:.3f}"
+        )
+        for n in range(1, len(seeds)):
+            ratios = []
+            for mine in itertools.combinations(seeds, n):
+                others = [s for s in seeds if s not in mine][:5]
+                for r1, r2 in itertools.permutations(range(rounds), 2):
+                    ratios.append(
+                        statistics.median(v[s][r1] for s in mine) / statistics.median(v[s][r2] for s in others)
+                    )
+            within = sum(abs(q - 1) <= 0.10 for q in ratios) / len(ratios)
+            deciles = statistics.quantiles(ratios, n=10)
+            print(
+                f"  {n} declaring, {len(others)} re-measuring: within 10% in {within:.0%} of {len(ratios)}; ratio p10 {deciles[0]:.2f}, p90 {deciles[-1]:.2f}"
+            )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("spec")
+    ap.add_argument("spec", nargs="?")
+    ap.add_argument("--resample", type=Path, help="a values file written by --out")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--confirm-seeds", type=int, default=2)
     ap.add_argument("--remeasure-seeds", type=int, default=5)
     ap.add_argument("--config", action="append", default=[], help="NAME=JSON updates of the default config")
     ap.add_argument("--out", type=Path, help="write the values as JSON here")
     args = ap.parse_args()
+    if args.resample:
+        resample(args.resample)
+        return
+    if not args.spec:
+        ap.error("give a spec, or --resample FILE")
     spec = TuningSpec.from_yaml(args.spec)
     configs = {
         name: spec.base_config().with_updates(json.loads(u)) for name, _, u in (c.partition("=") for c in args.config)
