@@ -1,14 +1,20 @@
 """The server seam of a served trial (slotune/tuner/measure/server.py): `ServerConformance` is what every
 `TrialServer` must do, run here on the bundled engine (SmolLM2, real HTTP on loopback). A server
-for another engine subclasses it with its own `make_server`."""
+for another engine subclasses it with its own `make_server`. A client's failure against a server
+that died is failed with the server's reason."""
 
 from __future__ import annotations
+
+import socket
 
 import httpx
 import pytest
 
 from slotune.engine.config import EngineConfig
+from slotune.tuner.measure.external_server import ServerFailure
 from slotune.tuner.measure.server import BundledServer, TrialServer
+from slotune.tuner.measure.trial_runner import _replay_once
+from slotune.tuner.spec.workload_spec import WorkloadSpec
 
 OBJECTIVE = {"percentile": 95, "ttft_limit_s": 30.0, "tpot_limit_s": None}
 
@@ -89,3 +95,33 @@ class TestBundledServer(ServerConformance):
             server._served.error = RuntimeError("boom")  # what AsyncLLM records when its loop dies
         with pytest.raises(RuntimeError, match="engine loop died while serving: RuntimeError: boom"):
             server.check()
+
+
+class _KilledServer:
+    """A stand-in for a server killed while its client starts: nothing listens on its url, and its
+    `check` passes once and then raises what ExternalServer.check raises for a SIGKILLed process.
+    (Killing a real one at that instant is a race: tests/tuner_tests/test_server_faults.py.)"""
+
+    tokenizer = None
+
+    def __init__(self) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.url = f"http://127.0.0.1:{s.getsockname()[1]}"
+        self.checks = 0
+
+    def begin_window(self) -> None: ...
+
+    def sample(self) -> None: ...
+
+    def check(self) -> None:
+        self.checks += 1
+        if self.checks > 1:
+            raise ServerFailure("crashed under load: killed by signal 9")
+
+
+def test_a_client_that_cannot_reach_a_dead_server_fails_with_the_servers_reason():
+    req = {"config": {}, "workload": WorkloadSpec(num_requests=2).model_dump(), "objective": OBJECTIVE}
+    with pytest.raises(ServerFailure, match="crashed under load: killed by signal 9") as err:
+        _replay_once(_KilledServer(), req, after=lambda res: None)
+    assert "cannot reach" in str(err.value.__context__)  # what the client saw, kept as the context

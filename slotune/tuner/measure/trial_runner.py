@@ -237,7 +237,11 @@ def _replay_served(
 def _replay_once(server: TrialServer, req: dict[str, Any], after: Callable[[ReplayResult], None]) -> ReplayResult:
     """One client run against the started `server` (see `_replay_served`)."""
     server.check()
-    client = _run_client(server.url, req, server.tokenizer, server.begin_window, server.sample)
+    try:
+        client = _run_client(server.url, req, server.tokenizer, server.begin_window, server.sample)
+    except RuntimeError:
+        server.check()  # a server that died is the cause of what its client saw
+        raise
     server.check()
     num_broken = client.metrics.get("num_errors", 0.0)
     if num_broken and not server.is_hopeless:  # loopback to our own server: a bug, not a measurement
