@@ -189,7 +189,8 @@ class MLflowTracker:
 
     def log_trial(self, trial) -> None:
         """One child run: params, metrics (in their stored form, intervals included: `Measurement.to_dict`;
-        with a price the cost per 1M tokens), SLO/gate tags, failure reason, config + histogram."""
+        with a price the cost per 1M tokens), SLO/gate tags, failure reason, config + histogram. Params,
+        metrics and tags go in one `log_batch` (one request to a tracking server, not one each)."""
         c = self.client
         tags = {
             "mlflow.parentRunId": self.parent_run_id,
@@ -199,49 +200,50 @@ class MLflowTracker:
         }
         run = c.create_run(self.experiment_id, run_name=f"trial-{trial.number}", tags=tags)
         rid = run.info.run_id
-        for k, v in trial.params.items():
-            c.log_param(rid, k, v)
+        metrics: dict[str, float] = {}
+        tags = {}
         r = TrialRecord.of(trial)
         for k, v in (r.metrics.to_dict() if r.metrics is not None else {}).items():
             if _loggable(v):
-                c.log_metric(rid, k, float(v))
+                metrics[k] = float(v)
         for k, v in (r.violations or {}).items():
-            c.log_metric(rid, f"violation_{k}", float(v))
+            metrics[f"violation_{k}"] = float(v)
         screen = r.screen  # the short replay's objective value (screening)
         if screen and _loggable(screen.get("value")):
-            c.log_metric(rid, f"screen_{self.spec.objective.metric_key()}", float(screen["value"]))
-        c.set_tag(rid, "slotune.feasible", str(r.feasible))
+            metrics[f"screen_{self.spec.objective.metric_key()}"] = float(screen["value"])
+        tags["slotune.feasible"] = str(r.feasible)
         if not r.feasible:  # the same words as the report's trials table
             why = infeasible_reasons(r, SLOLimits.from_objective(self.spec.objective), self.spec.quality_gates)
             if trial.state.name == "PRUNED" and not why:
                 why = ["pruned"]
             if why:
-                c.set_tag(rid, "slotune.infeasible_reason", "; ".join(why)[:MAX_TAG_CHARS])
+                tags["slotune.infeasible_reason"] = "; ".join(why)[:MAX_TAG_CHARS]
         if r.violations is not None:
             slo = judge(r.metrics or {}, SLOLimits.from_objective(self.spec.objective))
             early = r.violations.get("early_stop", 0) > 0  # judged on the first requests only
-            c.set_tag(rid, "slotune.slo_pass", str(slo.passed and not early))
+            tags["slotune.slo_pass"] = str(slo.passed and not early)
             if not slo.passed or early:
-                c.set_tag(rid, "slotune.slo_reasons", "; ".join((["stopped early"] if early else []) + slo.reasons))
-        c.set_tag(rid, "slotune.early_stopped", str(bool(r.early_stopped)))
+                tags["slotune.slo_reasons"] = "; ".join((["stopped early"] if early else []) + slo.reasons)
+        tags["slotune.early_stopped"] = str(bool(r.early_stopped))
         if r.screened_out:  # its metrics are the short replay's (screening)
-            c.set_tag(rid, "slotune.screened_out", "True")
+            tags["slotune.screened_out"] = "True"
         if trial_label(r):  # default, naive, a start's name, "repeat of N", "retry of N"
-            c.set_tag(rid, "slotune.tag", trial_label(r))
+            tags["slotune.tag"] = trial_label(r)
         if r.retry_of is not None:  # the failed attempt this trial measures again
-            c.set_tag(rid, "slotune.retry_of", str(r.retry_history[-1] if r.retry_history else r.retry_of))
+            tags["slotune.retry_of"] = str(r.retry_history[-1] if r.retry_history else r.retry_of)
         if r.measure:
-            c.set_tag(rid, "slotune.measure", r.measure)
+            tags["slotune.measure"] = r.measure
         if r.machine:
-            c.set_tag(rid, "slotune.machine", r.machine)
+            tags["slotune.machine"] = r.machine
         if r.fail_reason:
-            c.set_tag(rid, "slotune.fail_reason", r.fail_reason[:MAX_TAG_CHARS])
+            tags["slotune.fail_reason"] = r.fail_reason[:MAX_TAG_CHARS]
         gates = r.gates
         if gates:
-            c.set_tag(rid, "slotune.gates_pass", str(gates.get("passed")))
+            tags["slotune.gates_pass"] = str(gates.get("passed"))
             for g in gates.get("gates", []):
                 if g.get("candidate") is not None:
-                    c.log_metric(rid, f"gate_{g['name']}", float(g["candidate"]))
+                    metrics[f"gate_{g['name']}"] = float(g["candidate"])
+        _log_batch(c, rid, metrics=metrics, params=trial.params, tags=tags)
         with tempfile.TemporaryDirectory() as d:
             if r.config:
                 (Path(d) / "config.yaml").write_text(yaml.safe_dump(r.config, sort_keys=False))
@@ -291,37 +293,41 @@ class MLflowTracker:
         tags: whether the winner held, its confirmation seeds, the seeds where it missed the SLO, the
         candidates within noise of it; then close it."""
         c, rid = self.client, self.parent_run_id
+        metrics: dict[str, float] = {}
+        tags: dict[str, str] = {}
         for s in servers:  # a shoot-out (decide/standings.py): the best server, each one's median and ratio
             if s.held and s is servers[0]:
-                c.set_tag(rid, "slotune.best_server", s.server)
+                tags["slotune.best_server"] = s.server
             if _loggable(s.value):
-                c.log_metric(rid, f"server_{s.server}_{confirmation.key}", float(s.value))
+                metrics[f"server_{s.server}_{confirmation.key}"] = float(s.value)
             if _loggable(s.vs_winner):
-                c.log_metric(rid, f"server_{s.server}_vs_winner", float(s.vs_winner))
+                metrics[f"server_{s.server}_vs_winner"] = float(s.vs_winner)
         if confirmation is not None:
-            c.set_tag(rid, "slotune.confirmed", str(confirmation.confirmed))
-            c.set_tag(rid, "slotune.best_by_trial", str(confirmation.candidates[0]))
+            tags["slotune.confirmed"] = str(confirmation.confirmed)
+            tags["slotune.best_by_trial"] = str(confirmation.candidates[0])
             declared = confirmation.declared()
             value = (declared.get("metrics") or {}).get(confirmation.key)
             if _loggable(value):
-                c.log_metric(rid, f"declared_{confirmation.key}", float(value))
-            c.set_tag(rid, "slotune.declared_seeds", str(len(declared.get("seeds") or [])))
+                metrics[f"declared_{confirmation.key}"] = float(value)
+            tags["slotune.declared_seeds"] = str(len(declared.get("seeds") or []))
             missed = sorted({r.seed for r in confirmation.runs_of(confirmation.winner) if r.missed})
-            c.set_tag(rid, "slotune.declared_slo_missed_on", ",".join(map(str, missed)))
-            c.set_tag(rid, "slotune.within_noise_of_winner", ",".join(map(str, confirmation.within_noise())))
+            tags["slotune.declared_slo_missed_on"] = ",".join(map(str, missed))
+            tags["slotune.within_noise_of_winner"] = ",".join(map(str, confirmation.within_noise()))
         if best is not None:
-            c.set_tag(rid, "slotune.best_trial", str(best.number))
-            metrics = TrialRecord.of(best).metrics
-            for k, v in (metrics.to_dict() if metrics is not None else {}).items():
+            tags["slotune.best_trial"] = str(best.number)
+            best_metrics = TrialRecord.of(best).metrics
+            for k, v in (best_metrics.to_dict() if best_metrics is not None else {}).items():
                 if _loggable(v):
-                    c.log_metric(rid, f"best_{k}", float(v))
+                    metrics[f"best_{k}"] = float(v)
             for k, v in best.params.items():
-                c.set_tag(rid, f"best.{k}", str(v))
+                tags[f"best.{k}"] = str(v)
+        else:
+            tags["slotune.best_trial"] = "none"
+        _log_batch(c, rid, metrics=metrics, tags=tags)
+        if best is not None:
             for name in ("best.yaml", "best_metrics.json"):
                 if (out / name).exists():
                     c.log_artifact(rid, str(out / name))
-        else:
-            c.set_tag(rid, "slotune.best_trial", "none")
         for p in [*report_paths.values(), out / "sweep.json"]:  # sweep.json: the load curves, when swept
             if Path(p).exists():
                 c.log_artifact(rid, str(p))
@@ -355,6 +361,19 @@ def _retry(fn, attempts: int = 6):
             if attempt == attempts - 1:
                 raise
             time.sleep(0.3 * (attempt + 1))
+
+
+def _log_batch(client, run_id: str, *, metrics: dict[str, float], params=None, tags=None) -> None:
+    """Metrics, params and tags of a run in one `log_batch` call (MLflow splits it past its limits)."""
+    from mlflow.entities import Metric, Param, RunTag
+
+    now = int(time.time() * 1000)
+    client.log_batch(
+        run_id,
+        metrics=[Metric(k, v, now, 0) for k, v in metrics.items()],
+        params=[Param(k, str(v)) for k, v in (params or {}).items()],
+        tags=[RunTag(k, v) for k, v in (tags or {}).items()],
+    )
 
 
 def _loggable(v) -> bool:
