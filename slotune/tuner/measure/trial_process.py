@@ -257,7 +257,8 @@ def _watch(
             if phase and phase != last_phase:
                 on_phase(phase)
                 last_phase = phase
-        time.sleep(0.2)
+        with contextlib.suppress(subprocess.TimeoutExpired):  # returns as soon as the child exits
+            proc.wait(timeout=0.2)
     return None, last_phase
 
 
