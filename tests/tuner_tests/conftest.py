@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -16,7 +19,28 @@ TINY_WORKLOAD = {
 }
 
 
-def write_spec(tmp: Path, **over) -> Path:
+_EMPTY_STORE: list[Path] = []
+
+
+def _empty_tracking_store() -> Path:
+    """An empty MLflow tracking store, made by MLflow once per test session: creating one runs its
+    69 schema migrations (about 2 s on 2 cores), which every study of a fresh output folder would
+    pay again."""
+    if not _EMPTY_STORE:
+        from mlflow.tracking import MlflowClient
+
+        folder = tempfile.mkdtemp(prefix="slotune-mlflow-")
+        atexit.register(shutil.rmtree, folder, True)
+        path = Path(folder) / "mlflow.db"
+        MlflowClient(f"sqlite:///{path}").search_experiments()
+        _EMPTY_STORE.append(path)
+    return _EMPTY_STORE[0]
+
+
+def write_spec(tmp: Path, *, fresh_tracking_store: bool = False, **over) -> Path:
+    """A tiny spec in `tmp`, its sections updated from `over`. Unless `fresh_tracking_store`, the spec's
+    default MLflow store (out/mlflow.db) starts as a copy of one empty store made by MLflow, where none
+    is there yet: tests of creating a store (concurrently, or not at all) ask for a fresh one."""
     spec = {
         "name": "t",
         "workload": TINY_WORKLOAD,
@@ -36,6 +60,10 @@ def write_spec(tmp: Path, **over) -> Path:
         spec[k] = {**spec[k], **v} if isinstance(spec.get(k), dict) and isinstance(v, dict) else v
     path = tmp / "spec.yaml"
     path.write_text(yaml.safe_dump(spec))
+    store = tmp / "out" / "mlflow.db"
+    if not fresh_tracking_store and not {"output_dir", "mlflow_tracking_uri"} & over.keys() and not store.exists():
+        store.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(_empty_tracking_store(), store)
     return path
 
 

@@ -203,6 +203,7 @@ def test_two_tune_runs_on_one_fresh_storage_share_the_study_and_its_budget(tmp_p
     # The default config (max_num_seqs=16, no quantization) is in this space: one reference trial.
     spec = write_spec(
         tmp_path,
+        fresh_tracking_store=True,  # the two processes create the MLflow store at once
         budget={"n_trials": 4},
         search_space={
             "name": "s",

@@ -28,7 +28,12 @@ def test_a_study_experiment_opens_on_runs_and_its_parent_run_holds_the_report(tm
     without the kind tag: the tag is set on reopening; report.html and best.yaml are artifacts of
     the parent run, byte for byte; the infeasible trial's child run says why in words."""
     spec = write_spec(
-        tmp_path, sampler="grid", budget={"n_trials": 2}, objective={"ttft_limit_s": 0.08}, search_space=GRID
+        tmp_path,
+        fresh_tracking_store=True,
+        sampler="grid",
+        budget={"n_trials": 2},
+        objective={"ttft_limit_s": 0.08},
+        search_space=GRID,
     )
     uri = f"sqlite:///{tmp_path / 'out' / 'mlflow.db'}"
     (tmp_path / "out").mkdir()
@@ -104,7 +109,7 @@ def test_no_tracking_runs_the_study_without_mlflow(tmp_path, fake_trials):
 
     from slotune.tuner.cli import app
 
-    spec = write_spec(tmp_path, sampler="grid", budget={"n_trials": 2}, search_space=GRID)
+    spec = write_spec(tmp_path, fresh_tracking_store=True, sampler="grid", budget={"n_trials": 2}, search_space=GRID)
     r = CliRunner().invoke(app, ["run", str(spec), "--no-progress", "--no-tracking", "--trial-runner", fake_trials[1]])
     assert r.exit_code == 0, r.output
     out = tmp_path / "out"
