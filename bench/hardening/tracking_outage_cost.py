@@ -1,6 +1,6 @@
 """What a tracking-server outage costs one trial's MLflow callback: a real `mlflow server`, killed.
 
-    python bench/hardening/tracking_outage_cost.py          # slotune's limits (slotune/tuner/tracking.py OUTAGE_LIMITS)
+    python bench/hardening/tracking_outage_cost.py          # slotune's limits (slotune/tuner/tracking/tracker.py OUTAGE_LIMITS)
     MLFLOW_HTTP_REQUEST_MAX_RETRIES=7 MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR=2 MLFLOW_HTTP_REQUEST_TIMEOUT=120 \\
         python bench/hardening/tracking_outage_cost.py      # MLflow's own defaults
 

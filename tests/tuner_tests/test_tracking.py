@@ -9,7 +9,8 @@ import optuna
 from slotune.tuner.run import run_command
 from slotune.tuner.search.study import open_study
 from slotune.tuner.spec.tuning_spec import TuningSpec
-from slotune.tuner.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, MLflowTracker, tracking_summary
+from slotune.tuner.tracking import MLflowTracker, tracking_summary
+from slotune.tuner.tracking.tracker import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG
 
 from tests.tuner_tests.conftest import write_spec
 from tests.tuner_tests.test_report import DISTRIBUTIONS, GATE, SPACE, gate_report, measured

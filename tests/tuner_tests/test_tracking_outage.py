@@ -20,7 +20,7 @@ import mlflow
 import optuna
 import pytest
 
-from slotune.tuner import tracking
+from slotune.tuner.tracking import tracker
 from slotune.tuner.run import run_command
 from slotune.tuner.search.study import open_study
 from slotune.tuner.spec.tuning_spec import TuningSpec
@@ -149,7 +149,7 @@ def test_a_resumed_study_logs_the_trials_mlflow_missed(tmp_path, fake_trials, mo
     eid = client.get_experiment_by_name("t").experiment_id
     lost = next(r for r in client.search_runs([eid]) if r.data.tags.get("slotune.trial") == "1")
     client.delete_run(lost.info.run_id)
-    monkeypatch.setattr(tracking, "LOGGING_SETTLES_S", 0)
+    monkeypatch.setattr(tracker, "LOGGING_SETTLES_S", 0)
     spec = TuningSpec.from_yaml(spec_path)
     study, _ = open_study(spec)
     MLflowTracker(spec, study)
@@ -177,7 +177,7 @@ def test_a_study_started_while_mlflow_is_down_runs_and_is_logged_later(tmp_path,
     store.parent.mkdir()
     server = _start_server(store, port)
     try:
-        monkeypatch.setattr(tracking, "LOGGING_SETTLES_S", 0)
+        monkeypatch.setattr(tracker, "LOGGING_SETTLES_S", 0)
         run_command(spec, progress=False, trial_runner=fake_trials)  # the study is done: it only logs
         client = mlflow.tracking.MlflowClient(f"http://127.0.0.1:{port}")
         runs = client.search_runs([client.get_experiment_by_name("t").experiment_id])

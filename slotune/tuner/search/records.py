@@ -35,7 +35,7 @@ CONFIRM_ATTR = "confirm"  # the confirmation's measurements (decide/confirm.py `
 WINNER_ATTR = "winner_trial"  # the trial `finalize` declared the winner
 FINGERPRINT_ATTR = "spec_fingerprint"  # the spec the study was made for (search/study.py)
 REPLACED_ATTR = "spec_fingerprints_replaced"  # fingerprints a --resume-anyway replaced
-PARENT_ATTR = "mlflow_parent_run_id"  # the study's MLflow parent run (tracking.py)
+PARENT_ATTR = "mlflow_parent_run_id"  # the study's MLflow parent run (tracking/tracker.py)
 SWEEP_PREFIX = "sweep_"  # sweep_<trial>: the load sweep after the study (sweep.py)
 # A reference config measured beside the study is kept under its tag ("default", "naive").
 

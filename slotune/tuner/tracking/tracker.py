@@ -1,4 +1,5 @@
-"""MLflow tracking as an Optuna study callback: one parent run per study, one child run per trial.
+"""MLflow tracking as an Optuna study callback: one parent run per study, one child run per trial
+(what each holds: `values.py`).
 
 The parent run id is kept in the study's user attributes, so a resumed study (or a second
 worker) logs into the same parent run.
@@ -16,10 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from slotune.tuner.report.reasons import infeasible_reasons
 from slotune.tuner.search.records import TrialRecord, store_parent_run, stored_parent_run
-from slotune.tuner.search.references import trial_label
-from slotune.tuner.spec.slo import SLOLimits, judge
+from slotune.tuner.tracking.values import study_end_values, trial_values
 
 # MLflow 3 opens an experiment on the view its kind names (mlflow/server/js `ExperimentKind`); without
 # the tag a study's experiment may open on the GenAI traces overview instead of the runs table.
@@ -27,7 +26,6 @@ EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_de
 # The metric the runs table sorts by and charts first (mlflow.utils.mlflow_tags).
 PRIMARY_METRIC_TAG = "mlflow.experiment.primaryMetric.name"
 PRIMARY_METRIC_GREATER_IS_BETTER_TAG = "mlflow.experiment.primaryMetric.greaterIsBetter"
-MAX_TAG_CHARS = 5000
 # MLflow's client retries an unreachable server for minutes by default (7 retries, backoff factor 2,
 # 120 s timeout per request): a tracking outage must cost a trial seconds. Set unless the user did.
 OUTAGE_LIMITS = {
@@ -188,9 +186,8 @@ class MLflowTracker:
             self.client.delete_run(run.info.run_id)
 
     def log_trial(self, trial) -> None:
-        """One child run: params, metrics (in their stored form, intervals included: `Measurement.to_dict`;
-        with a price the cost per 1M tokens), SLO/gate tags, failure reason, config + histogram. Params,
-        metrics and tags go in one `log_batch` (one request to a tracking server, not one each)."""
+        """One child run: params, `trial_values`, config, gates and latency histogram. Params, metrics
+        and tags go in one `log_batch` (one request to a tracking server, not one each)."""
         c = self.client
         tags = {
             "mlflow.parentRunId": self.parent_run_id,
@@ -200,55 +197,14 @@ class MLflowTracker:
         }
         run = c.create_run(self.experiment_id, run_name=f"trial-{trial.number}", tags=tags)
         rid = run.info.run_id
-        metrics: dict[str, float] = {}
-        tags = {}
         r = TrialRecord.of(trial)
-        for k, v in (r.metrics.to_dict() if r.metrics is not None else {}).items():
-            if _loggable(v):
-                metrics[k] = float(v)
-        for k, v in (r.violations or {}).items():
-            metrics[f"violation_{k}"] = float(v)
-        screen = r.screen  # the short replay's objective value (screening)
-        if screen and _loggable(screen.get("value")):
-            metrics[f"screen_{self.spec.objective.metric_key()}"] = float(screen["value"])
-        tags["slotune.feasible"] = str(r.feasible)
-        if not r.feasible:  # the same words as the report's trials table
-            why = infeasible_reasons(r, SLOLimits.from_objective(self.spec.objective), self.spec.quality_gates)
-            if trial.state.name == "PRUNED" and not why:
-                why = ["pruned"]
-            if why:
-                tags["slotune.infeasible_reason"] = "; ".join(why)[:MAX_TAG_CHARS]
-        if r.violations is not None:
-            slo = judge(r.metrics or {}, SLOLimits.from_objective(self.spec.objective))
-            early = r.violations.get("early_stop", 0) > 0  # judged on the first requests only
-            tags["slotune.slo_pass"] = str(slo.passed and not early)
-            if not slo.passed or early:
-                tags["slotune.slo_reasons"] = "; ".join((["stopped early"] if early else []) + slo.reasons)
-        tags["slotune.early_stopped"] = str(bool(r.early_stopped))
-        if r.screened_out:  # its metrics are the short replay's (screening)
-            tags["slotune.screened_out"] = "True"
-        if trial_label(r):  # default, naive, a start's name, "repeat of N", "retry of N"
-            tags["slotune.tag"] = trial_label(r)
-        if r.retry_of is not None:  # the failed attempt this trial measures again
-            tags["slotune.retry_of"] = str(r.retry_history[-1] if r.retry_history else r.retry_of)
-        if r.measure:
-            tags["slotune.measure"] = r.measure
-        if r.machine:
-            tags["slotune.machine"] = r.machine
-        if r.fail_reason:
-            tags["slotune.fail_reason"] = r.fail_reason[:MAX_TAG_CHARS]
-        gates = r.gates
-        if gates:
-            tags["slotune.gates_pass"] = str(gates.get("passed"))
-            for g in gates.get("gates", []):
-                if g.get("candidate") is not None:
-                    metrics[f"gate_{g['name']}"] = float(g["candidate"])
-        _log_batch(c, rid, metrics=metrics, params=trial.params, tags=tags)
+        values = trial_values(r, trial.state.name, self.spec)
+        _log_batch(c, rid, metrics=values.metrics, params=trial.params, tags=values.tags)
         with tempfile.TemporaryDirectory() as d:
             if r.config:
                 (Path(d) / "config.yaml").write_text(yaml.safe_dump(r.config, sort_keys=False))
-            if gates:
-                (Path(d) / "gates.json").write_text(json.dumps(gates, indent=1))
+            if r.gates:
+                (Path(d) / "gates.json").write_text(json.dumps(r.gates, indent=1))
             lat = r.latencies
             if lat:
                 _histogram(lat, Path(d) / "latency_histogram.png")
@@ -288,42 +244,11 @@ class MLflowTracker:
         )
 
     def _log_study_end(self, best, config, report_paths: dict, out: Path, *, confirmation=None, servers=()) -> None:
-        """Parent run: the winner's metrics and config (best.yaml, best_metrics.json), the report, and
-        with a `confirmation` (slotune/tuner/decide/confirm.py) the declared value (`declared_<metric>`) and
-        tags: whether the winner held, its confirmation seeds, the seeds where it missed the SLO, the
-        candidates within noise of it; then close it."""
+        """Parent run: `study_end_values`, the winner's config (best.yaml, best_metrics.json) and the
+        report; then close it."""
         c, rid = self.client, self.parent_run_id
-        metrics: dict[str, float] = {}
-        tags: dict[str, str] = {}
-        for s in servers:  # a shoot-out (decide/standings.py): the best server, each one's median and ratio
-            if s.held and s is servers[0]:
-                tags["slotune.best_server"] = s.server
-            if _loggable(s.value):
-                metrics[f"server_{s.server}_{confirmation.key}"] = float(s.value)
-            if _loggable(s.vs_winner):
-                metrics[f"server_{s.server}_vs_winner"] = float(s.vs_winner)
-        if confirmation is not None:
-            tags["slotune.confirmed"] = str(confirmation.confirmed)
-            tags["slotune.best_by_trial"] = str(confirmation.candidates[0])
-            declared = confirmation.declared()
-            value = (declared.get("metrics") or {}).get(confirmation.key)
-            if _loggable(value):
-                metrics[f"declared_{confirmation.key}"] = float(value)
-            tags["slotune.declared_seeds"] = str(len(declared.get("seeds") or []))
-            missed = sorted({r.seed for r in confirmation.runs_of(confirmation.winner) if r.missed})
-            tags["slotune.declared_slo_missed_on"] = ",".join(map(str, missed))
-            tags["slotune.within_noise_of_winner"] = ",".join(map(str, confirmation.within_noise()))
-        if best is not None:
-            tags["slotune.best_trial"] = str(best.number)
-            best_metrics = TrialRecord.of(best).metrics
-            for k, v in (best_metrics.to_dict() if best_metrics is not None else {}).items():
-                if _loggable(v):
-                    metrics[f"best_{k}"] = float(v)
-            for k, v in best.params.items():
-                tags[f"best.{k}"] = str(v)
-        else:
-            tags["slotune.best_trial"] = "none"
-        _log_batch(c, rid, metrics=metrics, tags=tags)
+        values = study_end_values(best, confirmation, servers)
+        _log_batch(c, rid, metrics=values.metrics, tags=values.tags)
         if best is not None:
             for name in ("best.yaml", "best_metrics.json"):
                 if (out / name).exists():
@@ -374,10 +299,6 @@ def _log_batch(client, run_id: str, *, metrics: dict[str, float], params=None, t
         params=[Param(k, str(v)) for k, v in (params or {}).items()],
         tags=[RunTag(k, v) for k, v in (tags or {}).items()],
     )
-
-
-def _loggable(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf")
 
 
 def _histogram(lat: dict[str, list[float]], path: Path) -> None:
