@@ -15,6 +15,8 @@ import yaml
 from slotune.engine.config import EngineConfig
 from slotune.tuner.measure import machine
 from slotune.tuner.run import run_command
+from slotune.tuner.search.records import TrialRecord
+from slotune.tuner.search.retry import replaced_attempts
 from slotune.tuner.search.trials import is_measured
 from slotune.tuner.tracking import tracking_summary
 
@@ -81,7 +83,9 @@ def test_faulty_trials_are_recorded_and_the_study_goes_on(tmp_path, fake_trials,
 
 
 def test_sigkill_then_resume_keeps_completed_trials(tmp_path, fake_trials, monkeypatch):
-    """SIGKILL of `tune run` mid-study, then a rerun (fake measurement: study mechanics only)."""
+    """SIGKILL of `tune run` while its third trial runs, then a rerun: the completed trials stay, the
+    killed one is failed as an orphan and its config measured again, and the budget counts 5 trials
+    (fake measurement: study mechanics only)."""
     monkeypatch.setenv("FAKE_TRIAL_SLEEP", "1.5")
     spec = write_spec(tmp_path, budget={"n_trials": 5})
     out = tmp_path / "out"
@@ -101,29 +105,37 @@ def test_sigkill_then_resume_keeps_completed_trials(tmp_path, fake_trials, monke
         start_new_session=True,
     )
     deadline = time.time() + 120
-    done = []
+    done, running = [], []
     while time.time() < deadline:
         if (out / "study.db").exists():
             try:
-                done = [t for t in _study(out).trials if t.state.name == "COMPLETE"]
+                trials = _study(out).trials
             except Exception:
-                done = []
-            if len(done) >= 2:
+                trials = []
+            done = [t for t in trials if t.state.name == "COMPLETE"]
+            running = [t.number for t in trials if t.state.name == "RUNNING"]
+            if len(done) >= 2 and running:
                 break
-        time.sleep(0.3)
+        time.sleep(0.1)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    assert len(done) >= 2
+    assert len(done) >= 2 and running
     before = {t.number: (t.params, t.values) for t in done}
     monkeypatch.setenv("FAKE_TRIAL_SLEEP", "0")
     run_command(spec, progress=False, trial_runner=fake_trials)
     study = _study(out)
     after = {t.number: (t.params, t.values) for t in study.trials if t.state.name == "COMPLETE"}
     assert all(after[n] == v for n, v in before.items())  # completed trials intact
+    replaced = replaced_attempts(study.trials)
     finished = [t for t in study.trials if t.state.name in ("COMPLETE", "FAIL") and is_measured(t)]  # not repeats
     states = [(t.number, t.state.name, t.user_attrs.get("fail_reason")) for t in study.trials]
-    assert len(finished) == 5 and not [t for t in study.trials if t.state.name == "RUNNING"], states
-    assert all("orphaned" in t.user_attrs["fail_reason"] for t in study.trials if t.state.name == "FAIL")
+    assert len([t for t in finished if t.number not in replaced]) == 5, states
+    assert not [t for t in study.trials if t.state.name == "RUNNING"], states
+    failed = [t for t in study.trials if t.state.name == "FAIL"]
+    assert [t.number for t in failed] == running == sorted(replaced), states
+    assert all("orphaned" in t.user_attrs["fail_reason"] for t in failed)
+    retries = [t for t in study.trials if set(TrialRecord.of(t).retry_history) & set(running)]
+    assert [(t.state.name, t.params) for t in retries] == [("COMPLETE", t.params) for t in failed]
 
 
 def test_grid_and_nsga2_samplers_run(tmp_path, fake_trials):
