@@ -5,7 +5,7 @@ module with the same `forward(x)`. Weights stay quantized in memory: fewer bytes
 
 CPU: small steps run in the native step (slotune/kernels/cpu_decode.c), reading these buffers in place; here
 int8/int4 use torch's packed kernels (bf16 activations) below `CPU_GEMM_MIN_ROWS` rows and a per-call
-bf16 dequantize + GEMM from there; FP8 is emulated (correct, not faster). CUDA: int8/int4 dequantize in
+dequantize + GEMM from there (`cpu_gemm_dtype`); FP8 is emulated (correct, not faster). CUDA: int8/int4 dequantize in
 the matmul (slotune/kernels/quant_matmul.py under the Triton backend); FP8 uses `torch._scaled_mm` on compute
 capability >= 8.9, except decode-sized batches (<= 16 rows) under the Triton backend (weight-only fp8).
 Int4: w = q * scale + min, q in [0, 15], per group of `group_size` input channels, K zero-padded to a
@@ -14,6 +14,8 @@ are small, and int8 is the knee of bytes against agreement. Measurements: docs/d
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +28,14 @@ FP8_MAX = 448.0
 # Rows from which dequantize-then-GEMM beats torch's packed CPU kernels (their cost grows linearly with
 # the rows); crossovers on SmolLM2 shapes: docs/design/engine-quantization.md.
 CPU_GEMM_MIN_ROWS = {"int8": 16, "int4": 48}
+
+
+@functools.cache
+def cpu_gemm_dtype() -> torch.dtype:
+    """The dequantize + GEMM's dtype: bf16 where oneDNN multiplies it natively (AVX-512 BF16, AMX),
+    float32 elsewhere: on an AVX2-only CPU torch's bf16 GEMM is 5-60x slower than float32's
+    (docs/design/engine-quantization.md)."""
+    return torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else torch.float32
 
 
 def _rows(x: torch.Tensor) -> int:
@@ -64,10 +74,10 @@ class Int8Linear(_QuantLinear):
 
             return int8_matmul(x, self.qweight, self.scales, self.tiles)
         if x.device.type == "cpu":
-            xb = x.to(torch.bfloat16)
             if _rows(x) >= CPU_GEMM_MIN_ROWS["int8"]:  # per-channel scale commutes with the GEMM
-                return (F.linear(xb, self.qweight.to(torch.bfloat16)) * self.scales).to(x.dtype)
-            return torch.ops.aten._weight_int8pack_mm(xb, self.qweight, self.scales).to(x.dtype)
+                gd = cpu_gemm_dtype()
+                return (F.linear(x.to(gd), self.qweight.to(gd)) * self.scales).to(x.dtype)
+            return torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), self.qweight, self.scales).to(x.dtype)
         w = self.qweight.to(x.dtype) * self.scales.to(x.dtype)[:, None]
         return F.linear(x, w)
 
@@ -148,17 +158,16 @@ class Int4Linear(_QuantLinear):
 
             return int4_matmul(x, self.packed, self.scales, self.mins, self.group_size, self.tiles)
         if self.on_cpu:
-            xb = x.to(torch.bfloat16)
             b = _cpu_int4_block()
             if _rows(x) >= CPU_GEMM_MIN_ROWS["int4"] and b and self.n % b == 0:
-                return self._dequant_gemm(xb).to(x.dtype)
+                return self._dequant_gemm(x.to(cpu_gemm_dtype())).to(x.dtype)
             return torch.ops.aten._weight_int4pack_mm_for_cpu(
-                xb, self.packed, self.group_size, self.scales_and_zeros
+                x.to(torch.bfloat16), self.packed, self.group_size, self.scales_and_zeros
             ).to(x.dtype)
         return F.linear(x, F.pad(self.dequantize(), (0, self.pad)).to(x.dtype))
 
     def _dequant_gemm(self, x: torch.Tensor) -> torch.Tensor:
-        """x [..., K] bf16 @ W^T through a per-call bf16 copy of W in the packed layout's own order.
+        """x [..., K] @ W^T through a per-call copy of W in x's dtype, in the packed layout's own order.
 
         torch's CPU int4 pack (`_convert_weight_to_int4pack_for_cpu`, innerKTiles=1) stores
         blocks of B output channels, B = 64 when torch runs AVX-512 code and 32 under AVX2
@@ -168,14 +177,14 @@ class Int4Linear(_QuantLinear):
         against the kernel.
         """
         n, k, g, b = self.n, self.k, self.group_size, _cpu_int4_block()
-        if self._gemm_scales is None:
+        if self._gemm_scales is None or self._gemm_scales[0].dtype != x.dtype:
             sz = self.scales_and_zeros.float()  # [K/g, N, 2]; w = (q - 8) * scale + zero
             scale = sz[..., 0].view(k // g, n // b, b).permute(1, 0, 2).unsqueeze(2)
             offset = (sz[..., 1] - 8 * sz[..., 0]).view(k // g, n // b, b).permute(1, 0, 2).unsqueeze(2)
-            self._gemm_scales = (scale.to(torch.bfloat16).contiguous(), offset.to(torch.bfloat16).contiguous())
+            self._gemm_scales = (scale.to(x.dtype).contiguous(), offset.to(x.dtype).contiguous())
         scale, offset = self._gemm_scales
         p = self.packed.view(n // b, k, b // 2)
-        q = torch.cat([p & 15, p >> 4], dim=-1).view(n // b, k // g, g, b).to(torch.bfloat16)
+        q = torch.cat([p & 15, p >> 4], dim=-1).view(n // b, k // g, g, b).to(x.dtype)
         w = torch.addcmul(offset, q, scale).view(n // b, k, b)  # [N/B, K, B]
         lead = x.shape[:-1]
         out = torch.matmul(x.reshape(1, -1, k), w)  # [N/B, M, B]

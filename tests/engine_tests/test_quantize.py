@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import copy
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -64,12 +67,17 @@ def test_int4_exact_unpack_agrees_with_torchs_own_kernel(group_size):
     assert not torch.equal(exact, exact.to(torch.bfloat16).float())  # float32, not rounded to bf16
 
 
+@pytest.mark.parametrize("gemm_dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize(("n", "k", "group_size"), [(128, 576, 32), (192, 576, 128), (64, 1536, 64)])
-def test_prefill_sized_inputs_take_the_dequantized_gemm_path_with_the_same_result(n, k, group_size):
+def test_prefill_sized_inputs_take_the_dequantized_gemm_path_with_the_same_result(
+    n, k, group_size, gemm_dtype, monkeypatch
+):
     """Past CPU_GEMM_MIN_ROWS rows the CPU path dequantizes (int4: unpacking torch's packed
-    layout) and runs a bf16 GEMM; it must compute what the packed kernels compute."""
+    layout) and runs a GEMM in bf16 or float32 (`cpu_gemm_dtype`); it must compute what the packed
+    kernels compute."""
     from slotune.engine import quantize
 
+    monkeypatch.setattr(quantize, "cpu_gemm_dtype", lambda: gemm_dtype)
     torch.manual_seed(0)
     w, x = torch.randn(n, k) * 0.05, torch.randn(96, k)
     for m in (Int8Linear(w), Int4Linear(w, group_size)):
@@ -86,6 +94,16 @@ def test_prefill_sized_inputs_take_the_dequantized_gemm_path_with_the_same_resul
             assert (out - ref).norm() / ref.norm() < 1e-2
         # a wrong nibble order or group mapping would be off by O(1), not by bf16 rounding
         assert (gemm - packed).norm() / packed.norm() < 1e-2
+
+
+def test_a_cpu_without_a_native_bf16_gemm_dequantizes_to_float32():
+    """oneDNN capped at AVX2 (the ISA of a Zen 3 or an AVX2-only Xeon, where torch's bf16 GEMM is
+    5-60x slower than float32's) has no native bf16 GEMM: the prefill path multiplies in float32.
+    Checked in a child process: the cap is read when oneDNN starts."""
+    code = "from slotune.engine.quantize import cpu_gemm_dtype; print(cpu_gemm_dtype())"
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["torch.float32"]
 
 
 def test_int4_packs_two_codes_per_byte():
