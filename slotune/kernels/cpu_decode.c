@@ -41,6 +41,8 @@
 #include <string.h>
 
 enum { W_F32 = 0, W_BF16 = 1, W_INT8 = 2, W_INT4 = 3, W_INT8_VNNI = 4, W_INT8_AVX2 = 5, W_INT4_VNNI = 6, W_INT4_AVX2 = 7 };
+#define SPLIT_ROWS 2    /* batches of up to this many rows split int4 blocks over K (int4_vnni_span), */
+#define SPLIT_THREADS 8 /* with up to this many threads (as cpu_decode.py sizes split_part) */
 
 typedef struct {
     int32_t kind, n, k, group; /* k: real in_features (int4 may store K padded to the group) */
@@ -81,6 +83,8 @@ typedef struct {
     int32_t rot_dim;          /* RoPE on each head's first rot_dim dims (Phi-3: part of the head) */
     int32_t gelu;             /* the MLP's gate: 1 = GeGLU with tanh GELU (Gemma), 0 = SwiGLU */
     int32_t act_group;        /* inputs per int8 activation scale: 32 (or 0), 64, 128 or 256 */
+    float *split_part;        /* scratch [SPLIT_THREADS, SPLIT_THREADS, SPLIT_ROWS, 64]: a split block's K spans */
+    int32_t *split_count;     /* scratch [SPLIT_THREADS], zero between calls: its spans done so far */
 } Model;
 
 /* 32-input slices per activation scale. Codes, scales and sums stay per slice (a group's slices
@@ -584,15 +588,17 @@ static void int8_vnni_pair(const Model *md, const Lin *L, float *out, int ldo, i
  * R rows read the block again from L1/L2.
  *   sum_k w x = scale * sum_b dx_b * sum_{k in b} q_k qx_k + (zero - 8 scale) * sum_k x_k   */
 #define INT4_VNNI_ROWS 2 /* 3 or 4 measured slower: their accumulators spill */
-INLINE void int4_vnni_rows_t(const Model *md, const Lin *L, float *out, int ldo, const int R, int m0, int b) {
+/* Rows m0..m0+R-1 of block b over groups g0..g1-1 of K -> dst[r * ldd + 0..63]. */
+INLINE void int4_vnni_rows_t(const Model *md, const Lin *L, float *dst, int ldd, const int R, int m0, int b, int g0, int g1) {
     const int K = L->k, g = L->group, Kp = (K + g - 1) / g * g, ldq = md->max_k, lds = md->max_k / 32;
     const __m512i *w = (const __m512i *)((const uint8_t *)L->w + (int64_t)b * Kp * 32);
-    const uint16_t *sz = L->scales + (int64_t)b * (Kp / g) * 128;
+    const uint16_t *sz = L->scales + ((int64_t)b * (Kp / g) + g0) * 128;
+    const int kend = g1 * g < K ? g1 * g : K;
     const __m512i lo4 = _mm512_set1_epi8(0x0f), hi4 = _mm512_set1_epi8((char)0xf0);
     __m512 tot[INT4_VNNI_ROWS][4];
     for (int r = 0; r < R; r++)
         for (int j = 0; j < 4; j++) tot[r][j] = _mm512_setzero_ps();
-    for (int k0 = 0; k0 < K; k0 += g, sz += 128) {
+    for (int k0 = g0 * g; k0 < kend; k0 += g, sz += 128) {
         const int k1 = k0 + g < K ? k0 + g : K;
         __m512 sc[4];
         for (int j = 0; j < 4; j++) /* scales: the high half of each (scale, zero) pair's low word */
@@ -629,15 +635,37 @@ INLINE void int4_vnni_rows_t(const Model *md, const Lin *L, float *out, int ldo,
         }
     }
     for (int r = 0; r < R; r++)
-        for (int j = 0; j < 4; j++) _mm512_storeu_ps(out + (int64_t)(m0 + r) * ldo + b * 64 + j * 16, tot[r][j]);
+        for (int j = 0; j < 4; j++) _mm512_storeu_ps(dst + (int64_t)r * ldd + j * 16, tot[r][j]);
 }
 
 /* One 64-channel block b of a repacked int4 weight for rows m..M-1. */
 static void int4_vnni_block(const Model *md, const Lin *L, float *out, int ldo, int m, int M, int b) {
+    const int ng = (L->k + L->group - 1) / L->group;
     for (int m0 = m; m0 < M; m0 += INT4_VNNI_ROWS) {
-        if (M - m0 == 1) int4_vnni_rows_t(md, L, out, ldo, 1, m0, b);
-        else int4_vnni_rows_t(md, L, out, ldo, INT4_VNNI_ROWS, m0, b);
+        float *dst = out + (int64_t)m0 * ldo + b * 64;
+        if (M - m0 == 1) int4_vnni_rows_t(md, L, dst, ldo, 1, m0, b, 0, ng);
+        else int4_vnni_rows_t(md, L, dst, ldo, INT4_VNNI_ROWS, m0, b, 0, ng);
     }
+}
+
+/* Span p of T of K for split block s (block b) of rows 0..M-1 (M <= SPLIT_ROWS): into split_part; the
+ * span that finishes last sums the T spans into out. */
+static void int4_vnni_span(const Model *md, const Lin *L, float *out, int ldo, int M, int s, int b, int p, int T) {
+    const int ng = (L->k + L->group - 1) / L->group;
+    float *part = md->split_part + (int64_t)(s * SPLIT_THREADS + p) * SPLIT_ROWS * 64;
+    for (int m0 = 0; m0 < M; m0 += INT4_VNNI_ROWS) {
+        if (M - m0 == 1) int4_vnni_rows_t(md, L, part + m0 * 64, 64, 1, m0, b, p * ng / T, (p + 1) * ng / T);
+        else int4_vnni_rows_t(md, L, part + m0 * 64, 64, INT4_VNNI_ROWS, m0, b, p * ng / T, (p + 1) * ng / T);
+    }
+    if (__atomic_add_fetch(&md->split_count[s], 1, __ATOMIC_ACQ_REL) < T) return; /* release: this span's sums */
+    md->split_count[s] = 0; /* read again after the matmul's closing barrier */
+    const float *first = md->split_part + (int64_t)s * SPLIT_THREADS * SPLIT_ROWS * 64;
+    for (int m = 0; m < M; m++)
+        for (int c = 0; c < 64; c += 16) {
+            __m512 v = _mm512_setzero_ps();
+            for (int q = 0; q < T; q++) v = _mm512_add_ps(v, _mm512_loadu_ps(first + ((int64_t)q * SPLIT_ROWS + m) * 64 + c));
+            _mm512_storeu_ps(out + (int64_t)m * ldo + b * 64 + c, v);
+        }
 }
 
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__)
@@ -1173,8 +1201,15 @@ static void matmul_nobias(const Model *md, const Lin *L, const float *x, int ldx
             return;
         }
 #endif
+        /* A batch of 1-2 rows whose blocks do not share evenly among the threads (o and down: 9 blocks
+         * on 2 threads) cuts each of the last nb % T into T spans of K, so each thread reads as many bytes. */
+        const int nb = L->n / 64, T = omp_get_num_threads();
+        const int rest = M <= SPLIT_ROWS && T > 1 && T <= SPLIT_THREADS ? nb % T : 0, full = nb - rest;
 #pragma omp for schedule(guided)
-        for (int b = 0; b < L->n / 64; b++) int4_vnni_block(md, L, out, ldo, 0, M, b);
+        for (int t = 0; t < full + rest * T; t++) {
+            if (t < full) int4_vnni_block(md, L, out, ldo, 0, M, t);
+            else int4_vnni_span(md, L, out, ldo, M, (t - full) / T, full + (t - full) / T, (t - full) % T, T);
+        }
         return;
     }
 #endif

@@ -35,6 +35,7 @@ W_F32, W_BF16, W_INT8, W_INT4, W_INT8_VNNI, W_INT8_AVX2, W_INT4_VNNI, W_INT4_AVX
 # slotune_isa() flags (cpu_decode.c): float kernels' ISA, and the int8-activation kernels compiled in
 ISA_AVX512, ISA_AVX2, ISA_INT8_VNNI, ISA_INT8_AVX2, ISA_INT4_INT8ACT, ISA_AMX = 1, 2, 4, 8, 16, 32
 MAX_HEAD_DIM = 512  # the kernel widens 16 K rows into a stack buffer of this size
+SPLIT_THREADS, SPLIT_ROWS = 8, 2  # cpu_decode.c's: the scratch of int4 blocks split over K
 
 
 @dataclass(slots=True)
@@ -158,6 +159,8 @@ class _Model(ctypes.Structure):
         ("rot_dim", ctypes.c_int32),
         ("gelu", ctypes.c_int32),
         ("act_group", ctypes.c_int32),
+        ("split_part", ctypes.c_void_p),
+        ("split_count", ctypes.c_void_p),
     ]
 
 
@@ -286,6 +289,10 @@ def matmul(w: NativeLinear, x: torch.Tensor, int8_activations: bool = False, act
     kp = -(-k // 32) * 32
     xq, xs = torch.zeros(m, kp, dtype=torch.int8), torch.zeros(m, kp // 32)
     xsum = torch.zeros(m, kp // 32)
+    part, count = (
+        torch.zeros(SPLIT_THREADS, SPLIT_THREADS, SPLIT_ROWS, 64),
+        torch.zeros(SPLIT_THREADS, dtype=torch.int32),
+    )
     md = _Model(
         max_k=kp,
         xq=xq.data_ptr(),
@@ -293,6 +300,8 @@ def matmul(w: NativeLinear, x: torch.Tensor, int8_activations: bool = False, act
         xsum=xsum.data_ptr(),
         int8_activations=int(int8_activations),
         act_group=act_group,
+        split_part=part.data_ptr(),
+        split_count=count.data_ptr(),
     )
     out = torch.empty(m, lin.n)
     lib.slotune_matmul(ctypes.byref(md), ctypes.byref(lin), x.data_ptr(), out.data_ptr(), m, torch.get_num_threads())
@@ -460,6 +469,8 @@ class CpuDecoder:
         self._scratch["xscale"] = torch.zeros(max_rows, max_k // 32, **f32)
         self._scratch["xsum"] = torch.zeros(max_rows, max_k // 32, **f32)
         self._scratch["ctx_slots"] = torch.zeros(max_rows, max_ctx, dtype=torch.int32)
+        self._scratch["split_part"] = torch.zeros(SPLIT_THREADS, SPLIT_THREADS, SPLIT_ROWS, 64, **f32)
+        self._scratch["split_count"] = torch.zeros(SPLIT_THREADS, dtype=torch.int32)
         self.logits = torch.empty(max_rows, model.lm_head.n, **f32)
         limit = MAX_NATIVE_ROWS[isa() & (ISA_AVX512 | ISA_AVX2)][self._layers[0].gate_up.kind]
         # Rows per step worth running natively: None = any number (beyond max_rows, in several
@@ -496,6 +507,8 @@ class CpuDecoder:
             model.rotary_dim,
             int(model.gelu),
             act_group,
+            self._scratch["split_part"].data_ptr(),
+            self._scratch["split_count"].data_ptr(),
         )
 
     @staticmethod

@@ -248,7 +248,9 @@ def test_matmul_kernels_match_torch(kind, k, rows):
     from slotune.kernels.cpu_decode import has_int8_activations, matmul
 
     torch.manual_seed(0)
-    n = 144 if kind == "int8-int8act" else 128  # 9 blocks of 16: the VNNI kernel's pairs and a lone last block
+    # int8: 9 blocks of 16, the VNNI kernel's pairs and a lone last block; int4-g32: 3 blocks of 64, on two
+    # threads at 1-2 rows the last is split over K (int4_vnni_span)
+    n = {"int8-int8act": 144, "int4-g32-int8act": 192}.get(kind, 128)
     w, x = torch.randn(n, k) / k**0.5, torch.randn(rows, k)
     x[:, 5] *= 30  # an outlier channel, as real activations have
     if kind == "fp32":
