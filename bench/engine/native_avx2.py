@@ -43,16 +43,18 @@ CONFIGS = {
 PROMPT_LEN = 32
 
 
-def _engine(overrides: dict, backend: str, rows: int, steps: int) -> LLMEngine:
+def _engine(
+    overrides: dict, backend: str, rows: int, steps: int, model: str = "smollm2-135m", prompt_len: int = PROMPT_LEN
+) -> LLMEngine:
     kernels = {**overrides.get("kernels", {}), "backend": backend}
-    cfg = EngineConfig(model="smollm2-135m").with_updates(
+    cfg = EngineConfig(model=model).with_updates(
         {
             **overrides,
             "kernels": kernels,
             "max_num_seqs": rows,
-            "max_model_len": 512,
+            "max_model_len": max(512, prompt_len + steps + 16),
             "block_size": 16,
-            "num_kv_blocks": rows * (-(-(PROMPT_LEN + steps + 8) // 16)) + 8,
+            "num_kv_blocks": rows * (-(-(prompt_len + steps + 8) // 16)) + 8,
         }
     )
     engine = LLMEngine(cfg)
@@ -60,8 +62,8 @@ def _engine(overrides: dict, backend: str, rows: int, steps: int) -> LLMEngine:
         engine.runner.native.max_native_rows = None  # measure past the limit: every row native
     params = SamplingParams(max_tokens=steps + 8, ignore_eos=True)
     for i in range(rows):
-        engine.add_request(f"r{i}", [(37 * i + 11 * j + 5) % 40000 for j in range(PROMPT_LEN)], params)
-    while any(s.num_computed_tokens < PROMPT_LEN for s in engine.scheduler.running) or engine.scheduler.waiting:
+        engine.add_request(f"r{i}", [(37 * i + 11 * j + 5) % 40000 for j in range(prompt_len)], params)
+    while any(s.num_computed_tokens < prompt_len for s in engine.scheduler.running) or engine.scheduler.waiting:
         engine.step()  # prefill (chunked), until every sequence decodes
     return engine
 

@@ -13,6 +13,7 @@ probe (`slotune_vnni_peak`, as kernel_rate.py): when other tenants share these v
 the step's cache-resident ops (norms, gate) slow together while the bandwidth read does not.
 
     .venv/bin/python bench/engine/profile_step.py --configs int8-act,int4-act --rows 1,16 --steps 64 [--against OLD.c]
+        [--model gemma3-270m] [--prompt-len 32]
 """
 
 from __future__ import annotations
@@ -66,10 +67,17 @@ def op_bytes(dec, rows: int, ctx: int) -> dict[str, int]:
     return out
 
 
-def profile(name: str, rows: int, steps: int, against: Path | None = None) -> list[dict]:
+def profile(
+    name: str,
+    rows: int,
+    steps: int,
+    against: Path | None = None,
+    model: str = "smollm2-135m",
+    prompt_len: int = PROMPT_LEN,
+) -> list[dict]:
     """One result per build: this source's, and with `against` another's, their steps alternating on
     the same engine (each build keeps its own clocks)."""
-    engine = _engine(CONFIGS[name], "native", rows, steps * (2 if against else 1) + 4)
+    engine = _engine(CONFIGS[name], "native", rows, steps * (2 if against else 1) + 4, model, prompt_len)
     dec = engine.runner.native
     builds = {"this": cpu_decode.load_library(profile=True)}
     if against:
@@ -100,7 +108,7 @@ def profile(name: str, rows: int, steps: int, against: Path | None = None) -> li
             for j in range(len(OPS)):
                 sums[b][j] += chunk[j]
             paired[b].append({"read_bandwidth_gbs": bw_i, "vnni_gmacs": vnni_i, "native_ms": 1e3 * sum(chunk) / n})
-    ctx = PROMPT_LEN + 2 + steps * len(builds) // 2  # the keys a row attends to, on average over the steps
+    ctx = prompt_len + 2 + steps * len(builds) // 2  # the keys a row attends to, on average over the steps
     nbytes = op_bytes(dec, rows, ctx)
     weights = sum(nbytes[op] for op in (*WEIGHT_OPS, "lm_head"))
     results = []
@@ -119,8 +127,10 @@ def profile(name: str, rows: int, steps: int, against: Path | None = None) -> li
         results.append(
             with_roofline(
                 {
-                    "config": name if b == "this" else f"{name} ({against})",
+                    "config": (name if model == "smollm2-135m" else f"{model} {name}")
+                    + ("" if b == "this" else f" ({against})"),
                     "rows": rows,
+                    "prompt_len": prompt_len,
                     "steps": steps,
                     "engine_step_ms": 1e3 * statistics.median(walls[b]),
                     "engine_step_mean_ms": 1e3 * statistics.fmean(walls[b]),
@@ -201,6 +211,8 @@ def main() -> None:
     ap.add_argument("--configs", default="int8-act,int4-act")
     ap.add_argument("--rows", default="1,16")
     ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--model", default="smollm2-135m", help="a bundled model: smollm2-135m or gemma3-270m")
+    ap.add_argument("--prompt-len", type=int, default=PROMPT_LEN, help="tokens each row holds before decoding")
     ap.add_argument("--out", type=Path, default=None, help="write <out>.json and <out>.md")
     ap.add_argument("--render", type=Path, default=None, help="rewrite the .md of a committed .json")
     ap.add_argument(
@@ -215,7 +227,7 @@ def main() -> None:
     results = []
     for name in args.configs.split(","):
         for rows in map(int, args.rows.split(",")):
-            for r in profile(name, rows, args.steps, args.against):
+            for r in profile(name, rows, args.steps, args.against, args.model, args.prompt_len):
                 results.append(r)
                 print(
                     f"{r['config']} rows {rows}: native {r['native_ms']:.2f} ms, step {r['engine_step_ms']:.2f} ms, "
