@@ -42,7 +42,7 @@
 
 enum { W_F32 = 0, W_BF16 = 1, W_INT8 = 2, W_INT4 = 3, W_INT8_VNNI = 4, W_INT8_AVX2 = 5, W_INT4_VNNI = 6, W_INT4_AVX2 = 7 };
 #define SPLIT_ROWS 2    /* batches of up to this many rows split int4 blocks over K (int4_vnni_span), */
-#define SPLIT_THREADS 8 /* with up to this many threads (as cpu_decode.py sizes split_part) */
+#define SPLIT_THREADS 8 /* and attention tasks over keys (attend_span), with up to this many threads */
 
 typedef struct {
     int32_t kind, n, k, group; /* k: real in_features (int4 may store K padded to the group) */
@@ -85,6 +85,7 @@ typedef struct {
     int32_t act_group;        /* inputs per int8 activation scale: 32 (or 0), 64, 128 or 256 */
     float *split_part;        /* scratch [SPLIT_THREADS, SPLIT_THREADS, SPLIT_ROWS, 64]: a split block's K spans */
     int32_t *split_count;     /* scratch [SPLIT_THREADS], zero between calls: its spans done so far */
+    float *split_att;         /* scratch [SPLIT_THREADS, SPLIT_THREADS, G, head_dim + 2]: a split task's key spans */
 } Model;
 
 /* 32-input slices per activation scale. Codes, scales and sums stay per slice (a group's slices
@@ -1245,8 +1246,8 @@ static void matmul_nobias(const Model *md, const Lin *L, const float *x, int ldx
 
 /* ---- pointwise ---- */
 
-/* p[0:n] = softmax(p[0:n]) in place. */
-static void softmax(float *p, int n) {
+/* p[0:n] = softmax(p[0:n]) in place; with `stat`, exp(p - max) left unnormalized and (max, sum) in stat. */
+static void softmax(float *p, int n, float *stat) {
     vf mx = vf_set1(-INFINITY);
     for (int j = 0; j < n; j += VL) mx = vf_max(mx, vf_loadn_or(p + j, n - j, -INFINITY));
     const vf m = vf_set1(vf_hmax(mx));
@@ -1255,6 +1256,10 @@ static void softmax(float *p, int n) {
         const vf e = vf_maskz(n - j, vf_exp(vf_sub(vf_loadn(p + j, n - j), m)));
         vf_storen(p + j, n - j, e);
         sum = vf_add(sum, e);
+    }
+    if (stat) {
+        stat[0] = vf_hmax(mx), stat[1] = vf_hsum(sum);
+        return;
     }
     const vf inv = vf_set1(1.0f / vf_hsum(sum));
     for (int j = 0; j < n; j += VL) vf_storen(p + j, n - j, vf_mul(vf_loadn(p + j, n - j), inv));
@@ -1430,7 +1435,7 @@ INLINE void att_values_t(const Model *md, const float *p, float *o, int64_t base
  * registers. p: [G, max_ctx] scratch. The rows are a few hundred bytes apart, out of reach of the
  * hardware prefetcher: K is prefetched ATT_PF keys ahead, V while K is read. */
 static void attend(const Model *md, const float *q, float *o, float *p, float *kt, int64_t base, const int32_t *cslot,
-                   int kh, int j0, int L) {
+                   int kh, int j0, int L, float *stats) {
     const int hd = md->head_dim, G = md->num_heads / md->num_kv_heads, row = md->num_kv_heads * hd;
     const int64_t kb = base + (int64_t)kh * hd;
     for (int j = j0; j < j0 + ATT_PF && j < L; j++) prefetch_row(md->k_cache, md->dtype, kb + (int64_t)cslot[j] * row, hd);
@@ -1452,7 +1457,7 @@ static void attend(const Model *md, const float *q, float *o, float *p, float *k
         default: att_scores_t(md, q, kt, p, G, c, cn, nv); break;
         }
     }
-    for (int g = 0; g < G; g++) softmax(p + g * md->max_ctx, n);
+    for (int g = 0; g < G; g++) softmax(p + g * md->max_ctx, n, stats ? stats + 2 * g : NULL);
     for (int d0 = 0; d0 < hd; d0 += ATT_DV * VL) {
         const int vn = (hd - d0) / VL < ATT_DV ? (hd - d0) / VL : ATT_DV;
         for (int g0 = 0; g0 < G; g0 += ATT_G) {
@@ -1464,6 +1469,32 @@ static void attend(const Model *md, const float *q, float *o, float *p, float *k
             else if (gn == 3) ATT_VALUES(3);
             else ATT_VALUES(4);
 #undef ATT_VALUES
+        }
+    }
+}
+
+/* Span p of T of task (keys j0..L-1) split slot s: its unnormalized output and (max, sum) per query
+ * head into split_att [G, hd] + [G, 2]; the span that finishes last merges the T into o [G, hd]. */
+static void attend_span(const Model *md, const float *q, float *o, float *p, float *kt, int64_t base, const int32_t *cslot,
+                        int kh, int j0, int L, int s, int sp, int T) {
+    const int hd = md->head_dim, G = md->num_heads / md->num_kv_heads, stride = G * (hd + 2);
+    const int a = j0 + (int)((int64_t)sp * (L - j0) / T), b = j0 + (int)((int64_t)(sp + 1) * (L - j0) / T);
+    float *first = md->split_att + (int64_t)s * SPLIT_THREADS * stride, *part = first + (int64_t)sp * stride;
+    attend(md, q, part, p + (a - j0), kt, base, cslot, kh, a, b, part + G * hd);
+    if (__atomic_add_fetch(&md->split_count[s], 1, __ATOMIC_ACQ_REL) < T) return; /* release: this span's part */
+    md->split_count[s] = 0; /* read again after the loop's closing barrier */
+    for (int g = 0; g < G; g++) {
+        float mx = -INFINITY, den = 0.0f, w[SPLIT_THREADS];
+        for (int i = 0; i < T; i++) mx = fmaxf(mx, first[i * stride + G * hd + 2 * g]); /* a span has keys: finite */
+        for (int i = 0; i < T; i++) {
+            const float *st = first + i * stride + G * hd + 2 * g;
+            w[i] = st[1] > 0.0f ? expf(st[0] - mx) : 0.0f; /* an empty span: max -inf, sum 0 */
+            den += w[i] * st[1];
+        }
+        for (int d = 0; d < hd; d += VL) {
+            vf acc = vf_zero();
+            for (int i = 0; i < T; i++) acc = vf_fma(vf_set1(w[i] / den), vf_load(first + i * stride + g * hd + d), acc);
+            vf_store(o + g * hd + d, acc);
         }
     }
 }
@@ -1531,6 +1562,7 @@ void slotune_decode_step(const Model *md, int M, const int64_t *ids, const int64
 #pragma omp parallel num_threads(num_threads)
     {
         float kt[ATT_CHUNK * 512]; /* one chunk of K rows widened to float32 (head_dim <= 512) */
+        const int T = omp_get_num_threads();
 #ifdef SLOTUNE_PROFILE
 #pragma omp master
         prof_last = omp_get_wtime();
@@ -1570,14 +1602,20 @@ void slotune_decode_step(const Model *md, int M, const int64_t *ids, const int64
             }
             PROF(P_ROPE_KV);
             /* attention: one task per (sequence, kv head), its G query heads together; a sliding
-             * window keeps the last `window` keys (the token itself included) */
+             * window keeps the last `window` keys (the token itself included). Fewer tasks than threads
+             * (one kv head at batch 1) leave threads idle: then each task is cut into T spans of keys,
+             * merged by the span that finishes last (attend_span). */
+            const int tasks = M * Hkv, rest = tasks < T && T <= SPLIT_THREADS ? tasks : 0;
 #pragma omp for schedule(guided)
-            for (int t = 0; t < M * Hkv; t++) {
-                const int m = t / Hkv, kh = t % Hkv, L = (int)pos[m] + 1;
+            for (int t = 0; t < tasks - rest + rest * T; t++) {
+                const int task = t < tasks - rest ? t : tasks - rest + (t - tasks + rest) / T;
+                const int m = task / Hkv, kh = task % Hkv, L = (int)pos[m] + 1;
                 const int j0 = ly->window > 0 && L > ly->window ? L - ly->window : 0;
-                attend(md, md->qkv + (int64_t)m * qkv_n + kh * G * hd, md->att + (int64_t)m * H * hd + kh * G * hd,
-                       md->probs + (int64_t)t * G * md->max_ctx, kt, l * layer_stride, md->ctx_slots + (int64_t)m * md->max_ctx,
-                       kh, j0, L);
+                const float *q = md->qkv + (int64_t)m * qkv_n + kh * G * hd;
+                float *o = md->att + (int64_t)m * H * hd + kh * G * hd, *p = md->probs + (int64_t)task * G * md->max_ctx;
+                const int32_t *cs = md->ctx_slots + (int64_t)m * md->max_ctx;
+                if (t < tasks - rest) attend(md, q, o, p, kt, l * layer_stride, cs, kh, j0, L, NULL);
+                else attend_span(md, q, o, p, kt, l * layer_stride, cs, kh, j0, L, (t - tasks + rest) / T, (t - tasks + rest) % T, T);
             }
             PROF(P_ATTN);
             matmul(md, &ly->o, md->att, H * hd, md->x, D, M, 0);

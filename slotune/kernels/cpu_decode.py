@@ -35,7 +35,7 @@ W_F32, W_BF16, W_INT8, W_INT4, W_INT8_VNNI, W_INT8_AVX2, W_INT4_VNNI, W_INT4_AVX
 # slotune_isa() flags (cpu_decode.c): float kernels' ISA, and the int8-activation kernels compiled in
 ISA_AVX512, ISA_AVX2, ISA_INT8_VNNI, ISA_INT8_AVX2, ISA_INT4_INT8ACT, ISA_AMX = 1, 2, 4, 8, 16, 32
 MAX_HEAD_DIM = 512  # the kernel widens 16 K rows into a stack buffer of this size
-SPLIT_THREADS, SPLIT_ROWS = 8, 2  # cpu_decode.c's: the scratch of int4 blocks split over K
+SPLIT_THREADS, SPLIT_ROWS = 8, 2  # cpu_decode.c's: the scratch of int4 blocks and attention tasks split
 
 
 @dataclass(slots=True)
@@ -161,6 +161,7 @@ class _Model(ctypes.Structure):
         ("act_group", ctypes.c_int32),
         ("split_part", ctypes.c_void_p),
         ("split_count", ctypes.c_void_p),
+        ("split_att", ctypes.c_void_p),
     ]
 
 
@@ -471,6 +472,7 @@ class CpuDecoder:
         self._scratch["ctx_slots"] = torch.zeros(max_rows, max_ctx, dtype=torch.int32)
         self._scratch["split_part"] = torch.zeros(SPLIT_THREADS, SPLIT_THREADS, SPLIT_ROWS, 64, **f32)
         self._scratch["split_count"] = torch.zeros(SPLIT_THREADS, dtype=torch.int32)
+        self._scratch["split_att"] = torch.zeros(SPLIT_THREADS, SPLIT_THREADS, h // hkv, hd + 2, **f32)
         self.logits = torch.empty(max_rows, model.lm_head.n, **f32)
         limit = MAX_NATIVE_ROWS[isa() & (ISA_AVX512 | ISA_AVX2)][self._layers[0].gate_up.kind]
         # Rows per step worth running natively: None = any number (beyond max_rows, in several
@@ -509,6 +511,7 @@ class CpuDecoder:
             act_group,
             self._scratch["split_part"].data_ptr(),
             self._scratch["split_count"].data_ptr(),
+            self._scratch["split_att"].data_ptr(),
         )
 
     @staticmethod

@@ -186,7 +186,8 @@ def test_native_attention_matches_torch_at_every_head_shape(head_dim, heads, kv_
     """The attention loops are instantiated per head size (64, 128, 256 dims) and query heads per kv
     head (1-4; 5 run as 4 + 1); other sizes (48 dims) take the generic loops. Each shape, float32,
     over scattered pages: within 2e-3 of torch's logits at every position of 3 sequences of up to 30
-    keys (a whole 16-key chunk and a partial one)."""
+    keys (a whole 16-key chunk and a partial one), and of one sequence alone: with one kv head, fewer
+    tasks than threads, each task's keys are split (attend_span), down to a span of none at the first key."""
     import dataclasses
 
     from tests.kernels_tests.test_triton_engine import TINY, _state_dict
@@ -204,6 +205,8 @@ def test_native_attention_matches_torch_at_every_head_shape(head_dim, heads, kv_
     seqs = [[(7 * j + 3) % 256 for j in range(n)] for n in (5, 19, 30)]
     for ids, got in zip(seqs, _native_logits(native, seqs), strict=True):
         torch.testing.assert_close(got, plain.full_logits(ids), atol=2e-3, rtol=0)
+    (alone,) = _native_logits(native, seqs[1:2])
+    torch.testing.assert_close(alone, plain.full_logits(seqs[1]), atol=2e-3, rtol=0)
 
 
 def test_native_backend_refuses_what_it_cannot_read():
