@@ -1473,7 +1473,7 @@ static void attend(const Model *md, const float *q, float *o, float *p, float *k
     }
 }
 
-/* Span p of T of task (keys j0..L-1) split slot s: its unnormalized output and (max, sum) per query
+/* Span sp of T of task s (keys j0..L-1; s < T): its unnormalized output and (max, sum) per query
  * head into split_att [G, hd] + [G, 2]; the span that finishes last merges the T into o [G, hd]. */
 static void attend_span(const Model *md, const float *q, float *o, float *p, float *kt, int64_t base, const int32_t *cslot,
                         int kh, int j0, int L, int s, int sp, int T) {
@@ -1605,17 +1605,16 @@ void slotune_decode_step(const Model *md, int M, const int64_t *ids, const int64
              * window keeps the last `window` keys (the token itself included). Fewer tasks than threads
              * (one kv head at batch 1) leave threads idle: then each task is cut into T spans of keys,
              * merged by the span that finishes last (attend_span). */
-            const int tasks = M * Hkv, rest = tasks < T && T <= SPLIT_THREADS ? tasks : 0;
+            const int tasks = M * Hkv, spans = tasks < T && T <= SPLIT_THREADS ? T : 1;
 #pragma omp for schedule(guided)
-            for (int t = 0; t < tasks - rest + rest * T; t++) {
-                const int task = t < tasks - rest ? t : tasks - rest + (t - tasks + rest) / T;
-                const int m = task / Hkv, kh = task % Hkv, L = (int)pos[m] + 1;
+            for (int t = 0; t < tasks * spans; t++) {
+                const int task = t / spans, m = task / Hkv, kh = task % Hkv, L = (int)pos[m] + 1;
                 const int j0 = ly->window > 0 && L > ly->window ? L - ly->window : 0;
                 const float *q = md->qkv + (int64_t)m * qkv_n + kh * G * hd;
                 float *o = md->att + (int64_t)m * H * hd + kh * G * hd, *p = md->probs + (int64_t)task * G * md->max_ctx;
                 const int32_t *cs = md->ctx_slots + (int64_t)m * md->max_ctx;
-                if (t < tasks - rest) attend(md, q, o, p, kt, l * layer_stride, cs, kh, j0, L, NULL);
-                else attend_span(md, q, o, p, kt, l * layer_stride, cs, kh, j0, L, (t - tasks + rest) / T, (t - tasks + rest) % T, T);
+                if (spans == 1) attend(md, q, o, p, kt, l * layer_stride, cs, kh, j0, L, NULL);
+                else attend_span(md, q, o, p, kt, l * layer_stride, cs, kh, j0, L, task, t % spans, spans);
             }
             PROF(P_ATTN);
             matmul(md, &ly->o, md->att, H * hd, md->x, D, M, 0);
