@@ -88,6 +88,15 @@ typedef struct {
     float *split_att;         /* scratch [SPLIT_THREADS, SPLIT_THREADS, G, head_dim + 2]: a split task's key spans */
 } Model;
 
+/* Whether this span of a split block or task, now done, is the last of its T (count: its slot in
+ * split_count); the last sees the others' partial sums (acquire) and zeroes the count, which the
+ * next call reads only after the work-sharing loop's closing barrier. */
+static inline int last_span(int32_t *count, int T) {
+    if (__atomic_add_fetch(count, 1, __ATOMIC_ACQ_REL) < T) return 0; /* release: this span's sums */
+    *count = 0;
+    return 1;
+}
+
 /* 32-input slices per activation scale. Codes, scales and sums stay per slice (a group's slices
  * share its scale), so the int4 kernels read them as they are; the int8 kernels sum a group's
  * slices in int32 (at most 256 * 127 * 255 < 2^24: exact in float) and scale once per group. */
@@ -658,8 +667,7 @@ static void int4_vnni_span(const Model *md, const Lin *L, float *out, int ldo, i
         if (M - m0 == 1) int4_vnni_rows_t(md, L, part + m0 * 64, 64, 1, m0, b, p * ng / T, (p + 1) * ng / T);
         else int4_vnni_rows_t(md, L, part + m0 * 64, 64, INT4_VNNI_ROWS, m0, b, p * ng / T, (p + 1) * ng / T);
     }
-    if (__atomic_add_fetch(&md->split_count[s], 1, __ATOMIC_ACQ_REL) < T) return; /* release: this span's sums */
-    md->split_count[s] = 0; /* read again after the matmul's closing barrier */
+    if (!last_span(&md->split_count[s], T)) return;
     const float *first = md->split_part + (int64_t)s * SPLIT_THREADS * SPLIT_ROWS * 64;
     for (int m = 0; m < M; m++)
         for (int c = 0; c < 64; c += 16) {
@@ -1481,8 +1489,7 @@ static void attend_span(const Model *md, const float *q, float *o, float *p, flo
     const int a = j0 + (int)((int64_t)sp * (L - j0) / T), b = j0 + (int)((int64_t)(sp + 1) * (L - j0) / T);
     float *first = md->split_att + (int64_t)s * SPLIT_THREADS * stride, *part = first + (int64_t)sp * stride;
     attend(md, q, part, p + (a - j0), kt, base, cslot, kh, a, b, part + G * hd);
-    if (__atomic_add_fetch(&md->split_count[s], 1, __ATOMIC_ACQ_REL) < T) return; /* release: this span's part */
-    md->split_count[s] = 0; /* read again after the loop's closing barrier */
+    if (!last_span(&md->split_count[s], T)) return;
     for (int g = 0; g < G; g++) {
         float mx = -INFINITY, den = 0.0f, w[SPLIT_THREADS];
         for (int i = 0; i < T; i++) mx = fmaxf(mx, first[i * stride + G * hd + 2 * g]); /* a span has keys: finite */
