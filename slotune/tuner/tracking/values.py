@@ -35,15 +35,16 @@ def trial_values(r: TrialRecord, state: str, spec) -> RunValues:
     screen = r.screen  # the short replay's objective value (screening)
     if screen and loggable(screen.get("value")):
         metrics[f"screen_{spec.objective.metric_key()}"] = float(screen["value"])
+    limits = SLOLimits.from_objective(spec.objective)
     tags["slotune.feasible"] = str(r.feasible)
     if not r.feasible:  # the same words as the report's trials table
-        why = infeasible_reasons(r, SLOLimits.from_objective(spec.objective), spec.quality_gates)
+        why = infeasible_reasons(r, limits, spec.quality_gates)
         if state == "PRUNED" and not why:
             why = ["pruned"]
         if why:
             tags["slotune.infeasible_reason"] = "; ".join(why)[:MAX_TAG_CHARS]
     if r.violations is not None:
-        slo = judge(r.metrics or {}, SLOLimits.from_objective(spec.objective))
+        slo = judge(r.metrics or {}, limits)
         early = r.violations.get("early_stop", 0) > 0  # judged on the first requests only
         tags["slotune.slo_pass"] = str(slo.passed and not early)
         if not slo.passed or early:
@@ -51,8 +52,8 @@ def trial_values(r: TrialRecord, state: str, spec) -> RunValues:
     tags["slotune.early_stopped"] = str(bool(r.early_stopped))
     if r.screened_out:  # its metrics are the short replay's (screening)
         tags["slotune.screened_out"] = "True"
-    if trial_label(r):  # default, naive, a start's name, "repeat of N", "retry of N"
-        tags["slotune.tag"] = trial_label(r)
+    if label := trial_label(r):  # default, naive, a start's name, "repeat of N", "retry of N"
+        tags["slotune.tag"] = label
     if r.retry_of is not None:  # the failed attempt this trial measures again
         tags["slotune.retry_of"] = str(r.retry_history[-1] if r.retry_history else r.retry_of)
     if r.measure:
