@@ -1,12 +1,15 @@
 """How much a config's measured value depends on the workload seed and how much on when it ran: each
 config started once per round and replayed on the confirmation's seeds (robustness_seed, + 1, ...)
 and the re-measure's (robustness_seed + 1000 + i, as bench/tuner/goals.py), the seed order rotated
-each round. Prints each value, the median per seed over rounds and per round over seeds, and the
+each round (and the order of the configs reversed). `--num-requests` measures each config at each of
+several workload lengths, alternated the same way. Prints each value, the median per seed over rounds and per round over seeds, and the
 confirmation seeds' median against the re-measure seeds'. `--resample FILE` reads such values
 back and counts, for each number of declaring seeds, how often a declaration (their median in one
 round) lands within 10% of a re-measure (the median of the other seeds, at most 5, in another round).
 
     python bench/tuner/seed_spread.py examples/02-batch-throughput/spec.yaml --rounds 3 \
+        --config 'int8-64-512={"quantization":"int8","kernels.int8_activations":true,"max_num_seqs":64,"max_num_batched_tokens":512}'
+    python bench/tuner/seed_spread.py examples/02-batch-throughput/spec.yaml --rounds 3 --num-requests 24 96 \
         --config 'int8-64-512={"quantization":"int8","kernels.int8_activations":true,"max_num_seqs":64,"max_num_batched_tokens":512}'
     python bench/tuner/seed_spread.py --resample bench/tuner/seed-spread-batch-throughput-2026-12-03-zen3-2c.json
 """
@@ -57,6 +60,7 @@ def main() -> None:
     ap.add_argument("--confirm-seeds", type=int, default=2)
     ap.add_argument("--remeasure-seeds", type=int, default=5)
     ap.add_argument("--config", action="append", default=[], help="NAME=JSON updates of the default config")
+    ap.add_argument("--num-requests", type=int, nargs="+", help="workload lengths to measure each config at")
     ap.add_argument("--out", type=Path, help="write the values as JSON here")
     args = ap.parse_args()
     if args.resample:
@@ -65,8 +69,12 @@ def main() -> None:
     if not args.spec:
         ap.error("give a spec, or --resample FILE")
     spec = TuningSpec.from_yaml(args.spec)
+    lengths = args.num_requests or [None]
+    specs = {n: spec if n is None else _with_length(spec, n) for n in lengths}
     configs = {
-        name: spec.base_config().with_updates(json.loads(u)) for name, _, u in (c.partition("=") for c in args.config)
+        name if n is None else f"{name} num_requests={n}": (specs[n], spec.base_config().with_updates(json.loads(u)))
+        for name, _, u in (c.partition("=") for c in args.config)
+        for n in lengths
     }
     key = spec.objective.metric_key()
     confirm = [spec.robustness_seed + i for i in range(args.confirm_seeds)]
@@ -75,8 +83,8 @@ def main() -> None:
     values: dict[str, dict[int, list[float]]] = {n: {s: [] for s in seeds} for n in configs}
     for r in range(args.rounds):
         order = seeds[r % len(seeds) :] + seeds[: r % len(seeds)]
-        for name, cfg in configs.items():
-            for s, res in zip(order, measure_seeds(spec, cfg, order)):
+        for name, (arm, cfg) in list(configs.items())[:: 1 if r % 2 == 0 else -1]:
+            for s, res in zip(order, measure_seeds(arm, cfg, order)):
                 if not isinstance(res, TrialResult):
                     raise SystemExit(f"{name} on seed {s}: {res}")
                 values[name][s].append(res.metrics[key])
@@ -94,6 +102,12 @@ def main() -> None:
         print(f"  confirmation seeds {confirm}: {c:.4g}; re-measure seeds: {m:.4g}; ratio {c / m:.3f}")
     if args.out:
         args.out.write_text(json.dumps({"spec": args.spec, "key": key, "values": values}, indent=1))
+
+
+def _with_length(spec: TuningSpec, num_requests: int) -> TuningSpec:
+    """The spec with its workload cut or stretched to `num_requests` requests."""
+    workload = spec.workload.model_copy(update={"num_requests": num_requests, "duration_s": None})
+    return spec.model_copy(update={"workload": workload})
 
 
 if __name__ == "__main__":
