@@ -93,13 +93,14 @@ def main() -> None:
         v = values[name]
         per_seed = {s: statistics.median(v[s]) for s in seeds}
         per_round = [statistics.median(v[s][r] for s in seeds) for r in range(args.rounds)]
-        c, m = statistics.median(per_seed[s] for s in confirm), statistics.median(per_seed[s] for s in remeasure)
         print(f"\n{name} ({key})")
         print("  per seed (median of rounds): " + ", ".join(f"{s}={x:.4g}" for s, x in per_seed.items()))
         print(f"  per seed max/min: {max(per_seed.values()) / min(per_seed.values()):.3f}")
         print("  per round (median of seeds): " + ", ".join(f"{x:.4g}" for x in per_round))
         print(f"  per round max/min: {max(per_round) / min(per_round):.3f}")
-        print(f"  confirmation seeds {confirm}: {c:.4g}; re-measure seeds: {m:.4g}; ratio {c / m:.3f}")
+        if remeasure:
+            c, m = statistics.median(per_seed[s] for s in confirm), statistics.median(per_seed[s] for s in remeasure)
+            print(f"  confirmation seeds {confirm}: {c:.4g}; re-measure seeds: {m:.4g}; ratio {c / m:.3f}")
     if args.out:
         args.out.write_text(json.dumps({"spec": args.spec, "key": key, "values": values}, indent=1))
 
