@@ -1,11 +1,12 @@
 """How much a config's measured value depends on the workload seed and how much on when it ran: each
 config started once per round and replayed on the confirmation's seeds (robustness_seed, + 1, ...)
 and the re-measure's (robustness_seed + 1000 + i, as bench/tuner/goals.py), the seed order rotated
-each round (and the order of the configs reversed). `--num-requests` measures each config at each of
-several workload lengths, alternated the same way. Prints each value, the median per seed over rounds and per round over seeds, and the
-confirmation seeds' median against the re-measure seeds'. `--resample FILE` reads such values
-back and counts, for each number of declaring seeds, how often a declaration (their median in one
-round) lands within 10% of a re-measure (the median of the other seeds, at most 5, in another round).
+each round and the configs' order reversed every other round; `--num-requests` measures each config
+at several workload lengths, alternated the same way. Prints each value, the median per seed over
+rounds and per round over seeds, and the confirmation seeds' median against the re-measure seeds'.
+`--resample FILE` reads such values back and counts, for each number of declaring seeds, how often a
+declaration (their median in one round) lands within 10% of a re-measure (the median of the other
+seeds, at most 5, in another round).
 
     python bench/tuner/seed_spread.py examples/02-batch-throughput/spec.yaml --rounds 3 \
         --config 'int8-64-512={"quantization":"int8","kernels.int8_activations":true,"max_num_seqs":64,"max_num_batched_tokens":512}'
