@@ -1,0 +1,195 @@
+"""Does a config's replay move with the host? One engine loaded in this process replays the spec's
+workload `--replays` times (seeds robustness_seed, + 1, ... alternated), each replay between two
+probes of the host: the round trip of a cache line between CPU 0 and CPU 1 (core_handoff.c, built
+here with gcc; ns) and the engine's threads' read bandwidth (a sum over 256 MiB, GB/s). Prints each
+replay beside its probes, then per seed the replays' log sd, each probe's correlation with the
+replay's value (log-log, the probes before and after averaged) and the log sd left after its fit,
+and the replays split by where the host had placed the two CPUs: `near` (round trip under 300 ns
+before and after), `far` (over 300 ns before and after), `moved` (between). `--alone N` probes N
+times with no engine loaded (OpenMP threads passive), for the placement's own timeline. `--render FILE` prints the summary of
+a stored record.
+
+    python bench/tuner/host_drift.py examples/02-batch-throughput/spec.yaml --replays 40 \
+        --config '{"quantization":"int8","kernels.int8_activations":true,"max_num_seqs":64,"max_num_batched_tokens":512}'
+
+In process, as `budget.measure: in_process` (no HTTP client sharing the CPU), with the OpenMP wait
+policy a trial process gets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+
+from slotune.tuner.measure import machine
+from slotune.tuner.measure.trial_process import omp_wait_policy
+
+PROBE_S = 0.5
+NEAR_NS = 300.0  # both CPUs on one L3: 50-150 ns on the 2-vCPU EPYCs here; on two: 300-700 ns
+
+
+def handoff_probe(workdir: Path) -> subprocess.Popen:
+    """core_handoff.c, built and started: write a line to its stdin, read one round trip in ns."""
+    exe = workdir / "core_handoff"
+    src = Path(__file__).with_name("core_handoff.c")
+    subprocess.run(["gcc", "-O2", "-pthread", str(src), "-o", str(exe)], check=True)
+    return subprocess.Popen([str(exe), str(PROBE_S * 1e3)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("spec", nargs="?")
+    ap.add_argument("--config", default="{}", help="JSON updates of the default config")
+    ap.add_argument("--replays", type=int, default=40)
+    ap.add_argument("--seeds", type=int, default=2, help="workload seeds to alternate")
+    ap.add_argument("--metric", help="the value to follow (default: the objective's)")
+    ap.add_argument("--out", type=Path, help="write the rows as JSON here")
+    ap.add_argument("--render", type=Path, help="summarize a record written by --out")
+    ap.add_argument("--alone", type=int, metavar="N", help="probe N times with no engine loaded")
+    args = ap.parse_args()
+    if args.render:
+        record = json.loads(args.render.read_text())
+        summarize(record["key"], record["rows"]) if record.get("key") else timeline(record["rows"])
+        return
+    if not args.spec and not args.alone:
+        ap.error("give a spec, --alone N or --render FILE")
+    # Before torch loads. Alone, its threads sleep between reads rather than spin beside the round trip.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE" if args.alone else omp_wait_policy("auto").upper())
+
+    import torch
+
+    big = torch.ones(64 * 2**20)  # 256 MiB: far beyond any cache
+    handoff = handoff_probe(Path(tempfile.mkdtemp(prefix="slotune-handoff-")))
+
+    def probe() -> tuple[float, float]:
+        handoff.stdin.write("\n")
+        handoff.stdin.flush()
+        ns = float(handoff.stdout.readline())
+        t, n = time.perf_counter(), 0
+        while time.perf_counter() - t < PROBE_S:
+            big.sum()
+            n += 1
+        return ns, n * big.numel() * 4 / 1e9 / (time.perf_counter() - t)
+
+    if args.alone:
+        before = _cpu_times()
+        rows = [dict(zip(("handoff_ns", "gbps"), probe()), at=time.time()) for _ in range(args.alone)]
+        spent = [b - a for a, b in zip(before, _cpu_times())]
+        steal = spent[7] / sum(spent)  # the hypervisor's time away from this guest
+        timeline(rows)
+        print(f"steal time: {steal:.1%} of the CPUs' time")
+        write(args.out, {"steal_share": steal, "rows": rows})
+        return
+
+    from slotune.engine import LLM
+    from slotune.tuner.measure.in_process_replay import run_in_process_replay
+    from slotune.tuner.spec.tuning_spec import TuningSpec
+
+    spec = TuningSpec.from_yaml(args.spec)
+    cfg = spec.base_config().with_updates(json.loads(args.config))
+    key = args.metric or spec.objective.metric_key()
+    llm = LLM(cfg)
+    rows = []
+    for i in range(args.replays):
+        seed = spec.robustness_seed + i % args.seeds
+        before = probe()
+        res = run_in_process_replay(
+            cfg,
+            spec.workload,
+            llm=llm,
+            seed=seed,
+            ttft_limit_s=spec.objective.ttft_limit_s,  # goodput counts as a trial counts it
+            tpot_limit_s=spec.objective.tpot_limit_s,
+            percentiles=(spec.objective.percentile,),
+        )
+        after = probe()
+        row = {
+            "seed": seed,
+            "value": res.metrics[key],
+            "handoff_ns": [before[0], after[0]],
+            "gbps": [before[1], after[1]],
+            "at": time.time(),
+        }
+        rows.append(row)
+        print(
+            f"{i}: seed {seed} {key} {row['value']:.4g}; round trip {before[0]:.0f} / {after[0]:.0f} ns, "
+            f"bandwidth {before[1]:.1f} / {after[1]:.1f} GB/s",
+            flush=True,
+        )
+    handoff.stdin.close()
+    handoff.wait()
+    summarize(key, rows)
+    write(args.out, {"spec": args.spec, "config": json.loads(args.config), "key": key, "rows": rows})
+
+
+def _cpu_times() -> list[int]:
+    """/proc/stat's first line: user, nice, system, idle, iowait, irq, softirq, steal, ... (ticks)."""
+    return [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+
+
+def write(out: Path | None, record: dict) -> None:
+    if out is None:
+        return
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    where = {"machine": machine.words(), "date": date.today().isoformat(), "commit": commit}
+    out.write_text(json.dumps({**where, "omp_wait_policy": os.environ["OMP_WAIT_POLICY"], **record}, indent=1))
+
+
+def timeline(rows: list[dict]) -> None:
+    """Probes alone: each stretch of one placement, its length in probes and its ranges."""
+    spans: list[list[dict]] = []
+    for r in rows:
+        near = r["handoff_ns"] < NEAR_NS
+        if spans and (spans[-1][0]["handoff_ns"] < NEAR_NS) == near:
+            spans[-1].append(r)
+        else:
+            spans.append([r])
+    for span in spans:
+        ns, gb = [r["handoff_ns"] for r in span], [r["gbps"] for r in span]
+        where = "near" if ns[0] < NEAR_NS else "far"
+        seconds = span[-1]["at"] - span[0]["at"]
+        print(
+            f"{where}: {len(span)} probes over {seconds:.0f} s, round trip {min(ns):.0f}-{max(ns):.0f} ns, "
+            f"read {min(gb):.1f}-{max(gb):.1f} GB/s"
+        )
+
+
+def summarize(key: str, rows: list[dict]) -> None:
+    for seed in sorted({r["seed"] for r in rows}):
+        summary(seed, key, [r for r in rows if r["seed"] == seed])
+
+
+def summary(seed: int, key: str, rows: list[dict]) -> None:
+    y = [math.log(r["value"]) for r in rows]
+    print(f"seed {seed}, {len(rows)} replays: {key} log sd {statistics.pstdev(y):.3f}")
+    for probe in ("handoff_ns", "gbps"):
+        x = [math.log(statistics.mean(r[probe])) for r in rows]
+        fit = statistics.linear_regression(x, y)
+        left = statistics.pstdev([v - fit.slope * u - fit.intercept for u, v in zip(x, y)])
+        print(f"  {probe}: corr {statistics.correlation(x, y):.2f}, log sd left {left:.3f}")
+    for state, rs in placed(rows).items():
+        if rs:
+            v = [r["value"] for r in rs]
+            sd = statistics.pstdev([math.log(x) for x in v])
+            print(f"  {state}: {len(rs)} replays, median {statistics.median(v):.4g}, log sd {sd:.3f}")
+
+
+def placed(rows: list[dict]) -> dict[str, list[dict]]:
+    """The replays by where the two CPUs were before and after: near, far or moved."""
+    out: dict[str, list[dict]] = {"near": [], "far": [], "moved": []}
+    for r in rows:
+        lo, hi = min(r["handoff_ns"]), max(r["handoff_ns"])
+        out["near" if hi < NEAR_NS else "far" if lo > NEAR_NS else "moved"].append(r)
+    return out
+
+
+if __name__ == "__main__":
+    main()
