@@ -4,10 +4,11 @@ probes of the host: the round trip of a cache line between CPU 0 and CPU 1 (core
 here with gcc; ns) and the engine's threads' read bandwidth (a sum over 256 MiB, GB/s). Prints each
 replay beside its probes, then per seed the replays' log sd, each probe's correlation with the
 replay's value (log-log, the probes before and after averaged) and the log sd left after its fit,
-and the replays split by where the host had placed the two CPUs: `near` (round trip under 300 ns
-before and after), `far` (over 300 ns before and after), `moved` (between). `--alone N` probes N
-times with no engine loaded (OpenMP threads passive), for the placement's own timeline. `--render FILE` prints the summary of
-a stored record.
+the replays split by where the host had placed the two CPUs: `near` (round trip under 300 ns
+before and after), `far` (over 300 ns before and after), `moved` (between), and how often a
+declaration from one replay per seed in a row lands within 10% of a re-measure of 5 other replays,
+drawn from any placement or from its own. `--alone N` probes N times with no engine loaded (OpenMP
+threads passive), for the placement's own timeline. `--render FILE` prints a stored record's summary.
 
     python bench/tuner/host_drift.py examples/02-batch-throughput/spec.yaml --replays 40 \
         --config '{"quantization":"int8","kernels.int8_activations":true,"max_num_seqs":64,"max_num_batched_tokens":512}'
@@ -22,6 +23,7 @@ import argparse
 import json
 import math
 import os
+import random
 import statistics
 import subprocess
 import tempfile
@@ -163,8 +165,41 @@ def timeline(rows: list[dict]) -> None:
 
 
 def summarize(key: str, rows: list[dict]) -> None:
-    for seed in sorted({r["seed"] for r in rows}):
+    seeds = sorted({r["seed"] for r in rows})
+    for seed in seeds:
         summary(seed, key, [r for r in rows if r["seed"] == seed])
+    for matched in (False, True):
+        within, n = declarations(rows[len(seeds) :], len(seeds), matched)
+        how = "its own placement" if matched else "any placement"
+        print(
+            f"declared from {len(seeds)} replays in a row, re-measured by 5 others in {how}: {within:.0%} of {n} within 10%"
+        )
+
+
+def declarations(rows: list[dict], k: int, matched: bool, draws: int = 200) -> tuple[float, int]:
+    """Each run of k replays in a row (one per seed, as the confirmation replays them) declares their
+    mean; a re-measure is the median of 5 replays drawn from the other runs, with `matched` only
+    those in the same placement (runs that moved are left out). The share within 10%, and how many
+    runs declared. The first replay of each seed is left out by the caller: on 06 its documents were
+    not yet in the prefix cache."""
+    runs = [rows[i : i + k] for i in range(0, len(rows) - k + 1, k)]
+    rng, hits, total, declared = random.Random(0), 0, 0, 0
+    for j, run in enumerate(runs):
+        where = {state for state, rs in placed(run).items() if rs}
+        if matched and where not in ({"near"}, {"far"}):
+            continue
+        pool = [r for i, other in enumerate(runs) if i != j for r in other]
+        if matched:
+            pool = placed(pool)[where.pop()]
+        if len(pool) < 5:
+            continue
+        declared += 1
+        value = statistics.mean(r["value"] for r in run)
+        for _ in range(draws):
+            again = statistics.median(r["value"] for r in rng.sample(pool, 5))
+            hits += abs(value / again - 1) <= 0.10
+            total += 1
+    return (hits / total if total else float("nan")), declared
 
 
 def summary(seed: int, key: str, rows: list[dict]) -> None:
