@@ -4,7 +4,8 @@ A streaming read (torch's float32 sum, which reads faster here than a hand-writt
 53 against 45 GB/s side by side on a 2-vCPU EPYC) over 4x the last-level cache and at least 512 MiB,
 on every thread torch uses; best of `repeats`, the machine's capability. Run it in the same session,
 right before the measurement it divides: these shared VMs read 30-50 GB/s from one minute to the next,
-as the hypervisor moves the two vCPUs between one L3 and two (bench/tuner/host_drift.py).
+partly as the hypervisor moves the two vCPUs between cores that share an L3 and cores that do not
+(bench/tuner/host_drift.py).
 """
 
 from __future__ import annotations

@@ -1,20 +1,15 @@
-"""Does a config's replay move with the host? One engine loaded in this process replays the spec's
-workload `--replays` times (seeds robustness_seed, + 1, ... alternated), each replay between two
-probes of the host: the round trip of a cache line between CPU 0 and CPU 1 (core_handoff.c, built
-here with gcc; ns) and the engine's threads' read bandwidth (a sum over 256 MiB, GB/s). Prints each
-replay beside its probes, then per seed the replays' log sd, each probe's correlation with the
-replay's value (log-log, the probes before and after averaged) and the log sd left after its fit,
-the replays split by where the host had placed the two CPUs: `near` (round trip under 300 ns
-before and after), `far` (over 300 ns before and after), `moved` (between), and how often a
-declaration from one replay per seed in a row lands within 10% of a re-measure of 5 other replays,
-drawn from any placement or from its own. `--alone N` probes N times with no engine loaded (OpenMP
-threads passive), for the placement's own timeline. `--render FILE` prints a stored record's summary.
+"""Does a config's replay move with the host? One config loaded in process replays the spec's workload
+`--replays` times (its seeds alternated), each replay between two probes: the round trip of a cache
+line between CPU 0 and CPU 1 (core_handoff.c) and two threads' read bandwidth. Prints the replays by
+placement (`near`: round trip under NEAR_NS before and after; `far`: over it both times; `moved`) and
+how often a two-replay declaration lands within 10% of 5 other replays.
 
-    python bench/tuner/host_drift.py examples/02-batch-throughput/spec.yaml --replays 40 \
-        --config '{"quantization":"int8","kernels.int8_activations":true,"max_num_seqs":64,"max_num_batched_tokens":512}'
+    python bench/tuner/host_drift.py examples/02-batch-throughput/spec.yaml --replays 40 \\
+        --config '{"quantization":"int8","kernels.int8_activations":true,"max_num_seqs":64}'
+    python bench/tuner/host_drift.py --alone 150   # probes only, no engine: the placement's timeline
+    python bench/tuner/host_drift.py --render bench/tuner/host-drift-alone-2026-12-07-zen4-2c.json
 
-In process, as `budget.measure: in_process` (no HTTP client sharing the CPU), with the OpenMP wait
-policy a trial process gets.
+In process (`budget.measure: in_process`), with the OpenMP wait policy a trial process gets.
 """
 
 from __future__ import annotations
@@ -35,15 +30,7 @@ from slotune.tuner.measure import machine
 from slotune.tuner.measure.trial_process import omp_wait_policy
 
 PROBE_S = 0.5
-NEAR_NS = 300.0  # both CPUs on one L3: 50-150 ns on the 2-vCPU EPYCs here; on two: 300-700 ns
-
-
-def handoff_probe(workdir: Path) -> subprocess.Popen:
-    """core_handoff.c, built and started: write a line to its stdin, read one round trip in ns."""
-    exe = workdir / "core_handoff"
-    src = Path(__file__).with_name("core_handoff.c")
-    subprocess.run(["gcc", "-O2", "-pthread", str(src), "-o", str(exe)], check=True)
-    return subprocess.Popen([str(exe), str(PROBE_S * 1e3)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+NEAR_NS = 300.0  # both CPUs on one L3: 50-250 ns on the 2-vCPU EPYCs here; on two: 300-710 ns
 
 
 def main() -> None:
@@ -61,36 +48,51 @@ def main() -> None:
         record = json.loads(args.render.read_text())
         summarize(record["key"], record["rows"]) if record.get("key") else timeline(record["rows"])
         return
-    if not args.spec and not args.alone:
-        ap.error("give a spec, --alone N or --render FILE")
+    if bool(args.spec) == bool(args.alone):
+        ap.error("give a spec, or --alone N (N > 0), or --render FILE")
     # Before torch loads. Alone, its threads sleep between reads rather than spin beside the round trip.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE" if args.alone else omp_wait_policy("auto").upper())
 
     import torch
 
     big = torch.ones(64 * 2**20)  # 256 MiB: far beyond any cache
-    handoff = handoff_probe(Path(tempfile.mkdtemp(prefix="slotune-handoff-")))
+    with tempfile.TemporaryDirectory(prefix="slotune-handoff-") as workdir:
+        exe = Path(workdir) / "core_handoff"
+        subprocess.run(
+            ["gcc", "-O2", "-pthread", str(Path(__file__).with_name("core_handoff.c")), "-o", str(exe)], check=True
+        )
+        with subprocess.Popen(
+            [exe, str(PROBE_S * 1e3)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        ) as handoff:
 
-    def probe() -> tuple[float, float]:
-        handoff.stdin.write("\n")
-        handoff.stdin.flush()
-        ns = float(handoff.stdout.readline())
-        t, n = time.perf_counter(), 0
-        while time.perf_counter() - t < PROBE_S:
-            big.sum()
-            n += 1
-        return ns, n * big.numel() * 4 / 1e9 / (time.perf_counter() - t)
+            def probe() -> tuple[float, float]:
+                handoff.stdin.write("\n")
+                handoff.stdin.flush()
+                ns = float(handoff.stdout.readline())
+                t, n = time.perf_counter(), 0
+                while time.perf_counter() - t < PROBE_S:
+                    big.sum()
+                    n += 1
+                return ns, n * big.numel() * 4 / 1e9 / (time.perf_counter() - t)
 
-    if args.alone:
-        before = _cpu_times()
-        rows = [dict(zip(("handoff_ns", "gbps"), probe()), at=time.time()) for _ in range(args.alone)]
-        spent = [b - a for a, b in zip(before, _cpu_times())]
-        steal = spent[7] / sum(spent)  # the hypervisor's time away from this guest
-        timeline(rows)
-        print(f"steal time: {steal:.1%} of the CPUs' time")
-        write(args.out, {"steal_share": steal, "rows": rows})
-        return
+            if args.alone:
+                alone(probe, args.alone, args.out)
+            else:
+                replays(probe, args)
+            handoff.stdin.close()
 
+
+def alone(probe, n: int, out: Path | None) -> None:
+    before = _cpu_times()
+    rows = [dict(zip(("handoff_ns", "gbps"), probe()), at=time.time()) for _ in range(n)]
+    spent = [b - a for a, b in zip(before, _cpu_times())]
+    steal = spent[7] / sum(spent)  # the hypervisor's time away from this guest
+    timeline(rows)
+    print(f"steal time: {steal:.1%} of the CPUs' time")
+    write(out, {"steal_share": steal, "rows": rows})
+
+
+def replays(probe, args) -> None:
     from slotune.engine import LLM
     from slotune.tuner.measure.in_process_replay import run_in_process_replay
     from slotune.tuner.spec.tuning_spec import TuningSpec
@@ -126,8 +128,6 @@ def main() -> None:
             f"bandwidth {before[1]:.1f} / {after[1]:.1f} GB/s",
             flush=True,
         )
-    handoff.stdin.close()
-    handoff.wait()
     summarize(key, rows)
     write(args.out, {"spec": args.spec, "config": json.loads(args.config), "key": key, "rows": rows})
 
@@ -146,42 +146,37 @@ def write(out: Path | None, record: dict) -> None:
 
 
 def timeline(rows: list[dict]) -> None:
-    """Probes alone: each stretch of one placement, its length in probes and its ranges."""
+    """Probes alone (about a second each): each stretch of one placement, its length and ranges."""
     spans: list[list[dict]] = []
     for r in rows:
-        near = r["handoff_ns"] < NEAR_NS
-        if spans and (spans[-1][0]["handoff_ns"] < NEAR_NS) == near:
+        if spans and (spans[-1][0]["handoff_ns"] < NEAR_NS) == (r["handoff_ns"] < NEAR_NS):
             spans[-1].append(r)
         else:
             spans.append([r])
     for span in spans:
         ns, gb = [r["handoff_ns"] for r in span], [r["gbps"] for r in span]
         where = "near" if ns[0] < NEAR_NS else "far"
-        seconds = span[-1]["at"] - span[0]["at"]
-        print(
-            f"{where}: {len(span)} probes over {seconds:.0f} s, round trip {min(ns):.0f}-{max(ns):.0f} ns, "
-            f"read {min(gb):.1f}-{max(gb):.1f} GB/s"
-        )
+        ranges = f"round trip {min(ns):.0f}-{max(ns):.0f} ns, read {min(gb):.1f}-{max(gb):.1f} GB/s"
+        print(f"{where}: {len(span)} probes, {ranges}")
 
 
 def summarize(key: str, rows: list[dict]) -> None:
+    """Per seed, then as declarations. The first replay of each seed is left out: on 06 its documents
+    were not yet in the prefix cache."""
     seeds = sorted({r["seed"] for r in rows})
+    rows = rows[len(seeds) :]
     for seed in seeds:
         summary(seed, key, [r for r in rows if r["seed"] == seed])
     for matched in (False, True):
-        within, n = declarations(rows[len(seeds) :], len(seeds), matched)
+        within, n = declarations(rows, len(seeds), matched)
         how = "its own placement" if matched else "any placement"
-        print(
-            f"declared from {len(seeds)} replays in a row, re-measured by 5 others in {how}: {within:.0%} of {n} within 10%"
-        )
+        print(f"declared from {len(seeds)} replays in a row, within 10% of 5 others in {how}: {within:.0%} of {n}")
 
 
 def declarations(rows: list[dict], k: int, matched: bool, draws: int = 200) -> tuple[float, int]:
-    """Each run of k replays in a row (one per seed, as the confirmation replays them) declares their
-    mean; a re-measure is the median of 5 replays drawn from the other runs, with `matched` only
-    those in the same placement (runs that moved are left out). The share within 10%, and how many
-    runs declared. The first replay of each seed is left out by the caller: on 06 its documents were
-    not yet in the prefix cache."""
+    """Each run of k replays in a row (one per seed) declares their mean, against the median of 5 replays
+    drawn from the other runs (`matched`: from its own placement only). The share within 10%, and
+    how many runs declared (not one that moved, nor one with fewer than 5 to draw from)."""
     runs = [rows[i : i + k] for i in range(0, len(rows) - k + 1, k)]
     rng, hits, total, declared = random.Random(0), 0, 0, 0
     for j, run in enumerate(runs):
@@ -213,8 +208,8 @@ def summary(seed: int, key: str, rows: list[dict]) -> None:
     for state, rs in placed(rows).items():
         if rs:
             v = [r["value"] for r in rs]
-            sd = statistics.pstdev([math.log(x) for x in v])
-            print(f"  {state}: {len(rs)} replays, median {statistics.median(v):.4g}, log sd {sd:.3f}")
+            sd = f", log sd {statistics.pstdev([math.log(x) for x in v]):.3f}" if len(v) > 1 else ""
+            print(f"  {state}: {len(rs)} replays, median {statistics.median(v):.4g}{sd}")
 
 
 def placed(rows: list[dict]) -> dict[str, list[dict]]:
