@@ -15,6 +15,7 @@ In process (`budget.measure: in_process`), with the OpenMP wait policy a trial p
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -23,6 +24,7 @@ import statistics
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from datetime import date
 from pathlib import Path
 
@@ -56,29 +58,38 @@ def main() -> None:
     import torch
 
     big = torch.ones(64 * 2**20)  # 256 MiB: far beyond any cache
+    with round_trip_probe(PROBE_S) as round_trip:
+
+        def probe() -> tuple[float, float]:
+            ns = round_trip()
+            t, n = time.perf_counter(), 0
+            while time.perf_counter() - t < PROBE_S:
+                big.sum()
+                n += 1
+            return ns, n * big.numel() * 4 / 1e9 / (time.perf_counter() - t)
+
+        if args.alone:
+            alone(probe, args.alone, args.out)
+        else:
+            replays(probe, args)
+
+
+@contextlib.contextmanager
+def round_trip_probe(seconds: float) -> Iterator[Callable[[], float]]:
+    """core_handoff.c, built and started: each call probes for `seconds` and returns the round trip (ns)."""
     with tempfile.TemporaryDirectory(prefix="slotune-handoff-") as workdir:
         exe = Path(workdir) / "core_handoff"
-        subprocess.run(
-            ["gcc", "-O2", "-pthread", str(Path(__file__).with_name("core_handoff.c")), "-o", str(exe)], check=True
-        )
-        with subprocess.Popen(
-            [exe, str(PROBE_S * 1e3)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-        ) as handoff:
+        src = Path(__file__).with_name("core_handoff.c")
+        subprocess.run(["gcc", "-O2", "-pthread", str(src), "-o", str(exe)], check=True)
+        cmd = [str(exe), str(seconds * 1e3)]
+        with subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as handoff:
 
-            def probe() -> tuple[float, float]:
+            def probe() -> float:
                 handoff.stdin.write("\n")
                 handoff.stdin.flush()
-                ns = float(handoff.stdout.readline())
-                t, n = time.perf_counter(), 0
-                while time.perf_counter() - t < PROBE_S:
-                    big.sum()
-                    n += 1
-                return ns, n * big.numel() * 4 / 1e9 / (time.perf_counter() - t)
+                return float(handoff.stdout.readline())
 
-            if args.alone:
-                alone(probe, args.alone, args.out)
-            else:
-                replays(probe, args)
+            yield probe
             handoff.stdin.close()
 
 

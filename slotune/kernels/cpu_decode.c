@@ -4,9 +4,10 @@
  *
  * Why: through torch's eager ops a small decode step spends much of its time dispatching ~1,200
  * small ops; here the step is one OpenMP parallel region whose work-sharing loops read each weight
- * once per step (measurements: docs/design/kernels-cpu-decode.md). Its loops are `guided`: a thread
- * that the server's event loop or another tenant holds up leaves the rest of its share to the
- * other, instead of the other waiting at the barrier.
+ * once per step (measurements: docs/design/kernels-cpu-decode.md). Its loops are `static`: each
+ * thread's share is fixed, so a loop costs one barrier and no shared counter, which a `guided` loop's
+ * every grab moves between the cores (served at batch 1 with the two vCPUs on different L3s, guided
+ * took 1.23x the p95 TPOT). -DSLOTUNE_SCHEDULE=guided (SLOTUNE_NATIVE_CFLAGS) builds the other.
  *
  * Two instruction sets from this one source, chosen at compile time (-march=native): AVX-512
  * (F/BW/VL/DQ; 16-lane vectors, the VNNI kernels where AVX512-VNNI/VBMI exist) and AVX2 + FMA
@@ -41,6 +42,9 @@
 #include <string.h>
 
 enum { W_F32 = 0, W_BF16 = 1, W_INT8 = 2, W_INT4 = 3, W_INT8_VNNI = 4, W_INT8_AVX2 = 5, W_INT4_VNNI = 6, W_INT4_AVX2 = 7 };
+#ifndef SLOTUNE_SCHEDULE
+#define SLOTUNE_SCHEDULE static /* every work-sharing loop's schedule */
+#endif
 #define SPLIT_ROWS 2    /* batches of up to this many rows split int4 blocks over K (int4_vnni_span), */
 #define SPLIT_THREADS 8 /* and attention tasks over keys (attend_span), with up to this many threads */
 
@@ -1154,7 +1158,7 @@ static void quantize_row(const Model *md, const Lin *L, const float *xr, int m) 
 /* x [M, K] -> L's input codes, one task per (row, activation group). */
 static void quantize_rows(const Model *md, const Lin *L, const float *x, int ldx, int M) {
     const int nb = L->k / 32, gs = act_slices(md), ng = (nb + gs - 1) / gs;
-#pragma omp for schedule(guided)
+#pragma omp for schedule(SLOTUNE_SCHEDULE)
     for (int t = 0; t < M * ng; t++) {
         const int m = t / ng, b0 = t % ng * gs;
         quantize_group(md, x + (int64_t)m * ldx, m, b0, b0 + gs < nb ? b0 + gs : nb, act_codes(L) == 2);
@@ -1182,7 +1186,7 @@ static void matmul_nobias(const Model *md, const Lin *L, const float *x, int ldx
             float corr[tiles][AMX_ROWS] __attribute__((aligned(64)));
             for (int t = 0; t < tiles; t++) _mm512_store_ps(corr[t], amx_row_sums(md, L->k, t * AMX_ROWS));
             amx_begin(0);
-#pragma omp for schedule(guided)
+#pragma omp for schedule(SLOTUNE_SCHEDULE)
             for (int c = 0; c < L->n / 16; c++) {
                 for (int t = 0; t < tiles; t++) int8_amx_tile(md, L, out, ldo, t * AMX_ROWS, c, corr[t]);
                 int8_vnni_block(md, L, out, ldo, tiles * AMX_ROWS, M, c);
@@ -1191,7 +1195,7 @@ static void matmul_nobias(const Model *md, const Lin *L, const float *x, int ldx
             return;
         }
 #endif
-#pragma omp for schedule(guided)
+#pragma omp for schedule(SLOTUNE_SCHEDULE)
         for (int p = 0; p < (L->n / 16 + 1) / 2; p++) int8_vnni_pair(md, L, out, ldo, M, p);
         return;
     }
@@ -1200,7 +1204,7 @@ static void matmul_nobias(const Model *md, const Lin *L, const float *x, int ldx
         if (M >= AMX_ROWS && amx_ok > 0) {
             const int tiles = M / AMX_ROWS, m1 = tiles * AMX_ROWS;
             amx_begin(1);
-#pragma omp for schedule(guided)
+#pragma omp for schedule(SLOTUNE_SCHEDULE)
             for (int b = 0; b < L->n / 64; b++) {
                 for (int t = 0; t < tiles; t += INT4_AMX_TILES)
                     int4_amx_block(md, L, out, ldo, tiles - t < INT4_AMX_TILES ? tiles - t : INT4_AMX_TILES, t * AMX_ROWS, b);
@@ -1214,7 +1218,7 @@ static void matmul_nobias(const Model *md, const Lin *L, const float *x, int ldx
          * on 2 threads) cuts each of the last nb % T into T spans of K, so each thread reads as many bytes. */
         const int nb = L->n / 64, T = omp_get_num_threads();
         const int rest = M <= SPLIT_ROWS && T > 1 && T <= SPLIT_THREADS ? nb % T : 0, full = nb - rest;
-#pragma omp for schedule(guided)
+#pragma omp for schedule(SLOTUNE_SCHEDULE)
         for (int t = 0; t < full + rest * T; t++) {
             if (t < full) int4_vnni_block(md, L, out, ldo, 0, M, t);
             else int4_vnni_span(md, L, out, ldo, M, (t - full) / T, full + (t - full) / T, (t - full) % T, T);
@@ -1224,18 +1228,18 @@ static void matmul_nobias(const Model *md, const Lin *L, const float *x, int ldx
 #endif
 #ifdef HAVE_INT8_AVX2
     if (L->kind == W_INT8_AVX2) { /* repacked (cpu_decode.py) only with int8_activations, K % 32 == 0, N % 8 == 0 */
-#pragma omp for schedule(guided)
+#pragma omp for schedule(SLOTUNE_SCHEDULE)
         for (int c = 0; c < L->n / 8; c++) int8_avx2_rows(md, L, out, ldo, M, c);
         return;
     }
     if (L->kind == W_INT4_AVX2) { /* repacked (cpu_decode.py) only with int8_activations, K % 32 == 0, g % 32 == 0 */
-#pragma omp for schedule(guided)
+#pragma omp for schedule(SLOTUNE_SCHEDULE)
         for (int b = 0; b < L->n / INT4_BLOCK; b++) int4_avx2_block(md, L, out, ldo, M, b);
         return;
     }
 #endif
     if (L->kind == W_INT4) {
-#pragma omp for schedule(guided)
+#pragma omp for schedule(SLOTUNE_SCHEDULE)
         for (int b = 0; b < L->n / INT4_BLOCK; b++)
             for (int m0 = 0; m0 < M; m0 += INT4_ROWS)
                 int4_block_rows(L, x + (int64_t)m0 * ldx, ldx, out + (int64_t)m0 * ldo, ldo,
@@ -1243,7 +1247,7 @@ static void matmul_nobias(const Model *md, const Lin *L, const float *x, int ldx
         return;
     }
     const int chunk = 16, nc = (L->n + chunk - 1) / chunk;
-#pragma omp for schedule(guided)
+#pragma omp for schedule(SLOTUNE_SCHEDULE)
     for (int c = 0; c < nc; c++) {
         const int n1 = (c + 1) * chunk < L->n ? (c + 1) * chunk : L->n;
         for (int m0 = 0; m0 < M; m0 += MAX_ROWS)
@@ -1277,7 +1281,7 @@ static void softmax(float *p, int n, float *stat) {
  * (GeGLU), tanh(y) as 1 - 2 / (e^2y + 1); quantized for `next` (quantize_row) a group per task. */
 static void gate_mul(const Model *md, const float *gu, float *act, int M, int I, int gelu, const Lin *next) {
     const int codes = act_codes(next), span = codes ? act_slices(md) * 32 : VL, nc = (I + span - 1) / span;
-#pragma omp for schedule(guided)
+#pragma omp for schedule(SLOTUNE_SCHEDULE)
     for (int t = 0; t < M * nc; t++) {
         const int m = t / nc, i0 = (t % nc) * span, i1 = i0 + span < I ? i0 + span : I;
         for (int i = i0; i < i1; i += VL) {
@@ -1313,7 +1317,7 @@ static void norm_scale(const Model *md, const void *w, const float *v, float *h,
 /* x = rms_norm(x) * w in place: a sublayer's output normed before the residual add (Gemma 3). */
 static void rms_norm_rows(const Model *md, const void *w, float *x, int M) {
     const int D = md->hidden, Dv = D / VL * VL;
-#pragma omp for schedule(guided)
+#pragma omp for schedule(SLOTUNE_SCHEDULE)
     for (int m = 0; m < M; m++) {
         float *xr = x + (int64_t)m * D;
         vf acc = vf_zero();
@@ -1328,7 +1332,7 @@ static void rms_norm_rows(const Model *md, const void *w, float *x, int M) {
  * none) as it is written. Rows split over threads. */
 static void add_rms_norm(const Model *md, const void *w, float *x, float *res, float *h, int M, int first, const Lin *next) {
     const int D = md->hidden, Dv = D / VL * VL;
-#pragma omp for schedule(guided)
+#pragma omp for schedule(SLOTUNE_SCHEDULE)
     for (int m = 0; m < M; m++) {
         float *xr = x + (int64_t)m * D, *rr = res + (int64_t)m * D;
         vf acc = vf_zero();
@@ -1509,7 +1513,7 @@ static void attend_span(const Model *md, const float *q, float *o, float *p, flo
 static void matmul(const Model *md, const Lin *L, const float *x, int ldx, float *out, int ldo, int M, int coded) {
     matmul_nobias(md, L, x, ldx, out, ldo, M, coded);
     if (L->bias) {
-#pragma omp for schedule(guided)
+#pragma omp for schedule(SLOTUNE_SCHEDULE)
         for (int m = 0; m < M; m++)
             for (int n = 0; n < L->n; n++) out[(int64_t)m * ldo + n] += L->bias[n];
     }
@@ -1574,7 +1578,7 @@ void slotune_decode_step(const Model *md, int M, const int64_t *ids, const int64
 #pragma omp master
         prof_last = omp_get_wtime();
 #endif
-#pragma omp for schedule(guided)
+#pragma omp for schedule(SLOTUNE_SCHEDULE)
         for (int m = 0; m < M; m++) {
             const float es = md->embed_scale > 0.0f ? md->embed_scale : 1.0f;
             for (int i = 0; i < D; i++) md->x[(int64_t)m * D + i] = load_w(md->embed, md->dtype, ids[m] * D + i) * es;
@@ -1593,7 +1597,7 @@ void slotune_decode_step(const Model *md, int M, const int64_t *ids, const int64
             matmul(md, &ly->qkv, md->h, D, md->qkv, qkv_n, M, 1);
             PROF(P_QKV);
             /* (q/k norm,) rotary on q and k heads, then store k and v at the token's slot */
-#pragma omp for schedule(guided)
+#pragma omp for schedule(SLOTUNE_SCHEDULE)
             for (int m = 0; m < M; m++) {
                 float *r = md->qkv + (int64_t)m * qkv_n;
                 const float *cs = ly->cos_sin ? ly->cos_sin + pos[m] * md->rot_dim : NULL;
@@ -1613,7 +1617,7 @@ void slotune_decode_step(const Model *md, int M, const int64_t *ids, const int64
              * (one kv head at batch 1) leave threads idle: then each task is cut into T spans of keys,
              * merged by the span that finishes last (attend_span). */
             const int tasks = M * Hkv, spans = tasks < T && T <= SPLIT_THREADS ? T : 1;
-#pragma omp for schedule(guided)
+#pragma omp for schedule(SLOTUNE_SCHEDULE)
             for (int t = 0; t < tasks * spans; t++) {
                 const int task = t / spans, m = task / Hkv, kh = task % Hkv, L = (int)pos[m] + 1;
                 const int j0 = ly->window > 0 && L > ly->window ? L - ly->window : 0;
@@ -1638,7 +1642,7 @@ void slotune_decode_step(const Model *md, int M, const int64_t *ids, const int64
             if (ly->mlp_out_norm) rms_norm_rows(md, ly->mlp_out_norm, md->x, M);
         }
         add_rms_norm(md, md->final_norm, md->x, md->res, md->h, M, 0, NULL);
-#pragma omp for schedule(guided)
+#pragma omp for schedule(SLOTUNE_SCHEDULE)
         for (int r = 0; r < num_logit_rows; r++) /* only the rows that sample pay for the LM head */
             memcpy(md->x + (int64_t)r * D, md->h + (int64_t)logit_rows[r] * D, (size_t)D * sizeof(float));
         PROF(P_NORM);
