@@ -15,18 +15,15 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
-from datetime import date
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from slotune.tuner.measure import machine  # noqa: E402
 from slotune.tuner.measure.trial_process import TrialResult, measure_seeds  # noqa: E402
 from slotune.tuner.spec.tuning_spec import TuningSpec  # noqa: E402
 
-from bench.tuner.host_drift import placed, round_trip_probe  # noqa: E402
+from bench.tuner.host_drift import placed, round_trip_probe, write  # noqa: E402
 
 
 def main() -> None:
@@ -40,7 +37,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.render:
         record = json.loads(args.render.read_text())
-        summarize(record["key"], record["schedules"], record["rows"])
+        direction = TuningSpec.from_yaml(record["spec"]).objective.direction()
+        summarize(record["key"], direction, record["schedules"], record["rows"])
         return
     if not args.spec:
         ap.error("give a spec, or --render FILE")
@@ -72,24 +70,13 @@ def main() -> None:
                 values = " ".join(f"{x['value']:.4g}" for x in rows[-len(seeds) :])
                 print(f"round {r} {schedule}: {values}; round trip {before:.0f} / {after:.0f} ns", flush=True)
     os.environ["SLOTUNE_NATIVE_CFLAGS"] = flags
-    summarize(key, args.schedules, rows)
-    if args.out:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-        record = {
-            "spec": args.spec,
-            "config": json.loads(args.config),
-            "key": key,
-            "schedules": args.schedules,
-            "machine": machine.words(),
-            "date": date.today().isoformat(),
-            "commit": commit,
-            "rows": rows,
-        }
-        args.out.write_text(json.dumps(record, indent=1))
+    summarize(key, spec.objective.direction(), args.schedules, rows)
+    record = {"spec": args.spec, "config": json.loads(args.config), "key": key, "schedules": args.schedules}
+    write(args.out, {**record, "rows": rows})
 
 
-def summarize(key: str, schedules: list[str], rows: list[dict]) -> None:
-    lower = not key.startswith(("goodput", "throughput", "output_tokens"))  # a latency: lower is better
+def summarize(key: str, direction: str, schedules: list[str], rows: list[dict]) -> None:
+    lower = direction == "minimize"
     for schedule in schedules:
         mine = [x for x in rows if x["schedule"] == schedule]
         parts = [f"all {len(mine)}: {statistics.median(x['value'] for x in mine):.4g}"]

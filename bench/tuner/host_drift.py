@@ -100,7 +100,7 @@ def alone(probe, n: int, out: Path | None) -> None:
     steal = spent[7] / sum(spent)  # the hypervisor's time away from this guest
     timeline(rows)
     print(f"steal time: {steal:.1%} of the CPUs' time")
-    write(out, {"steal_share": steal, "rows": rows})
+    write(out, {"omp_wait_policy": os.environ["OMP_WAIT_POLICY"], "steal_share": steal, "rows": rows})
 
 
 def replays(probe, args) -> None:
@@ -140,7 +140,8 @@ def replays(probe, args) -> None:
             flush=True,
         )
     summarize(key, rows)
-    write(args.out, {"spec": args.spec, "config": json.loads(args.config), "key": key, "rows": rows})
+    record = {"spec": args.spec, "config": json.loads(args.config), "key": key, "rows": rows}
+    write(args.out, {"omp_wait_policy": os.environ["OMP_WAIT_POLICY"], **record})
 
 
 def _cpu_times() -> list[int]:
@@ -149,11 +150,12 @@ def _cpu_times() -> list[int]:
 
 
 def write(out: Path | None, record: dict) -> None:
+    """`record` as JSON at `out` (if given), with the machine, date and commit that measured it."""
     if out is None:
         return
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     where = {"machine": machine.words(), "date": date.today().isoformat(), "commit": commit}
-    out.write_text(json.dumps({**where, "omp_wait_policy": os.environ["OMP_WAIT_POLICY"], **record}, indent=1))
+    out.write_text(json.dumps({**where, **record}, indent=1))
 
 
 def timeline(rows: list[dict]) -> None:
