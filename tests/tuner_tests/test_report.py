@@ -290,6 +290,7 @@ def test_the_winner_card_compares_the_round_it_was_confirmed_in(tmp_path):
         for n in w.notes
     )
     assert "cost per 1M output tokens: $0.13 (default $0.14)" in w.notes
+    assert not any("interval is ±" in n for n in w.notes)  # ± 4 on 46 ms: within 10%, no note
     assert w.comparison[0][-1] == "default re-measured (seed 1000)" and w.comparison[1][-1] == "48 ms ± 4"
     # without the default measured beside it, the trials are compared
     w = gather(spec, study, best, {"seed": 1000, "metrics": again["metrics"], "default": None}).winner

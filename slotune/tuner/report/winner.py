@@ -32,6 +32,7 @@ _KNOB_WORDS = {
     "speculative.method": lambda v: "no speculation" if v == "none" else f"{str(v).replace('_', '-')} speculation",
     "speculative.num_speculative_tokens": lambda v: f"{v} draft tokens",
 }
+WIDE = 0.10  # a declared value whose interval reaches further than this share of it gets a note
 
 
 def config_words(params: Mapping[str, Any], default: Mapping[str, Any]) -> str:
@@ -117,6 +118,24 @@ def _noise_note(key: str, direction: str, bm: Measurement, default: Measurement 
     return None
 
 
+def _wide_note(workload, m: Measurement, key: str) -> str | None:
+    """Say when the declared value's interval reaches further than WIDE of it either way, and the lever:
+    longer replays (docs/design/confirmation.md, Known limits)."""
+    ci, v = m.interval(key), m.get(key)
+    if ci is None or not v:
+        return None
+    half = (ci[1] - ci[0]) / 2 / abs(v)
+    if half <= WIDE:
+        return None
+    if workload.trace is None and workload.num_requests is not None:
+        lever = f"each replay sends {workload.num_requests} requests, and more (workload.num_requests) narrow it"
+    elif workload.trace is None and workload.duration_s is not None:
+        lever = f"each replay lasts {number(workload.duration_s)} s, and longer ones (workload.duration_s) narrow it"
+    else:
+        lever = "longer replays narrow it"
+    return f"The declared {metric_label(key)}'s interval is ±{half:.0%} of it: {lever}."
+
+
 def _attainment(m: Mapping[str, Any]) -> str:
     share, n = m.get("slo_attainment"), m.get("num_requests")
     if share is None:
@@ -180,6 +199,9 @@ def winner_facts(
             + f"default {value_with_ci(rdefault, key)}"
             + "); the comparison above is on these numbers."
         )
+        wide = _wide_note(spec.workload, rm, key)
+        if wide:
+            notes.append(wide)
     elif rm:
         notes.append(f"Re-measured on {on_seeds}: {metric_label(key)} {value_with_ci(rm, key)}.")
     elif remeasure and "error" in remeasure:
