@@ -124,16 +124,16 @@ def _wide_note(workload, m: Measurement, key: str) -> str | None:
     ci, v = m.interval(key), m.get(key)
     if ci is None or not v:
         return None
-    half = (ci[1] - ci[0]) / 2 / abs(v)
-    if half <= WIDE:
+    half = round(100 * (ci[1] - ci[0]) / 2 / abs(v))  # in whole percent, as the note shows it
+    if half <= 100 * WIDE:
         return None
-    if workload.trace is None and workload.num_requests is not None:
+    if workload.trace is None and workload.duration_s is None:
         lever = f"each replay sends {workload.num_requests} requests, and more (workload.num_requests) narrow it"
-    elif workload.trace is None and workload.duration_s is not None:
+    elif workload.trace is None and workload.num_requests is None:
         lever = f"each replay lasts {number(workload.duration_s)} s, and longer ones (workload.duration_s) narrow it"
     else:
         lever = "longer replays narrow it"
-    return f"The declared {metric_label(key)}'s interval is ±{half:.0%} of it: {lever}."
+    return f"The declared {metric_label(key)}'s interval is ±{half}% of it: {lever}."
 
 
 def _attainment(m: Mapping[str, Any]) -> str:
